@@ -1,0 +1,149 @@
+package epochsketch
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Defaults applied to zero Config fields.
+const (
+	// DefaultNumBuckets is 65,536 buckets: 4 MiB, room for 131,072 concurrent
+	// heavy hitters at the spec's safety factor of 4 (BucketsFor).
+	DefaultNumBuckets = 1 << 16
+	// DefaultTickDuration is one second: the API rate limiting row of the
+	// Tick Table (counts halve every second, evaporate in 24 s).
+	DefaultTickDuration = time.Second
+	// MinTickDuration bounds how often the clock goroutine wakes.
+	MinTickDuration = time.Millisecond
+	// SafetyFactor is the spec's starting factor (4.4): slots per expected
+	// concurrent heavy hitter.
+	SafetyFactor = 4
+)
+
+// maxBuckets keeps the table addressable: bucket indexes come from 32 hash
+// bits, and the table must fit the platform's int (GOARCH=386 included).
+var maxBuckets = min(uint64(1)<<32, uint64(math.MaxInt)/uint64(bucketSize)-1)
+
+// Lottery selects how a challenger competes for a full bucket (spec 4.1).
+type Lottery uint8
+
+const (
+	// LotteryChip is spec 4.1 Option A with chip-mask schedule M3: the
+	// weakest slot is chipped when the top k bits of a draw are zero, with
+	// k = count/9, so the chip probability is 2^-floor(C/9) ≈ 1.08^-C in steps.
+	// The draw mixes the key's hash, the victim word and a per-attempt salt.
+	LotteryChip Lottery = iota
+	// LotteryHeavyKeeper is spec 4.1 Option C, HeavyKeeper-classic: the weakest
+	// slot is chipped with probability exactly 1.08^-C from a real PRNG
+	// (integer thresholds precomputed at start, no float math per call).
+	LotteryHeavyKeeper
+)
+
+var lotteryNames = [...]string{"chip", "heavykeeper"}
+
+// String returns the lottery's name, as ParseLottery accepts it.
+func (l Lottery) String() string {
+	if int(l) < len(lotteryNames) {
+		return lotteryNames[l]
+	}
+	return fmt.Sprintf("Lottery(%d)", uint8(l))
+}
+
+// ParseLottery returns the lottery named s (as String writes it).
+func ParseLottery(s string) (Lottery, error) {
+	for i, n := range lotteryNames {
+		if n == s {
+			return Lottery(i), nil
+		}
+	}
+	return 0, fmt.Errorf("epochsketch: unknown lottery %q: want chip or heavykeeper", s)
+}
+
+// Config configures a Sketch. The zero Config is valid: every zero field
+// means the documented default. New copies the Config; it never mutates it.
+type Config struct {
+	// NumBuckets is the number of 64-byte buckets of 8 slots; memory is
+	// NumBuckets × 64 bytes whatever the number of distinct keys. 0 means
+	// DefaultNumBuckets; any value from 1 up is valid. Size it with BucketsFor.
+	NumBuckets int
+
+	// TickDuration is the half-life: every count halves per tick and reads 0
+	// after 24 silent ticks. 0 means DefaultTickDuration; otherwise at least
+	// MinTickDuration.
+	TickDuration time.Duration
+
+	// Clock supplies the time. nil means the wall clock, read by one goroutine
+	// per Sketch once per tick (see Sketch.Close) so that Observe pays one
+	// atomic load for it. A *ManualClock is read exactly on every call. Any
+	// other Clock is called on every operation.
+	Clock Clock
+
+	// Seed seeds the hash and the lottery. 0 means a random per-instance seed
+	// (from crypto/rand). A non-zero Seed makes single-threaded runs with a
+	// ManualClock reproducible bit for bit; then the lottery's salt is a
+	// counter shared by all goroutines, so prefer 0 in production.
+	Seed uint64
+
+	// Hash selects the key hash; see HashKind for the threat model.
+	Hash HashKind
+
+	// TwoChoice enables spec 4.2 Option B: each key has two candidate buckets
+	// (two cache lines per call), new keys go to the less loaded one, and the
+	// lottery picks the weakest of 16 slots.
+	TwoChoice bool
+
+	// Lottery selects the full-bucket challenge (spec 4.1).
+	Lottery Lottery
+}
+
+// Validate reports whether c is usable, with an error that says which field
+// is wrong and what to do. New panics with the same message.
+func (c Config) Validate() error {
+	switch {
+	case c.NumBuckets < 0:
+		return fmt.Errorf("epochsketch: Config.NumBuckets is %d: want 0 (default %d) or a positive count of 64-byte buckets", c.NumBuckets, DefaultNumBuckets)
+	case uint64(c.NumBuckets) > maxBuckets:
+		return fmt.Errorf("epochsketch: Config.NumBuckets is %d: at most %d buckets are addressable on this platform", c.NumBuckets, maxBuckets)
+	case c.TickDuration < 0:
+		return fmt.Errorf("epochsketch: Config.TickDuration is %v: want 0 (default %v) or at least %v", c.TickDuration, DefaultTickDuration, MinTickDuration)
+	case c.TickDuration > 0 && c.TickDuration < MinTickDuration:
+		return fmt.Errorf("epochsketch: Config.TickDuration is %v: want at least %v (or 0 for %v)", c.TickDuration, MinTickDuration, DefaultTickDuration)
+	case c.Hash > HashSipHash13:
+		return fmt.Errorf("epochsketch: Config.Hash is %v: want HashDefault, HashMaphash, HashWyhash or HashSipHash13", c.Hash)
+	case c.Hash == HashMaphash && c.Seed != 0:
+		return fmt.Errorf("epochsketch: Config.Hash is maphash but Config.Seed is %d: hash/maphash cannot be seeded from a number; use HashWyhash or HashSipHash13 for a reproducible seed, or Seed 0", c.Seed)
+	case c.Lottery > LotteryHeavyKeeper:
+		return fmt.Errorf("epochsketch: Config.Lottery is %v: want LotteryChip or LotteryHeavyKeeper", c.Lottery)
+	}
+	return nil
+}
+
+// withDefaults returns c with zero fields replaced by their defaults.
+func (c Config) withDefaults() Config {
+	if c.NumBuckets == 0 {
+		c.NumBuckets = DefaultNumBuckets
+	}
+	if c.TickDuration == 0 {
+		c.TickDuration = DefaultTickDuration
+	}
+	if c.Hash == HashDefault {
+		c.Hash = HashMaphash
+		if c.Seed != 0 {
+			c.Hash = HashWyhash
+		}
+	}
+	return c
+}
+
+// BucketsFor applies the sizing rule of spec 4.4: buckets ≥ expected
+// concurrent heavy hitters × SafetyFactor / 8 slots per bucket, at least 1.
+// Size by the heavy hitters you must not lose, never by key cardinality:
+// mice may collide and evaporate.
+func BucketsFor(expectedHeavyHitters int) int {
+	if expectedHeavyHitters <= 0 {
+		return 1
+	}
+	n := (uint64(expectedHeavyHitters)*SafetyFactor + slotsPerBucket - 1) / slotsPerBucket
+	return int(min(n, maxBuckets))
+}

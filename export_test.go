@@ -1,0 +1,64 @@
+package epochsketch
+
+import "unsafe"
+
+// Internals reached by the black-box tests in package epochsketch_test.
+
+const (
+	CountMax       = countMax
+	EpochMask      = epochMask
+	Evaporation    = evaporation
+	SlotsPerBucket = slotsPerBucket
+	BucketSize     = bucketSize
+	CacheLine      = cacheLine
+	ChipStep       = chipStep
+	MaxAttempts    = maxAttempts
+)
+
+var (
+	Pack      = pack
+	TagOf     = tagOf
+	EpochOf   = epochOf
+	CountOf   = countOf
+	Decay     = decay
+	ChipDraw  = chipDraw
+	TickOf    = tickOf
+	Splitmix  = splitmix64
+	HKThresh  = hkThreshold
+	StatShard = unsafe.Sizeof(statShard{})
+	ClockSize = unsafe.Sizeof(clockState{})
+	SaltSize  = unsafe.Sizeof(saltState{})
+)
+
+func SipHash(p []byte, k0, k1 uint64, c, d int) uint64 { return sipHash(p, k0, k1, c, d) }
+func SipHash13String(p string, k0, k1 uint64) uint64  { return sipHash13(p, k0, k1) }
+func Wyhash(p []byte, seed uint64) uint64              { return wyhash(p, seed) }
+func WyhashString(p string, seed uint64) uint64        { return wyhash(p, seed) }
+
+// HashString is the sketch's hash of a key.
+func (s *Sketch) HashString(k string) uint64 { return s.h.str(k) }
+func (s *Sketch) HashBytes(k []byte) uint64  { return s.h.bytes(k) }
+
+// Buckets returns the indexes of the buckets that hash h maps to.
+func (s *Sketch) Buckets(h uint64) []int {
+	v := s.viewOf(h)
+	out := []int{int(v.shard)}
+	if v.n > slotsPerBucket {
+		out = append(out, int((uintptr(unsafe.Pointer(v.b[1]))-uintptr(unsafe.Pointer(&s.table[0])))/uintptr(bucketSize)))
+	}
+	return out
+}
+
+// Word returns slot j of bucket i; SetWord stores it (tests build states).
+func (s *Sketch) Word(i, j int) uint64       { return s.table[i].s[j].Load() }
+func (s *Sketch) SetWord(i, j int, w uint64) { s.table[i].s[j].Store(w) }
+
+// TableAddr is the address of the first bucket, for the alignment test.
+func (s *Sketch) TableAddr() uintptr { return uintptr(unsafe.Pointer(&s.table[0])) }
+
+// ObserveHashAt runs the write path for hash h at tick now, as a caller that
+// read the tick earlier would (a straggler).
+func (s *Sketch) ObserveHashAt(h uint64, now int64) (uint32, bool) { return s.observe(h, now) }
+func (s *Sketch) EstimateHashAt(h uint64, now int64) uint32       { return s.estimate(h, now) }
+func (s *Sketch) HighWater() int64                                 { return s.clk.hw.Load() }
+func (s *Sketch) WallTicking() bool                                { return s.clk.wall.Load() }

@@ -1,0 +1,3 @@
+module github.com/epochsketch/epochsketch
+
+go 1.24

@@ -1,0 +1,213 @@
+package epochsketch
+
+import (
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+)
+
+// HashKind selects the key hash (spec 4.3). Every kind is seeded per
+// instance; the hash must pass avalanche tests because the chip lottery
+// consumes its bits.
+type HashKind uint8
+
+const (
+	// HashDefault is Maphash when Config.Seed is 0 and Wyhash otherwise,
+	// because hash/maphash cannot be seeded from a number.
+	HashDefault HashKind = iota
+	// HashMaphash is the standard library's hash/maphash with a random seed:
+	// AES-based on amd64 and arm64, fast and avalanche-clean. For internal
+	// keys (telemetry templates, internal IDs).
+	HashMaphash
+	// HashWyhash is a seedable multiply-mix hash of the wyhash construction,
+	// of the same speed class as maphash. Use it when runs must be reproducible
+	// from Config.Seed.
+	HashWyhash
+	// HashSipHash13 is SipHash-1-3, a keyed hash: an adversary who knows the
+	// algorithm but not the key cannot engineer bucket floods or bias the
+	// lottery. For attacker-chosen keys (public rate limits, DDoS filters).
+	HashSipHash13
+)
+
+var hashNames = [...]string{"default", "maphash", "wyhash", "siphash13"}
+
+// String returns the kind's name, as ParseHashKind accepts it.
+func (k HashKind) String() string {
+	if int(k) < len(hashNames) {
+		return hashNames[k]
+	}
+	return fmt.Sprintf("HashKind(%d)", uint8(k))
+}
+
+// ParseHashKind returns the kind named s (as String writes it).
+func ParseHashKind(s string) (HashKind, error) {
+	for i, n := range hashNames {
+		if n == s {
+			return HashKind(i), nil
+		}
+	}
+	return 0, fmt.Errorf("epochsketch: unknown hash %q: want one of default, maphash, wyhash, siphash13", s)
+}
+
+// hasher is the resolved hash of one Sketch. It is a value, copied into the
+// Sketch, so the hot path reads it without an indirection.
+type hasher struct {
+	kind   HashKind // never HashDefault once resolved
+	mseed  maphash.Seed
+	k0, k1 uint64 // wyhash seed in k0; SipHash key in k0, k1
+}
+
+func (h *hasher) str(s string) uint64 {
+	switch h.kind {
+	case HashMaphash:
+		return maphash.String(h.mseed, s)
+	case HashWyhash:
+		return wyhash(s, h.k0)
+	default:
+		return sipHash13(s, h.k0, h.k1)
+	}
+}
+
+func (h *hasher) bytes(b []byte) uint64 {
+	switch h.kind {
+	case HashMaphash:
+		return maphash.Bytes(h.mseed, b)
+	case HashWyhash:
+		return wyhash(b, h.k0)
+	default:
+		return sipHash13(b, h.k0, h.k1)
+	}
+}
+
+// key is what the generic hashes read: both forms index bytes the same way, so
+// Observe(s) and ObserveBytes([]byte(s)) hash identically without converting.
+type key interface{ ~string | ~[]byte }
+
+func le64[K key](p K, i int) uint64 {
+	_ = p[i+7]
+	return uint64(p[i]) | uint64(p[i+1])<<8 | uint64(p[i+2])<<16 | uint64(p[i+3])<<24 |
+		uint64(p[i+4])<<32 | uint64(p[i+5])<<40 | uint64(p[i+6])<<48 | uint64(p[i+7])<<56
+}
+
+func le32[K key](p K, i int) uint64 {
+	_ = p[i+3]
+	return uint64(p[i]) | uint64(p[i+1])<<8 | uint64(p[i+2])<<16 | uint64(p[i+3])<<24
+}
+
+// wyhash constants: the published wyhash secret.
+const (
+	wyp0 = 0xa0761d6478bd642f
+	wyp1 = 0xe7037ed1a0b428db
+	wyp2 = 0x8ebc6af09c88c6e3
+	wyp3 = 0x589965cc75374cc3
+)
+
+func wymix(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
+}
+
+// wyhash follows the wyhash construction (128-bit multiply-fold over 16-byte
+// lanes, three lanes for long inputs). It is not promised to be bit-compatible
+// with any wyhash release; its quality is checked by the avalanche test.
+func wyhash[K key](p K, seed uint64) uint64 {
+	n := len(p)
+	seed ^= wymix(seed^wyp0, wyp1)
+	var a, b uint64
+	switch {
+	case n <= 16:
+		if n >= 4 {
+			q := (n >> 3) << 2
+			a = le32(p, 0)<<32 | le32(p, q)
+			b = le32(p, n-4)<<32 | le32(p, n-4-q)
+		} else if n > 0 {
+			a = uint64(p[0])<<16 | uint64(p[n>>1])<<8 | uint64(p[n-1])
+		}
+	default:
+		i, o := n, 0
+		if i > 48 {
+			s1, s2 := seed, seed
+			for i > 48 {
+				seed = wymix(le64(p, o)^wyp1, le64(p, o+8)^seed)
+				s1 = wymix(le64(p, o+16)^wyp2, le64(p, o+24)^s1)
+				s2 = wymix(le64(p, o+32)^wyp3, le64(p, o+40)^s2)
+				o += 48
+				i -= 48
+			}
+			seed ^= s1 ^ s2
+		}
+		for i > 16 {
+			seed = wymix(le64(p, o)^wyp1, le64(p, o+8)^seed)
+			o += 16
+			i -= 16
+		}
+		a = le64(p, o+i-16)
+		b = le64(p, o+i-8)
+	}
+	a ^= wyp1
+	b ^= seed
+	hi, lo := bits.Mul64(a, b)
+	return wymix(lo^wyp0^uint64(n), hi^wyp1)
+}
+
+// sipHash13 is SipHash-1-3 (one compression round, three finalization
+// rounds) with the 128-bit key (k0, k1), checked against the reference
+// implementation's vectors in hash_test.go.
+func sipHash13[K key](p K, k0, k1 uint64) uint64 { return sipHash(p, k0, k1, 1, 3) }
+
+func sipHash[K key](p K, k0, k1 uint64, cRounds, dRounds int) uint64 {
+	v0 := k0 ^ 0x736f6d6570736575
+	v1 := k1 ^ 0x646f72616e646f6d
+	v2 := k0 ^ 0x6c7967656e657261
+	v3 := k1 ^ 0x7465646279746573
+	n := len(p)
+	o := 0
+	for ; n-o >= 8; o += 8 {
+		m := le64(p, o)
+		v3 ^= m
+		for range cRounds {
+			v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+		}
+		v0 ^= m
+	}
+	last := uint64(n) << 56
+	for i := 0; o+i < n; i++ {
+		last |= uint64(p[o+i]) << (8 * i)
+	}
+	v3 ^= last
+	for range cRounds {
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	}
+	v0 ^= last
+	v2 ^= 0xff
+	for range dRounds {
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	}
+	return v0 ^ v1 ^ v2 ^ v3
+}
+
+func sipRound(v0, v1, v2, v3 uint64) (uint64, uint64, uint64, uint64) {
+	v0 += v1
+	v1 = bits.RotateLeft64(v1, 13)
+	v1 ^= v0
+	v0 = bits.RotateLeft64(v0, 32)
+	v2 += v3
+	v3 = bits.RotateLeft64(v3, 16)
+	v3 ^= v2
+	v0 += v3
+	v3 = bits.RotateLeft64(v3, 21)
+	v3 ^= v0
+	v2 += v1
+	v1 = bits.RotateLeft64(v1, 17)
+	v1 ^= v2
+	v2 = bits.RotateLeft64(v2, 32)
+	return v0, v1, v2, v3
+}
+
+// splitmix64 expands a seed into independent words (key material, salts).
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}

@@ -1,0 +1,83 @@
+package epochsketch
+
+import (
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+	"unsafe"
+)
+
+// chipStep is schedule M3's step: the chip mask widens by one bit every 9
+// counts, so P(chip) = 2^-floor(C/9) ≈ 1.08^-C, HeavyKeeper's decay base
+// (2^(1/9) = 1.0801), in steps. A victim of 8 counts or fewer is chipped on
+// every challenge; one of 576 or more never is.
+const chipStep = 9
+
+// hkBase is HeavyKeeper's decay base b (Gong et al., ATC 2018).
+const hkBase = 1.08
+
+// hkThreshold[c] is floor(2^64 · 1.08^-c): a uniform draw below it happens
+// with probability 1.08^-c. Counts past the table never decay (the
+// probability is below 2^-64). Computed once, so no float math runs per call.
+var hkThreshold = func() []uint64 {
+	var t []uint64
+	for c := 0; ; c++ {
+		p := math.Ldexp(math.Pow(hkBase, -float64(c)), 64)
+		if p >= math.MaxUint64 {
+			t = append(t, math.MaxUint64)
+			continue
+		}
+		if p < 1 {
+			return t
+		}
+		t = append(t, uint64(p))
+	}
+}()
+
+// saltState is the lottery's per-attempt entropy when Config.Seed is set: a
+// counter on its own cache line, so single-threaded runs reproduce. Unseeded
+// sketches use the runtime's per-thread generator instead and share nothing.
+type saltState struct {
+	saltFields
+	_ [cacheLine - unsafe.Sizeof(saltFields{})%cacheLine]byte
+}
+
+type saltFields struct {
+	n    atomic.Uint64
+	base uint64
+}
+
+// salt returns fresh entropy for one draw. A failed draw changes nothing in
+// the bucket, so a draw that depended on (key, victim word) alone could
+// bounce one persistent challenger forever; the salt makes every attempt a
+// new draw.
+func (s *Sketch) salt() uint64 {
+	if s.seeded != nil {
+		return splitmix64(s.seeded.base + s.seeded.n.Add(1))
+	}
+	return rand.Uint64()
+}
+
+// chipWins runs the lottery of challenger hash h against the weakest slot,
+// whose word is victim and effective count eff (>= 1).
+func (s *Sketch) chipWins(h, victim uint64, eff uint32) bool {
+	salt := s.salt()
+	if s.lottery == LotteryHeavyKeeper {
+		return int(eff) < len(hkThreshold) && salt < hkThreshold[eff]
+	}
+	return chipDraw(h, victim, salt, eff)
+}
+
+// chipDraw is schedule M3: win when the top floor(eff/9) bits of the mixed
+// draw are zero. The multiply by an odd constant carries every input bit
+// into the top bits.
+func chipDraw(h, victim, salt uint64, eff uint32) bool {
+	k := eff / chipStep
+	if k == 0 {
+		return true
+	}
+	if k >= 64 {
+		return false
+	}
+	return ((h^victim^salt)*0x9e3779b97f4a7c15)>>(64-k) == 0
+}

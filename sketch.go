@@ -1,0 +1,400 @@
+package epochsketch
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"hash/maphash"
+	"math"
+	"runtime"
+	"sync/atomic"
+	"time"
+)
+
+// maxAttempts is the first try plus 3 retries (spec 3.5); then the increment
+// is dropped and counted in Stats.CASRetriesExhausted.
+const maxAttempts = 4
+
+// Sketch is a fixed-memory, lock-free tracker of recent key frequency. Each
+// key is one 64-bit slot in a 64-byte bucket; counts halve every tick,
+// interpreted at read time, with no background pass over the table.
+//
+// The zero Sketch is not usable: create one with New. A Sketch is safe for
+// concurrent use by any number of goroutines and must not be copied. With the
+// default wall clock a Sketch runs one small goroutine that stores the current
+// tick; Close stops it, and so does the garbage collector once the Sketch is
+// unreachable.
+type Sketch struct {
+	_ noCopy
+
+	table     []bucket
+	nb        uint64
+	h         hasher
+	tick      int64 // tick duration in nanoseconds
+	twoChoice bool
+	lottery   Lottery
+
+	clk    *clockState
+	manual *ManualClock // exact clock, read on every call
+	custom Clock        // any other Clock, called on every call
+	tk     *ticker      // wall-clock goroutine, nil otherwise
+	clean  runtime.Cleanup
+
+	seeded *saltState // non-nil when Config.Seed != 0
+	stats  *statTable
+}
+
+// New returns a Sketch for cfg. It panics with Validate's message if cfg is
+// invalid; call cfg.Validate first to handle the error instead.
+func New(cfg Config) *Sketch {
+	if err := cfg.Validate(); err != nil {
+		panic(err.Error())
+	}
+	cfg = cfg.withDefaults()
+	s := &Sketch{
+		table:     newTable(cfg.NumBuckets),
+		nb:        uint64(cfg.NumBuckets),
+		tick:      int64(cfg.TickDuration),
+		twoChoice: cfg.TwoChoice,
+		lottery:   cfg.Lottery,
+		clk:       new(clockState),
+		stats:     new(statTable),
+	}
+	s.h.kind = cfg.Hash
+	if cfg.Seed == 0 {
+		s.h.mseed = maphash.MakeSeed()
+		var k [16]byte
+		_, _ = rand.Read(k[:]) // crypto/rand.Read never fails (Go 1.24)
+		s.h.k0 = binary.LittleEndian.Uint64(k[:8])
+		s.h.k1 = binary.LittleEndian.Uint64(k[8:])
+	} else {
+		s.h.k0 = splitmix64(cfg.Seed)
+		s.h.k1 = splitmix64(s.h.k0)
+		s.seeded = &saltState{}
+		s.seeded.base = splitmix64(s.h.k1)
+	}
+	switch c := cfg.Clock.(type) {
+	case nil:
+		s.tk = startTicker(s.clk, s.tick)
+		tk, clk := s.tk, s.clk
+		s.clean = runtime.AddCleanup(s, func(struct{}) { tk.signal(clk) }, struct{}{})
+	case *ManualClock:
+		s.manual = c
+		s.clk.advance(tickOf(c.ns.Load(), s.tick))
+	default:
+		s.custom = c
+		s.clk.advance(tickOf(c.Now().UnixNano(), s.tick))
+	}
+	return s
+}
+
+// Close stops the wall-clock goroutine, if any, and waits for it to exit. A
+// Sketch keeps working after Close, but then reads the clock on every call
+// (time.Now costs about 65 ns). Close is idempotent and returns nil.
+func (s *Sketch) Close() error {
+	if s.tk != nil {
+		s.clean.Stop()
+		s.tk.close(s.clk)
+	}
+	return nil
+}
+
+// NumBuckets returns the number of 64-byte buckets.
+func (s *Sketch) NumBuckets() int { return int(s.nb) }
+
+// TickDuration returns the tick (half-life).
+func (s *Sketch) TickDuration() time.Duration { return time.Duration(s.tick) }
+
+// Stats returns the self-metrics since New.
+func (s *Sketch) Stats() Stats { return s.stats.snapshot() }
+
+// Observe records one occurrence of key and returns its estimated recent
+// frequency (this occurrence included) and whether this is its first sighting
+// in the current tick.
+//
+// Estimates decay: a key seen c times at tick t reads c >> (now - t). Errors
+// go in the safe direction (spec C5): a key may read low (its increment was
+// dropped after 4 lost compare-and-swaps, counted in Stats), and a key that
+// could not be tracked because its bucket is full of stronger keys returns
+// (1, true), first-sighting treatment. A different key with the same bucket
+// and 16-bit fingerprint shares the count (rare: see THEORY.md).
+func (s *Sketch) Observe(key string) (estimate uint32, first bool) {
+	return s.observe(s.h.str(key), s.now())
+}
+
+// ObserveBytes is Observe for a key held in a byte slice: the same key space
+// as Observe(string(b)), without converting or allocating.
+func (s *Sketch) ObserveBytes(key []byte) (estimate uint32, first bool) {
+	return s.observe(s.h.bytes(key), s.now())
+}
+
+// ObserveAt is Observe at time t instead of the clock's time, for replaying
+// timestamped records. A t later than any time seen so far advances the
+// sketch's tick for every caller; a t earlier than that counts at the latest
+// tick instead, so a late record never rewinds state.
+func (s *Sketch) ObserveAt(t time.Time, key string) (estimate uint32, first bool) {
+	return s.observe(s.h.str(key), s.clk.advance(tickOf(t.UnixNano(), s.tick)))
+}
+
+// Estimate returns key's current estimated frequency without recording an
+// occurrence. It never writes anything.
+func (s *Sketch) Estimate(key string) uint32 {
+	return s.estimate(s.h.str(key), s.peekNow())
+}
+
+// EstimateBytes is Estimate for a key held in a byte slice.
+func (s *Sketch) EstimateBytes(key []byte) uint32 {
+	return s.estimate(s.h.bytes(key), s.peekNow())
+}
+
+// EstimateAt is Estimate at time t; like ObserveAt, a t older than the latest
+// tick reads at the latest tick.
+func (s *Sketch) EstimateAt(t time.Time, key string) uint32 {
+	return s.estimate(s.h.str(key), max(tickOf(t.UnixNano(), s.tick), s.clk.hw.Load()))
+}
+
+// now returns the tick for a write: the clock's, raised to the latest tick
+// already used so that time never runs backwards for the table.
+func (s *Sketch) now() int64 {
+	if s.manual != nil {
+		return s.clk.advance(tickOf(s.manual.ns.Load(), s.tick))
+	}
+	if s.clk.wall.Load() {
+		return s.clk.hw.Load()
+	}
+	return s.clk.advance(tickOf(s.clockNow(), s.tick))
+}
+
+// peekNow is now without raising the shared tick: reads write nothing.
+func (s *Sketch) peekNow() int64 {
+	if s.manual != nil {
+		return max(tickOf(s.manual.ns.Load(), s.tick), s.clk.hw.Load())
+	}
+	if s.clk.wall.Load() {
+		return s.clk.hw.Load()
+	}
+	return max(tickOf(s.clockNow(), s.tick), s.clk.hw.Load())
+}
+
+func (s *Sketch) clockNow() int64 {
+	if s.custom != nil {
+		return s.custom.Now().UnixNano()
+	}
+	return time.Now().UnixNano()
+}
+
+// view is the slots a key may live in: one bucket, or two with TwoChoice.
+type view struct {
+	b     [2]*bucket
+	n     int    // 8 or 16 slots
+	shard uint64 // first bucket's index, for the stats stripe
+}
+
+func (v *view) at(i int) *atomic.Uint64 { return &v.b[i>>3].s[i&7] }
+
+func (v *view) load(w *[2 * slotsPerBucket]uint64) {
+	for i := 0; i < v.n; i++ {
+		w[i] = v.at(i).Load()
+	}
+}
+
+// viewOf maps hash h to its bucket(s). Bits 63..32 pick the bucket by
+// multiply-shift (no division, any NumBuckets), bits 31..16 are the tag, and
+// the whole hash feeds the lottery.
+func (s *Sketch) viewOf(h uint64) view {
+	i := (h >> 32) * s.nb >> 32
+	v := view{n: slotsPerBucket, shard: i}
+	v.b[0] = &s.table[i]
+	if s.twoChoice {
+		h2 := (h ^ h>>29) * 0xbf58476d1ce4e5b9
+		if j := (h2 >> 32) * s.nb >> 32; j != i {
+			v.b[1] = &s.table[j]
+			v.n = 2 * slotsPerBucket
+		}
+	}
+	return v
+}
+
+func tagFrom(h uint64) uint16 { return uint16(h >> 16) }
+
+// fresh re-reads the shared tick after a slot was seen "ahead" of now (apparent
+// age >= 2^23): it was written at a tick this caller has not seen yet. Every
+// stored epoch is <= the shared tick at the time of its write, so after the
+// reload an apparent age is the slot's true age mod 2^24, and a slot still
+// "ahead" is really 2^23 ticks old or more.
+func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
+	e := epoch24(now)
+	for i := 0; i < n; i++ {
+		if w[i] != 0 && ageOf(w[i], e) >= aheadAge {
+			return max(now, s.clk.hw.Load())
+		}
+	}
+	return now
+}
+
+// observe is spec 6: scrub, refresh, claim, or challenge.
+func (s *Sketch) observe(h uint64, now int64) (uint32, bool) {
+	v := s.viewOf(h)
+	tag := tagFrom(h)
+	var readEst uint32 = 1 // what a call that exhausts its retries returns
+	var w [2 * slotsPerBucket]uint64
+	for range maxAttempts {
+		v.load(&w)
+		now = s.fresh(now, &w, v.n)
+		e := epoch24(now)
+
+		// One pass over the slots in registers: scrub the ancient (spec 5),
+		// find the key, the first claimable slot per bucket, and the weakest.
+		match, dup := -1, -1
+		free := [2]int{-1, -1}
+		var live [2]int
+		weak, weakEff := -1, uint32(math.MaxUint32)
+		for i := 0; i < v.n; i++ {
+			x := w[i]
+			if x != 0 && tagOf(x) == tag {
+				if match < 0 {
+					match = i
+				} else if dup < 0 {
+					dup = i
+				}
+				continue
+			}
+			if x != 0 {
+				age := ageOf(x, e)
+				if age >= evaporation {
+					// Zero it before it can wrap back to a small age and
+					// resurrect. A failed CAS means a writer got there first.
+					if v.at(i).CompareAndSwap(x, 0) {
+						s.stats.add(v.shard, statScrubbed)
+						w[i], x = 0, 0
+					}
+				} else if eff := decay(countOf(x), age); eff > 0 {
+					live[i>>3]++
+					if eff < weakEff {
+						weak, weakEff = i, eff
+					}
+					continue
+				}
+			}
+			// Empty or dead: claimable. The first one in slot order, so that
+			// racing claimers of one key pick the same slot.
+			if free[i>>3] < 0 {
+				free[i>>3] = i
+			}
+		}
+
+		switch {
+		case match >= 0: // Phase 1: refresh.
+			x := w[match]
+			age := ageOf(x, e)
+			eff := decay(countOf(x), age)
+			readEst = eff
+			n := satInc(eff)
+			if v.at(match).CompareAndSwap(x, pack(tag, e, n)) {
+				if dup >= 0 {
+					s.drain(&v, dup, match, tag)
+				}
+				return n, age > 0
+			}
+
+		case free[0] >= 0 || free[1] >= 0: // Phase 2: claim.
+			i := free[0]
+			if i < 0 || (free[1] >= 0 && live[1] < live[0]) {
+				i = free[1]
+			}
+			if v.at(i).CompareAndSwap(w[i], pack(tag, e, 1)) {
+				s.dedupe(&v, i, tag)
+				return 1, true
+			}
+
+		default: // Phase 3: challenge the weakest.
+			x := w[weak]
+			if !s.chipWins(h, x, weakEff) {
+				s.stats.add(v.shard, statLost)
+				return 1, true
+			}
+			if weakEff == 1 {
+				if v.at(weak).CompareAndSwap(x, pack(tag, e, 1)) {
+					s.stats.add(v.shard, statEvictions)
+					s.dedupe(&v, weak, tag)
+					return 1, true
+				}
+			} else if v.at(weak).CompareAndSwap(x, x-1<<ageOf(x, e)) {
+				// count - 2^age reads exactly one lower at this age and keeps
+				// the victim's epoch, so its first-sighting flag is untouched.
+				s.stats.add(v.shard, statChips)
+				s.stats.add(v.shard, statLost)
+				return 1, true
+			}
+		}
+	}
+	s.stats.add(v.shard, statCAS)
+	return readEst, true
+}
+
+// dedupe runs after a claim at slot i. Racing claimers of one new key agree on
+// the slot while the tick stands still, but across a tick boundary (or across
+// the two buckets of TwoChoice) two of them can claim different slots. The
+// later claim always sees the earlier one here, and folds the later slot in
+// slot order into the earlier, which readers use.
+func (s *Sketch) dedupe(v *view, i int, tag uint16) {
+	for j := 0; j < v.n; j++ {
+		if j == i {
+			continue
+		}
+		if x := v.at(j).Load(); x != 0 && tagOf(x) == tag {
+			s.drain(v, max(i, j), min(i, j), tag)
+			return
+		}
+	}
+}
+
+// drain moves the count of duplicate slot from into slot into (both holding
+// tag), leaving from empty. Counts whose target was evicted meanwhile are
+// lost, like any evicted count; a merge that loses its CAS race 4 times is
+// dropped and counted like a dropped increment.
+func (s *Sketch) drain(v *view, from, into int, tag uint16) {
+	for range maxAttempts {
+		x := v.at(from).Load()
+		if x == 0 || tagOf(x) != tag {
+			return
+		}
+		if v.at(from).CompareAndSwap(x, 0) {
+			s.merge(v, into, tag, x)
+			return
+		}
+	}
+}
+
+func (s *Sketch) merge(v *view, into int, tag uint16, x uint64) {
+	for range maxAttempts {
+		e := epoch24(s.clk.hw.Load())
+		y := v.at(into).Load()
+		if y == 0 || tagOf(y) != tag {
+			return
+		}
+		n := min(effective(y, e)+effective(x, e), countMax)
+		if n == 0 || v.at(into).CompareAndSwap(y, pack(tag, e, n)) {
+			return
+		}
+	}
+	s.stats.add(v.shard, statCAS)
+}
+
+// estimate is the read path: the first slot holding the key's tag, decayed.
+func (s *Sketch) estimate(h uint64, now int64) uint32 {
+	v := s.viewOf(h)
+	tag := tagFrom(h)
+	e := epoch24(now)
+	for i := 0; i < v.n; i++ {
+		x := v.at(i).Load()
+		if x == 0 || tagOf(x) != tag {
+			continue
+		}
+		age := ageOf(x, e)
+		if age >= aheadAge {
+			age = ageOf(x, epoch24(max(now, s.clk.hw.Load())))
+		}
+		return decay(countOf(x), age)
+	}
+	return 0
+}

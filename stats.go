@@ -1,0 +1,68 @@
+package epochsketch
+
+import (
+	"sync/atomic"
+	"unsafe"
+)
+
+// Stats are the sketch's self-metrics (spec 7). Every field is a count since
+// New, exact, monotonic; take differences for rates.
+type Stats struct {
+	// CASRetriesExhausted counts calls that lost the compare-and-swap race
+	// four times (the first try and 3 retries) and dropped their increment
+	// (spec 3.5): the key reads one lower than the number of its Observes.
+	CASRetriesExhausted uint64
+	// Evictions counts slots won from a live occupant: a chip that took the
+	// occupant's last count, so the challenger claimed the slot.
+	Evictions uint64
+	// Chips counts lottery wins that took one count from the weakest
+	// occupant without evicting it.
+	Chips uint64
+	// ScrubbedZombies counts slots zeroed by scrub-on-write (spec 5): slots
+	// silent for 24 ticks or more, cleared before they can wrap.
+	ScrubbedZombies uint64
+	// ChallengesLost counts calls whose key stayed untracked in a full bucket
+	// (bounced or chipped without a takeover): the bucket overflow pressure.
+	// Such calls return (1, true).
+	ChallengesLost uint64
+}
+
+const (
+	statCAS = iota
+	statEvictions
+	statChips
+	statScrubbed
+	statLost
+	numStats
+)
+
+// statShards spreads the counters over cache lines by bucket index, so that
+// goroutines working on different buckets rarely write the same line.
+const statShards = 16
+
+type statShard struct {
+	n [numStats]atomic.Uint64
+	_ [cacheLine - unsafe.Sizeof([numStats]atomic.Uint64{})%cacheLine]byte
+}
+
+type statTable [statShards]statShard
+
+func (t *statTable) add(bucket uint64, which int) {
+	t[bucket%statShards].n[which].Add(1)
+}
+
+func (t *statTable) snapshot() Stats {
+	var sum [numStats]uint64
+	for i := range t {
+		for j := range sum {
+			sum[j] += t[i].n[j].Load()
+		}
+	}
+	return Stats{
+		CASRetriesExhausted: sum[statCAS],
+		Evictions:           sum[statEvictions],
+		Chips:               sum[statChips],
+		ScrubbedZombies:     sum[statScrubbed],
+		ChallengesLost:      sum[statLost],
+	}
+}
