@@ -31,7 +31,7 @@ var (
 )
 
 func SipHash(p []byte, k0, k1 uint64, c, d int) uint64 { return sipHash(p, k0, k1, c, d) }
-func SipHash13String(p string, k0, k1 uint64) uint64  { return sipHash13(p, k0, k1) }
+func SipHash13String(p string, k0, k1 uint64) uint64   { return sipHash13(p, k0, k1) }
 func Wyhash(p []byte, seed uint64) uint64              { return wyhash(p, seed) }
 func WyhashString(p string, seed uint64) uint64        { return wyhash(p, seed) }
 
@@ -59,6 +59,12 @@ func (s *Sketch) TableAddr() uintptr { return uintptr(unsafe.Pointer(&s.table[0]
 // ObserveHashAt runs the write path for hash h at tick now, as a caller that
 // read the tick earlier would (a straggler).
 func (s *Sketch) ObserveHashAt(h uint64, now int64) (uint32, bool) { return s.observe(h, now) }
-func (s *Sketch) EstimateHashAt(h uint64, now int64) uint32       { return s.estimate(h, now) }
+func (s *Sketch) EstimateHashAt(h uint64, now int64) uint32        { return s.estimate(h, now) }
 func (s *Sketch) HighWater() int64                                 { return s.clk.hw.Load() }
 func (s *Sketch) WallTicking() bool                                { return s.clk.wall.Load() }
+
+// Dedupe runs the post-claim check as a claimer of slot j of bucket b would.
+func (s *Sketch) Dedupe(h uint64, j int) {
+	v := s.viewOf(h)
+	s.dedupe(&v, j, tagFrom(h))
+}

@@ -1,0 +1,219 @@
+// Package refmodel is the reference model of EpochSketch: a single-threaded,
+// deliberately plain transcription of spec section 6 (with the decisions the
+// library made where the spec left a choice). It has no atomics, no packing
+// tricks and no shortcuts; the fuzz test demands that the fast code return the
+// same answers and store the same slot words as this model.
+package refmodel
+
+import "math"
+
+// Constants of the spec's slot layout, restated rather than imported.
+const (
+	MaxCount = 1<<24 - 1
+	Wrap     = 1 << 24 // epochs are ticks mod 2^24
+	Slots    = 8       // slots per bucket
+	ChipStep = 9       // schedule M3: one more mask bit every 9 counts
+)
+
+// Slot is one decoded slot. The zero Slot is empty.
+type Slot struct {
+	Tag   uint16
+	Epoch uint32
+	Count uint32
+}
+
+// Word encodes the slot as the library stores it: tag 63..48, epoch 47..24,
+// count 23..0.
+func (s Slot) Word() uint64 {
+	return uint64(s.Tag)<<48 | uint64(s.Epoch)<<24 | uint64(s.Count)
+}
+
+func (s Slot) empty() bool { return s == Slot{} }
+
+// age is (now - epoch) mod 2^24.
+func (s Slot) age(now uint32) uint32 { return (now + Wrap - s.Epoch) % Wrap }
+
+// eff is count >> min(age, 63).
+func (s Slot) eff(now uint32) uint32 {
+	a := s.age(now)
+	if a > 63 {
+		a = 63
+	}
+	return s.Count >> a
+}
+
+// Counters indexes Stats.
+const (
+	CASExhausted = iota // never happens single-threaded; kept for shape
+	Evictions
+	Chips
+	Scrubbed
+	Lost
+)
+
+// Model is the whole table and the state the lottery and clock need.
+type Model struct {
+	B         [][Slots]Slot
+	TwoChoice bool
+	HeavyKeep bool   // LotteryHeavyKeeper instead of the chip schedule
+	SaltBase  uint64 // seeded lottery salt: splitmix64(SaltBase + n), n = 1, 2, ...
+	saltN     uint64
+	HW        int64 // highest tick used
+	Stats     [5]uint64
+}
+
+// New returns an empty model of n buckets whose clock starts at tick.
+func New(n int, tick int64) *Model {
+	return &Model{B: make([][Slots]Slot, n), HW: tick}
+}
+
+func (m *Model) buckets(h uint64) []int {
+	n := uint64(len(m.B))
+	i := (h >> 32) * n >> 32
+	out := []int{int(i)}
+	if m.TwoChoice {
+		h2 := (h ^ h>>29) * 0xbf58476d1ce4e5b9
+		if j := (h2 >> 32) * n >> 32; j != i {
+			out = append(out, int(j))
+		}
+	}
+	return out
+}
+
+// slots lists pointers to the key's candidate slots in search order.
+func (m *Model) slots(h uint64) []*Slot {
+	var out []*Slot
+	for _, b := range m.buckets(h) {
+		for j := range m.B[b] {
+			out = append(out, &m.B[b][j])
+		}
+	}
+	return out
+}
+
+func (m *Model) clock(tick int64) uint32 {
+	if tick > m.HW {
+		m.HW = tick
+	}
+	return uint32(uint64(m.HW) % Wrap)
+}
+
+// Observe is spec 6.
+func (m *Model) Observe(h uint64, tick int64) (uint32, bool) {
+	now := m.clock(tick)
+	tag := uint16(h >> 16)
+	slots := m.slots(h)
+
+	// Scrub every other slot silent for 24 ticks or more (spec 5).
+	for _, s := range slots {
+		if !s.empty() && s.Tag != tag && s.age(now) >= 24 {
+			*s = Slot{}
+			m.Stats[Scrubbed]++
+		}
+	}
+
+	// Phase 1: the key's slot (the first holding its tag).
+	for _, s := range slots {
+		if !s.empty() && s.Tag == tag {
+			e := s.eff(now)
+			fold := s.age(now) > 0
+			n := e + 1
+			if n > MaxCount {
+				n = MaxCount
+			}
+			*s = Slot{tag, now, n}
+			return n, fold
+		}
+	}
+
+	// Phase 2: the first empty or decayed-to-zero slot of the less loaded
+	// bucket (the first bucket on a tie).
+	var claim *Slot
+	bestLive := math.MaxInt
+	for b := 0; b*Slots < len(slots); b++ {
+		var first *Slot
+		live := 0
+		for _, s := range slots[b*Slots : (b+1)*Slots] {
+			if s.empty() || s.eff(now) == 0 {
+				if first == nil {
+					first = s
+				}
+			} else {
+				live++
+			}
+		}
+		if first != nil && live < bestLive {
+			claim, bestLive = first, live
+		}
+	}
+	if claim != nil {
+		*claim = Slot{tag, now, 1}
+		return 1, true
+	}
+
+	// Phase 3: challenge the weakest slot (the first on a tie).
+	victim := slots[0]
+	for _, s := range slots {
+		if s.eff(now) < victim.eff(now) {
+			victim = s
+		}
+	}
+	e := victim.eff(now)
+	m.saltN++
+	salt := Splitmix64(m.SaltBase + m.saltN)
+	if !m.wins(h, victim.Word(), salt, e) {
+		m.Stats[Lost]++
+		return 1, true
+	}
+	if e == 1 {
+		*victim = Slot{tag, now, 1}
+		m.Stats[Evictions]++
+		return 1, true
+	}
+	// Take one count at the victim's age: subtract 2^age, keep its epoch.
+	victim.Count -= 1 << victim.age(now)
+	m.Stats[Chips]++
+	m.Stats[Lost]++
+	return 1, true
+}
+
+func (m *Model) wins(h, victim, salt uint64, eff uint32) bool {
+	if m.HeavyKeep {
+		// P = 1.08^-eff, as a threshold on a uniform 64-bit draw.
+		p := math.Ldexp(math.Pow(1.08, -float64(eff)), 64)
+		if p >= math.MaxUint64 {
+			return salt < math.MaxUint64
+		}
+		return salt < uint64(p)
+	}
+	k := eff / ChipStep
+	if k >= 64 {
+		return false
+	}
+	mixed := (h ^ victim ^ salt) * 0x9e3779b97f4a7c15
+	return k == 0 || mixed>>(64-k) == 0
+}
+
+// Estimate reads the key's slot without writing anything.
+func (m *Model) Estimate(h uint64, tick int64) uint32 {
+	t := m.HW
+	if tick > t {
+		t = tick
+	}
+	now := uint32(uint64(t) % Wrap)
+	tag := uint16(h >> 16)
+	for _, s := range m.slots(h) {
+		if !s.empty() && s.Tag == tag {
+			return s.eff(now)
+		}
+	}
+	return 0
+}
+
+// Splitmix64 is the seeded salt generator.
+func Splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}

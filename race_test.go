@@ -1,0 +1,5 @@
+//go:build race
+
+package epochsketch_test
+
+const raceEnabled = true
