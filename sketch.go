@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"math"
+	"math/bits"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -214,7 +215,9 @@ func (s *Sketch) viewOf(h uint64) view {
 	return v
 }
 
-func tagFrom(h uint64) uint16 { return uint16(h >> 16) }
+// tagFrom is the key's 16-bit fingerprint, hash bits 31..16. Tag 0 is read
+// as 1, so that no key's tag matches an empty slot (the word 0).
+func tagFrom(h uint64) uint16 { return max(uint16(h>>16), 1) }
 
 // fresh re-reads the shared tick after a slot was seen "ahead" of now (apparent
 // age >= 2^23): it was written at a tick this caller has not seen yet. Every
@@ -233,6 +236,181 @@ func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
 
 // observe is spec 6: scrub, refresh, claim, or challenge.
 func (s *Sketch) observe(h uint64, now int64) (uint32, bool) {
+	if !s.twoChoice {
+		i := (h >> 32) * s.nb >> 32
+		return s.observe1(&s.table[i], i, h, now)
+	}
+	return s.observeN(h, now)
+}
+
+// observe1 is observe for one bucket (spec 4.2 Option A), the default. It
+// makes the same decisions as observeN, arranged for the common case: a
+// branch-free pass that finds the key's slot and whether any sibling needs a
+// scrub, then the refresh CAS. A data-dependent branch after the bucket load
+// would mispredict when the load returns and throw away the work the CPU had
+// started on the next call; arithmetic does not.
+func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64) (uint32, bool) {
+	tag := uint64(tagFrom(h))
+	var readEst uint32 = 1
+	reloaded := false
+	for attempt := 0; attempt < maxAttempts; {
+		e := uint64(epoch24(now))
+		var w [slotsPerBucket]uint64
+		match, attn := scan(b, &w, tag, e)
+		e32 := uint32(e)
+		if match != 0 && !attn { // Phase 1: refresh, nothing to scrub.
+			i := bits.TrailingZeros(match)
+			x := w[i]
+			age := ageOf(x, e32)
+			if age >= aheadAge && !reloaded {
+				now, reloaded = max(now, s.clk.hw.Load()), true
+				continue
+			}
+			attempt++
+			eff := decay(countOf(x), age)
+			readEst = eff
+			n := satInc(eff)
+			if b.s[i].CompareAndSwap(x, pack(uint16(tag), e32, n)) {
+				if dup := match & (match - 1); dup != 0 {
+					s.drainIn(b, shard, bits.TrailingZeros(dup), i, uint16(tag))
+				}
+				return n, age > 0
+			}
+			continue
+		}
+
+		// The full classification: a miss, or siblings to scrub.
+		var zero, stale, ahead uint
+		for i, x := range w {
+			switch {
+			case x == 0:
+				zero |= 1 << i
+			case x>>tagShift == tag:
+				if (e-x>>epochShift)&epochMask >= aheadAge {
+					ahead |= 1 << i
+				}
+			default:
+				if age := (e - x>>epochShift) & epochMask; age >= evaporation {
+					stale |= 1 << i
+					if age >= aheadAge {
+						ahead |= 1 << i
+					}
+				}
+			}
+		}
+		other := ^(zero | match) & (1<<slotsPerBucket - 1)
+		if ahead != 0 && !reloaded {
+			// A slot written at a tick this caller has not seen: reload the
+			// shared tick once and look again (see fresh).
+			now, reloaded = max(now, s.clk.hw.Load()), true
+			continue
+		}
+		attempt++
+		for m := stale & other; m != 0; m &= m - 1 {
+			// Scrub-on-write (spec 5). A failed CAS means a writer got there
+			// first; the slot is still treated as claimable below, and a
+			// claim that expects the old word then fails and retries.
+			i := bits.TrailingZeros(m)
+			if b.s[i].CompareAndSwap(w[i], 0) {
+				s.stats.add(shard, statScrubbed)
+				w[i] = 0
+			}
+		}
+		if match != 0 { // Phase 1: refresh, after the scrub.
+			i := bits.TrailingZeros(match)
+			x := w[i]
+			age := ageOf(x, e32)
+			eff := decay(countOf(x), age)
+			readEst = eff
+			n := satInc(eff)
+			if b.s[i].CompareAndSwap(x, pack(uint16(tag), e32, n)) {
+				if dup := match & (match - 1); dup != 0 {
+					s.drainIn(b, shard, bits.TrailingZeros(dup), i, uint16(tag))
+				}
+				return n, age > 0
+			}
+			continue
+		}
+		// The miss path: the first claimable slot, else the weakest.
+		free := zero | stale&other
+		weak, weakEff := -1, uint32(math.MaxUint32)
+		for m := other &^ stale; m != 0; m &= m - 1 {
+			i := bits.TrailingZeros(m)
+			eff := effective(w[i], e32)
+			if eff == 0 {
+				free |= 1 << i
+			} else if eff < weakEff {
+				weak, weakEff = i, eff
+			}
+		}
+		if free != 0 { // Phase 2: claim.
+			i := bits.TrailingZeros(free)
+			if b.s[i].CompareAndSwap(w[i], pack(uint16(tag), e32, 1)) {
+				s.dedupe1(b, shard, i, uint16(tag))
+				return 1, true
+			}
+			continue
+		}
+		// Phase 3: challenge the weakest.
+		x := w[weak]
+		if !s.chipWins(h, x, weakEff) {
+			s.stats.add(shard, statLost)
+			return 1, true
+		}
+		if weakEff == 1 {
+			if b.s[weak].CompareAndSwap(x, pack(uint16(tag), e32, 1)) {
+				s.stats.add(shard, statEvictions)
+				s.dedupe1(b, shard, weak, uint16(tag))
+				return 1, true
+			}
+		} else if b.s[weak].CompareAndSwap(x, x-1<<ageOf(x, e32)) {
+			// count - 2^age reads exactly one lower at this age and keeps the
+			// victim's epoch, so its first-sighting flag is untouched.
+			s.stats.add(shard, statChips)
+			s.stats.add(shard, statLost)
+			return 1, true
+		}
+	}
+	s.stats.add(shard, statCAS)
+	return readEst, true
+}
+
+// scan loads bucket b into w and returns the mask of slots holding tag and
+// whether any slot is 24 or more ticks old at epoch e. It is a leaf of its
+// own so the compiler keeps its few values in registers, and it uses
+// conditional moves, not branches: bucket contents are random, and a
+// branch that mispredicts when the load returns throws away the work the CPU
+// had started on the next call.
+func scan(b *bucket, w *[slotsPerBucket]uint64, tag, e uint64) (match uint, old bool) {
+	for i := range w {
+		x := b.s[i].Load()
+		w[i] = x
+		if m := match | 1<<i; x>>tagShift == tag { // tags are never 0: empty slots never match
+			match = m
+		}
+		t := x >> epochShift
+		if x == 0 {
+			t = e // an empty slot is never old
+		}
+		if (e-t)&epochMask >= evaporation {
+			old = true
+		}
+	}
+	return match, old
+}
+
+func (s *Sketch) dedupe1(b *bucket, shard uint64, i int, tag uint16) {
+	v := view{b: [2]*bucket{b}, n: slotsPerBucket, shard: shard}
+	s.dedupe(&v, i, tag)
+}
+
+func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {
+	v := view{b: [2]*bucket{b}, n: slotsPerBucket, shard: shard}
+	s.drain(&v, from, into, tag)
+}
+
+// observeN is observe over a view of one or two buckets (TwoChoice).
+func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 	v := s.viewOf(h)
 	tag := tagFrom(h)
 	var readEst uint32 = 1 // what a call that exhausts its retries returns

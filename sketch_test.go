@@ -437,6 +437,19 @@ func TestStragglers(t *testing.T) {
 			t.Fatalf("a straggler scrubbed: %+v", st)
 		}
 	})
+	t.Run("stale tick, own slot the only newer one", func(t *testing.T) {
+		for _, two := range []bool{false, true} {
+			sk, clk := newManual(t, epochsketch.Config{NumBuckets: 64, TwoChoice: two})
+			clk.Advance(30 * time.Second)
+			for range 9 {
+				sk.Observe("k")
+			}
+			h := sk.HashString("k")
+			if est, first := sk.ObserveHashAt(h, sk.HighWater()-3); est != 10 || first {
+				t.Fatalf("two=%v: straggler refresh: (%d, %v), want (10, false)", two, est, first)
+			}
+		}
+	})
 }
 
 // Mice cannot evict elephants: with counts in the thousands the chip mask is

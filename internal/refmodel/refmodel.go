@@ -101,7 +101,7 @@ func (m *Model) clock(tick int64) uint32 {
 // Observe is spec 6.
 func (m *Model) Observe(h uint64, tick int64) (uint32, bool) {
 	now := m.clock(tick)
-	tag := uint16(h >> 16)
+	tag := keyTag(h)
 	slots := m.slots(h)
 
 	// Scrub every other slot silent for 24 ticks or more (spec 5).
@@ -201,13 +201,22 @@ func (m *Model) Estimate(h uint64, tick int64) uint32 {
 		t = tick
 	}
 	now := uint32(uint64(t) % Wrap)
-	tag := uint16(h >> 16)
+	tag := keyTag(h)
 	for _, s := range m.slots(h) {
 		if !s.empty() && s.Tag == tag {
 			return s.eff(now)
 		}
 	}
 	return 0
+}
+
+// keyTag is hash bits 31..16; tag 0 is read as 1, so that no key's tag
+// matches an empty slot.
+func keyTag(h uint64) uint16 {
+	if t := uint16(h >> 16); t != 0 {
+		return t
+	}
+	return 1
 }
 
 // Splitmix64 is the seeded salt generator.
