@@ -143,7 +143,8 @@ func (f *floorBucket) observe(k string) uint64 {
 var sink uint64
 
 // BenchmarkObserve sets Observe beside the floors on one stream, in one run:
-// compare with benchstat -col /impl.
+// compare with benchstat -col /impl. Two modes: throughput (independent
+// calls in a tight loop) and latency (each call waits for the previous one).
 func BenchmarkObserve(b *testing.B) {
 	for _, w := range benchWorkloads() {
 		impls := []struct {
@@ -176,22 +177,37 @@ func BenchmarkObserve(b *testing.B) {
 				return func(k string) uint64 { return uint64(sk.Estimate(k)) }
 			}},
 		}
-		for _, im := range impls {
-			b.Run(fmt.Sprintf("workload=%s/impl=%s", w.name, im.name), func(b *testing.B) {
-				f := im.mk()
-				for i := range 1 << 20 { // warm the table
-					f(w.keys.str(w.at(i)))
-				}
-				runtime.GC()
-				b.ReportAllocs()
-				var s uint64
-				i := 1 << 20
-				for b.Loop() {
-					s += f(w.keys.str(w.at(i)))
-					i++
-				}
-				sink += s
-			})
+		for _, mode := range []string{"throughput", "latency"} {
+			for _, im := range impls {
+				b.Run(fmt.Sprintf("workload=%s/mode=%s/impl=%s", w.name, mode, im.name), func(b *testing.B) {
+					f := im.mk()
+					for i := range 1 << 20 { // warm the table
+						f(w.keys.str(w.at(i)))
+					}
+					runtime.GC()
+					b.ReportAllocs()
+					var s uint64
+					i := 1 << 20
+					if mode == "throughput" {
+						// Independent calls: the CPU overlaps consecutive
+						// calls' cache misses, as in a tight loop.
+						for b.Loop() {
+							s += f(w.keys.str(w.at(i)))
+							i++
+						}
+					} else {
+						// Each key depends on the previous answer, so no two
+						// calls overlap: the cost of one call in a program
+						// that does other work between calls.
+						for b.Loop() {
+							r := f(w.keys.str(w.at(i)))
+							s += r
+							i += 1 + int(r>>63)
+						}
+					}
+					sink += s
+				})
+			}
 		}
 	}
 }

@@ -61,11 +61,13 @@ func (s *Sketch) salt() uint64 {
 // chipWins runs the lottery of challenger hash h against the weakest slot,
 // whose word is victim and effective count eff (>= 1).
 func (s *Sketch) chipWins(h, victim uint64, eff uint32) bool {
-	salt := s.salt()
 	if s.lottery == LotteryHeavyKeeper {
-		return int(eff) < len(hkThreshold) && salt < hkThreshold[eff]
+		return int(eff) < len(hkThreshold) && s.salt() < hkThreshold[eff]
 	}
-	return chipDraw(h, victim, salt, eff)
+	if eff < chipStep {
+		return true // an empty mask: a sure chip needs no draw (a mouse flood's common case)
+	}
+	return chipDraw(h, victim, s.salt(), eff)
 }
 
 // chipDraw is schedule M3: win when the top floor(eff/9) bits of the mixed

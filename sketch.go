@@ -238,9 +238,50 @@ func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
 func (s *Sketch) observe(h uint64, now int64) (uint32, bool) {
 	if !s.twoChoice {
 		i := (h >> 32) * s.nb >> 32
-		return s.observe1(&s.table[i], i, h, now)
+		b := &s.table[i]
+		n, first, tried := refresh(b, h, now)
+		if n != 0 {
+			return n, first
+		}
+		return s.observe1(b, i, h, now, tried)
 	}
 	return s.observeN(h, now)
+}
+
+// refresh is Phase 1 alone, the common case: the key holds exactly one slot,
+// no sibling is 24 or more ticks old, the slot is not ahead of now, and one
+// CAS wins. It is a small leaf with conditional moves, no branches on the
+// slots' contents: bucket contents are random, and a branch that mispredicts
+// when the load returns throws away the work the CPU had started on the next
+// call. It returns the estimate (0 when it did not apply) and the attempts it
+// used: a lost CAS counts as the first of observe1's four.
+func refresh(b *bucket, h uint64, now int64) (est uint32, first bool, tried int) {
+	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
+	e := uint64(epoch24(now))
+	var x uint64
+	j, n, old := 0, 0, false
+	for k := slotsPerBucket - 1; k >= 0; k-- {
+		y := b.s[k].Load()
+		if y>>tagShift == tag {
+			x, j, n = y, k, n+1
+		}
+		t := y >> epochShift
+		if y == 0 {
+			t = e // an empty slot is never old
+		}
+		if (e-t)&epochMask >= evaporation {
+			old = true
+		}
+	}
+	age := ageOf(x, uint32(e)) // old is false, so age < 24: never ahead
+	if n != 1 || old {
+		return 0, false, 0
+	}
+	c := satInc(decay(countOf(x), age))
+	if !b.s[j].CompareAndSwap(x, pack(uint16(tag), uint32(e), c)) {
+		return 0, false, 1
+	}
+	return c, age > 0, 0
 }
 
 // observe1 is observe for one bucket (spec 4.2 Option A), the default. It
@@ -249,11 +290,11 @@ func (s *Sketch) observe(h uint64, now int64) (uint32, bool) {
 // scrub, then the refresh CAS. A data-dependent branch after the bucket load
 // would mispredict when the load returns and throw away the work the CPU had
 // started on the next call; arithmetic does not.
-func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64) (uint32, bool) {
+func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (uint32, bool) {
 	tag := uint64(tagFrom(h))
 	var readEst uint32 = 1
 	reloaded := false
-	for attempt := 0; attempt < maxAttempts; {
+	for attempt < maxAttempts {
 		e := uint64(epoch24(now))
 		var w [slotsPerBucket]uint64
 		match, attn := scan(b, &w, tag, e)
@@ -399,9 +440,15 @@ func scan(b *bucket, w *[slotsPerBucket]uint64, tag, e uint64) (match uint, old 
 	return match, old
 }
 
+// dedupe1 is dedupe for one bucket: the common case costs 8 loads from the
+// line just written and a compare each.
 func (s *Sketch) dedupe1(b *bucket, shard uint64, i int, tag uint16) {
-	v := view{b: [2]*bucket{b}, n: slotsPerBucket, shard: shard}
-	s.dedupe(&v, i, tag)
+	for j := range b.s {
+		if x := b.s[j].Load(); j != i && x != 0 && tagOf(x) == tag {
+			s.drainIn(b, shard, max(i, j), min(i, j), tag)
+			return
+		}
+	}
 }
 
 func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {

@@ -65,3 +65,8 @@ func satInc(c uint32) uint32 {
 	}
 	return c
 }
+
+// MaxCount is the largest count a slot holds: counts park there and never
+// wrap (spec 3.3). A key sustaining more than MaxCount/2 occurrences per tick
+// reads MaxCount.
+const MaxCount = countMax

@@ -159,9 +159,7 @@ func (m *Model) Observe(h uint64, tick int64) (uint32, bool) {
 		}
 	}
 	e := victim.eff(now)
-	m.saltN++
-	salt := Splitmix64(m.SaltBase + m.saltN)
-	if !m.wins(h, victim.Word(), salt, e) {
+	if !m.wins(h, victim.Word(), e) {
 		m.Stats[Lost]++
 		return 1, true
 	}
@@ -177,8 +175,15 @@ func (m *Model) Observe(h uint64, tick int64) (uint32, bool) {
 	return 1, true
 }
 
-func (m *Model) wins(h, victim, salt uint64, eff uint32) bool {
+// draw returns the next salt of the seeded sequence.
+func (m *Model) draw() uint64 {
+	m.saltN++
+	return Splitmix64(m.SaltBase + m.saltN)
+}
+
+func (m *Model) wins(h, victim uint64, eff uint32) bool {
 	if m.HeavyKeep {
+		salt := m.draw()
 		// P = 1.08^-eff, as a threshold on a uniform 64-bit draw.
 		p := math.Ldexp(math.Pow(1.08, -float64(eff)), 64)
 		if p >= math.MaxUint64 {
@@ -186,12 +191,17 @@ func (m *Model) wins(h, victim, salt uint64, eff uint32) bool {
 		}
 		return salt < uint64(p)
 	}
+	// Schedule M3: P = 2^-floor(eff/9). A mask of 0 bits always wins and
+	// takes no draw; one of 64 bits or more never wins.
 	k := eff / ChipStep
+	if k == 0 {
+		return true
+	}
 	if k >= 64 {
 		return false
 	}
-	mixed := (h ^ victim ^ salt) * 0x9e3779b97f4a7c15
-	return k == 0 || mixed>>(64-k) == 0
+	mixed := (h ^ victim ^ m.draw()) * 0x9e3779b97f4a7c15
+	return mixed>>(64-k) == 0
 }
 
 // Estimate reads the key's slot without writing anything.
