@@ -284,49 +284,27 @@ func refresh(b *bucket, h uint64, now int64) (est uint32, first bool, tried int)
 	return c, age > 0, 0
 }
 
-// observe1 is observe for one bucket (spec 4.2 Option A), the default. It
-// makes the same decisions as observeN, arranged for the common case: a
-// branch-free pass that finds the key's slot and whether any sibling needs a
-// scrub, then the refresh CAS. A data-dependent branch after the bucket load
-// would mispredict when the load returns and throw away the work the CPU had
-// started on the next call; arithmetic does not.
+// observe1 is observe for one bucket (spec 4.2 Option A), the default, after
+// refresh's fast path did not apply: a miss, a sibling to scrub, a duplicate,
+// a slot ahead of now, or a lost CAS (attempt says how many were used). It
+// makes the same decisions as observeN.
 func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (uint32, bool) {
 	tag := uint64(tagFrom(h))
 	var readEst uint32 = 1
 	reloaded := false
 	for attempt < maxAttempts {
 		e := uint64(epoch24(now))
-		var w [slotsPerBucket]uint64
-		match, attn := scan(b, &w, tag, e)
 		e32 := uint32(e)
-		if match != 0 && !attn { // Phase 1: refresh, nothing to scrub.
-			i := bits.TrailingZeros(match)
-			x := w[i]
-			age := ageOf(x, e32)
-			if age >= aheadAge && !reloaded {
-				now, reloaded = max(now, s.clk.hw.Load()), true
-				continue
-			}
-			attempt++
-			eff := decay(countOf(x), age)
-			readEst = eff
-			n := satInc(eff)
-			if b.s[i].CompareAndSwap(x, pack(uint16(tag), e32, n)) {
-				if dup := match & (match - 1); dup != 0 {
-					s.drainIn(b, shard, bits.TrailingZeros(dup), i, uint16(tag))
-				}
-				return n, age > 0
-			}
-			continue
-		}
-
-		// The full classification: a miss, or siblings to scrub.
-		var zero, stale, ahead uint
-		for i, x := range w {
+		var w [slotsPerBucket]uint64
+		var zero, match, stale, ahead uint
+		for i := range w {
+			x := b.s[i].Load()
+			w[i] = x
 			switch {
 			case x == 0:
 				zero |= 1 << i
 			case x>>tagShift == tag:
+				match |= 1 << i
 				if (e-x>>epochShift)&epochMask >= aheadAge {
 					ahead |= 1 << i
 				}
@@ -357,7 +335,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 				w[i] = 0
 			}
 		}
-		if match != 0 { // Phase 1: refresh, after the scrub.
+		if match != 0 { // Phase 1: refresh.
 			i := bits.TrailingZeros(match)
 			x := w[i]
 			age := ageOf(x, e32)
@@ -416,32 +394,6 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 	return readEst, true
 }
 
-// scan loads bucket b into w and returns the mask of slots holding tag and
-// whether any slot is 24 or more ticks old at epoch e. It is a leaf of its
-// own so the compiler keeps its few values in registers, and it uses
-// conditional moves, not branches: bucket contents are random, and a
-// branch that mispredicts when the load returns throws away the work the CPU
-// had started on the next call.
-func scan(b *bucket, w *[slotsPerBucket]uint64, tag, e uint64) (match uint, old bool) {
-	for i := range w {
-		x := b.s[i].Load()
-		w[i] = x
-		if m := match | 1<<i; x>>tagShift == tag { // tags are never 0: empty slots never match
-			match = m
-		}
-		t := x >> epochShift
-		if x == 0 {
-			t = e // an empty slot is never old
-		}
-		if (e-t)&epochMask >= evaporation {
-			old = true
-		}
-	}
-	return match, old
-}
-
-// dedupe1 is dedupe for one bucket: the common case costs 8 loads from the
-// line just written and a compare each.
 func (s *Sketch) dedupe1(b *bucket, shard uint64, i int, tag uint16) {
 	for j := range b.s {
 		if x := b.s[j].Load(); j != i && x != 0 && tagOf(x) == tag {
