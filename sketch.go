@@ -575,3 +575,27 @@ func (s *Sketch) estimate(h uint64, now int64) uint32 {
 	}
 	return 0
 }
+
+// Locate returns where key lives: its bucket, its second candidate bucket
+// with TwoChoice (else -1), and its fingerprint. With Slots it lets tools
+// show what the sketch holds (simulators, debugging); it writes nothing.
+func (s *Sketch) Locate(key string) (bucket, second int, tag uint16) {
+	h := s.h.str(key)
+	v := s.viewOf(h)
+	second = -1
+	if v.n > slotsPerBucket {
+		second = int((h ^ h>>29) * 0xbf58476d1ce4e5b9 >> 32 * s.nb >> 32)
+	}
+	return int(v.shard), second, tagFrom(h)
+}
+
+// Slots returns the 8 slot words of bucket i, each read atomically (the
+// bucket as a whole is not a snapshot under concurrent writers). Decode a
+// word with SlotFields. It panics if i is out of range.
+func (s *Sketch) Slots(i int) [slotsPerBucket]uint64 {
+	var w [slotsPerBucket]uint64
+	for j := range w {
+		w[j] = s.table[i].s[j].Load()
+	}
+	return w
+}

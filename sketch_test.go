@@ -190,10 +190,10 @@ func TestFirstSightingTable(t *testing.T) {
 		}
 	})
 	t.Run("slot won via eviction: true", func(t *testing.T) {
-		sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1})
+		sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: epochsketch.LotteryChip})
 		occupants := keysInBucket(sk, 0, 8, "occ", nil)
 		for _, k := range occupants {
-			sk.Observe(k) // count 1: the first lottery draw at k=0 always chips, and 1 - 1 = 0 evicts
+			sk.Observe(k) // count 1: M3's mask is empty below 9, so the draw always chips, and 1 - 1 = 0 evicts
 		}
 		avoid := map[uint16]bool{}
 		for _, k := range occupants {
@@ -240,7 +240,7 @@ func TestFirstSightingTable(t *testing.T) {
 // A chip takes one count at the victim's age and keeps its epoch, so the
 // victim's own next sighting this tick still reads "seen already".
 func TestChipKeepsVictimEpoch(t *testing.T) {
-	sk, clk := newManual(t, epochsketch.Config{NumBuckets: 1})
+	sk, clk := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: epochsketch.LotteryChip})
 	occupants := keysInBucket(sk, 0, 8, "occ", nil)
 	for _, k := range occupants {
 		for range 4 {
@@ -599,14 +599,24 @@ func TestTwoChoice(t *testing.T) {
 	if used != 512 {
 		t.Errorf("%d of 512 slots used", used)
 	}
+	// Three sightings of a new key against a full table of count-1 mice: the
+	// key gets in (a first challenge may bounce) and never reads above 3.
+	admitted := 0
 	for i := range 100 {
 		k := fmt.Sprint("hot", i)
 		for range 3 {
 			sk.Observe(k)
 		}
-		if got := sk.Estimate(k); got != 0 && got != 3 && got != 1 {
-			t.Errorf("%s reads %d", k, got)
+		got := sk.Estimate(k)
+		if got > 3 {
+			t.Errorf("%s reads %d after 3 sightings", k, got)
 		}
+		if got >= 2 {
+			admitted++
+		}
+	}
+	if admitted < 90 {
+		t.Errorf("%d of 100 new keys admitted within 3 sightings, want >= 90", admitted)
 	}
 }
 
@@ -658,7 +668,7 @@ func TestParseNames(t *testing.T) {
 			t.Errorf("ParseHashKind(%q) = %v, %v", k, got, err)
 		}
 	}
-	for _, l := range []epochsketch.Lottery{epochsketch.LotteryChip, epochsketch.LotteryHeavyKeeper} {
+	for _, l := range []epochsketch.Lottery{epochsketch.LotteryDefault, epochsketch.LotteryChip, epochsketch.LotteryHeavyKeeper} {
 		if got, err := epochsketch.ParseLottery(l.String()); err != nil || got != l {
 			t.Errorf("ParseLottery(%q) = %v, %v", l, got, err)
 		}
@@ -728,5 +738,30 @@ func TestDedupeAfterRacingClaims(t *testing.T) {
 				t.Fatalf("merged estimate %d, want 1 + 2", got)
 			}
 		})
+	}
+}
+
+func TestLocateAndSlots(t *testing.T) {
+	for _, two := range []bool{false, true} {
+		sk, _ := newManual(t, epochsketch.Config{NumBuckets: 64, TwoChoice: two})
+		for range 5 {
+			sk.Observe("k")
+		}
+		b, second, tag := sk.Locate("k")
+		want := sk.Buckets(sk.HashString("k"))
+		if b != want[0] || (len(want) == 2) != (second >= 0) || (second >= 0 && second != want[1]) {
+			t.Fatalf("two=%v: Locate = %d, %d; internal buckets %v", two, b, second, want)
+		}
+		found := false
+		for _, bi := range want {
+			for _, w := range sk.Slots(bi) {
+				if gt, _, c := epochsketch.SlotFields(w); w != 0 && gt == tag {
+					found = c == 5 && epochsketch.Decayed(w, sk.HighWater()) == 5
+				}
+			}
+		}
+		if !found {
+			t.Fatalf("two=%v: key's slot with count 5 not found through Slots", two)
+		}
 	}
 }

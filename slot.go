@@ -70,3 +70,13 @@ func satInc(c uint32) uint32 {
 // wrap (spec 3.3). A key sustaining more than MaxCount/2 occurrences per tick
 // reads MaxCount.
 const MaxCount = countMax
+
+// SlotFields decodes a slot word (from Sketch.Slots) into its fingerprint,
+// epoch (tick mod 2^24) and raw count; the word 0 is an empty slot.
+func SlotFields(w uint64) (tag uint16, epoch, count uint32) {
+	return tagOf(w), epochOf(w), countOf(w)
+}
+
+// Decayed is the count a slot word reads at tick now: count >> (now - epoch)
+// mod 2^24, clamped as in spec 3.2.
+func Decayed(w uint64, now int64) uint32 { return effective(w, epoch24(now)) }

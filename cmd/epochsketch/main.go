@@ -6,6 +6,7 @@
 //	epochsketch demo [-seed N]      the same, with a seed
 //	epochsketch size -heavy N       buckets and bytes for N concurrent heavy hitters
 //	epochsketch ticks [-tick D]     the Tick Table: velocity ceiling and evaporation per tick
+//	epochsketch sim [-quick]        THEORY.md's experiments, as markdown tables
 package main
 
 import (
@@ -23,6 +24,8 @@ const usage = `usage:
   epochsketch size -heavy N [-factor F]
                                 buckets and bytes for N concurrent heavy hitters
   epochsketch ticks [-tick D]   the Tick Table (spec 3.4), or one row for tick D
+  epochsketch sim [-quick] [-out DIR] [-section N,M]
+                                run THEORY.md's experiments; prints markdown tables
 `
 
 func main() {
@@ -47,6 +50,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runSize(args, stdout, stderr)
 	case "ticks":
 		err = runTicks(args, stdout, stderr)
+	case "sim":
+		err = runSim(args, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -1,0 +1,141 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/epochsketch/epochsketch"
+)
+
+// runOverflow is section 2: how often a bucket receives more heavy hitters
+// than its 8 slots at the sizing rule's safety factors, measured by hashing
+// real keys with the library, against the Poisson prediction, and the recall
+// of the heavy set once they compete (one bucket, and the two-bucket escape
+// hatch).
+func runOverflow(o Options, w io.Writer) error {
+	const k = 2000 // concurrent heavy hitters
+	seeds := o.seeds()
+	fmt.Fprintf(w, "%d heavy hitters, each at 20 to 400 per tick, over a background of 20,000 one-hit mice per tick; %d seeds per row.\n", k, seeds)
+	fmt.Fprintf(w, "Overflow: share of buckets that the %d heavy keys, hashed by the library, fill past 8 (Poisson: the analytic tail).\n", k)
+	fmt.Fprintln(w, "Recall: share of the heavy keys whose estimate is within 10% of the exact decayed count after 8 ticks.")
+	fmt.Fprintln(w)
+	rows := [][]string{{"safety factor", "buckets", "mean heavy per bucket", "overflow measured", "overflow Poisson", "recall, one bucket", "recall, two buckets"}}
+	for _, f := range []int{1, 2, 4, 8} {
+		buckets := (k*f + 7) / 8
+		over := make([]float64, seeds)
+		rec := [2][]float64{make([]float64, seeds), make([]float64, seeds)}
+		parallelFor(seeds, func(i int) {
+			seed := uint64(i + 1)
+			for two := 0; two < 2; two++ {
+				sk := NewES(buckets, epochsketch.LotteryDefault, two == 1, seed)
+				keys := make([]string, k)
+				perBucket := make([]int, buckets)
+				for j := range keys {
+					keys[j] = Key(fmt.Sprintf("s%d-h", seed), j)
+					b, _, _ := sk.Sk.Locate(keys[j])
+					perBucket[b]++
+				}
+				if two == 0 {
+					n := 0
+					for _, c := range perBucket {
+						if c > 8 {
+							n++
+						}
+					}
+					over[i] = float64(n) / float64(buckets)
+				}
+				orc := NewOracle()
+				mouse := 0
+				const ticks = 8
+				for tick := int64(0); tick < ticks; tick++ {
+					for j, key := range keys {
+						drive(sk, orc, key, tick, 20+j%381)
+						for range 10 {
+							sk.Observe(Key(fmt.Sprintf("s%d-m", seed), mouse), tick)
+							mouse++
+						}
+					}
+				}
+				good := 0
+				for _, key := range keys {
+					exact := float64(orc.At(key, ticks-1))
+					if math.Abs(float64(sk.Estimate(key, ticks-1))-exact) <= 0.1*exact {
+						good++
+					}
+				}
+				rec[two][i] = float64(good) / float64(k)
+			}
+		})
+		lambda := float64(k) / float64(buckets)
+		rows = append(rows, []string{fmt.Sprint(f), fmt.Sprint(buckets), fmt.Sprintf("%.2f", lambda),
+			fmt.Sprintf("%.4f", Mean(over)), fmt.Sprintf("%.4f", poissonTail(lambda, 8)),
+			fmt.Sprintf("%.4f", Mean(rec[0])), fmt.Sprintf("%.4f", Mean(rec[1]))})
+	}
+	table(w, rows)
+	return nil
+}
+
+// poissonTail is P(X > n) for X ~ Poisson(lambda).
+func poissonTail(lambda float64, n int) float64 {
+	p, cdf := math.Exp(-lambda), 0.0
+	for i := 0; i <= n; i++ {
+		cdf += p
+		p *= lambda / float64(i+1)
+	}
+	return max(1-cdf, 0)
+}
+
+// runCollisions is section 3: fingerprint collisions. Two keys in one bucket
+// with the same 16-bit tag share a slot, so the lighter one reads the
+// heavier one's count. Measured: the share of keys whose estimate exceeds the
+// exact count, and by how much, on a Zipf(1.1) stream.
+func runCollisions(o Options, w io.Writer) error {
+	seeds := o.seeds()
+	n := 200_000
+	if o.Quick {
+		n = 50_000
+	}
+	fmt.Fprintf(w, "Zipf(1.1) over 100,000 keys, %d arrivals in one tick, %d seeds; the oracle is exact.\n", n, seeds)
+	fmt.Fprintln(w, "Expectation: a key finds a foreign slot with its tag with probability about (live slots in its bucket)/65,535, at most 8/65,535 = 1.22e-4; the shared slot then holds both keys' counts, so each collision overestimates two keys.")
+	fmt.Fprintln(w)
+	rows := [][]string{{"buckets", "keys queried", "overestimated", "share", "mean excess of those (counts)", "max excess"}}
+	for _, buckets := range []int{256, 4096, 65536} {
+		var total, over float64
+		var excess []float64
+		res := make([][3]float64, seeds)
+		exs := make([][]float64, seeds)
+		parallelFor(seeds, func(i int) {
+			seed := uint64(i + 1)
+			sk := NewES(buckets, epochsketch.LotteryDefault, false, seed)
+			orc := NewOracle()
+			z := NewZipf(100_000, 1.1, seed)
+			for range n {
+				k := Key(fmt.Sprintf("s%d-", seed), z.Next())
+				sk.Observe(k, 0)
+				orc.Observe(k, 0)
+			}
+			for _, k := range orc.Keys() {
+				res[i][0]++
+				if d := float64(sk.Estimate(k, 0)) - float64(orc.At(k, 0)); d > 0 {
+					res[i][1]++
+					exs[i] = append(exs[i], d)
+				}
+			}
+		})
+		for i := range res {
+			total += res[i][0]
+			over += res[i][1]
+			excess = append(excess, exs[i]...)
+		}
+		mean, mx := 0.0, 0.0
+		if len(excess) > 0 {
+			mean = Mean(excess)
+			mx = Quantile(excess, 1)
+		}
+		rows = append(rows, []string{fmt.Sprint(buckets), fmt.Sprint(int(total)), fmt.Sprint(int(over)),
+			fmt.Sprintf("%.2e", over/total), fmt.Sprintf("%.1f", mean), fmt.Sprintf("%g", mx)})
+	}
+	table(w, rows)
+	return nil
+}
