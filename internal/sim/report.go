@@ -39,6 +39,7 @@ var Sections = []Section{
 	{"1", "Chip-mask schedule and decision gate D2", runSchedule},
 	{"2", "Bucket overflow at the sizing rule", runOverflow},
 	{"3", "Fingerprint collisions", runCollisions},
+	{"7", "The accuracy grid of the literature", runAccuracy},
 	{"8", "The Tick Table re-derived by simulation", runTicks},
 }
 

@@ -14,9 +14,11 @@ import (
 // of the heavy set once they compete (one bucket, and the two-bucket escape
 // hatch).
 func runOverflow(o Options, w io.Writer) error {
-	const k = 2000 // concurrent heavy hitters
-	seeds := o.seeds()
-	fmt.Fprintf(w, "%d heavy hitters, each at 20 to 400 per tick, over a background of 20,000 one-hit mice per tick; %d seeds per row.\n", k, seeds)
+	k, seeds, lo, span, mice := 2000, o.seeds(), 20, 381, 10 // concurrent heavy hitters, rates lo..lo+span-1
+	if o.Quick {
+		k, seeds, lo, span, mice = 400, 2, 4, 20, 2
+	}
+	fmt.Fprintf(w, "%d heavy hitters, each at %d to %d per tick, over a background of %d one-hit mice per tick; %d seeds per row.\n", k, lo, lo+span-1, k*mice, seeds)
 	fmt.Fprintf(w, "Overflow: share of buckets that the %d heavy keys, hashed by the library, fill past 8 (Poisson: the analytic tail).\n", k)
 	fmt.Fprintln(w, "Recall: share of the heavy keys whose estimate is within 10% of the exact decayed count after 8 ticks.")
 	fmt.Fprintln(w)
@@ -50,8 +52,8 @@ func runOverflow(o Options, w io.Writer) error {
 				const ticks = 8
 				for tick := int64(0); tick < ticks; tick++ {
 					for j, key := range keys {
-						drive(sk, orc, key, tick, 20+j%381)
-						for range 10 {
+						drive(sk, orc, key, tick, lo+j%span)
+						for range mice {
 							sk.Observe(Key(fmt.Sprintf("s%d-m", seed), mouse), tick)
 							mouse++
 						}
