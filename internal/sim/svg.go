@@ -49,7 +49,9 @@ func LinePlot(title, xlabel, ylabel string, series []Series) string {
 	fmt.Fprintf(&b, `<rect x="%g" y="%g" width="%g" height="%g" fill="none" stroke="black"/>`, L, T, W-L-R, H-T-B)
 	fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">%s</text>`, (W-R+L)/2, H-12, html.EscapeString(xlabel))
 	fmt.Fprintf(&b, `<text x="16" y="%g" text-anchor="middle" transform="rotate(-90 16 %g)">%s</text>`, (H-B+T)/2, (H-B+T)/2, html.EscapeString(ylabel))
-	for i, s := range series {
+	// Draw the first series last, so it stays on top where lines overlap.
+	for i := len(series) - 1; i >= 0; i-- {
+		s := series[i]
 		c := palette[i%len(palette)]
 		var pts []string
 		for _, p := range s.Points {
