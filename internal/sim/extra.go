@@ -108,25 +108,36 @@ func runZombie(o Options, w io.Writer) error {
 }
 
 // runAdversarial is section 6: what knowing the seed buys an attacker. The
-// bucket-flood workload of section 1, aimed with the sketch's own seed (as an
-// unseeded or leaked hash allows) and with a wrong guess (what a per-process
-// random seed leaves an attacker), beside an untargeted flood.
+// bucket-flood of section 1 against sketches with each built-in hash: with a
+// per-instance random seed (maphash, SipHash-1-3) the attacker can only aim
+// with a seed of its own; with a seed it knows (an unseeded hash, a leaked or
+// configured seed), it aims exactly.
 func runAdversarial(o Options, w io.Writer) error {
 	seeds := o.seeds()
-	fmt.Fprintf(w, "The decision gate's setup (64 buckets, 1,000 contenders, default lottery), %d seeds. Attack: 200 keys, 12 per tick each, chosen to land in the buckets of the 50 heaviest contenders, as computed with the seed the attacker believes in.\n\n", seeds)
-	rows := [][]string{{"attacker", "top 100: share untracked or wrong", "top 100: mean abs error"}}
+	fmt.Fprintf(w, "The decision gate's setup (64 buckets, 1,000 contenders, default lottery), %d seeds. Attack: 200 keys, 12 per tick each, chosen to land in the buckets of the 50 heaviest contenders as computed by the attacker's copy of the hash.\n\n", seeds)
+	rows := [][]string{{"hash and what the attacker knows", "top 100: share untracked or wrong", "top 100: mean abs error"}}
 	for _, c := range []struct {
-		name  string
-		guess func(seed uint64) uint64
+		name      string
+		sketch    func(seed uint64) *ES
+		attackers func(seed uint64) *ES
 	}{
-		{"knows the seed (unseeded or leaked hash)", func(s uint64) uint64 { return s }},
-		{"guesses a wrong seed (random per-process seed)", func(s uint64) uint64 { return s + 1_000_000 }},
+		{"wyhash, seed known to the attacker (as good as unseeded)",
+			func(s uint64) *ES { return newESHash(epochsketch.HashWyhash, s) },
+			func(s uint64) *ES { return newESHash(epochsketch.HashWyhash, s) }},
+		{"wyhash, attacker guesses a wrong seed",
+			func(s uint64) *ES { return newESHash(epochsketch.HashWyhash, s) },
+			func(s uint64) *ES { return newESHash(epochsketch.HashWyhash, s+1_000_000) }},
+		{"maphash, random per-instance seed",
+			func(s uint64) *ES { return newESHash(epochsketch.HashMaphash, 0) },
+			func(s uint64) *ES { return newESHash(epochsketch.HashMaphash, 0) }},
+		{"SipHash-1-3, random per-instance key",
+			func(s uint64) *ES { return newESHash(epochsketch.HashSipHash13, 0) },
+			func(s uint64) *ES { return newESHash(epochsketch.HashSipHash13, 0) }},
 	} {
 		errs := make([][]float64, seeds)
 		parallelFor(seeds, func(i int) {
 			seed := uint64(i + 1)
-			sk := NewES(GateBuckets, epochsketch.LotteryDefault, false, seed)
-			aim := NewES(GateBuckets, epochsketch.LotteryDefault, false, c.guess(seed))
+			sk, aim := c.sketch(seed), c.attackers(seed)
 			o := NewOracle()
 			keys := contenders(seed, "k")
 			targets := map[int]bool{}
@@ -168,6 +179,57 @@ func runAdversarial(o Options, w io.Writer) error {
 			abs += math.Abs(e) / float64(len(all))
 		}
 		rows = append(rows, []string{c.name, fmt.Sprintf("%.4f", float64(bad)/float64(len(all))), fmt.Sprintf("%.4f", abs)})
+	}
+	table(w, rows)
+	return nil
+}
+
+// newESHash is a gate-sized sketch with a chosen hash; seed 0 means the
+// hash's random per-instance seed.
+func newESHash(h epochsketch.HashKind, seed uint64) *ES {
+	return &ES{epochsketch.New(epochsketch.Config{
+		NumBuckets: GateBuckets, TickDuration: time.Second, Seed: seed, Hash: h,
+		Clock: epochsketch.NewManualClock(t0),
+	})}
+}
+
+// runMorris is section 5's simulation: a Morris counter with base 2^(1/8),
+// whose halving per tick is "subtract 8 from the exponent", against the exact
+// integer-decayed count, at sustained rates.
+func runMorris(o Options, w io.Writer) error {
+	seeds := o.seeds()
+	fmt.Fprintf(w, "A key arriving R times per tick for 40 ticks; a Morris exponent e (8 bits, base b = 2^(1/8)) incremented with probability b^-e, decayed by e -= 8 per tick; read as (b^e - 1)/(b - 1). %d seeds per row; the truth is the exact steady state 2R-1.\n\n", seeds)
+	rows := [][]string{{"R per tick", "exact 2R-1", "Morris mean", "relative bias", "relative std", "draws per arrival"}}
+	const b = 1.0905077326652577 // 2^(1/8)
+	rates := []int{10, 100, 1000, 100_000}
+	if o.Quick {
+		rates = []int{10, 100}
+	}
+	for _, r := range rates {
+		ests := make([]float64, seeds)
+		parallelFor(seeds, func(i int) {
+			rng := rand.New(rand.NewPCG(uint64(i+1), uint64(r)))
+			e := 0
+			for tick := 0; tick < 40; tick++ {
+				if tick > 0 {
+					e = max(e-8, 0)
+				}
+				for range r {
+					if e < 255 && rng.Float64() < math.Pow(b, -float64(e)) {
+						e++
+					}
+				}
+			}
+			ests[i] = (math.Pow(b, float64(e)) - 1) / (b - 1)
+		})
+		exact := float64(2*r - 1)
+		mean := Mean(ests)
+		sd := 0.0
+		for _, v := range ests {
+			sd += (v - mean) * (v - mean) / float64(len(ests))
+		}
+		rows = append(rows, []string{fmt.Sprint(r), fmt.Sprint(2*r - 1), fmt.Sprintf("%.0f", mean),
+			fmt.Sprintf("%+.3f", (mean-exact)/exact), fmt.Sprintf("%.3f", math.Sqrt(sd)/exact), "1"})
 	}
 	table(w, rows)
 	return nil

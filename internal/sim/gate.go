@@ -85,6 +85,24 @@ var GateWorkloads = []Workload{
 		}
 		return topKeys(o, ticks-1), ticks - 1
 	}},
+	{"rotating-challengers", func(sk *ES, o *Oracle, seed uint64, scale int) ([]string, int64) {
+		// Low-cardinality rotating challengers: 16×scale keys at 60 per tick,
+		// replaced by fresh ones every 2 ticks (a slow key rotation).
+		keys := contenders(seed, "k")
+		const ticks = 12
+		for tick := int64(0); tick < ticks; tick++ {
+			for i, k := range keys {
+				drive(sk, o, k, tick, rate(i))
+			}
+			for c := range 16 * scale {
+				k := fmt.Sprintf("s%d-rot%d-%d", seed, tick/2, c)
+				for range 60 {
+					sk.Observe(k, tick)
+				}
+			}
+		}
+		return topKeys(o, ticks-1), ticks - 1
+	}},
 	{"bucket-flood", func(sk *ES, o *Oracle, seed uint64, scale int) ([]string, int64) {
 		// An attacker who knows the seed aims 200×scale keys at the buckets
 		// of the 50 heaviest contenders, each key 12 times per tick: counts
