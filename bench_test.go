@@ -3,95 +3,31 @@ package epochsketch_test
 import (
 	"fmt"
 	"hash/maphash"
-	"math/rand/v2"
 	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"unsafe"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/keystream"
 )
 
-// keySet holds n keys in one pointer-free buffer, so the garbage collector
-// never rescans them and no benchmark pays for their allocation.
-type keySet struct {
-	buf []byte
-	off []uint32 // key i is buf[off[i]:off[i+1]]
-}
-
-func makeKeys(n int, prefix string) *keySet {
-	ks := &keySet{off: make([]uint32, 0, n+1)}
-	for i := range n {
-		ks.off = append(ks.off, uint32(len(ks.buf)))
-		ks.buf = append(ks.buf, prefix...)
-		ks.buf = strconv.AppendUint(ks.buf, uint64(i)*2654435761%(1<<32), 16)
-	}
-	ks.off = append(ks.off, uint32(len(ks.buf)))
-	return ks
-}
-
-func (ks *keySet) bytes(i uint32) []byte { return ks.buf[ks.off[i]:ks.off[i+1]:ks.off[i+1]] }
-
-// str views key i as a string without copying; the buffer is never written
-// after makeKeys.
-func (ks *keySet) str(i uint32) string {
-	b := ks.bytes(i)
-	return unsafe.String(unsafe.SliceData(b), len(b))
-}
-
-// workload is a stream of keys, generated before timing and laid out in
-// the order they are consumed: reading the next key is a sequential read,
-// so the benchmark measures the structure, not key fetches.
-type workload struct {
-	name string
-	keys *keySet
-}
+// workload is a key stream generated before timing (internal/keystream).
+type workload = keystream.Stream
 
 var (
 	workloadsOnce sync.Once
 	workloads     []*workload
 )
 
-// streamOf lays out the keys of ids, in order, in one buffer.
-func streamOf(prefix string, ids []uint32) *keySet {
-	ks := &keySet{off: make([]uint32, 0, len(ids)+1)}
-	for _, id := range ids {
-		ks.off = append(ks.off, uint32(len(ks.buf)))
-		ks.buf = append(ks.buf, prefix...)
-		ks.buf = strconv.AppendUint(ks.buf, uint64(id)*2654435761%(1<<32), 16)
-	}
-	ks.off = append(ks.off, uint32(len(ks.buf)))
-	return ks
-}
-
 func benchWorkloads() []*workload {
 	workloadsOnce.Do(func() {
-		r := rand.New(rand.NewPCG(1, 2))
-		// Zipf(1.1) over 1M keys: a realistic skew.
-		z := rand.NewZipf(r, 1.1, 1, 1_000_000-1)
-		zs := make([]uint32, 1<<22)
-		for i := range zs {
-			zs[i] = uint32(z.Uint64())
-		}
-		// A uniform flood over 10M distinct keys: every call misses.
-		us := make([]uint32, 10_000_000)
-		for i := range us {
-			us[i] = uint32(i)
-		}
-		r.Shuffle(len(us), func(i, j int) { us[i], us[j] = us[j], us[i] })
-		workloads = []*workload{
-			{"zipf1.1-1M", streamOf("api_client:", zs)},
-			{"uniform-10M", streamOf("flood:", us)},
-			{"hot", streamOf("hot:", []uint32{0})},
-		}
+		workloads = []*workload{keystream.Zipf(1), keystream.Uniform(1), keystream.Hot()}
 		runtime.GC() // collect the construction garbage before any timing
 	})
 	return workloads
 }
-
-func (w *workload) at(i int) uint32 { return uint32(i % (len(w.keys.off) - 1)) }
 
 const tableBuckets = 1 << 16 // 4 MiB
 
@@ -172,17 +108,17 @@ func BenchmarkObserve(b *testing.B) {
 				sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets})
 				b.Cleanup(func() { sk.Close() })
 				for i := range 1 << 20 {
-					sk.Observe(w.keys.str(w.at(i)))
+					sk.Observe(w.String(i))
 				}
 				return func(k string) uint64 { return uint64(sk.Estimate(k)) }
 			}},
 		}
 		for _, mode := range []string{"throughput", "latency"} {
 			for _, im := range impls {
-				b.Run(fmt.Sprintf("workload=%s/mode=%s/impl=%s", w.name, mode, im.name), func(b *testing.B) {
+				b.Run(fmt.Sprintf("workload=%s/mode=%s/impl=%s", w.Name, mode, im.name), func(b *testing.B) {
 					f := im.mk()
 					for i := range 1 << 20 { // warm the table
-						f(w.keys.str(w.at(i)))
+						f(w.String(i))
 					}
 					runtime.GC()
 					b.ReportAllocs()
@@ -192,7 +128,7 @@ func BenchmarkObserve(b *testing.B) {
 						// Independent calls: the CPU overlaps consecutive
 						// calls' cache misses, as in a tight loop.
 						for b.Loop() {
-							s += f(w.keys.str(w.at(i)))
+							s += f(w.String(i))
 							i++
 						}
 					} else {
@@ -200,7 +136,7 @@ func BenchmarkObserve(b *testing.B) {
 						// calls overlap: the cost of one call in a program
 						// that does other work between calls.
 						for b.Loop() {
-							r := f(w.keys.str(w.at(i)))
+							r := f(w.String(i))
 							s += r
 							i += 1 + int(r>>63)
 						}
@@ -217,14 +153,14 @@ func BenchmarkObserve(b *testing.B) {
 // perfect scaling halves it at -cpu 2.
 func BenchmarkObserveParallel(b *testing.B) {
 	ws := benchWorkloads()
-	disjoint := makeKeys(64*1024, "tenant:") // 1024 hot keys per goroutine slot
+	disjoint := keystream.Disjoint(1024) // 1024 hot keys per goroutine slot
 	cases := []struct {
 		name string
 		key  func(g, i int) string
 	}{
-		{"zipf1.1-1M", func(g, i int) string { return ws[0].keys.str(ws[0].at(i + g*7919)) }},
-		{"disjoint", func(g, i int) string { return disjoint.str(uint32((g%64)*1024 + i%1024)) }},
-		{"hot", func(g, i int) string { return ws[2].keys.str(0) }},
+		{"zipf1.1-1M", func(g, i int) string { return ws[0].String(i + g*7919) }},
+		{"disjoint", func(g, i int) string { return disjoint.String((g%64)*1024 + i%1024) }},
+		{"hot", func(g, i int) string { return ws[2].String(0) }},
 	}
 	for _, c := range cases {
 		for _, impl := range []string{"floor-hash-cas", "observe"} {

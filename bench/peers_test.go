@@ -1,0 +1,55 @@
+package bench
+
+import (
+	"runtime"
+	"testing"
+)
+
+// Every peer must count what it is given: a peer that drops work would post
+// a fast, meaningless number.
+func TestPeersCount(t *testing.T) {
+	for _, p := range Peers {
+		t.Run(p.Name, func(t *testing.T) {
+			c := p.New()
+			var last uint32
+			for range 50 {
+				last = c.Observe("k")
+			}
+			switch p.Name {
+			case "xtime-rate-map", "boom-topk", "boom-stablebloom":
+				if last != 1 { // allowed (burst 100) / added / seen
+					t.Fatalf("50th call returned %d, want 1", last)
+				}
+			case "floor-hash-bucket-cas":
+				if last == 0 {
+					t.Fatalf("floor returned 0")
+				}
+			case "tinylfu-style":
+				if last != 15 { // 4-bit counters saturate at 15
+					t.Fatalf("50 calls read %d, want the 4-bit maximum 15", last)
+				}
+			default:
+				if last != 50 {
+					t.Fatalf("50 calls read %d, want 50", last)
+				}
+			}
+			if p.Fixed {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				c2 := p.New()
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				if mib := float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20); mib < 3.9 || mib > 4.5 {
+					t.Errorf("fixed-memory peer holds %.2f MiB, want the common 4 MiB", mib)
+				}
+				runtime.KeepAlive(c2)
+			}
+			if p.Name == "boom-stablebloom" {
+				if got := c.Observe("never-seen"); got != 0 {
+					t.Fatalf("a new key reads as seen")
+				}
+			}
+		})
+	}
+}
