@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"strings"
 	"unicode"
+
+	"github.com/epochsketch/epochsketch/internal/plot"
 )
 
 // ZipfStream returns n arrivals over flows keys with skew s.
@@ -142,9 +144,9 @@ func runAccuracy(o Options, w io.Writer) error {
 		labels = append(labels, fmt.Sprintf("%d KB", b))
 	}
 	mem := grid("k = 100, Zipf 1.0, memory 10 to 50 KB", labels, func(i int) ([]string, int, int) { return zipf1, budgets[i] * 1000, 100 })
-	var series []Series
+	var series []plot.Series
 	for j, p := range Peers(1024, 1, 1) {
-		s := Series{Name: p.Name}
+		s := plot.Series{Name: p.Name}
 		for i, b := range budgets {
 			s.Points = append(s.Points, [2]float64{float64(b), mem[i][j].Precision})
 		}

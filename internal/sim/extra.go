@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/plot"
 )
 
 // SubtlexStream samples n tokens from the word counts of the npm package
@@ -236,9 +237,9 @@ func runMorris(o Options, w io.Writer) error {
 }
 
 // plotSeries writes a line plot to dir/name.svg when dir is set.
-func plotSeries(dir, name, title, xlabel, ylabel string, series []Series) error {
+func plotSeries(dir, name, title, xlabel, ylabel string, series []plot.Series) error {
 	if dir == "" {
 		return nil
 	}
-	return os.WriteFile(filepath.Join(dir, name+".svg"), []byte(LinePlot(title, xlabel, ylabel, series)), 0o644)
+	return os.WriteFile(filepath.Join(dir, name+".svg"), []byte(plot.LinePlot(title, xlabel, ylabel, series)), 0o644)
 }

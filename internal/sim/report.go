@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/plot"
 )
 
 // Options size a run: Quick is CI's reduced grid, which keeps the harness
@@ -225,7 +226,7 @@ func roundingBias(o Options, w io.Writer) error {
 
 // plotProtection writes P(chip | C) on a log scale for every schedule.
 func plotProtection(path string) error {
-	var series []Series
+	var series []plot.Series
 	for _, s := range Schedules {
 		var pts [][2]float64
 		for c := uint32(1); c <= 200; c++ {
@@ -233,8 +234,8 @@ func plotProtection(path string) error {
 				pts = append(pts, [2]float64{float64(c), math.Log10(p)})
 			}
 		}
-		series = append(series, Series{Name: s.Name, Points: pts})
+		series = append(series, plot.Series{Name: s.Name, Points: pts})
 	}
 	sort.SliceStable(series, func(i, j int) bool { return false })
-	return os.WriteFile(path, []byte(LinePlot("P(chip) per challenge", "victim's effective count C", "log10 P", series)), 0o644)
+	return os.WriteFile(path, []byte(plot.LinePlot("P(chip) per challenge", "victim's effective count C", "log10 P", series)), 0o644)
 }

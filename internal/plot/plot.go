@@ -1,4 +1,6 @@
-package sim
+// Package plot writes small self-contained SVG charts (stdlib only) for
+// THEORY.md and BENCHMARKS.md; scripts convert them to PNG.
+package plot
 
 import (
 	"fmt"
@@ -13,10 +15,10 @@ type Series struct {
 	Points [][2]float64
 }
 
-var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"}
+var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#000000", "#aec7e8", "#98df8a", "#ff9896"}
 
 // LinePlot renders series as a self-contained SVG line chart with axes,
-// ticks and a legend. scripts/theory.sh converts it to PNG for docs/.
+// ticks and a legend.
 func LinePlot(title, xlabel, ylabel string, series []Series) string {
 	const W, H, L, R, T, B = 720.0, 440.0, 70.0, 170.0, 40.0, 55.0
 	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
@@ -71,4 +73,54 @@ func tick(v float64) string {
 		return fmt.Sprintf("%.1e", v)
 	}
 	return fmt.Sprintf("%.3g", v)
+}
+
+// Bar is one labelled value.
+type Bar struct {
+	Label string
+	Value float64
+}
+
+// BarsLog renders horizontal bars on a log10 axis, in the given order, with
+// each value printed at the bar's end.
+func BarsLog(title, xlabel string, bars []Bar) string {
+	const W, L, R, T, rowH = 760.0, 190.0, 70.0, 40.0, 22.0
+	H := T + 45 + rowH*float64(len(bars))
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, b := range bars {
+		if b.Value > 0 {
+			lo, hi = min(lo, b.Value), max(hi, b.Value)
+		}
+	}
+	lmin, lmax := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+	if lmin == lmax {
+		lmax++
+	}
+	px := func(v float64) float64 { return L + (math.Log10(v)-lmin)/(lmax-lmin)*(W-L-R) }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" font-family="sans-serif" font-size="12">`, W, H)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`)
+	fmt.Fprintf(&b, `<text x="%g" y="22" font-size="15" text-anchor="middle">%s</text>`, W/2, html.EscapeString(title))
+	for e := lmin; e <= lmax; e++ {
+		x := L + (e-lmin)/(lmax-lmin)*(W-L-R)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="#ddd"/>`, x, T, x, H-40)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%g" text-anchor="middle">%s</text>`, x, H-26, tick(math.Pow(10, e)))
+	}
+	for i, br := range bars {
+		y := T + float64(i)*rowH
+		fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="end">%s</text>`, L-6, y+rowH/2+4, html.EscapeString(br.Label))
+		if br.Value > 0 {
+			c := palette[0]
+			if strings.HasPrefix(br.Label, "floor") {
+				c = "#999"
+			} else if strings.HasPrefix(br.Label, "epochsketch") {
+				c = palette[1]
+			}
+			fmt.Fprintf(&b, `<rect x="%g" y="%g" width="%.1f" height="%g" fill="%s"/>`, L, y+3, max(px(br.Value)-L, 1), rowH-6, c)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%g">%s</text>`, px(br.Value)+4, y+rowH/2+4, tick(br.Value))
+		}
+	}
+	fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">%s</text>`, (W-R+L)/2, H-8, html.EscapeString(xlabel))
+	b.WriteString(`</svg>`)
+	return b.String()
 }
