@@ -8,6 +8,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,8 +19,9 @@ import (
 	"github.com/epochsketch/epochsketch/internal/plot"
 )
 
-// line matches "BenchmarkX/workload=W/impl=I[-P]  N  V ns/op ...".
-var line = regexp.MustCompile(`^Benchmark\w+/(?:workload=([^/\s]+)/)?impl=(\S+?)(?:-(\d+))?\s+\d+\s+(.*)$`)
+// line matches "BenchmarkX/workload=W/impl=I[-P]  N  V ns/op ..." (or
+// keys=K in place of workload=W).
+var line = regexp.MustCompile(`^Benchmark\w+/(?:(?:workload|keys)=([^/\s]+)/)?impl=(\S+?)(?:-(\d+))?\s+\d+\s+(.*)$`)
 
 type key struct{ workload, impl, procs string }
 
@@ -107,10 +109,26 @@ func run(dir string) error {
 		return err
 	}
 	var hb []plot.Bar
+	var hs []plot.Series
+	idx := map[string]int{}
 	for _, k := range horder {
-		hb = append(hb, plot.Bar{Label: k.impl, Value: median(heap[k])})
+		v := median(heap[k])
+		if k.workload == "10000000" {
+			hb = append(hb, plot.Bar{Label: k.impl, Value: v})
+		}
+		n, _ := strconv.ParseFloat(k.workload, 64)
+		i, ok := idx[k.impl]
+		if !ok {
+			i = len(hs)
+			idx[k.impl] = i
+			hs = append(hs, plot.Series{Name: k.impl})
+		}
+		hs[i].Points = append(hs[i].Points, [2]float64{math.Log10(n), math.Log10(max(v, 0.01))})
 	}
 	if err := write("liveheap", plot.BarsLog("live heap after 10M distinct keys", "MiB (log scale)", hb)); err != nil {
+		return err
+	}
+	if err := write("liveheap-keys", plot.LinePlot("live heap against distinct keys", "log10 distinct keys", "log10 MiB", hs)); err != nil {
 		return err
 	}
 
