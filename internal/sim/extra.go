@@ -140,32 +140,9 @@ func runAdversarial(o Options, w io.Writer) error {
 			seed := uint64(i + 1)
 			sk, aim := c.sketch(seed), c.attackers(seed)
 			o := NewOracle()
-			keys := contenders(seed, "k")
-			targets := map[int]bool{}
-			for _, k := range keys[:50] {
-				b, _, _ := aim.Sk.Locate(k)
-				targets[b] = true
-			}
-			var attack []string
-			for j := 0; len(attack) < 200; j++ {
-				k := Key(fmt.Sprintf("s%d-atk", seed), j)
-				if b, _, _ := aim.Sk.Locate(k); targets[b] {
-					attack = append(attack, k)
-				}
-			}
-			const ticks = 12
-			for tick := int64(0); tick < ticks; tick++ {
-				for j, k := range keys {
-					drive(sk, o, k, tick, rate(j))
-				}
-				for _, k := range attack {
-					for range 12 {
-						sk.Observe(k, tick)
-					}
-				}
-			}
-			for _, kv := range o.Top(100, ticks-1) {
-				errs[i] = append(errs[i], (float64(sk.Estimate(kv.Key, ticks-1))-float64(kv.Count))/float64(kv.Count))
+			end := aimedFlood(sk, aim, o, seed, 200)
+			for _, kv := range o.Top(100, end) {
+				errs[i] = append(errs[i], (float64(sk.Estimate(kv.Key, end))-float64(kv.Count))/float64(kv.Count))
 			}
 		})
 		var all []float64

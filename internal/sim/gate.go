@@ -107,32 +107,41 @@ var GateWorkloads = []Workload{
 		// An attacker who knows the seed aims 200×scale keys at the buckets
 		// of the 50 heaviest contenders, each key 12 times per tick: counts
 		// of about 23, pressing the lottery where it matters.
-		keys := contenders(seed, "k")
-		targets := map[int]bool{}
-		for _, k := range keys[:50] {
-			b, _, _ := sk.Sk.Locate(k)
-			targets[b] = true
-		}
-		var attack []string
-		for i := 0; len(attack) < 200*scale; i++ {
-			k := Key(fmt.Sprintf("s%d-atk", seed), i)
-			if b, _, _ := sk.Sk.Locate(k); targets[b] {
-				attack = append(attack, k)
-			}
-		}
-		const ticks = 12
-		for tick := int64(0); tick < ticks; tick++ {
-			for i, k := range keys {
-				drive(sk, o, k, tick, rate(i))
-			}
-			for _, k := range attack {
-				for range 12 {
-					sk.Observe(k, tick)
-				}
-			}
-		}
-		return topKeys(o, ticks-1), ticks - 1
+		end := aimedFlood(sk, sk, o, seed, 200*scale)
+		return topKeys(o, end), end
 	}},
+}
+
+// aimedFlood drives the 1,000 contenders for 12 ticks while n attack keys,
+// 12 arrivals per tick each, hit the buckets of the 50 heaviest contenders as
+// aim (the sketch itself, or the attacker's copy with its own seed) computes
+// them. It returns the last tick.
+func aimedFlood(sk, aim *ES, o *Oracle, seed uint64, n int) int64 {
+	keys := contenders(seed, "k")
+	targets := map[int]bool{}
+	for _, k := range keys[:50] {
+		b, _, _ := aim.Sk.Locate(k)
+		targets[b] = true
+	}
+	var attack []string
+	for i := 0; len(attack) < n; i++ {
+		k := Key(fmt.Sprintf("s%d-atk", seed), i)
+		if b, _, _ := aim.Sk.Locate(k); targets[b] {
+			attack = append(attack, k)
+		}
+	}
+	const ticks = 12
+	for tick := int64(0); tick < ticks; tick++ {
+		for i, k := range keys {
+			drive(sk, o, k, tick, rate(i))
+		}
+		for _, k := range attack {
+			for range 12 {
+				sk.Observe(k, tick)
+			}
+		}
+	}
+	return ticks - 1
 }
 
 func contenders(seed uint64, prefix string) []string {
