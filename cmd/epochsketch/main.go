@@ -6,6 +6,7 @@
 //	epochsketch demo [-seed N]      the same, with a seed
 //	epochsketch size -heavy N       buckets and bytes for N concurrent heavy hitters
 //	epochsketch ticks [-tick D]     the Tick Table: velocity ceiling and evaporation per tick
+//	epochsketch top [FILE...]       the heaviest recent keys of a stream, one key per line
 //	epochsketch sim [-quick]        THEORY.md's experiments, as markdown tables
 package main
 
@@ -24,12 +25,15 @@ const usage = `usage:
   epochsketch size -heavy N [-factor F]
                                 buckets and bytes for N concurrent heavy hitters
   epochsketch ticks [-tick D]   the Tick Table (spec 3.4), or one row for tick D
+  epochsketch top [-k N] [-lines-per-tick N] [-every N] [-json] [FILE...]
+                                the heaviest recent keys of a stream, one key per line
+                                (files, gzip or standard input)
   epochsketch sim [-quick] [-out DIR] [-section N,M]
                                 run THEORY.md's experiments; prints markdown tables
 `
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
 // usageError is a bad command line: it exits with status 2.
@@ -37,7 +41,7 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cmd := "demo"
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
@@ -52,6 +56,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runTicks(args, stdout, stderr)
 	case "sim":
 		err = runSim(args, stdout, stderr)
+	case "top":
+		err = runTop(args, stdin, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return 0

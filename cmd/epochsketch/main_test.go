@@ -30,7 +30,7 @@ func TestRun(t *testing.T) {
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			var out, errb bytes.Buffer
-			if code := run(c.args, &out, &errb); code != c.code {
+			if code := run(c.args, strings.NewReader(""), &out, &errb); code != c.code {
 				t.Fatalf("exit %d, want %d; stderr: %s", code, c.code, errb.String())
 			}
 			for _, want := range c.stdout {
@@ -49,7 +49,7 @@ func TestRun(t *testing.T) {
 // equals its exact decayed count (a sustained R per tick converges to 2R-1).
 func TestDemoAttackerExact(t *testing.T) {
 	var out bytes.Buffer
-	if code := run(nil, &out, &out); code != 0 {
+	if code := run(nil, strings.NewReader(""), &out, &out); code != 0 {
 		t.Fatal(out.String())
 	}
 	lines := strings.Split(out.String(), "\n")
