@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,10 @@ type topOptions struct {
 	every        int
 	format       string
 	asJSON       bool
+	key, field   string
+	timeField    string
+	live         bool
+	showBad      bool
 }
 
 // runTop reads keys, one per line, from files (gzip too) or standard input,
@@ -40,7 +43,12 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.tick, "tick", time.Second, "tick (half-life)")
 	fs.IntVar(&o.linesPerTick, "lines-per-tick", 0, "replay: advance one tick every N lines (0: the wall clock)")
 	fs.IntVar(&o.every, "every", 0, "report a checkpoint every N lines (0: only at the end)")
-	fs.StringVar(&o.format, "format", "lines", "input format: lines (one key per line)")
+	fs.StringVar(&o.format, "format", "lines", "input format: lines (one key per line), clf or combined (access logs), json (JSON lines)")
+	fs.StringVar(&o.key, "key", "ip", "access logs: the key: ip, path, method+path, ua or ip+path")
+	fs.StringVar(&o.field, "field", "", "json: the key's field path, e.g. user.id")
+	fs.StringVar(&o.timeField, "time-field", "", "json: the time's field path (RFC 3339 or Unix seconds)")
+	fs.BoolVar(&o.live, "live", false, "use the wall clock even when records carry times (tail -f)")
+	fs.BoolVar(&o.showBad, "show-malformed", false, "print each malformed line's number and reason to standard error")
 	fs.BoolVar(&o.asJSON, "json", false, "write each report as one JSON object per line")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -48,9 +56,12 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		}
 		return usageErr("%v", err)
 	}
+	parse, err := newParser(o.format, o.key, o.field, o.timeField)
+	if err != nil {
+		return err
+	}
+	timed := (o.format == "clf" || o.format == "combined" || o.timeField != "") && !o.live
 	switch {
-	case o.format != "lines":
-		return usageErr("-format %q: unknown format (supported: lines)", o.format)
 	case o.k < 1:
 		return usageErr("-k must be at least 1, got %d", o.k)
 	case o.linesPerTick < 0 || o.every < 0:
@@ -59,7 +70,12 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	cfg := epochsketch.Config{NumBuckets: o.buckets, TickDuration: o.tick}
 	var clk *epochsketch.ManualClock
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	if o.linesPerTick > 0 {
+	switch {
+	case timed:
+		// Records carry their own times: the sketch's time follows them
+		// (ObserveAt), so a replayed log decays as it happened.
+		cfg.Clock = epochsketch.NewManualClock(time.Unix(0, 0))
+	case o.linesPerTick > 0:
 		clk = epochsketch.NewManualClock(start)
 		cfg.Clock = clk
 	}
@@ -71,7 +87,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// Track 4k keys and report the best k by their current estimates: a
 	// TopK entry may lag its key by up to 1/16, never by a whole rank.
 	top := epochsketch.NewTopK(4 * o.k)
-	st := &topState{o: o, sk: sk, top: top, out: stdout}
+	st := &topState{o: o, sk: sk, top: top, out: stdout, errw: stderr, parse: parse, timed: timed}
 
 	files := fs.Args()
 	if len(files) == 0 {
@@ -87,11 +103,13 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 }
 
 type topState struct {
-	o                    topOptions
-	sk                   *epochsketch.Sketch
-	top                  *epochsketch.TopK
-	out                  io.Writer
-	lines, empty, firsts int
+	o                               topOptions
+	sk                              *epochsketch.Sketch
+	top                             *epochsketch.TopK
+	out, errw                       io.Writer
+	parse                           parser
+	timed                           bool
+	lines, empty, malformed, firsts int
 }
 
 func (st *topState) readFile(name string, stdin io.Reader, clk *epochsketch.ManualClock) error {
@@ -116,16 +134,29 @@ func (st *topState) readFile(name string, stdin io.Reader, clk *epochsketch.Manu
 	sc := bufio.NewScanner(br)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		key := bytes.TrimSpace(sc.Bytes())
 		st.lines++
-		if len(key) == 0 {
+		r, err := st.parse(sc.Bytes())
+		switch {
+		case errors.Is(err, errEmpty):
 			st.empty++
-		} else {
-			est, first := st.sk.ObserveBytes(key)
+		case err != nil:
+			// A malformed line is counted and never stops the run.
+			st.malformed++
+			if st.o.showBad {
+				fmt.Fprintf(st.errw, "%s:%d: malformed: %v\n", name, st.lines, err)
+			}
+		default:
+			var est uint32
+			var first bool
+			if st.timed && !r.when.IsZero() {
+				est, first = st.sk.ObserveAt(r.when, string(r.key))
+			} else {
+				est, first = st.sk.ObserveBytes(r.key)
+			}
 			if first {
 				st.firsts++
 			}
-			st.top.OfferBytes(key, est)
+			st.top.OfferBytes(r.key, est)
 		}
 		if clk != nil && st.lines%st.o.linesPerTick == 0 {
 			clk.Advance(st.o.tick)
@@ -142,13 +173,14 @@ func (st *topState) readFile(name string, stdin io.Reader, clk *epochsketch.Manu
 
 // Report is one checkpoint, as -json writes it.
 type Report struct {
-	Lines    int                    `json:"lines"`
-	Empty    int                    `json:"empty_lines"`
-	Firsts   int                    `json:"first_sightings"`
-	Final    bool                   `json:"final"`
-	Top      []epochsketch.TopEntry `json:"top"`
-	Stats    epochsketch.Stats      `json:"stats"`
-	MemBytes int                    `json:"memory_bytes"`
+	Lines     int                    `json:"lines"`
+	Empty     int                    `json:"empty_lines"`
+	Malformed int                    `json:"malformed_lines"`
+	Firsts    int                    `json:"first_sightings"`
+	Final     bool                   `json:"final"`
+	Top       []epochsketch.TopEntry `json:"top"`
+	Stats     epochsketch.Stats      `json:"stats"`
+	MemBytes  int                    `json:"memory_bytes"`
 }
 
 func (st *topState) report(final bool) {
@@ -166,7 +198,7 @@ func (st *topState) report(final bool) {
 		entries = entries[:len(entries)-1]
 	}
 	entries = entries[:min(st.o.k, len(entries))]
-	r := Report{Lines: st.lines, Empty: st.empty, Firsts: st.firsts, Final: final, Top: entries,
+	r := Report{Lines: st.lines, Empty: st.empty, Malformed: st.malformed, Firsts: st.firsts, Final: final, Top: entries,
 		Stats: st.sk.Stats(), MemBytes: st.sk.NumBuckets() * 64}
 	if st.o.asJSON {
 		b, _ := json.Marshal(r)
@@ -177,7 +209,7 @@ func (st *topState) report(final bool) {
 	if final {
 		label = "final"
 	}
-	fmt.Fprintf(st.out, "%s after %d lines (%d empty, %d first sightings), %s of sketch\n", label, r.Lines, r.Empty, r.Firsts, formatBytes(r.MemBytes))
+	fmt.Fprintf(st.out, "%s after %d lines (%d empty, %d malformed, %d first sightings), %s of sketch\n", label, r.Lines, r.Empty, r.Malformed, r.Firsts, formatBytes(r.MemBytes))
 	w := tabwriter.NewWriter(st.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "rank\tkey\testimate")
 	for i, e := range entries {
