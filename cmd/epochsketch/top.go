@@ -3,12 +3,14 @@ package main
 import (
 	"bufio"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"sort"
 	"text/tabwriter"
 	"time"
@@ -28,6 +30,9 @@ type topOptions struct {
 	timeField    string
 	live         bool
 	showBad      bool
+	firsts       bool
+	progress     string
+	refresh      time.Duration
 }
 
 // runTop reads keys, one per line, from files (gzip too) or standard input,
@@ -50,6 +55,13 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.live, "live", false, "use the wall clock even when records carry times (tail -f)")
 	fs.BoolVar(&o.showBad, "show-malformed", false, "print each malformed line's number and reason to standard error")
 	fs.BoolVar(&o.asJSON, "json", false, "write each report as one JSON object per line")
+	fs.BoolVar(&o.firsts, "firsts", false, "print each first sighting (key and line) to standard error")
+	fs.StringVar(&o.progress, "progress", "auto", "progress line with rate and ETA when reading files: auto (when standard error is a terminal), on, off")
+	refreshDefault := time.Duration(0)
+	if isTerminal(os.Stdout) {
+		refreshDefault = time.Second
+	}
+	fs.DurationVar(&o.refresh, "refresh", refreshDefault, "redraw the table this often (default 1s when standard output is a terminal, else 0: off)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -64,8 +76,10 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	switch {
 	case o.k < 1:
 		return usageErr("-k must be at least 1, got %d", o.k)
-	case o.linesPerTick < 0 || o.every < 0:
-		return usageErr("-lines-per-tick and -every must not be negative")
+	case o.linesPerTick < 0 || o.every < 0 || o.refresh < 0:
+		return usageErr("-lines-per-tick, -every and -refresh must not be negative")
+	case o.progress != "auto" && o.progress != "on" && o.progress != "off":
+		return usageErr("-progress %q: want auto, on or off", o.progress)
 	}
 	cfg := epochsketch.Config{NumBuckets: o.buckets, TickDuration: o.tick}
 	var clk *epochsketch.ManualClock
@@ -87,19 +101,51 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// Track 4k keys and report the best k by their current estimates: a
 	// TopK entry may lag its key by up to 1/16, never by a whole rank.
 	top := epochsketch.NewTopK(4 * o.k)
-	st := &topState{o: o, sk: sk, top: top, out: stdout, errw: stderr, parse: parse, timed: timed}
+	st := &topState{o: o, sk: sk, top: top, out: stdout, errw: stderr, parse: parse, timed: timed,
+		seen: map[string]time.Time{}, prev: map[string]uint32{}}
 
 	files := fs.Args()
 	if len(files) == 0 {
 		files = []string{"-"}
 	}
+	if o.progress == "on" || o.progress == "auto" && isTerminal(os.Stderr) {
+		st.prog = newProgress(files, stderr)
+	}
+	// Ctrl-C ends the run with the final summary.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
 	for _, name := range files {
-		if err := st.readFile(name, stdin, clk); err != nil {
+		if err := st.readFile(ctx, name, stdin, clk); err != nil {
 			return err
 		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if st.prog != nil {
+		st.prog.done()
 	}
 	st.report(true)
 	return nil
+}
+
+// trend says how an estimate moved since the previous report.
+func trend(prev, now uint32) string {
+	switch {
+	case prev == 0:
+		return "new"
+	case now > prev:
+		return fmt.Sprintf("+%d", now-prev)
+	case now < prev:
+		return fmt.Sprintf("-%d", prev-now)
+	}
+	return "="
+}
+
+// isTerminal reports whether f is a character device (a terminal).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 type topState struct {
@@ -110,9 +156,13 @@ type topState struct {
 	parse                           parser
 	timed                           bool
 	lines, empty, malformed, firsts int
+	prog                            *progress
+	now                             time.Time // the latest record's time, or the wall clock's
+	seen                            map[string]time.Time
+	prev                            map[string]uint32
 }
 
-func (st *topState) readFile(name string, stdin io.Reader, clk *epochsketch.ManualClock) error {
+func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, clk *epochsketch.ManualClock) error {
 	var r io.Reader = stdin
 	if name != "-" {
 		f, err := os.Open(name)
@@ -121,6 +171,9 @@ func (st *topState) readFile(name string, stdin io.Reader, clk *epochsketch.Manu
 		}
 		defer f.Close()
 		r = f
+	}
+	if st.prog != nil {
+		r = st.prog.wrap(r)
 	}
 	br := bufio.NewReaderSize(r, 1<<16)
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
@@ -131,56 +184,134 @@ func (st *topState) readFile(name string, stdin io.Reader, clk *epochsketch.Manu
 		defer zr.Close()
 		br = bufio.NewReaderSize(zr, 1<<16)
 	}
-	sc := bufio.NewScanner(br)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		st.lines++
-		r, err := st.parse(sc.Bytes())
-		switch {
-		case errors.Is(err, errEmpty):
-			st.empty++
-		case err != nil:
-			// A malformed line is counted and never stops the run.
-			st.malformed++
-			if st.o.showBad {
-				fmt.Fprintf(st.errw, "%s:%d: malformed: %v\n", name, st.lines, err)
+	// Lines come from a reader goroutine in batches, so that Ctrl-C and the
+	// refresh ticker are heard even while a read blocks (tail -f).
+	batches := make(chan [][]byte, 4)
+	errc := make(chan error, 1)
+	go func() {
+		defer close(batches)
+		sc := bufio.NewScanner(br)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		var batch [][]byte
+		for sc.Scan() {
+			batch = append(batch, append([]byte(nil), sc.Bytes()...))
+			if len(batch) == 1024 || br.Buffered() == 0 {
+				select {
+				case batches <- batch:
+				case <-ctx.Done():
+					return
+				}
+				batch = nil
 			}
-		default:
-			var est uint32
-			var first bool
-			if st.timed && !r.when.IsZero() {
-				est, first = st.sk.ObserveAt(r.when, string(r.key))
-			} else {
-				est, first = st.sk.ObserveBytes(r.key)
-			}
-			if first {
-				st.firsts++
-			}
-			st.top.OfferBytes(r.key, est)
 		}
-		if clk != nil && st.lines%st.o.linesPerTick == 0 {
-			clk.Advance(st.o.tick)
+		if len(batch) > 0 {
+			select {
+			case batches <- batch:
+			case <-ctx.Done():
+			}
 		}
-		if st.o.every > 0 && st.lines%st.o.every == 0 {
-			st.report(false)
+		errc <- sc.Err()
+	}()
+	var tick <-chan time.Time
+	if st.o.refresh > 0 {
+		t := time.NewTicker(st.o.refresh)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick:
+			st.redraw()
+		case batch, ok := <-batches:
+			if !ok {
+				select {
+				case err := <-errc:
+					if err != nil {
+						return fmt.Errorf("%s: line %d: %w", name, st.lines+1, err)
+					}
+				default:
+				}
+				return nil
+			}
+			for _, line := range batch {
+				st.line(name, line, clk)
+			}
+			if st.prog != nil {
+				st.prog.show()
+			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("%s: line %d: %w", name, st.lines+1, err)
+}
+
+// line handles one input line.
+func (st *topState) line(name string, line []byte, clk *epochsketch.ManualClock) {
+	st.lines++
+	r, err := st.parse(line)
+	switch {
+	case errors.Is(err, errEmpty):
+		st.empty++
+	case err != nil:
+		// A malformed line is counted and never stops the run.
+		st.malformed++
+		if st.o.showBad {
+			fmt.Fprintf(st.errw, "%s:%d: malformed: %v\n", name, st.lines, err)
+		}
+	default:
+		var est uint32
+		var first bool
+		if st.timed && !r.when.IsZero() {
+			est, first = st.sk.ObserveAt(r.when, string(r.key))
+			if r.when.After(st.now) {
+				st.now = r.when
+			}
+		} else {
+			est, first = st.sk.ObserveBytes(r.key)
+		}
+		if first {
+			st.firsts++
+			if st.o.firsts {
+				fmt.Fprintf(st.errw, "first sighting: %s (line %d)\n", r.key, st.lines)
+			}
+		}
+		st.top.OfferBytes(r.key, est)
 	}
-	return nil
+	if clk != nil && st.lines%st.o.linesPerTick == 0 {
+		clk.Advance(st.o.tick)
+	}
+	if st.o.every > 0 && st.lines%st.o.every == 0 {
+		st.report(false)
+	}
+}
+
+// redraw repaints the table in place on a terminal, or appends a report.
+func (st *topState) redraw() {
+	if !st.o.asJSON && isTerminal(os.Stdout) && st.out == io.Writer(os.Stdout) {
+		fmt.Fprint(st.out, "\x1b[H\x1b[2J")
+	}
+	st.report(false)
+}
+
+// Entry is one reported key: its estimate now, when it first appeared in a
+// report (record time in replays), and its estimate at the previous report.
+type Entry struct {
+	Key       string    `json:"key"`
+	Estimate  uint32    `json:"estimate"`
+	FirstSeen time.Time `json:"first_seen"`
+	Previous  uint32    `json:"previous"`
 }
 
 // Report is one checkpoint, as -json writes it.
 type Report struct {
-	Lines     int                    `json:"lines"`
-	Empty     int                    `json:"empty_lines"`
-	Malformed int                    `json:"malformed_lines"`
-	Firsts    int                    `json:"first_sightings"`
-	Final     bool                   `json:"final"`
-	Top       []epochsketch.TopEntry `json:"top"`
-	Stats     epochsketch.Stats      `json:"stats"`
-	MemBytes  int                    `json:"memory_bytes"`
+	Lines     int               `json:"lines"`
+	Empty     int               `json:"empty_lines"`
+	Malformed int               `json:"malformed_lines"`
+	Firsts    int               `json:"first_sightings"`
+	Final     bool              `json:"final"`
+	Top       []Entry           `json:"top"`
+	Stats     epochsketch.Stats `json:"stats"`
+	MemBytes  int               `json:"memory_bytes"`
 }
 
 func (st *topState) report(final bool) {
@@ -198,7 +329,30 @@ func (st *topState) report(final bool) {
 		entries = entries[:len(entries)-1]
 	}
 	entries = entries[:min(st.o.k, len(entries))]
-	r := Report{Lines: st.lines, Empty: st.empty, Malformed: st.malformed, Firsts: st.firsts, Final: final, Top: entries,
+	now := st.now
+	if !st.timed {
+		now = time.Now()
+		if st.o.linesPerTick > 0 {
+			now = time.Time{} // a replay without record times has no wall time
+		}
+	}
+	top := make([]Entry, len(entries))
+	prev := map[string]uint32{}
+	for i, e := range entries {
+		if _, ok := st.seen[e.Key]; !ok {
+			st.seen[e.Key] = now
+		}
+		top[i] = Entry{e.Key, e.Estimate, st.seen[e.Key], st.prev[e.Key]}
+		prev[e.Key] = e.Estimate
+	}
+	st.prev = prev
+	// Keep first-seen times only for keys still reported: memory stays bounded.
+	for k := range st.seen {
+		if _, ok := prev[k]; !ok {
+			delete(st.seen, k)
+		}
+	}
+	r := Report{Lines: st.lines, Empty: st.empty, Malformed: st.malformed, Firsts: st.firsts, Final: final, Top: top,
 		Stats: st.sk.Stats(), MemBytes: st.sk.NumBuckets() * 64}
 	if st.o.asJSON {
 		b, _ := json.Marshal(r)
@@ -211,9 +365,13 @@ func (st *topState) report(final bool) {
 	}
 	fmt.Fprintf(st.out, "%s after %d lines (%d empty, %d malformed, %d first sightings), %s of sketch\n", label, r.Lines, r.Empty, r.Malformed, r.Firsts, formatBytes(r.MemBytes))
 	w := tabwriter.NewWriter(st.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "rank\tkey\testimate")
-	for i, e := range entries {
-		fmt.Fprintf(w, "%d\t%s\t%d\n", i+1, e.Key, e.Estimate)
+	fmt.Fprintln(w, "rank\tkey\testimate\ttrend\tfirst seen")
+	for i, e := range top {
+		seen := "-"
+		if !e.FirstSeen.IsZero() {
+			seen = e.FirstSeen.Format("2006-01-02 15:04:05")
+		}
+		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\n", i+1, e.Key, e.Estimate, trend(e.Previous, e.Estimate), seen)
 	}
 	w.Flush()
 	fmt.Fprintln(st.out)

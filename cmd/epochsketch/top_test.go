@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 	"unicode"
 )
 
@@ -216,5 +218,79 @@ func TestTopMalformedAndUsage(t *testing.T) {
 		if code := run(args, strings.NewReader(""), &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
 		}
+	}
+}
+
+// Ctrl-C on a live tail ends the run with the final summary, exit 0; the
+// refresh ticker redraws while input is idle.
+func TestBinaryInterruptAndRefresh(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "epochsketch")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "top", "-k", "1", "-refresh", "20ms")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := new(lockedBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(stdin, "k\nk\nk\n") // the pipe stays open, as with tail -f
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(out.String(), "checkpoint") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refreshes while idle: %q", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after Ctrl-C: %v: %s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "final after 3 lines") || !strings.Contains(out.String(), "k    3") {
+		t.Fatalf("no final summary after Ctrl-C: %q", out.String())
+	}
+}
+
+// lockedBuffer is written by os/exec's copying goroutine while the test
+// reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestTopFirstsAndProgress(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(f, []byte("a\nb\na\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"top", "-firsts", "-progress", "on", f}, strings.NewReader(""), &out, &errb); code != 0 {
+		t.Fatal(errb.String())
+	}
+	for _, want := range []string{"first sighting: a (line 1)", "first sighting: b (line 2)", "100.0%", "ETA"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("stderr lacks %q: %q", want, errb.String())
+		}
+	}
+	if strings.Contains(errb.String(), "first sighting: a (line 3)") {
+		t.Errorf("a repeat was reported as a first sighting")
 	}
 }
