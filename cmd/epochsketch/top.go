@@ -293,13 +293,15 @@ func (st *topState) redraw() {
 	st.report(false)
 }
 
-// Entry is one reported key: its estimate now, when it first appeared in a
-// report (record time in replays), and its estimate at the previous report.
+// Entry is one reported key: its estimate now, since when it has been in the
+// reported top (record time in replays; the tool keeps no per-key history
+// beyond the reported keys, so this is not the key's first sighting), and its
+// estimate at the previous report.
 type Entry struct {
-	Key       string    `json:"key"`
-	Estimate  uint32    `json:"estimate"`
-	FirstSeen time.Time `json:"first_seen"`
-	Previous  uint32    `json:"previous"`
+	Key        string    `json:"key"`
+	Estimate   uint32    `json:"estimate"`
+	InTopSince time.Time `json:"in_top_since"`
+	Previous   uint32    `json:"previous"`
 }
 
 // Report is one checkpoint, as -json writes it.
@@ -365,11 +367,11 @@ func (st *topState) report(final bool) {
 	}
 	fmt.Fprintf(st.out, "%s after %d lines (%d empty, %d malformed, %d first sightings), %s of sketch\n", label, r.Lines, r.Empty, r.Malformed, r.Firsts, formatBytes(r.MemBytes))
 	w := tabwriter.NewWriter(st.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "rank\tkey\testimate\ttrend\tfirst seen")
+	fmt.Fprintln(w, "rank\tkey\testimate\ttrend\tin top since")
 	for i, e := range top {
 		seen := "-"
-		if !e.FirstSeen.IsZero() {
-			seen = e.FirstSeen.Format("2006-01-02 15:04:05")
+		if !e.InTopSince.IsZero() {
+			seen = e.InTopSince.Format("2006-01-02 15:04:05")
 		}
 		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\n", i+1, e.Key, e.Estimate, trend(e.Previous, e.Estimate), seen)
 	}
