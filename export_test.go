@@ -7,12 +7,9 @@ import "unsafe"
 const (
 	CountMax       = countMax
 	EpochMask      = epochMask
-	Evaporation    = evaporation
 	SlotsPerBucket = slotsPerBucket
 	BucketSize     = bucketSize
 	CacheLine      = cacheLine
-	ChipStep       = chipStep
-	MaxAttempts    = maxAttempts
 )
 
 var (
@@ -21,10 +18,8 @@ var (
 	EpochOf   = epochOf
 	CountOf   = countOf
 	Decay     = decay
-	ChipDraw  = chipDraw
 	TickOf    = tickOf
 	Splitmix  = splitmix64
-	HKThresh  = hkThreshold
 	StatShard = unsafe.Sizeof(statShard{})
 	ClockSize = unsafe.Sizeof(clockState{})
 	SaltSize  = unsafe.Sizeof(saltState{})

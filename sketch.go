@@ -394,13 +394,10 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 	return readEst, true
 }
 
+// dedupe1 and drainIn run dedupe and drain on one bucket.
 func (s *Sketch) dedupe1(b *bucket, shard uint64, i int, tag uint16) {
-	for j := range b.s {
-		if x := b.s[j].Load(); j != i && x != 0 && tagOf(x) == tag {
-			s.drainIn(b, shard, max(i, j), min(i, j), tag)
-			return
-		}
-	}
+	v := view{b: [2]*bucket{b}, n: slotsPerBucket, shard: shard}
+	s.dedupe(&v, i, tag)
 }
 
 func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {

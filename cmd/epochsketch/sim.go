@@ -40,7 +40,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	o := sim.Options{Quick: *quick, Out: *out, Log: stderr, Subtlex: *subtlex}
+	o := sim.Options{Quick: *quick, Out: *out, Subtlex: *subtlex}
 	for _, s := range sim.Sections {
 		if len(want) > 0 && !want[s.ID] {
 			continue

@@ -263,7 +263,7 @@ func parallelFor(n int, f func(i int)) {
 type GateRow struct {
 	Workload           string
 	N                  [2]int
-	Median, P90, P10   [2]float64
+	P10                [2]float64
 	MeanAbs, NonZero   [2]float64
 	KSD, KSP, ADT, ADP float64
 }
@@ -271,8 +271,6 @@ type GateRow struct {
 // Compare summarizes two samples (chip, heavykeeper) with both tests.
 func Compare(name string, a, b []float64) GateRow {
 	r := GateRow{Workload: name, N: [2]int{len(a), len(b)}}
-	r.Median = [2]float64{Quantile(a, 0.5), Quantile(b, 0.5)}
-	r.P90 = [2]float64{Quantile(a, 0.9), Quantile(b, 0.9)}
 	r.P10 = [2]float64{Quantile(a, 0.1), Quantile(b, 0.1)}
 	for i, s := range [][]float64{a, b} {
 		for _, v := range s {

