@@ -2,7 +2,6 @@ package epochsketch_test
 
 import (
 	"fmt"
-	"hash/maphash"
 	"runtime"
 	"strconv"
 	"sync"
@@ -10,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/floor"
 	"github.com/epochsketch/epochsketch/internal/keystream"
 )
 
@@ -31,51 +31,6 @@ func benchWorkloads() []*workload {
 
 const tableBuckets = 1 << 16 // 4 MiB
 
-// floorCAS is the first physical floor: a seeded maphash and one atomic CAS
-// on a 4 MiB table of words.
-type floorCAS struct {
-	seed  maphash.Seed
-	words []atomic.Uint64
-}
-
-func newFloorCAS() *floorCAS {
-	return &floorCAS{seed: maphash.MakeSeed(), words: make([]atomic.Uint64, tableBuckets*8)}
-}
-
-func (f *floorCAS) observe(k string) uint64 {
-	h := maphash.String(f.seed, k)
-	w := &f.words[(h>>32)*uint64(len(f.words))>>32]
-	x := w.Load()
-	w.CompareAndSwap(x, x+1)
-	return x
-}
-
-// floorBucket is the second floor: hash, read all 8 words of a 64-byte
-// bucket, CAS the one whose tag matches (or the first).
-type floorBucket struct {
-	seed    maphash.Seed
-	buckets [][8]atomic.Uint64
-}
-
-func newFloorBucket() *floorBucket {
-	return &floorBucket{seed: maphash.MakeSeed(), buckets: make([][8]atomic.Uint64, tableBuckets)}
-}
-
-func (f *floorBucket) observe(k string) uint64 {
-	h := maphash.String(f.seed, k)
-	b := &f.buckets[(h>>32)*uint64(len(f.buckets))>>32]
-	tag := h >> 48
-	j := 0
-	var x uint64
-	for i := range b {
-		if w := b[i].Load(); w>>48 == tag {
-			j, x = i, w
-		}
-	}
-	b[j].CompareAndSwap(x, tag<<48|(x+1)&(1<<48-1))
-	return x
-}
-
 var sink uint64
 
 // BenchmarkObserve sets Observe beside the floors on one stream, in one run:
@@ -87,8 +42,8 @@ func BenchmarkObserve(b *testing.B) {
 			name string
 			mk   func() func(string) uint64
 		}{
-			{"floor-hash-cas", func() func(string) uint64 { return newFloorCAS().observe }},
-			{"floor-hash-bucket-cas", func() func(string) uint64 { return newFloorBucket().observe }},
+			{"floor-hash-cas", func() func(string) uint64 { return floor.New(floor.HashCAS, tableBuckets).Observe }},
+			{"floor-hash-bucket-cas", func() func(string) uint64 { return floor.New(floor.HashBucketCAS, tableBuckets).Observe }},
 			{"observe", func() func(string) uint64 {
 				sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets})
 				b.Cleanup(func() { sk.Close() })
@@ -171,7 +126,7 @@ func BenchmarkObserveParallel(b *testing.B) {
 					defer sk.Close()
 					f = func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
 				} else {
-					f = newFloorCAS().observe
+					f = floor.New(floor.HashCAS, tableBuckets).Observe
 				}
 				var next atomic.Int64
 				b.ReportAllocs()

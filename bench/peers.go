@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/floor"
 )
 
 // Counter is one peer: Observe records an occurrence of key and returns what
@@ -45,9 +46,9 @@ var (
 
 // Peers lists every structure, floors first.
 var Peers = []Peer{
-	{"floor-hash-add", func() Counter { return newFloor(0) }, true},
-	{"floor-hash-cas", func() Counter { return newFloor(1) }, true},
-	{"floor-hash-bucket-cas", func() Counter { return newFloor(2) }, true},
+	{"floor-hash-add", func() Counter { return newFloor(floor.HashAdd) }, true},
+	{"floor-hash-cas", func() Counter { return newFloor(floor.HashCAS) }, true},
+	{"floor-hash-bucket-cas", func() Counter { return newFloor(floor.HashBucketCAS) }, true},
 	{"epochsketch", func() Counter { return newES(epochsketch.HashDefault) }, true},
 	{"epochsketch-siphash13", func() Counter { return newES(epochsketch.HashSipHash13) }, true},
 	{"mutex-map", func() Counter { return &mutexMap{m: map[string]uint32{}} }, false},
@@ -63,40 +64,12 @@ var Peers = []Peer{
 	{"tinylfu-style", func() Counter { return newTinyLFU(4 << 20) }, true},
 }
 
-// floor is the physical floors: seeded maphash, then one atomic add (0), one
-// CAS (1), or reading an 8-word bucket and CASing one word (2), on 4 MiB.
-type floor struct {
-	seed  maphash.Seed
-	kind  int
-	words []atomic.Uint64
-}
+// floorPeer adapts internal/floor: it answers the count after the call.
+type floorPeer struct{ f *floor.Floor }
 
-func newFloor(kind int) *floor {
-	return &floor{seed: maphash.MakeSeed(), kind: kind, words: make([]atomic.Uint64, TableBuckets*8)}
-}
+func newFloor(kind floor.Kind) Counter { return floorPeer{floor.New(kind, TableBuckets)} }
 
-func (f *floor) Observe(k string) uint32 {
-	h := maphash.String(f.seed, k)
-	switch f.kind {
-	case 0:
-		return uint32(f.words[(h>>32)*uint64(len(f.words))>>32].Add(1))
-	case 1:
-		w := &f.words[(h>>32)*uint64(len(f.words))>>32]
-		x := w.Load()
-		w.CompareAndSwap(x, x+1)
-		return uint32(x + 1)
-	}
-	b := f.words[((h>>32)*TableBuckets>>32)*8:][:8]
-	tag := h >> 48
-	j, x := 0, uint64(0)
-	for i := range b {
-		if w := b[i].Load(); w>>48 == tag {
-			j, x = i, w
-		}
-	}
-	b[j].CompareAndSwap(x, tag<<48|(x+1)&(1<<48-1))
-	return uint32(x + 1)
-}
+func (p floorPeer) Observe(k string) uint32 { return uint32(p.f.Observe(k) + 1) }
 
 type es struct{ sk *epochsketch.Sketch }
 
