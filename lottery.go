@@ -61,6 +61,9 @@ func (s *Sketch) salt() uint64 {
 // chipWins runs the lottery of challenger hash h against the weakest slot,
 // whose word is victim and effective count eff (>= 1).
 func (s *Sketch) chipWins(h, victim uint64, eff uint32) bool {
+	if traceOn {
+		return s.chipWinsTraced(h, victim, eff)
+	}
 	if s.lottery == LotteryHeavyKeeper {
 		return int(eff) < len(hkThreshold) && s.salt() < hkThreshold[eff]
 	}

@@ -236,6 +236,9 @@ func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
 
 // observe is spec 6: scrub, refresh, claim, or challenge.
 func (s *Sketch) observe(h uint64, now int64) (uint32, bool) {
+	if traceOn {
+		return s.observeTraced(h, now)
+	}
 	if !s.twoChoice {
 		i := (h >> 32) * s.nb >> 32
 		b := &s.table[i]
@@ -278,7 +281,12 @@ func refresh(b *bucket, h uint64, now int64) (est uint32, first bool, tried int)
 		return 0, false, 0
 	}
 	c := satInc(decay(countOf(x), age))
-	if !b.s[j].CompareAndSwap(x, pack(uint16(tag), uint32(e), c)) {
+	y := pack(uint16(tag), uint32(e), c)
+	ok := b.s[j].CompareAndSwap(x, y)
+	if traceOn {
+		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+	}
+	if !ok {
 		return 0, false, 1
 	}
 	return c, age > 0, 0
@@ -322,6 +330,9 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 			// A slot written at a tick this caller has not seen: reload the
 			// shared tick once and look again (see fresh).
 			now, reloaded = max(now, s.clk.hw.Load()), true
+			if traceOn {
+				emit(traceEvent{Op: traceReload, Slot: bits.TrailingZeros(ahead), Tick: now})
+			}
 			continue
 		}
 		attempt++
@@ -330,7 +341,11 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 			// first; the slot is still treated as claimable below, and a
 			// claim that expects the old word then fails and retries.
 			i := bits.TrailingZeros(m)
-			if b.s[i].CompareAndSwap(w[i], 0) {
+			ok := b.s[i].CompareAndSwap(w[i], 0)
+			if traceOn {
+				emit(traceEvent{Op: traceScrub, Slot: i, Old: w[i], OK: ok, Tick: now})
+			}
+			if ok {
 				s.stats.add(shard, statScrubbed)
 				w[i] = 0
 			}
@@ -342,7 +357,12 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 			eff := decay(countOf(x), age)
 			readEst = eff
 			n := satInc(eff)
-			if b.s[i].CompareAndSwap(x, pack(uint16(tag), e32, n)) {
+			y := pack(uint16(tag), e32, n)
+			ok := b.s[i].CompareAndSwap(x, y)
+			if traceOn {
+				emit(traceEvent{Op: traceRefresh, Slot: i, Old: x, New: y, OK: ok, Tick: now})
+			}
+			if ok {
 				if dup := match & (match - 1); dup != 0 {
 					s.drainIn(b, shard, bits.TrailingZeros(dup), i, uint16(tag))
 				}
@@ -364,7 +384,12 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 		}
 		if free != 0 { // Phase 2: claim.
 			i := bits.TrailingZeros(free)
-			if b.s[i].CompareAndSwap(w[i], pack(uint16(tag), e32, 1)) {
+			y := pack(uint16(tag), e32, 1)
+			ok := b.s[i].CompareAndSwap(w[i], y)
+			if traceOn {
+				emit(traceEvent{Op: traceClaim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
+			}
+			if ok {
 				s.dedupe1(b, shard, i, uint16(tag))
 				return 1, true
 			}
@@ -373,22 +398,33 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 		// Phase 3: challenge the weakest.
 		x := w[weak]
 		if !s.chipWins(h, x, weakEff) {
+			if traceOn {
+				emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
+			}
 			s.stats.add(shard, statLost)
 			return 1, true
 		}
 		if weakEff == 1 {
-			if b.s[weak].CompareAndSwap(x, pack(uint16(tag), e32, 1)) {
+			y := pack(uint16(tag), e32, 1)
+			ok := b.s[weak].CompareAndSwap(x, y)
+			if traceOn {
+				emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
+			}
+			if ok {
 				s.stats.add(shard, statEvictions)
 				s.dedupe1(b, shard, weak, uint16(tag))
 				return 1, true
 			}
-		} else if b.s[weak].CompareAndSwap(x, x-1<<ageOf(x, e32)) {
+		} else if y := x - 1<<ageOf(x, e32); s.casChip(b.s[weak].CompareAndSwap(x, y), weak, x, y, now) {
 			// count - 2^age reads exactly one lower at this age and keeps the
 			// victim's epoch, so its first-sighting flag is untouched.
 			s.stats.add(shard, statChips)
 			s.stats.add(shard, statLost)
 			return 1, true
 		}
+	}
+	if traceOn {
+		emit(traceEvent{Op: traceExhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(shard, statCAS)
 	return readEst, true
@@ -437,7 +473,11 @@ func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 				if age >= evaporation {
 					// Zero it before it can wrap back to a small age and
 					// resurrect. A failed CAS means a writer got there first.
-					if v.at(i).CompareAndSwap(x, 0) {
+					ok := v.at(i).CompareAndSwap(x, 0)
+					if traceOn {
+						emit(traceEvent{Op: traceScrub, Slot: i, Old: x, OK: ok, Tick: now})
+					}
+					if ok {
 						s.stats.add(v.shard, statScrubbed)
 						w[i], x = 0, 0
 					}
@@ -463,7 +503,12 @@ func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 			eff := decay(countOf(x), age)
 			readEst = eff
 			n := satInc(eff)
-			if v.at(match).CompareAndSwap(x, pack(tag, e, n)) {
+			y := pack(tag, e, n)
+			ok := v.at(match).CompareAndSwap(x, y)
+			if traceOn {
+				emit(traceEvent{Op: traceRefresh, Slot: match, Old: x, New: y, OK: ok, Tick: now})
+			}
+			if ok {
 				if dup >= 0 {
 					s.drain(&v, dup, match, tag)
 				}
@@ -475,7 +520,12 @@ func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 			if i < 0 || (free[1] >= 0 && live[1] < live[0]) {
 				i = free[1]
 			}
-			if v.at(i).CompareAndSwap(w[i], pack(tag, e, 1)) {
+			y := pack(tag, e, 1)
+			ok := v.at(i).CompareAndSwap(w[i], y)
+			if traceOn {
+				emit(traceEvent{Op: traceClaim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
+			}
+			if ok {
 				s.dedupe(&v, i, tag)
 				return 1, true
 			}
@@ -483,16 +533,24 @@ func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 		default: // Phase 3: challenge the weakest.
 			x := w[weak]
 			if !s.chipWins(h, x, weakEff) {
+				if traceOn {
+					emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
+				}
 				s.stats.add(v.shard, statLost)
 				return 1, true
 			}
 			if weakEff == 1 {
-				if v.at(weak).CompareAndSwap(x, pack(tag, e, 1)) {
+				y := pack(tag, e, 1)
+				ok := v.at(weak).CompareAndSwap(x, y)
+				if traceOn {
+					emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
+				}
+				if ok {
 					s.stats.add(v.shard, statEvictions)
 					s.dedupe(&v, weak, tag)
 					return 1, true
 				}
-			} else if v.at(weak).CompareAndSwap(x, x-1<<ageOf(x, e)) {
+			} else if y := x - 1<<ageOf(x, e); s.casChip(v.at(weak).CompareAndSwap(x, y), weak, x, y, now) {
 				// count - 2^age reads exactly one lower at this age and keeps
 				// the victim's epoch, so its first-sighting flag is untouched.
 				s.stats.add(v.shard, statChips)
@@ -500,6 +558,9 @@ func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 				return 1, true
 			}
 		}
+	}
+	if traceOn {
+		emit(traceEvent{Op: traceExhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(v.shard, statCAS)
 	return readEst, true
@@ -532,7 +593,11 @@ func (s *Sketch) drain(v *view, from, into int, tag uint16) {
 		if x == 0 || tagOf(x) != tag {
 			return
 		}
-		if v.at(from).CompareAndSwap(x, 0) {
+		ok := v.at(from).CompareAndSwap(x, 0)
+		if traceOn {
+			emit(traceEvent{Op: traceDrain, Slot: from, Old: x, OK: ok, Est: uint32(into)})
+		}
+		if ok {
 			s.merge(v, into, tag, x)
 			return
 		}
@@ -595,4 +660,12 @@ func (s *Sketch) Slots(i int) [slotsPerBucket]uint64 {
 		w[j] = s.table[i].s[j].Load()
 	}
 	return w
+}
+
+// casChip passes a chip's CAS result through, reporting it in trace builds.
+func (s *Sketch) casChip(ok bool, slot int, old, new uint64, now int64) bool {
+	if traceOn {
+		emit(traceEvent{Op: traceChip, Slot: slot, Old: old, New: new, OK: ok, Tick: now})
+	}
+	return ok
 }

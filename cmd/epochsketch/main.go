@@ -8,6 +8,7 @@
 //	epochsketch ticks [-tick D]     the Tick Table: velocity ceiling and evaporation per tick
 //	epochsketch top [FILE...]       the heaviest recent keys of a stream, one key per line
 //	epochsketch sim [-quick]        THEORY.md's experiments, as markdown tables
+//	epochsketch simulator           the browser simulator on localhost (the real package as WebAssembly)
 package main
 
 import (
@@ -30,6 +31,8 @@ const usage = `usage:
                                 (files, gzip or standard input)
   epochsketch sim [-quick] [-out DIR] [-section N,M]
                                 run THEORY.md's experiments; prints markdown tables
+  epochsketch simulator [-addr HOST:PORT] [-dir DIR] [-export DIR]
+                                serve the browser simulator on localhost, offline
 `
 
 func main() {
@@ -58,6 +61,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = runSim(args, stdout, stderr)
 	case "top":
 		err = runTop(args, stdin, stdout, stderr)
+	case "simulator":
+		err = runSimulator(args, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -1,0 +1,249 @@
+// Package e2e drives the browser simulator in headless Chromium and checks
+// that the bits and estimates the page shows are what the Go package
+// computes for the same seed and steps. It is its own module so that the
+// library's module needs no browser driver.
+//
+// It needs Chromium (Debian: chromium; .ci/run installs it). Without one it
+// skips and says so, except under CI, where it fails.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/simulator"
+	"github.com/epochsketch/epochsketch/simulator/engine"
+)
+
+func findChromium(t *testing.T) string {
+	for _, c := range []string{os.Getenv("CHROMIUM"), "chromium", "chromium-browser", "google-chrome"} {
+		if c == "" {
+			continue
+		}
+		if p, err := exec.LookPath(c); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("no Chromium in CI (.ci/run installs Debian's chromium)")
+	}
+	t.Skip("no Chromium found (install Debian's chromium, or set CHROMIUM): the browser test did not run")
+	return ""
+}
+
+// buildFolder builds the simulator from the current source into a fresh
+// folder: the page, wasm_exec.js and the WebAssembly.
+func buildFolder(t *testing.T) string {
+	dir := t.TempDir()
+	cmd := exec.Command("go", "run", "./build", "-o", dir)
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the simulator: %v\n%s", err, out)
+	}
+	page, err := os.ReadFile(filepath.Join("..", simulator.Page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, simulator.Page), page, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestSimulatorInChromium(t *testing.T) {
+	chromium := findChromium(t)
+	srv := httptest.NewServer(simulator.Handler(os.DirFS(buildFolder(t))))
+	defer srv.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.NoSandbox, // root in CI containers
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.WindowSize(1400, 1300),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+
+	const seed = 42
+	const buckets = 16
+	pageErr := func(what string) {
+		t.Helper()
+		if msg, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#error"))); err == nil && msg != "" {
+			t.Fatalf("%s: the page shows an error: %s", what, msg)
+		}
+	}
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		pageErr(what)
+	}
+	text := func(sel string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("reading %s: %v", sel, err)
+		}
+		return v
+	}
+	click := func(id string) chromedp.Action[chromedp.Void] { return chromedp.Click(chromedp.CSS("#" + id)) }
+	set := func(id, v string) chromedp.Action[chromedp.Void] { return chromedp.SetValue(chromedp.CSS("#"+id), v) }
+
+	do("load", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#status[data-ready="1"]`)))
+	do("reset with a seed", set("seed", strconv.Itoa(seed)), set("buckets", strconv.Itoa(buckets)), set("every", "0"), click("reset"))
+
+	// The same steps in Go, on the same configuration.
+	cfg, err := engine.Config(seed, buckets, "heavykeeper", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := cfg.Clock.(*epochsketch.ManualClock)
+	sk := epochsketch.New(cfg)
+
+	observe := func(key string) (est uint32, first bool) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[any](`document.getElementById("key").value = ""`)); err != nil {
+			t.Fatal(err)
+		}
+		do("observe "+key, chromedp.SendKeys(chromedp.CSS("#key"), key), click("observe")) // typed, as a user would
+		est, first = sk.Observe(key)
+		gotEst, gotFirst := text("#result-est"), text("#result-first")
+		if gotEst != strconv.Itoa(int(est)) || gotFirst != strconv.FormatBool(first) {
+			t.Fatalf("Observe(%q): page shows (%s, %s) for %s, Go computes (%d, %v)", key, gotEst, gotFirst, text("#result-key"), est, first)
+		}
+		return est, first
+	}
+	tick := func(id string, n int) {
+		t.Helper()
+		do("advance "+id, click(id))
+		clk.Advance(time.Duration(n) * engine.Tick)
+	}
+	ops := func() string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#trace li")].map(li => li.dataset.op)`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(v, ",")
+	}
+	words := func() []string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`epochsketch.state().words`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	checkBucket := func(key string) {
+		t.Helper()
+		b, _, _ := sk.Locate(key)
+		if shown := text("#bucket-index"); shown != strconv.Itoa(b) {
+			t.Fatalf("page shows bucket %s, %q lives in %d", shown, key, b)
+		}
+		for i, w := range sk.Slots(b) {
+			a, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(fmt.Sprintf("#slot-%d", i)), "data-word"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Value != fmt.Sprintf("%016x", w) {
+				t.Fatalf("bucket %d slot %d: page shows %s, Go holds %016x", b, i, a.Value, w)
+			}
+		}
+	}
+
+	if est, first := observe("alice"); est != 1 || !first {
+		t.Fatalf("a new key reads (%d, %v)", est, first)
+	}
+	if got := ops(); got != "start,claim,result" {
+		t.Errorf("a new key's trace is %s, want start,claim,result", got)
+	}
+	observe("alice")
+	if got := ops(); got != "start,fast-refresh,result" {
+		t.Errorf("a tracked key's trace is %s, want start,fast-refresh,result", got)
+	}
+	observe("alice")
+	tick("tick1", 1)
+	if est, first := observe("alice"); est != 3>>1+1 || !first {
+		t.Fatalf("after a tick alice reads (%d, %v), want (2, true)", est, first)
+	}
+	tick("tick8", 8)
+	observe("alice")
+	checkBucket("alice")
+	observe("bob")
+	checkBucket("bob")
+
+	// Automatic traffic, one step at a time: the page draws its keys from
+	// the seeded engine, so Go replays the same keys.
+	gen, err := engine.New(seed, buckets, "heavykeeper", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	do("choose the Zipf crowd", set("traffic", "zipf"))
+	const steps = 400
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[any](fmt.Sprintf(`for (let i = 0; i < %d; i++) document.getElementById("step").click()`, steps))); err != nil {
+		t.Fatal(err)
+	}
+	pageErr("step the traffic")
+	var lastKey string
+	for range steps {
+		k, err := gen.NextKey("zipf", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sk.Observe(k)
+		lastKey = k
+	}
+	checkBucket(lastKey)
+	w := words()
+	for b := range buckets {
+		for i, x := range sk.Slots(b) {
+			if w[b*8+i] != fmt.Sprintf("%016x", x) {
+				t.Fatalf("after %d Zipf steps, bucket %d slot %d: page %s, Go %016x", steps, b, i, w[b*8+i], x)
+			}
+		}
+	}
+	if st := sk.Stats(); st.ChallengesLost+st.Evictions+st.Chips == 0 {
+		t.Error("the Zipf steps never ran the lottery: the test does not cover Phase 3")
+	}
+
+	// A bad seed is refused on the page, and the previous run stays.
+	if err := chromedp.Do(ctx, set("seed", "zero"), click("reset")); err != nil {
+		t.Fatal(err)
+	}
+	if msg := text("#error"); !strings.Contains(msg, `seed "zero"`) {
+		t.Errorf("a bad seed shows %q, want an error naming it", msg)
+	}
+	if w := words(); w[0] != fmt.Sprintf("%016x", sk.Slots(0)[0]) {
+		t.Error("a refused reset changed the table")
+	}
+
+	do("one more step, a frame back in its trace", set("seed", strconv.Itoa(seed)), click("step"), click("prev"))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := os.Getenv("SIMULATOR_SCREENSHOT")
+	if out == "" {
+		out = filepath.Join(t.TempDir(), "simulator.png")
+	}
+	if err := os.WriteFile(out, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", out, len(png))
+}
