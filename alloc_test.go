@@ -23,6 +23,8 @@ func TestZeroAllocs(t *testing.T) {
 	for name, f := range map[string]func(){
 		"Observe":              func() { wall.Observe(key) },
 		"ObserveBytes":         func() { wall.ObserveBytes(kb) },
+		"ObserveN":             func() { wall.ObserveN(key, 100) },
+		"ObserveBytesN":        func() { wall.ObserveBytesN(kb, 3) },
 		"Estimate":             func() { wall.Estimate(key) },
 		"EstimateBytes":        func() { wall.EstimateBytes(kb) },
 		"Observe/manual":       func() { manual.Observe(key) },

@@ -53,7 +53,7 @@ func (s *Sketch) TableAddr() uintptr { return uintptr(unsafe.Pointer(&s.table[0]
 
 // ObserveHashAt runs the write path for hash h at tick now, as a caller that
 // read the tick earlier would (a straggler).
-func (s *Sketch) ObserveHashAt(h uint64, now int64) (uint32, bool) { return s.observe(h, now) }
+func (s *Sketch) ObserveHashAt(h uint64, now int64) (uint32, bool) { return s.observe(h, now, 1) }
 func (s *Sketch) EstimateHashAt(h uint64, now int64) uint32        { return s.estimate(h, now) }
 func (s *Sketch) HighWater() int64                                 { return s.clk.hw.Load() }
 func (s *Sketch) WallTicking() bool                                { return s.clk.wall.Load() }

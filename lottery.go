@@ -58,6 +58,23 @@ func (s *Sketch) salt() uint64 {
 	return rand.Uint64()
 }
 
+// maxDraws bounds the lottery draws of one weighted challenge (spec C4).
+const maxDraws = 64
+
+// challenge runs one lottery draw per unit of weight wt, at most maxDraws,
+// against the weakest slot (word victim, effective count eff >= 1): each win
+// takes one count, so the next draw is against eff-wins. It stops when the
+// victim is empty. It returns the wins and the draws used.
+func (s *Sketch) challenge(h, victim uint64, eff, wt uint32) (wins, used uint32) {
+	for used < min(wt, maxDraws) && wins < eff {
+		used++
+		if s.chipWins(h, victim, eff-wins) {
+			wins++
+		}
+	}
+	return wins, used
+}
+
 // chipWins runs the lottery of challenger hash h against the weakest slot,
 // whose word is victim and effective count eff (>= 1).
 func (s *Sketch) chipWins(h, victim uint64, eff uint32) bool {

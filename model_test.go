@@ -39,7 +39,23 @@ func replay(t *testing.T, seed uint64, buckets int, two bool, lot epochsketch.Lo
 		key := fmt.Sprint("key", k)
 		var what string
 		switch op % 16 {
-		case 0, 1, 2, 3, 4, 5, 6, 7, 8:
+		case 8:
+			// Weights: 0 reads, 70 and more pass the 64-draw bound, 1<<25
+			// saturates.
+			wt := []uint32{0, 2, 3, 9, 40, 70, 1000, 1 << 25}[op>>4%8]
+			what = fmt.Sprintf("ObserveN %s %d", key, wt)
+			ge, gf := sk.ObserveN(key, wt)
+			var we uint32
+			var wf bool
+			if wt == 0 {
+				we = m.Estimate(sk.HashString(key), tick())
+			} else {
+				we, wf = m.ObserveN(sk.HashString(key), tick(), wt)
+			}
+			if ge != we || gf != wf {
+				t.Fatalf("op %d %s: sketch (%d, %v), model (%d, %v)", i/2, what, ge, gf, we, wf)
+			}
+		case 0, 1, 2, 3, 4, 5, 6, 7:
 			what = "Observe " + key
 			ge, gf := sk.Observe(key)
 			we, wf := m.Observe(sk.HashString(key), tick())

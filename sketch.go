@@ -119,13 +119,46 @@ func (s *Sketch) Stats() Stats { return s.stats.snapshot() }
 // (1, true), first-sighting treatment. A different key with the same bucket
 // and 16-bit fingerprint shares the count (rare: see THEORY.md).
 func (s *Sketch) Observe(key string) (estimate uint32, first bool) {
-	return s.observe(s.h.str(key), s.now())
+	return s.observe(s.h.str(key), s.now(), 1)
+}
+
+// ObserveN records n occurrences of key at once (a weight: tokens, bytes,
+// cost units) and returns the estimate with them included, like n calls to
+// Observe but in one compare-and-swap. Counts saturate at MaxCount; n above
+// MaxCount counts as MaxCount. A new key in a full bucket draws the lottery
+// once per unit of weight, at most 64 times (spec C4: bounded work), each
+// win taking one count from the weakest slot; the win that empties it claims
+// the slot with the units not yet drawn. An untracked key reads
+// (min(n, MaxCount), true). ObserveN(key, 0) records nothing and returns
+// (Estimate(key), false).
+func (s *Sketch) ObserveN(key string, n uint32) (estimate uint32, first bool) {
+	if n == 0 {
+		return s.Estimate(key), false
+	}
+	return s.observe(s.h.str(key), s.now(), min(n, countMax))
+}
+
+// ObserveBytesN is ObserveN for a key held in a byte slice.
+func (s *Sketch) ObserveBytesN(key []byte, n uint32) (estimate uint32, first bool) {
+	if n == 0 {
+		return s.EstimateBytes(key), false
+	}
+	return s.observe(s.h.bytes(key), s.now(), min(n, countMax))
+}
+
+// ObserveAtN is ObserveN at time t, as ObserveAt is Observe at time t.
+func (s *Sketch) ObserveAtN(t time.Time, key string, n uint32) (estimate uint32, first bool) {
+	now := s.clk.advance(tickOf(t.UnixNano(), s.tick))
+	if n == 0 {
+		return s.estimate(s.h.str(key), now), false
+	}
+	return s.observe(s.h.str(key), now, min(n, countMax))
 }
 
 // ObserveBytes is Observe for a key held in a byte slice: the same key space
 // as Observe(string(b)), without converting or allocating.
 func (s *Sketch) ObserveBytes(key []byte) (estimate uint32, first bool) {
-	return s.observe(s.h.bytes(key), s.now())
+	return s.observe(s.h.bytes(key), s.now(), 1)
 }
 
 // ObserveAt is Observe at time t instead of the clock's time, for replaying
@@ -133,7 +166,7 @@ func (s *Sketch) ObserveBytes(key []byte) (estimate uint32, first bool) {
 // sketch's tick for every caller; a t earlier than that counts at the latest
 // tick instead, so a late record never rewinds state.
 func (s *Sketch) ObserveAt(t time.Time, key string) (estimate uint32, first bool) {
-	return s.observe(s.h.str(key), s.clk.advance(tickOf(t.UnixNano(), s.tick)))
+	return s.observe(s.h.str(key), s.clk.advance(tickOf(t.UnixNano(), s.tick)), 1)
 }
 
 // Estimate returns key's current estimated frequency without recording an
@@ -234,21 +267,22 @@ func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
 	return now
 }
 
-// observe is spec 6: scrub, refresh, claim, or challenge.
-func (s *Sketch) observe(h uint64, now int64) (uint32, bool) {
+// observe is spec 6: scrub, refresh, claim, or challenge, adding weight wt
+// (1 to countMax).
+func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	if traceOn {
-		return s.observeTraced(h, now)
+		return s.observeTraced(h, now, wt)
 	}
 	if !s.twoChoice {
 		i := (h >> 32) * s.nb >> 32
 		b := &s.table[i]
-		n, first, tried := refresh(b, h, now)
+		n, first, tried := refresh(b, h, now, wt)
 		if n != 0 {
 			return n, first
 		}
-		return s.observe1(b, i, h, now, tried)
+		return s.observe1(b, i, h, now, wt, tried)
 	}
-	return s.observeN(h, now)
+	return s.observeView(h, now, wt)
 }
 
 // refresh is Phase 1 alone, the common case: the key holds exactly one slot,
@@ -258,7 +292,7 @@ func (s *Sketch) observe(h uint64, now int64) (uint32, bool) {
 // when the load returns throws away the work the CPU had started on the next
 // call. It returns the estimate (0 when it did not apply) and the attempts it
 // used: a lost CAS counts as the first of observe1's four.
-func refresh(b *bucket, h uint64, now int64) (est uint32, first bool, tried int) {
+func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, tried int) {
 	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
 	e := uint64(epoch24(now))
 	var x uint64
@@ -280,7 +314,7 @@ func refresh(b *bucket, h uint64, now int64) (est uint32, first bool, tried int)
 	if n != 1 || old {
 		return 0, false, 0
 	}
-	c := satInc(decay(countOf(x), age))
+	c := satAdd(decay(countOf(x), age), wt)
 	y := pack(uint16(tag), uint32(e), c)
 	ok := b.s[j].CompareAndSwap(x, y)
 	if traceOn {
@@ -295,8 +329,8 @@ func refresh(b *bucket, h uint64, now int64) (est uint32, first bool, tried int)
 // observe1 is observe for one bucket (spec 4.2 Option A), the default, after
 // refresh's fast path did not apply: a miss, a sibling to scrub, a duplicate,
 // a slot ahead of now, or a lost CAS (attempt says how many were used). It
-// makes the same decisions as observeN.
-func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (uint32, bool) {
+// makes the same decisions as observeView.
+func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, attempt int) (uint32, bool) {
 	tag := uint64(tagFrom(h))
 	var readEst uint32 = 1
 	reloaded := false
@@ -356,7 +390,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 			age := ageOf(x, e32)
 			eff := decay(countOf(x), age)
 			readEst = eff
-			n := satInc(eff)
+			n := satAdd(eff, wt)
 			y := pack(uint16(tag), e32, n)
 			ok := b.s[i].CompareAndSwap(x, y)
 			if traceOn {
@@ -384,28 +418,31 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 		}
 		if free != 0 { // Phase 2: claim.
 			i := bits.TrailingZeros(free)
-			y := pack(uint16(tag), e32, 1)
+			y := pack(uint16(tag), e32, wt)
 			ok := b.s[i].CompareAndSwap(w[i], y)
 			if traceOn {
 				emit(traceEvent{Op: traceClaim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				s.dedupe1(b, shard, i, uint16(tag))
-				return 1, true
+				return wt, true
 			}
 			continue
 		}
-		// Phase 3: challenge the weakest.
+		// Phase 3: challenge the weakest, one draw per unit of weight.
 		x := w[weak]
-		if !s.chipWins(h, x, weakEff) {
+		wins, used := s.challenge(h, x, weakEff, wt)
+		if wins == 0 {
 			if traceOn {
 				emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
 			}
 			s.stats.add(shard, statLost)
-			return 1, true
+			return wt, true
 		}
-		if weakEff == 1 {
-			y := pack(uint16(tag), e32, 1)
+		if wins == weakEff {
+			// The win that empties the slot claims it, with the units left.
+			c := wt - used + 1
+			y := pack(uint16(tag), e32, c)
 			ok := b.s[weak].CompareAndSwap(x, y)
 			if traceOn {
 				emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
@@ -413,14 +450,14 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, attempt int) (u
 			if ok {
 				s.stats.add(shard, statEvictions)
 				s.dedupe1(b, shard, weak, uint16(tag))
-				return 1, true
+				return c, true
 			}
-		} else if y := x - 1<<ageOf(x, e32); s.casChip(b.s[weak].CompareAndSwap(x, y), weak, x, y, now) {
-			// count - 2^age reads exactly one lower at this age and keeps the
-			// victim's epoch, so its first-sighting flag is untouched.
-			s.stats.add(shard, statChips)
+		} else if y := x - uint64(wins)<<ageOf(x, e32); s.casChip(b.s[weak].CompareAndSwap(x, y), weak, x, y, now) {
+			// count - wins·2^age reads exactly wins lower at this age and
+			// keeps the victim's epoch, so its first-sighting flag is untouched.
+			s.stats.addN(shard, statChips, wins)
 			s.stats.add(shard, statLost)
-			return 1, true
+			return wt, true
 		}
 	}
 	if traceOn {
@@ -441,8 +478,8 @@ func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {
 	s.drain(&v, from, into, tag)
 }
 
-// observeN is observe over a view of one or two buckets (TwoChoice).
-func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
+// observeView is observe over a view of one or two buckets (TwoChoice).
+func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 	v := s.viewOf(h)
 	tag := tagFrom(h)
 	var readEst uint32 = 1 // what a call that exhausts its retries returns
@@ -502,7 +539,7 @@ func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 			age := ageOf(x, e)
 			eff := decay(countOf(x), age)
 			readEst = eff
-			n := satInc(eff)
+			n := satAdd(eff, wt)
 			y := pack(tag, e, n)
 			ok := v.at(match).CompareAndSwap(x, y)
 			if traceOn {
@@ -520,27 +557,29 @@ func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 			if i < 0 || (free[1] >= 0 && live[1] < live[0]) {
 				i = free[1]
 			}
-			y := pack(tag, e, 1)
+			y := pack(tag, e, wt)
 			ok := v.at(i).CompareAndSwap(w[i], y)
 			if traceOn {
 				emit(traceEvent{Op: traceClaim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				s.dedupe(&v, i, tag)
-				return 1, true
+				return wt, true
 			}
 
-		default: // Phase 3: challenge the weakest.
+		default: // Phase 3: challenge the weakest, one draw per unit of weight.
 			x := w[weak]
-			if !s.chipWins(h, x, weakEff) {
+			wins, used := s.challenge(h, x, weakEff, wt)
+			if wins == 0 {
 				if traceOn {
 					emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
 				}
 				s.stats.add(v.shard, statLost)
-				return 1, true
+				return wt, true
 			}
-			if weakEff == 1 {
-				y := pack(tag, e, 1)
+			if wins == weakEff {
+				c := wt - used + 1
+				y := pack(tag, e, c)
 				ok := v.at(weak).CompareAndSwap(x, y)
 				if traceOn {
 					emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
@@ -548,14 +587,14 @@ func (s *Sketch) observeN(h uint64, now int64) (uint32, bool) {
 				if ok {
 					s.stats.add(v.shard, statEvictions)
 					s.dedupe(&v, weak, tag)
-					return 1, true
+					return c, true
 				}
-			} else if y := x - 1<<ageOf(x, e); s.casChip(v.at(weak).CompareAndSwap(x, y), weak, x, y, now) {
-				// count - 2^age reads exactly one lower at this age and keeps
-				// the victim's epoch, so its first-sighting flag is untouched.
-				s.stats.add(v.shard, statChips)
+			} else if y := x - uint64(wins)<<ageOf(x, e); s.casChip(v.at(weak).CompareAndSwap(x, y), weak, x, y, now) {
+				// count - wins·2^age reads exactly wins lower at this age and
+				// keeps the victim's epoch, so its first-sighting flag is untouched.
+				s.stats.addN(v.shard, statChips, wins)
 				s.stats.add(v.shard, statLost)
-				return 1, true
+				return wt, true
 			}
 		}
 	}

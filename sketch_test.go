@@ -765,3 +765,59 @@ func TestLocateAndSlots(t *testing.T) {
 		}
 	}
 }
+
+func TestObserveN(t *testing.T) {
+	sk, clk := newManual(t, epochsketch.Config{NumBuckets: 64})
+	if e, f := sk.ObserveN("k", 5); e != 5 || !f {
+		t.Fatalf("new key weighted 5: (%d, %v)", e, f)
+	}
+	if e, f := sk.ObserveN("k", 3); e != 8 || f {
+		t.Fatalf("plus 3: (%d, %v), want (8, false)", e, f)
+	}
+	if e, f := sk.ObserveN("k", 0); e != 8 || f || sk.Estimate("k") != 8 {
+		t.Fatalf("weight 0 must only read: (%d, %v)", e, f)
+	}
+	clk.Advance(time.Second)
+	if e, f := sk.ObserveN("k", 10); e != 8>>1+10 || !f {
+		t.Fatalf("after a tick: (%d, %v), want (14, true)", e, f)
+	}
+	if e, _ := sk.ObserveN("k", 1<<31); e != epochsketch.MaxCount {
+		t.Fatalf("a huge weight reads %d, want MaxCount", e)
+	}
+	if e, _ := sk.ObserveN("k", epochsketch.MaxCount); e != epochsketch.MaxCount {
+		t.Fatalf("saturation: %d", e)
+	}
+	if e, _ := sk.ObserveBytesN([]byte("b"), 7); e != 7 || sk.Estimate("b") != 7 {
+		t.Fatalf("ObserveBytesN: %d", e)
+	}
+	if e, _ := sk.ObserveAtN(clk.Now().Add(2*time.Second), "k", 1); e != epochsketch.MaxCount>>2+1 {
+		t.Fatalf("ObserveAtN two ticks on: %d", e)
+	}
+}
+
+// A weighted newcomer cannot buy its way past heavy hitters: the lottery
+// draws at most 64 times per call, and each draw against a count of 2000
+// almost never wins.
+func TestObserveNProtectsElephants(t *testing.T) {
+	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1})
+	for i := range 8 {
+		sk.ObserveN(fmt.Sprint("elephant", i), 2000)
+	}
+	for i := range 100 {
+		sk.ObserveN(fmt.Sprint("whale", i), 1_000_000)
+	}
+	for i := range 8 {
+		if e := sk.Estimate(fmt.Sprint("elephant", i)); e < 1990 {
+			t.Errorf("elephant %d reads %d after 100 weighted challengers", i, e)
+		}
+	}
+	// Against light residents a weighted newcomer gets in at once, with the
+	// weight not spent on the draws.
+	light, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: epochsketch.LotteryChip})
+	for i := range 8 {
+		light.Observe(fmt.Sprint("mouse", i))
+	}
+	if e, f := light.ObserveN("newcomer", 50); e != 50 || !f || light.Estimate("newcomer") != 50 {
+		t.Fatalf("weighted newcomer against a count of 1: (%d, %v), reads %d; want the slot with all 50", e, f, light.Estimate("newcomer"))
+	}
+}

@@ -57,14 +57,9 @@ func decay(count, age uint32) uint32 { return count >> min(age, 63) }
 // callers resolve ahead slots first.
 func effective(w uint64, now uint32) uint32 { return decay(countOf(w), ageOf(w, now)) }
 
-// satInc adds one and parks at countMax: a wrap would turn the largest
-// elephant into an empty-looking slot (spec 3.3).
-func satInc(c uint32) uint32 {
-	if c < countMax {
-		c++
-	}
-	return c
-}
+// satAdd adds w (at most countMax) and parks at countMax: a wrap would turn
+// the largest elephant into an empty-looking slot (spec 3.3).
+func satAdd(c, w uint32) uint32 { return min(c+w, countMax) }
 
 // MaxCount is the largest count a slot holds: counts park there and never
 // wrap (spec 3.3). A key sustaining more than MaxCount/2 occurrences per tick

@@ -15,8 +15,9 @@ type Stats struct {
 	// Evictions counts slots won from a live occupant: a chip that took the
 	// occupant's last count, so the challenger claimed the slot.
 	Evictions uint64
-	// Chips counts lottery wins that took one count from the weakest
-	// occupant without evicting it.
+	// Chips counts the counts taken from the weakest occupant by lottery
+	// wins that did not evict it (one per win; a weighted ObserveN can win
+	// several draws).
 	Chips uint64
 	// ScrubbedZombies counts slots zeroed by scrub-on-write (spec 5): slots
 	// silent for 24 ticks or more, cleared before they can wrap.
@@ -49,6 +50,10 @@ type statTable [statShards]statShard
 
 func (t *statTable) add(bucket uint64, which int) {
 	t[bucket%statShards].n[which].Add(1)
+}
+
+func (t *statTable) addN(bucket uint64, which int, n uint32) {
+	t[bucket%statShards].n[which].Add(uint64(n))
 }
 
 func (t *statTable) snapshot() Stats {

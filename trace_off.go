@@ -10,4 +10,4 @@ func emit(traceEvent) {}
 
 func (s *Sketch) chipWinsTraced(h, victim uint64, eff uint32) bool { panic("unreachable") }
 
-func (s *Sketch) observeTraced(h uint64, now int64) (uint32, bool) { panic("unreachable") }
+func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (uint32, bool) { panic("unreachable") }

@@ -68,7 +68,7 @@ func (s *Sketch) chipWinsTraced(h, victim uint64, eff uint32) bool {
 }
 
 // observeTraced is observe between a start and a result event.
-func (s *Sketch) observeTraced(h uint64, now int64) (est uint32, first bool) {
+func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, first bool) {
 	v := s.viewOf(h)
 	second := -1
 	if v.n > slotsPerBucket {
@@ -78,11 +78,11 @@ func (s *Sketch) observeTraced(h uint64, now int64) (est uint32, first bool) {
 	if !s.twoChoice {
 		b := v.b[0]
 		var tried int
-		if est, first, tried = refresh(b, h, now); est == 0 {
-			est, first = s.observe1(b, v.shard, h, now, tried)
+		if est, first, tried = refresh(b, h, now, wt); est == 0 {
+			est, first = s.observe1(b, v.shard, h, now, wt, tried)
 		}
 	} else {
-		est, first = s.observeN(h, now)
+		est, first = s.observeView(h, now, wt)
 	}
 	emit(traceEvent{Op: traceResult, Slot: -1, Tick: s.clk.hw.Load(), Est: est, First: first})
 	return est, first

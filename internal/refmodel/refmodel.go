@@ -99,7 +99,16 @@ func (m *Model) clock(tick int64) uint32 {
 }
 
 // Observe is spec 6.
-func (m *Model) Observe(h uint64, tick int64) (uint32, bool) {
+func (m *Model) Observe(h uint64, tick int64) (uint32, bool) { return m.ObserveN(h, tick, 1) }
+
+// ObserveN is spec 6 with a weight w >= 1: the key's count grows by w; a
+// claim stores w; a challenge draws the lottery once per unit of weight, at
+// most 64 times, each win taking one count from the weakest slot, and the
+// win that empties it claims it with the units not yet drawn.
+func (m *Model) ObserveN(h uint64, tick int64, w uint32) (uint32, bool) {
+	if w > MaxCount {
+		w = MaxCount
+	}
 	now := m.clock(tick)
 	tag := keyTag(h)
 	slots := m.slots(h)
@@ -117,7 +126,7 @@ func (m *Model) Observe(h uint64, tick int64) (uint32, bool) {
 		if !s.empty() && s.Tag == tag {
 			e := s.eff(now)
 			fold := s.age(now) > 0
-			n := e + 1
+			n := e + w
 			if n > MaxCount {
 				n = MaxCount
 			}
@@ -147,8 +156,8 @@ func (m *Model) Observe(h uint64, tick int64) (uint32, bool) {
 		}
 	}
 	if claim != nil {
-		*claim = Slot{tag, now, 1}
-		return 1, true
+		*claim = Slot{tag, now, w}
+		return w, true
 	}
 
 	// Phase 3: challenge the weakest slot (the first on a tie).
@@ -159,20 +168,27 @@ func (m *Model) Observe(h uint64, tick int64) (uint32, bool) {
 		}
 	}
 	e := victim.eff(now)
-	if !m.wins(h, victim.Word(), e) {
+	var wins, used uint32
+	for used < w && used < 64 && wins < e {
+		used++
+		if m.wins(h, victim.Word(), e-wins) {
+			wins++
+		}
+	}
+	if wins == 0 {
 		m.Stats[Lost]++
-		return 1, true
+		return w, true
 	}
-	if e == 1 {
-		*victim = Slot{tag, now, 1}
+	if wins == e {
+		*victim = Slot{tag, now, w - used + 1}
 		m.Stats[Evictions]++
-		return 1, true
+		return w - used + 1, true
 	}
-	// Take one count at the victim's age: subtract 2^age, keep its epoch.
-	victim.Count -= 1 << victim.age(now)
-	m.Stats[Chips]++
+	// Take wins counts at the victim's age: subtract wins·2^age, keep its epoch.
+	victim.Count -= wins << victim.age(now)
+	m.Stats[Chips] += uint64(wins)
 	m.Stats[Lost]++
-	return 1, true
+	return w, true
 }
 
 // draw returns the next salt of the seeded sequence.
