@@ -1,0 +1,583 @@
+package sketchproxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is SketchProxy's configuration, usually read from YAML with
+// LoadConfig. Zero fields take the defaults documented on each.
+type Config struct {
+	// Listen is the proxy's address (default ":8080").
+	Listen string `yaml:"listen"`
+	// Upstream is the URL requests are proxied to (cmd/sketchproxy only;
+	// the middleware wraps any handler).
+	Upstream string `yaml:"upstream"`
+	// Admin is the address of /metrics and /healthz (default
+	// "127.0.0.1:9091"; "off" disables it). Keep it off the public network.
+	Admin string `yaml:"admin"`
+
+	ClientIP ClientIPConfig `yaml:"client_ip"`
+	Sketch   SketchConfig   `yaml:"sketch"`
+	Tarpit   TarpitConfig   `yaml:"tarpit"`
+	NewKeys  NewKeysConfig  `yaml:"new_keys"`
+	Headers  HeadersConfig  `yaml:"headers"`
+	Rules    []Rule         `yaml:"rules"`
+
+	src  string     // file name, for messages
+	root *yaml.Node // the parsed document, for line numbers
+}
+
+// ClientIPConfig says how the client's address is found.
+type ClientIPConfig struct {
+	// TrustedProxies are the CIDRs of proxies in front of SketchProxy (load
+	// balancers, CDNs). Only when the connection comes from one of them are
+	// X-Forwarded-For and Forwarded read, from the right, skipping trusted
+	// hops: the first untrusted address is the client.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// IPv6Prefix groups IPv6 clients by this prefix length (default 64: one
+	// subscriber's whole /64 is one client). IPv4Prefix likewise (default 32).
+	IPv6Prefix int `yaml:"ipv6_prefix"`
+	IPv4Prefix int `yaml:"ipv4_prefix"`
+
+	trusted []netip.Prefix
+}
+
+// SketchConfig sizes the sketches: one per distinct tick among the limits.
+type SketchConfig struct {
+	// Buckets per sketch (default 65536: 4 MiB, about 130k keys above the
+	// noise; see epochsketch.BucketsFor).
+	Buckets int `yaml:"buckets"`
+	// TwoChoice gives each key two candidate buckets (more churn-proof).
+	TwoChoice bool `yaml:"two_choice"`
+}
+
+// TarpitConfig is the ladder for keys over a limit and its hard bounds. A
+// key's level is its estimate divided by the limit's threshold: at most 1 is
+// allowed; above DelayAbove it is delayed before it is proxied; above
+// DripAbove it gets a 429 dripped slowly without reaching the upstream;
+// above RejectAbove an immediate 429; above BanAbove a 429 with Connection:
+// close and a Retry-After of at least BanFor.
+type TarpitConfig struct {
+	DelayAbove  float64  `yaml:"delay_above"`  // default 1 (delay anything over the limit)
+	DripAbove   float64  `yaml:"drip_above"`   // default 1.5
+	RejectAbove float64  `yaml:"reject_above"` // default 2
+	BanAbove    float64  `yaml:"ban_above"`    // default 8
+	BanFor      Duration `yaml:"ban_for"`      // default 10m
+	// MaxDelay is the longest a request is held, delayed or dripped
+	// (default 5s).
+	MaxDelay Duration `yaml:"max_delay"`
+	// DripInterval is the pause between dripped bytes (default 500ms).
+	DripInterval Duration `yaml:"drip_interval"`
+	// MaxHeld caps requests held at once, over all keys (default 256);
+	// MaxHeldPerKey per key (default 2). A request that would pass a cap
+	// gets an immediate 429 instead: tarpitting never exhausts the proxy.
+	MaxHeld       int `yaml:"max_held"`
+	MaxHeldPerKey int `yaml:"max_held_per_key"`
+}
+
+// NewKeysConfig is the key-rotation defense: while first sightings per
+// second spike above SpikeFactor times their recent average (and above
+// MinPerSecond), keys first seen during the spike get BudgetFactor of every
+// limit until Window passes.
+type NewKeysConfig struct {
+	Disabled     bool     `yaml:"disabled"`
+	SpikeFactor  float64  `yaml:"spike_factor"`   // default 4
+	MinPerSecond float64  `yaml:"min_per_second"` // default 50
+	BudgetFactor float64  `yaml:"budget_factor"`  // default 0.25
+	Window       Duration `yaml:"window"`         // default 1m
+}
+
+// HeadersConfig picks the rate-limit headers sent.
+type HeadersConfig struct {
+	// Legacy adds X-RateLimit-Limit, -Remaining and -Reset beside the IETF
+	// draft's RateLimit-Policy and RateLimit.
+	Legacy bool `yaml:"legacy"`
+	// Off sends no rate-limit headers on allowed responses (429s keep them).
+	Off bool `yaml:"off"`
+}
+
+// Rule matches requests and limits them by key.
+type Rule struct {
+	Name  string `yaml:"name"`
+	Match Match  `yaml:"match"`
+	// Key lists the parts of a request's key, joined: "ip" (the client
+	// address, grouped by prefix), "header:NAME", "query:NAME". Default
+	// [ip]. A missing header or parameter is the part "-".
+	Key []string `yaml:"key"`
+	// Allow exempts clients from this rule, with no sketch work.
+	Allow AllowList `yaml:"allow"`
+	// Limits: every one must allow the request.
+	Limits []Limit `yaml:"limits"`
+	// Shadow decides, logs and counts, but lets every request through.
+	Shadow bool `yaml:"shadow"`
+	// Tarpit applies the ladder; without it, over the limit is a 429.
+	Tarpit bool `yaml:"tarpit"`
+	// Budget is a wallet: a cost per request, reconciled from the upstream.
+	Budget *Budget `yaml:"budget"`
+	// MaxInFlight caps one key's requests in progress (streams), 0 = none.
+	MaxInFlight int `yaml:"max_in_flight"`
+
+	line int
+}
+
+// Match selects requests; empty fields match everything.
+type Match struct {
+	Host       string   `yaml:"host"`        // exact, case-insensitive, port ignored
+	PathPrefix string   `yaml:"path_prefix"` // e.g. /v1/
+	Methods    []string `yaml:"methods"`     // e.g. [GET, POST]
+}
+
+// AllowList lists clients a rule skips.
+type AllowList struct {
+	CIDRs []string `yaml:"cidrs"`
+	Keys  []string `yaml:"keys"` // whole keys, as built from Rule.Key
+
+	prefixes []netip.Prefix
+	keys     map[string]bool
+}
+
+// Limit is "Requests per Per, with bursts of Burst". See LimitMath.
+type Limit struct {
+	Name     string   `yaml:"name"`
+	Requests float64  `yaml:"requests"`
+	Per      Duration `yaml:"per"`
+	// Burst is the most requests a quiet key may send at once (default
+	// Requests, at most 2^23).
+	Burst float64 `yaml:"burst"`
+}
+
+// Budget is a per-key wallet: Units per Per, charged Cost per request up
+// front and reconciled from the upstream's ReconcileHeader (the units the
+// request really used, e.g. tokens) when it answers.
+type Budget struct {
+	Name            string   `yaml:"name"`
+	Units           float64  `yaml:"units"`
+	Per             Duration `yaml:"per"`
+	Cost            uint32   `yaml:"cost"` // default 1
+	ReconcileHeader string   `yaml:"reconcile_header"`
+	// FailOpen lets a request through when its key's spend cannot be
+	// tracked (the sketch could not hold the key). Default: fail closed,
+	// 503, because an untracked wallet is an unbounded one.
+	FailOpen bool `yaml:"fail_open"`
+}
+
+// Duration is a time.Duration written as "10s", "1m", "24h" or "1d".
+type Duration time.Duration
+
+// UnmarshalYAML reads a duration.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := parseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %v", n.Line, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func parseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if strings.HasSuffix(s, "d") {
+		n, err := strconv.ParseFloat(strings.TrimSuffix(s, "d"), 64)
+		if err != nil || n <= 0 || n > 3650 {
+			return 0, fmt.Errorf("duration %q: want e.g. 1s, 10m, 24h or 1d", s)
+		}
+		return time.Duration(n * float64(24*time.Hour)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("duration %q: want e.g. 1s, 10m, 24h or 1d", s)
+	}
+	return d, nil
+}
+
+// ConfigError is a configuration problem, with where it is.
+type ConfigError struct {
+	File  string // the file, or "" for a Config built in code
+	Line  int    // 0 when unknown
+	Field string // e.g. rules[1].limits[0].per
+	Msg   string
+}
+
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		b.WriteString(":")
+	}
+	if e.Line > 0 {
+		fmt.Fprintf(&b, "%d:", e.Line)
+	}
+	if b.Len() > 0 {
+		b.WriteString(" ")
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// LoadConfig reads and validates a YAML file.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the config: %w", err)
+	}
+	return ParseConfig(path, b)
+}
+
+var (
+	reYAMLLine    = regexp.MustCompile(`^yaml: (?:unmarshal errors:\n\s*)?line (\d+): (.*)$`)
+	reUnknownFild = regexp.MustCompile(`field (\S+) not found in type \S+`)
+	reBadType     = regexp.MustCompile("cannot unmarshal !!(\\w+) `([^`]*)` into (\\S+)")
+)
+
+// ParseConfig parses and validates YAML; name is used in messages. Unknown
+// fields are errors (a typo must not silently disable a limit).
+func ParseConfig(name string, data []byte) (*Config, error) {
+	c := &Config{src: name}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, yamlError(name, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, errEOF) {
+		if err.Error() == "EOF" {
+			return nil, &ConfigError{File: name, Msg: "the file is empty: see sketchproxy -example"}
+		}
+		return nil, yamlError(name, err)
+	}
+	c.src, c.root = name, &root
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+var errEOF = errors.New("EOF")
+
+// yamlError turns yaml.v3's messages into "file:line: what".
+func yamlError(name string, err error) error {
+	msg := err.Error()
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		msg = "yaml: " + te.Errors[0]
+	}
+	line := 0
+	if m := reYAMLLine.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	} else {
+		msg = strings.TrimPrefix(msg, "yaml: ")
+	}
+	// A Duration's own error already says "line N:".
+	if m := regexp.MustCompile(`^line (\d+): (.*)$`).FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	}
+	msg = reUnknownFild.ReplaceAllString(msg, `unknown field "$1"`)
+	msg = reBadType.ReplaceAllString(msg, "a $1 \"$2\" where a $3 belongs")
+	return &ConfigError{File: name, Line: line, Msg: msg}
+}
+
+// lineOf finds the line of a field by path: strings are map keys, ints
+// sequence indexes. It returns the deepest line found.
+func (c *Config) lineOf(path ...any) int {
+	if c.root == nil || len(c.root.Content) == 0 {
+		return 0
+	}
+	n := c.root.Content[0]
+	line := n.Line
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			if n.Kind != yaml.MappingNode {
+				return line
+			}
+			found := false
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if n.Content[i].Value == k {
+					line = n.Content[i].Line
+					n = n.Content[i+1]
+					found = true
+					break
+				}
+			}
+			if !found {
+				return line
+			}
+		case int:
+			if n.Kind != yaml.SequenceNode || k >= len(n.Content) {
+				return line
+			}
+			n = n.Content[k]
+			line = n.Line
+		}
+	}
+	return line
+}
+
+// fieldName renders a path as rules[1].limits[0].per.
+func fieldName(path ...any) string {
+	var b strings.Builder
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(k)
+		case int:
+			fmt.Fprintf(&b, "[%d]", k)
+		}
+	}
+	return b.String()
+}
+
+func (c *Config) errAt(msg string, path ...any) error {
+	return &ConfigError{File: c.src, Line: c.lineOf(path...), Field: fieldName(path...), Msg: msg}
+}
+
+// Validate checks c and fills in defaults. Errors name the field and, for
+// parsed files, the line.
+func (c *Config) Validate() error {
+	if c.Listen == "" {
+		c.Listen = ":8080"
+	}
+	if c.Admin == "" {
+		c.Admin = "127.0.0.1:9091"
+	}
+	if c.Upstream != "" {
+		u, err := url.Parse(c.Upstream)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return c.errAt(fmt.Sprintf("%q: want an http:// or https:// URL with a host", c.Upstream), "upstream")
+		}
+	}
+	ci := &c.ClientIP
+	ci.trusted = ci.trusted[:0]
+	for i, s := range ci.TrustedProxies {
+		p, err := parsePrefix(s)
+		if err != nil {
+			return c.errAt(err.Error(), "client_ip", "trusted_proxies", i)
+		}
+		ci.trusted = append(ci.trusted, p)
+	}
+	if ci.IPv6Prefix == 0 {
+		ci.IPv6Prefix = 64
+	}
+	if ci.IPv4Prefix == 0 {
+		ci.IPv4Prefix = 32
+	}
+	if ci.IPv6Prefix < 1 || ci.IPv6Prefix > 128 {
+		return c.errAt(fmt.Sprintf("%d: want 1 to 128", ci.IPv6Prefix), "client_ip", "ipv6_prefix")
+	}
+	if ci.IPv4Prefix < 1 || ci.IPv4Prefix > 32 {
+		return c.errAt(fmt.Sprintf("%d: want 1 to 32", ci.IPv4Prefix), "client_ip", "ipv4_prefix")
+	}
+	if c.Sketch.Buckets == 0 {
+		c.Sketch.Buckets = 1 << 16
+	}
+	if c.Sketch.Buckets < 1 || c.Sketch.Buckets > 1<<26 {
+		return c.errAt(fmt.Sprintf("%d: want 1 to 2^26 (4 GiB)", c.Sketch.Buckets), "sketch", "buckets")
+	}
+	t := &c.Tarpit
+	def := func(p *float64, v float64) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	def(&t.DelayAbove, 1)
+	def(&t.DripAbove, 1.5)
+	def(&t.RejectAbove, 2)
+	def(&t.BanAbove, 8)
+	if t.BanFor == 0 {
+		t.BanFor = Duration(10 * time.Minute)
+	}
+	if t.MaxDelay == 0 {
+		t.MaxDelay = Duration(5 * time.Second)
+	}
+	if t.DripInterval == 0 {
+		t.DripInterval = Duration(500 * time.Millisecond)
+	}
+	if t.MaxHeld == 0 {
+		t.MaxHeld = 256
+	}
+	if t.MaxHeldPerKey == 0 {
+		t.MaxHeldPerKey = 2
+	}
+	if !(1 <= t.DelayAbove && t.DelayAbove <= t.DripAbove && t.DripAbove <= t.RejectAbove && t.RejectAbove <= t.BanAbove) {
+		return c.errAt(fmt.Sprintf("the ladder must climb: 1 <= delay_above (%g) <= drip_above (%g) <= reject_above (%g) <= ban_above (%g)",
+			t.DelayAbove, t.DripAbove, t.RejectAbove, t.BanAbove), "tarpit")
+	}
+	if t.MaxDelay < 0 || time.Duration(t.MaxDelay) > 10*time.Minute {
+		return c.errAt("want 0 to 10m", "tarpit", "max_delay")
+	}
+	if t.DripInterval <= 0 || t.DripInterval > t.MaxDelay {
+		return c.errAt("want more than 0 and at most max_delay", "tarpit", "drip_interval")
+	}
+	if t.MaxHeld < 0 || t.MaxHeldPerKey < 0 || t.MaxHeld > 1<<20 {
+		return c.errAt("caps must be 0 to 2^20", "tarpit")
+	}
+	nk := &c.NewKeys
+	def(&nk.SpikeFactor, 4)
+	def(&nk.MinPerSecond, 50)
+	def(&nk.BudgetFactor, 0.25)
+	if nk.Window == 0 {
+		nk.Window = Duration(time.Minute)
+	}
+	if nk.SpikeFactor < 1 {
+		return c.errAt(fmt.Sprintf("%g: want 1 or more", nk.SpikeFactor), "new_keys", "spike_factor")
+	}
+	if nk.BudgetFactor <= 0 || nk.BudgetFactor > 1 {
+		return c.errAt(fmt.Sprintf("%g: want more than 0 and at most 1", nk.BudgetFactor), "new_keys", "budget_factor")
+	}
+	if nk.Window < Duration(time.Second) {
+		return c.errAt("want 1s or more", "new_keys", "window")
+	}
+	if len(c.Rules) == 0 {
+		return c.errAt("no rules: add at least one (see sketchproxy -example)", "rules")
+	}
+	names := map[string]int{}
+	for i := range c.Rules {
+		if err := c.validateRule(i, names); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Config) validateRule(i int, names map[string]int) error {
+	r := &c.Rules[i]
+	r.line = c.lineOf("rules", i)
+	at := func(msg string, path ...any) error { return c.errAt(msg, append([]any{"rules", i}, path...)...) }
+	if r.Name == "" {
+		r.Name = fmt.Sprintf("rule%d", i+1)
+	}
+	if !validName(r.Name) {
+		return at(fmt.Sprintf("%q: use letters, digits, - and _", r.Name), "name")
+	}
+	if j, dup := names[r.Name]; dup {
+		return at(fmt.Sprintf("%q is also rules[%d]'s name", r.Name, j), "name")
+	}
+	names[r.Name] = i
+	if p := r.Match.PathPrefix; p != "" && !strings.HasPrefix(p, "/") {
+		return at(fmt.Sprintf("%q: a path prefix starts with /", p), "match", "path_prefix")
+	}
+	for j, m := range r.Match.Methods {
+		if m == "" || strings.ToUpper(m) != m || strings.ContainsAny(m, " \t/") {
+			return at(fmt.Sprintf("%q: write methods in capitals, e.g. GET", m), "match", "methods", j)
+		}
+	}
+	if len(r.Key) == 0 {
+		r.Key = []string{"ip"}
+	}
+	for j, k := range r.Key {
+		name, ok := strings.CutPrefix(k, "header:")
+		if !ok {
+			name, ok = strings.CutPrefix(k, "query:")
+		}
+		if k != "ip" && (!ok || name == "") {
+			return at(fmt.Sprintf("%q: want ip, header:NAME or query:NAME", k), "key", j)
+		}
+	}
+	r.Allow.prefixes = r.Allow.prefixes[:0]
+	for j, s := range r.Allow.CIDRs {
+		p, err := parsePrefix(s)
+		if err != nil {
+			return at(err.Error(), "allow", "cidrs", j)
+		}
+		r.Allow.prefixes = append(r.Allow.prefixes, p)
+	}
+	r.Allow.keys = make(map[string]bool, len(r.Allow.Keys))
+	for _, k := range r.Allow.Keys {
+		r.Allow.keys[k] = true
+	}
+	if len(r.Limits) == 0 && r.Budget == nil && r.MaxInFlight == 0 {
+		return at("the rule limits nothing: give it limits, a budget or max_in_flight", "limits")
+	}
+	lnames := map[string]bool{}
+	for j := range r.Limits {
+		l := &r.Limits[j]
+		if l.Name == "" {
+			l.Name = "per-" + strings.TrimSuffix(strings.TrimSuffix(time.Duration(l.Per).String(), "0s"), "0m")
+		}
+		if !validName(l.Name) || lnames[l.Name] {
+			return at(fmt.Sprintf("%q: names must be unique in the rule, letters, digits, - and _", l.Name), "limits", j, "name")
+		}
+		lnames[l.Name] = true
+		if err := checkRate(l.Requests, time.Duration(l.Per)); err != nil {
+			return at(err.Error(), "limits", j)
+		}
+		if l.Burst == 0 {
+			l.Burst = math.Min(l.Requests, maxThreshold)
+		}
+		if l.Burst < 1 || l.Burst > maxThreshold {
+			return at(fmt.Sprintf("burst %g: want 1 to %d", l.Burst, maxThreshold), "limits", j, "burst")
+		}
+		if tickFor(l.Requests, time.Duration(l.Per), l.Burst) < time.Millisecond {
+			return at(fmt.Sprintf("%g per %v with burst %g needs a tick under 1ms: raise the burst", l.Requests, time.Duration(l.Per), l.Burst), "limits", j)
+		}
+	}
+	if b := r.Budget; b != nil {
+		if b.Name == "" {
+			b.Name = "budget"
+		}
+		if b.Cost == 0 {
+			b.Cost = 1
+		}
+		if err := checkRate(b.Units, time.Duration(b.Per)); err != nil {
+			return at(strings.Replace(err.Error(), "requests", "units", 1), "budget")
+		}
+		if b.Units > maxThreshold {
+			return at(fmt.Sprintf("units %g: at most %d per period (a slot's count is 24 bits, read at twice the rate)", b.Units, maxThreshold), "budget", "units")
+		}
+		if float64(b.Cost) > b.Units {
+			return at(fmt.Sprintf("cost %d is more than the whole budget %g", b.Cost, b.Units), "budget", "cost")
+		}
+	}
+	if r.MaxInFlight < 0 || r.MaxInFlight > 1<<16 {
+		return at(fmt.Sprintf("%d: want 0 (none) to 65536", r.MaxInFlight), "max_in_flight")
+	}
+	return nil
+}
+
+func checkRate(n float64, per time.Duration) error {
+	if per <= 0 {
+		return fmt.Errorf("per is missing: say e.g. per: 1m")
+	}
+	if per < time.Millisecond || per > 366*24*time.Hour {
+		return fmt.Errorf("per %v: want 1ms to 366d", per)
+	}
+	if !(n >= 1) || n > 1e12 {
+		return fmt.Errorf("requests %g: want 1 or more", n)
+	}
+	return nil
+}
+
+var reName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+func validName(s string) bool { return reName.MatchString(s) }
+
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+		return p.Masked(), nil
+	}
+	if a, err := netip.ParseAddr(strings.TrimSpace(s)); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	return netip.Prefix{}, fmt.Errorf("%q: want a CIDR such as 10.0.0.0/8 or an address", s)
+}

@@ -1,0 +1,69 @@
+package sketchproxy
+
+import (
+	"math"
+	"time"
+)
+
+// LimitMath: how "Requests per Per, burst Burst" becomes a threshold on the
+// decayed estimate.
+//
+// An EpochSketch count halves every tick T. A key arriving at a steady r
+// requests per tick reads c(n) = c(n-1)/2 + r at the end of tick n, which
+// converges to 2r: the estimate of a sustained rate is twice its per-tick
+// rate (THEORY.md section 8 measures 2r-1 with the integer halving). A quiet
+// key (estimate 0) can send as many requests at once as the threshold.
+//
+// So a limit maps to a threshold and a tick:
+//
+//	threshold θ = Burst
+//	tick      T = Burst · Per / (2 · Requests)
+//
+// A key at exactly the limit sends Requests·T/Per = Burst/2 per tick and
+// converges to 2·Burst/2 = θ: it is never refused. A key at rate (1+ε) times
+// the limit converges to (1+ε)θ and is refused once it passes θ. A quiet key
+// gets Burst requests at once. Every request counts, refused ones included,
+// so a client that keeps hammering stays refused until its estimate decays:
+// Retry-After says when (see retryAfter).
+//
+// Limits whose ticks are equal share one sketch (keys are prefixed by rule
+// and limit). The threshold is at most 2^23, half the saturation count.
+
+// maxThreshold is the largest threshold: a steady key reads up to twice its
+// per-tick rate, and counts saturate at 2^24-1.
+const maxThreshold = 1 << 23
+
+// tickFor is T = burst·per / (2·requests), rounded to the millisecond.
+func tickFor(requests float64, per time.Duration, burst float64) time.Duration {
+	t := time.Duration(burst * float64(per) / (2 * requests))
+	if t >= time.Millisecond {
+		t = t.Round(time.Millisecond)
+	}
+	return t
+}
+
+// thresholdFor is θ = burst, as a count.
+func thresholdFor(burst float64) uint32 {
+	return uint32(math.Max(1, math.Min(math.Round(burst), maxThreshold)))
+}
+
+// retryAfter is how long until a key whose estimate is est can send add more
+// units and stay within theta: the smallest k >= 1 with (est >> k) + add <=
+// theta, counted from now to the start of the k-th next tick (ticks are
+// anchored on the Unix epoch, like the sketch's). If add alone exceeds theta
+// it is the time for the estimate to reach 0.
+func retryAfter(est, add, theta uint32, now time.Time, tick time.Duration) time.Duration {
+	k := uint(1)
+	for k < 24 && uint64(est>>k)+uint64(add) > uint64(theta) && est>>k > 0 {
+		k++
+	}
+	ns := now.UnixNano()
+	cur := ns / int64(tick)
+	return time.Duration((cur+int64(k))*int64(tick) - ns)
+}
+
+// untilNextTick is the time to the next tick boundary.
+func untilNextTick(now time.Time, tick time.Duration) time.Duration {
+	ns := now.UnixNano()
+	return time.Duration((ns/int64(tick)+1)*int64(tick) - ns)
+}
