@@ -108,7 +108,9 @@ func (m *Middleware) writeMetrics(w *bufio.Writer) {
 	for k, s := range st.sketches {
 		sks = append(sks, sk{k, s})
 	}
-	sort.Slice(sks, func(i, j int) bool { return sks[i].k.tick < sks[j].k.tick || sks[i].k.tick == sks[j].k.tick && sks[i].k.buckets < sks[j].k.buckets })
+	sort.Slice(sks, func(i, j int) bool {
+		return sks[i].k.tick < sks[j].k.tick || sks[i].k.tick == sks[j].k.tick && sks[i].k.buckets < sks[j].k.buckets
+	})
 	stats := []struct {
 		name, help string
 		get        func(epochsketch.Stats) uint64
