@@ -1,0 +1,73 @@
+package sketchproxy
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExampleAndDemoConfigsAreValid(t *testing.T) {
+	for name, src := range map[string]string{"example": ExampleConfig, "demo": DemoConfig} {
+		c, err := ParseConfig(name, []byte(src))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(c.Rules) == 0 {
+			t.Fatalf("%s: no rules", name)
+		}
+	}
+	c, _ := ParseConfig("example", []byte(ExampleConfig))
+	if got := c.Rules[0].Limits[1]; time.Duration(got.Per) != 24*time.Hour || got.Burst != got.Requests {
+		t.Errorf("per: 1d and the default burst: %+v", got)
+	}
+	if c.Rules[1].Budget.Cost != 500 || c.Rules[1].Budget.ReconcileHeader != "X-Tokens-Used" {
+		t.Errorf("budget: %+v", c.Rules[1].Budget)
+	}
+}
+
+// Every bad config names the file, the line and the field, and says what
+// to write instead.
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []struct {
+		name, src, want string
+	}{
+		{"empty", "", "p.yaml: the file is empty"},
+		{"syntax", "rules:\n  - name: a\n   key: [ip]\n", "p.yaml:1: did not find expected"},
+		{"unknown field", "rules:\n  - name: a\n    limts:\n      - {requests: 1, per: 1s}\n", `p.yaml:3: unknown field "limts"`},
+		{"bad duration", "rules:\n  - name: a\n    limits:\n      - {requests: 1, per: 1 week}\n", `p.yaml:4: duration "1 week": want e.g. 1s, 10m, 24h or 1d`},
+		{"bad type", "rules:\n  - name: a\n    limits:\n      - {requests: many, per: 1s}\n", `p.yaml:4: a str "many" where a float64 belongs`},
+		{"no rules", "listen: \":1\"\n", "p.yaml:1: rules: no rules"},
+		{"no per", "rules:\n  - name: a\n    limits:\n      - {requests: 5}\n", "p.yaml:4: rules[0].limits[0]: per is missing"},
+		{"zero requests", "rules:\n  - name: a\n    limits:\n      - {requests: 0, per: 1s}\n", "p.yaml:4: rules[0].limits[0]: requests 0: want 1 or more"},
+		{"bad cidr", "client_ip:\n  trusted_proxies: [10.0.0.0/8, 300.1.1.1/8]\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", `p.yaml:2: client_ip.trusted_proxies[1]: "300.1.1.1/8": want a CIDR`},
+		{"bad key", "rules:\n  - name: a\n    key: [cookie:sid]\n    limits: [{requests: 1, per: 1s}]\n", `p.yaml:3: rules[0].key[0]: "cookie:sid": want ip, header:NAME or query:NAME`},
+		{"duplicate rule", "rules:\n  - name: a\n    limits: [{requests: 1, per: 1s}]\n  - name: a\n    limits: [{requests: 1, per: 1s}]\n", `p.yaml:4: rules[1].name: "a" is also rules[0]'s name`},
+		{"lowercase method", "rules:\n  - match: {methods: [get]}\n    limits: [{requests: 1, per: 1s}]\n", `rules[0].match.methods[0]: "get": write methods in capitals`},
+		{"path without slash", "rules:\n  - match: {path_prefix: api}\n    limits: [{requests: 1, per: 1s}]\n", `rules[0].match.path_prefix: "api": a path prefix starts with /`},
+		{"limits nothing", "rules:\n  - name: a\n", "p.yaml:2: rules[0].limits: the rule limits nothing"},
+		{"ladder", "tarpit: {drip_above: 3, reject_above: 2}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "p.yaml:1: tarpit: the ladder must climb"},
+		{"tiny tick", "rules:\n  - limits: [{requests: 1000000, per: 1s, burst: 1}]\n", "needs a tick under 1ms: raise the burst"},
+		{"huge burst", "rules:\n  - limits: [{requests: 10, per: 1s, burst: 1e9}]\n", "burst 1e+09: want 1 to 8388608"},
+		{"budget cost", "rules:\n  - budget: {units: 10, per: 1d, cost: 11}\n", "rules[0].budget.cost: cost 11 is more than the whole budget 10"},
+		{"bad upstream", "upstream: \"ftp://x\"\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", `p.yaml:1: upstream: "ftp://x": want an http:// or https:// URL`},
+		{"ipv6 prefix", "client_ip: {ipv6_prefix: 129}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "client_ip.ipv6_prefix: 129: want 1 to 128"},
+	} {
+		_, err := ParseConfig("p.yaml", []byte(c.src))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v\nwant an error containing %q", c.name, err, c.want)
+		}
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	for s, want := range map[string]time.Duration{"1s": time.Second, "1d": 24 * time.Hour, "0.5d": 12 * time.Hour, "90m": 90 * time.Minute} {
+		if got, err := parseDuration(s); err != nil || got != want {
+			t.Errorf("%s: %v %v", s, got, err)
+		}
+	}
+	for _, s := range []string{"", "d", "-1d", "1w", "1 s"} {
+		if _, err := parseDuration(s); err == nil {
+			t.Errorf("%q accepted", s)
+		}
+	}
+}
