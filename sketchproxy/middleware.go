@@ -220,6 +220,18 @@ func (m *Middleware) Reload(cfg *Config) error {
 	return nil
 }
 
+// ReloadFrom calls load and reloads with its config; a failure of either is
+// counted in sketchproxy_config_reloads_total{result="invalid"} and leaves
+// the running config.
+func (m *Middleware) ReloadFrom(load func() (*Config, error)) error {
+	cfg, err := load()
+	if err != nil {
+		m.met.reloads[1].Add(1)
+		return err
+	}
+	return m.Reload(cfg)
+}
+
 // Close stops the sketches' clocks.
 func (m *Middleware) Close() error {
 	if st := m.state.Load(); st != nil {

@@ -173,15 +173,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 				log.Info("reload: the demo has no config file")
 				continue
 			}
-			next, err := load()
-			if err == nil {
-				err = mw.Reload(next)
-			}
+			var rules int
+			err := mw.ReloadFrom(func() (*sketchproxy.Config, error) {
+				c, err := load()
+				if c != nil {
+					rules = len(c.Rules)
+				}
+				return c, err
+			})
 			if err != nil {
 				log.Error("reload failed: keeping the running config", "err", err.Error())
 				continue
 			}
-			log.Info("config reloaded", "rules", len(next.Rules))
+			log.Info("config reloaded", "rules", rules)
+			if now, _ := load(); now != nil && (now.Listen != cfg.Listen || now.Admin != cfg.Admin || now.Upstream != cfg.Upstream) {
+				log.Warn("listen, admin and upstream changes take a restart; the rules were reloaded")
+			}
 		case err := <-errc:
 			if !errors.Is(err, http.ErrServerClosed) {
 				log.Error("server stopped", "err", err.Error())

@@ -1,0 +1,205 @@
+package sketchproxy
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+)
+
+// exactLimiter is the same decision with exact per-key counts: an unbounded
+// map, the same tick and integer halving. The difference from the proxy is
+// only what the sketch's fixed memory costs.
+type exactLimiter struct {
+	tick  time.Duration
+	theta uint64
+	m     map[string]exactCount
+}
+
+type exactCount struct {
+	c uint64
+	t int64
+}
+
+func (e *exactLimiter) observe(key string, now time.Time) bool {
+	tk := now.UnixNano() / int64(e.tick)
+	x := e.m[key]
+	c := uint64(0)
+	if age := tk - x.t; age < 64 {
+		c = x.c >> age
+	}
+	c++
+	e.m[key] = exactCount{c, tk}
+	return c <= e.theta
+}
+
+// slidingLog is the textbook exact limiter: at most L requests (counted
+// whether allowed or not) in any window of length per.
+type slidingLog struct {
+	per time.Duration
+	l   int
+	m   map[string][]time.Time
+}
+
+func (s *slidingLog) observe(key string, now time.Time) bool {
+	q := s.m[key]
+	for len(q) > 0 && now.Sub(q[0]) >= s.per {
+		q = q[1:]
+	}
+	q = append(q, now)
+	s.m[key] = q
+	return len(q) <= s.l
+}
+
+type accuracy struct {
+	requests, wrongAllowed, wrongLimited int
+	slideAllowed, slideLimited           int
+	keys                                 int
+}
+
+// replayTrace runs an arrival trace through the proxy's decision and both
+// exact limiters: 100 requests per minute per client (burst 100), on a
+// sketch of the given size. Clients: a Zipf crowd of 50,000 with rates from
+// far under to 3x the limit, 20 heavy hitters at 5x, and a flood of mice
+// that each send once (an address-rotation attack) at floodShare of the
+// requests.
+func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint64) accuracy {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	cfg, err := ParseConfig("acc", []byte(fmt.Sprintf("sketch: {buckets: %d}\nnew_keys: {disabled: true}\nrules:\n  - name: a\n    key: [\"header:X-Key\"]\n    limits: [{name: m, requests: 100, per: 1m}]\n", buckets)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Clock: clk, Seed: seed, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	st := mw.state.Load()
+	ru := st.rules[0]
+	lim := ru.limits[0]
+	ex := &exactLimiter{tick: lim.tick, theta: uint64(lim.theta), m: map[string]exactCount{}}
+	sl := &slidingLog{per: time.Minute, l: 100, m: map[string][]time.Time{}}
+	r := rand.New(rand.NewPCG(seed, 1))
+	zipf := rand.NewZipf(r, 1.2, 1, 49_999)
+	rq := &request{}
+	var a accuracy
+	// The crowd's total rate: 4,000 requests a second.
+	gap := time.Second / 4000
+	mice := 0
+	for i := range n {
+		var key string
+		switch x := r.Float64(); {
+		case x < floodShare:
+			mice++
+			key = "mouse" + strconv.Itoa(mice)
+		case x < floodShare+0.05:
+			key = "heavy" + strconv.Itoa(r.IntN(20))
+		default:
+			key = "user" + strconv.FormatUint(zipf.Uint64(), 10)
+		}
+		now := clk.Now()
+		v := mw.evaluate(st, ru, rq, key, now)
+		allowed := v.out == Allow
+		if e := ex.observe(key, now); e != allowed {
+			if allowed {
+				a.wrongAllowed++
+			} else {
+				a.wrongLimited++
+			}
+		}
+		if s := sl.observe(key, now); s != allowed {
+			if allowed {
+				a.slideAllowed++
+			} else {
+				a.slideLimited++
+			}
+		}
+		a.requests++
+		clk.Advance(gap)
+		if i%100_000 == 0 { // bound the sliding log's memory
+			for k, q := range sl.m {
+				if len(q) > 0 && now.Sub(q[len(q)-1]) > time.Minute {
+					delete(sl.m, k)
+				}
+			}
+		}
+	}
+	a.keys = len(ex.m)
+	return a
+}
+
+func pct(n, d int) float64 { return 100 * float64(n) / float64(d) }
+
+// The proxy's decisions against an exact limiter with the same math, on a
+// trace with a crowd, heavy hitters and a mouse flood. Reported, and held
+// under 0.1% wrong.
+func TestAccuracyAgainstExactLimiter(t *testing.T) {
+	n := 400_000
+	if s := os.Getenv("SKETCHPROXY_ACCURACY_N"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	for _, c := range []struct {
+		buckets int
+		flood   float64
+	}{{1 << 16, 0}, {1 << 16, 0.5}, {1 << 10, 0.5}, {1 << 6, 0}, {1 << 6, 0.5}} {
+		a := replayTrace(t, n, c.buckets, c.flood, 1)
+		wrong := pct(a.wrongAllowed+a.wrongLimited, a.requests)
+		t.Logf("buckets %d (%d KiB), flood %.0f%%: %d requests, %d keys: vs exact same-math limiter %.4f%% wrong (%.4f%% wrongly allowed, %.4f%% wrongly limited); vs exact sliding window %.3f%% wrongly allowed, %.3f%% wrongly limited",
+			c.buckets, c.buckets*64/1024, 100*c.flood, a.requests, a.keys, wrong, pct(a.wrongAllowed, a.requests), pct(a.wrongLimited, a.requests),
+			pct(a.slideAllowed, a.requests), pct(a.slideLimited, a.requests))
+		if c.buckets >= 1<<16 && wrong > 0.1 {
+			t.Errorf("%.4f%% wrong decisions at 4 MiB", wrong)
+		}
+	}
+}
+
+// Memory stays flat under an address flood: the heap after a flood of
+// distinct client addresses is what it was after the first thousand.
+func TestFlatMemoryUnderAddressFlood(t *testing.T) {
+	n := 1_000_000
+	if s := os.Getenv("SKETCHPROXY_FLOOD_N"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	cfg, err := ParseConfig("flood", []byte("rules:\n  - name: ip\n    tarpit: true\n    limits: [{requests: 100, per: 1m}, {name: day, requests: 10000, per: 1d}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	st := mw.state.Load()
+	ru := st.rules[0]
+	rq := &request{}
+	var ms runtime.MemStats
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	addr := func(i int) string {
+		return fmt.Sprintf("%d.%d.%d.%d", 1+i>>24&0x7f, i>>16&0xff, i>>8&0xff, i&0xff)
+	}
+	now := time.Now()
+	for i := range 1000 {
+		mw.evaluate(st, ru, rq, addr(i), now)
+	}
+	before := heap()
+	for i := 1000; i < n; i++ {
+		mw.evaluate(st, ru, rq, addr(i), now)
+	}
+	after := heap()
+	t.Logf("%d distinct addresses: heap %.2f MiB after 1,000, %.2f MiB after all", n, float64(before)/(1<<20), float64(after)/(1<<20))
+	if after > before+1<<20 {
+		t.Errorf("the heap grew %d bytes under the flood", after-before)
+	}
+}
