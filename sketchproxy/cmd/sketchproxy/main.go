@@ -49,6 +49,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	upstream := fs.String("upstream", "", "override the config's upstream URL")
 	jsonLogs := fs.Bool("json", false, "log JSON lines instead of text")
 	grace := fs.Duration("grace", 10*time.Second, "how long shutdown waits for requests in progress")
+	demoUpstream := fs.String("demo-upstream", "", "only serve the demo upstream on `ADDR` (for load tests)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -61,6 +62,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *example {
 		fmt.Fprint(stdout, sketchproxy.ExampleConfig)
+		return 0
+	}
+	if *demoUpstream != "" {
+		ln, err := net.Listen("tcp", *demoUpstream)
+		if err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: -demo-upstream: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "demo upstream on http://%s/\n", ln.Addr())
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		srv := &http.Server{Handler: demoMux(), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		<-ctx.Done()
+		srv.Close()
 		return 0
 	}
 	var lh slog.Handler = slog.NewTextHandler(stderr, nil)
@@ -248,6 +264,13 @@ func startDemoUpstream(log *slog.Logger) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
+	srv := &http.Server{Handler: demoMux(), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	log.Info("demo upstream", "addr", ln.Addr().String())
+	return "http://" + ln.Addr().String(), func() { srv.Close() }, nil
+}
+
+func demoMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from the demo upstream (%s %s)\n", r.Method, r.URL.Path)
@@ -269,8 +292,5 @@ func startDemoUpstream(log *slog.Logger) (string, func(), error) {
 		w.Header().Set("X-Tokens-Used", strconv.Itoa(10+rand.IntN(190)))
 		fmt.Fprintln(w, "a reply that cost some tokens")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	log.Info("demo upstream", "addr", ln.Addr().String())
-	return "http://" + ln.Addr().String(), func() { srv.Close() }, nil
+	return mux
 }
