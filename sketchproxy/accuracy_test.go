@@ -142,7 +142,7 @@ func pct(n, d int) float64 { return 100 * float64(n) / float64(d) }
 // trace with a crowd, heavy hitters and a mouse flood. Reported, and held
 // under 0.1% wrong.
 func TestAccuracyAgainstExactLimiter(t *testing.T) {
-	n := 400_000
+	n := 400_000 / raceScale
 	if s := os.Getenv("SKETCHPROXY_ACCURACY_N"); s != "" {
 		n, _ = strconv.Atoi(s)
 	}
@@ -164,7 +164,7 @@ func TestAccuracyAgainstExactLimiter(t *testing.T) {
 // Memory stays flat under an address flood: the heap after a flood of
 // distinct client addresses is what it was after the first thousand.
 func TestFlatMemoryUnderAddressFlood(t *testing.T) {
-	n := 1_000_000
+	n := 1_000_000 / raceScale
 	if s := os.Getenv("SKETCHPROXY_FLOOD_N"); s != "" {
 		n, _ = strconv.Atoi(s)
 	}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package sketchproxy
+
+const raceScale = 1
