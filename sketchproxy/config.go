@@ -33,7 +33,10 @@ type Config struct {
 	Tarpit   TarpitConfig   `yaml:"tarpit"`
 	NewKeys  NewKeysConfig  `yaml:"new_keys"`
 	Headers  HeadersConfig  `yaml:"headers"`
-	Rules    []Rule         `yaml:"rules"`
+	// Fleet shares the heavy keys' counts with other replicas through
+	// Redis (nil: this proxy enforces its limits alone).
+	Fleet *FleetConfig `yaml:"fleet"`
+	Rules []Rule       `yaml:"rules"`
 
 	src  string     // file name, for messages
 	root *yaml.Node // the parsed document, for line numbers
@@ -447,6 +450,9 @@ func (c *Config) Validate() error {
 	}
 	if nk.Window < Duration(time.Second) {
 		return c.errAt("want 1s or more", "new_keys", "window")
+	}
+	if err := c.validateFleet(); err != nil {
+		return err
 	}
 	if len(c.Rules) == 0 {
 		return c.errAt("no rules: add at least one (see sketchproxy -example)", "rules")

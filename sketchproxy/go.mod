@@ -1,9 +1,15 @@
 module github.com/epochsketch/epochsketch/sketchproxy
 
-go 1.24
+go 1.26.0
 
 require github.com/epochsketch/epochsketch v0.0.0
 
-require gopkg.in/yaml.v3 v3.0.1 // indirect
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/redis/go-redis/v9 v9.23.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	gopkg.in/yaml.v3 v3.0.1 // indirect
+)
 
 replace github.com/epochsketch/epochsketch => ../

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/epochsketch/epochsketch"
 )
@@ -151,6 +152,41 @@ func (m *Middleware) writeMetrics(w *bufio.Writer) {
 			fmt.Fprintf(w, "sketchproxy_top_offender_level{rule=%q,key=%s} %s\n", ru.cfg.Name,
 				strconv.Quote(truncate(e.Key, 128)), strconv.FormatFloat(float64(est)/float64(l.theta), 'g', 4, 64))
 		}
+	}
+	if f := m.fleet; f != nil {
+		up := 0
+		if f.up.Load() {
+			up = 1
+		}
+		metric("sketchproxy_fleet_up", "gauge", "1 while Redis answers and limits are fleet-wide; 0: local at 1/N.")
+		fmt.Fprintf(w, "sketchproxy_fleet_up %d\n", up)
+		metric("sketchproxy_fleet_replicas", "gauge", "N, the replicas sharing the limits.")
+		fmt.Fprintf(w, "sketchproxy_fleet_replicas %d\n", f.replicas())
+		metric("sketchproxy_fleet_hot_keys", "gauge", "Keys in the hot set, synced through Redis.")
+		fmt.Fprintf(w, "sketchproxy_fleet_hot_keys %d\n", f.count.Load())
+		for _, c := range []struct {
+			name, help string
+			v          uint64
+		}{
+			{"sync_rounds_total", "Sync rounds tried.", f.rounds.Load()},
+			{"sync_errors_total", "Sync rounds that failed (Redis slow or gone).", f.roundErrors.Load()},
+			{"key_syncs_total", "Hot keys sent in successful rounds.", f.keySyncs.Load()},
+			{"redis_commands_total", "Redis commands sent, all rounds.", f.commands.Load()},
+			{"promotions_total", "Keys promoted to the hot set.", f.promotions.Load()},
+			{"demotions_total", "Keys demoted from the hot set.", f.demotions.Load()},
+			{"hot_set_full_total", "Promotions refused because the hot set was full.", f.hotFull.Load()},
+		} {
+			metric("sketchproxy_fleet_"+c.name, "counter", c.help)
+			fmt.Fprintf(w, "sketchproxy_fleet_%s %d\n", c.name, c.v)
+		}
+		metric("sketchproxy_fleet_redis_rtt_seconds", "gauge", "The last successful round's time.")
+		fmt.Fprintf(w, "sketchproxy_fleet_redis_rtt_seconds %g\n", time.Duration(f.rttNs.Load()).Seconds())
+		lag := 0.0
+		if ok := f.lastOK.Load(); ok > 0 {
+			lag = now.Sub(time.Unix(0, ok)).Seconds()
+		}
+		metric("sketchproxy_fleet_sync_lag_seconds", "gauge", "Time since the last successful round.")
+		fmt.Fprintf(w, "sketchproxy_fleet_sync_lag_seconds %g\n", lag)
 	}
 	metric("sketchproxy_config_generation", "gauge", "Reloads applied since start.")
 	fmt.Fprintf(w, "sketchproxy_config_generation %d\n", st.gen)

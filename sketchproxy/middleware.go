@@ -48,6 +48,8 @@ type Middleware struct {
 	mu      sync.Mutex // guards ruleMet and sketch reuse across reloads
 	ruleMet map[string]*ruleMetrics
 	met     globalMetrics
+
+	fleet *fleet // nil without Config.Fleet
 }
 
 // state is one configuration's compiled rules and the sketches they use.
@@ -115,6 +117,9 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 	if err := m.Reload(cfg); err != nil {
 		return nil, err
 	}
+	if cfg.Fleet != nil {
+		m.fleet = newFleet(cfg.Fleet, m.log, m.now)
+	}
 	return m, nil
 }
 
@@ -125,6 +130,12 @@ func (m *Middleware) Reload(cfg *Config) error {
 	if err := cfg.Validate(); err != nil {
 		m.met.reloads[1].Add(1)
 		return err
+	}
+	if old := m.state.Load(); old != nil && (old.cfg.Fleet == nil) != (cfg.Fleet == nil) {
+		m.met.reloads[1].Add(1)
+		return &ConfigError{File: cfg.src, Field: "fleet", Msg: "adding or removing the fleet takes a restart"}
+	} else if old != nil && cfg.Fleet != nil && m.fleet != nil {
+		cfg.Fleet = m.fleet.cfg // fleet settings take a restart; the rules reload
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -232,8 +243,11 @@ func (m *Middleware) ReloadFrom(load func() (*Config, error)) error {
 	return m.Reload(cfg)
 }
 
-// Close stops the sketches' clocks.
+// Close stops the sketches' clocks and the fleet's sync.
 func (m *Middleware) Close() error {
+	if m.fleet != nil {
+		m.fleet.close()
+	}
 	if st := m.state.Load(); st != nil {
 		for _, s := range st.sketches {
 			s.Close()
@@ -392,7 +406,11 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 	for i, l := range ru.limits {
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, key)
 		est, first := l.sk.ObserveBytes(rq.buf)
-		if i == 0 && first && est == 1 {
+		firstSighting := i == 0 && first && est == 1
+		if m.fleet != nil {
+			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 1, now)
+		}
+		if firstSighting {
 			// A first sighting: count it, and during a spike remember the
 			// key as new.
 			if m.spike.first(now) && !cfg.NewKeys.Disabled && m.spike.active(now, &cfg.NewKeys) {
@@ -595,12 +613,21 @@ func (m *Middleware) chargeBudget(ru *rule, rq *request, key string, now time.Ti
 	b := ru.budget
 	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
 	est := b.sk.EstimateBytes(rq.buf)
+	if f := m.fleet; f != nil {
+		if !f.up.Load() && f.cfg.WalletOnFailure == "closed" {
+			return verdict{out: BudgetUnknown, ru: ru, key: key, retry: time.Duration(f.cfg.Interval)}, false
+		}
+		est = f.estimate(rq.buf, b.sk, b.tick, b.theta, est, 0, now)
+	}
 	if uint64(est)+uint64(b.cfg.Cost) > uint64(b.theta) {
 		return verdict{out: OverBudget, ru: ru, key: key, est: est, theta: b.theta,
 			level: float64(est) / float64(b.theta),
 			retry: retryAfter(est, b.cfg.Cost, b.theta, now, b.tick)}, false
 	}
 	b.sk.ObserveBytesN(rq.buf, b.cfg.Cost)
+	if m.fleet != nil {
+		m.fleet.add(rq.buf, b.cfg.Cost)
+	}
 	if b.sk.EstimateBytes(rq.buf) == 0 && !b.cfg.FailOpen {
 		// The lottery did not admit the key: its spend is not tracked.
 		return verdict{out: BudgetUnknown, ru: ru, key: key, retry: untilNextTick(now, b.tick)}, false
@@ -639,6 +666,9 @@ func (rw *reconcileWriter) WriteHeader(code int) {
 			if extra := uint32(used); extra > b.cfg.Cost {
 				buf := skey(nil, c.ru.cfg.Name, "$"+b.cfg.Name, c.key)
 				b.sk.ObserveBytesN(buf, extra-b.cfg.Cost)
+				if rw.m.fleet != nil {
+					rw.m.fleet.add(buf, extra-b.cfg.Cost)
+				}
 				rw.m.met.reconciled.Add(uint64(extra - b.cfg.Cost))
 			}
 		}

@@ -80,6 +80,17 @@ func (h *harness) req(remote string, hdr ...string) *httptest.ResponseRecorder {
 	return w
 }
 
+func (h *harness) reqPath(path string, hdr ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("GET", "http://api.test"+path, nil)
+	r.RemoteAddr = "198.51.100.1:1234"
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Set(hdr[i], hdr[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.mw.ServeHTTP(w, r)
+	return w
+}
+
 func decodeProblem(t *testing.T, w *httptest.ResponseRecorder) problem {
 	t.Helper()
 	var p problem

@@ -1,0 +1,329 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// redisServer runs Debian's redis-server on a free loopback port.
+type redisServer struct {
+	t    *testing.T
+	port int
+	cmd  *exec.Cmd
+}
+
+func startRedis(t *testing.T, port int) *redisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no redis-server in CI (.ci/run installs Debian's redis-server)")
+		}
+		t.Skip("no redis-server (Debian: redis-server): the fleet test did not run")
+	}
+	if port == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	r := &redisServer{t: t, port: port}
+	r.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no")
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", r.addr())
+		if err == nil {
+			fmt.Fprint(c, "PING\r\n")
+			buf := make([]byte, 7)
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			n, _ := c.Read(buf)
+			c.Close()
+			if strings.HasPrefix(string(buf[:n]), "+PONG") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server did not answer on %s", r.addr())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Cleanup(r.kill)
+	return r
+}
+
+func (r *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
+
+func (r *redisServer) kill() {
+	if r.cmd.Process != nil {
+		r.cmd.Process.Kill()
+		r.cmd.Wait()
+	}
+}
+
+type replica struct {
+	cmd   *exec.Cmd
+	out   *lockedBuffer
+	url   string
+	admin string
+}
+
+func metricValue(t *testing.T, admin, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no %s in the metrics", name)
+	}
+	v, _ := strconv.ParseFloat(string(m[1]), 64)
+	return v
+}
+
+// exactGlobal is the limit every replica enforces together, computed
+// exactly at the client: per-key decayed counts with the same tick, every
+// request counted.
+type exactGlobal struct {
+	mu    sync.Mutex
+	tick  time.Duration
+	theta uint64
+	m     map[string][2]int64
+}
+
+func (e *exactGlobal) observe(key string, now time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	tk := now.UnixNano() / int64(e.tick)
+	x := e.m[key]
+	c := int64(0)
+	if age := tk - x[1]; age < 63 {
+		c = x[0] >> age
+	}
+	c++
+	e.m[key] = [2]int64{c, tk}
+	return uint64(c) <= e.theta
+}
+
+type phaseStats struct {
+	requests, wrongAllowed, wrongLimited, failed atomic.Int64
+	heavyAllowed, heavySent                      atomic.Int64
+}
+
+// TestFleetThroughRedis runs three sketchproxy processes sharing one limit
+// through a real redis-server, behind this test's round-robin client: a few
+// heavy keys over the limit and a flood of one-off mice. It measures the
+// fleet-wide decisions against an exact global limiter, the Redis commands
+// per request, that mice are never promoted, and that killing Redis mid-run
+// fails no request and the fleet recovers when it returns.
+func TestFleetThroughRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the fleet test runs about 20 s")
+	}
+	rs := startRedis(t, 0)
+	bin := build(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
+	defer up.Close()
+
+	const limit = 40 // per 2 s with burst 40: tick 1 s, threshold 40
+	dir := t.TempDir()
+	var reps []*replica
+	for i := range 3 {
+		cfg := filepath.Join(dir, fmt.Sprintf("r%d.yaml", i))
+		os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstream: %q
+new_keys: {disabled: true}
+fleet:
+  redis: %q
+  secret: "test-secret-0123456789"
+  id: r%d
+  interval: 200ms
+  timeout: 100ms
+rules:
+  - name: api
+    key: ["header:X-Key"]
+    limits: [{name: rate, requests: %d, per: 2s}]
+`, up.URL, rs.addr(), i, limit)), 0o644)
+		rep := &replica{cmd: exec.Command(bin, "-config", cfg), out: new(lockedBuffer)}
+		rep.cmd.Stdout, rep.cmd.Stderr = rep.out, rep.out
+		if err := rep.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer rep.cmd.Process.Kill()
+		rep.url = "http://" + waitFor(t, rep.out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
+		rep.admin = "http://" + waitFor(t, rep.out, regexp.MustCompile(`msg="admin listening" addr=(\S+)`))[1]
+		reps = append(reps, rep)
+	}
+	// Wait until every replica counts three.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, r := range reps {
+		for metricValue(t, r.admin, "sketchproxy_fleet_replicas") != 3 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 5 * time.Second}
+	ex := &exactGlobal{tick: time.Second, theta: limit, m: map[string][2]int64{}}
+	var rr atomic.Uint64
+	var mice atomic.Int64
+	send := func(ps *phaseStats, key string, heavy bool) {
+		now := time.Now()
+		want := ex.observe(key, now)
+		rep := reps[rr.Add(1)%3]
+		req, _ := http.NewRequest("GET", rep.url, nil)
+		req.Header.Set("X-Key", key)
+		resp, err := client.Do(req)
+		ps.requests.Add(1)
+		if err != nil {
+			ps.failed.Add(1)
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got := resp.StatusCode == 200
+		if resp.StatusCode != 200 && resp.StatusCode != 429 {
+			ps.failed.Add(1)
+			return
+		}
+		if heavy {
+			ps.heavySent.Add(1)
+			if got {
+				ps.heavyAllowed.Add(1)
+			}
+		}
+		if got && !want {
+			ps.wrongAllowed.Add(1)
+		} else if !got && want {
+			ps.wrongLimited.Add(1)
+		}
+	}
+	// run drives 5 heavy keys at 60 requests a second each (3x the limit's
+	// 20/s) and, with mice, 300 one-off keys a second, for d.
+	run := func(ps *phaseStats, d time.Duration, heavy, withMice bool) {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		var wg sync.WaitGroup
+		if heavy {
+			for k := range 5 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tk := time.NewTicker(time.Second / 60)
+					defer tk.Stop()
+					for {
+						select {
+						case <-ctx.Done():
+							return
+						case <-tk.C:
+							send(ps, fmt.Sprint("heavy", k), true)
+						}
+					}
+				}()
+			}
+		}
+		if withMice {
+			for range 3 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tk := time.NewTicker(time.Second / 100)
+					defer tk.Stop()
+					for {
+						select {
+						case <-ctx.Done():
+							return
+						case <-tk.C:
+							send(ps, fmt.Sprint("mouse", mice.Add(1)), false)
+						}
+					}
+				}()
+			}
+		}
+		wg.Wait()
+	}
+	sum := func(name string) float64 {
+		var s float64
+		for _, r := range reps {
+			s += metricValue(t, r.admin, name)
+		}
+		return s
+	}
+
+	var normal, miceOnly, down, back phaseStats
+	run(&normal, 6*time.Second, true, true)
+	cmdsBefore, promoBefore := sum("sketchproxy_fleet_key_syncs_total"), sum("sketchproxy_fleet_promotions_total")
+	run(&miceOnly, 3*time.Second, false, true)
+	promoAfter := sum("sketchproxy_fleet_promotions_total")
+	keySyncsAfter := sum("sketchproxy_fleet_key_syncs_total")
+	hot := sum("sketchproxy_fleet_hot_keys")
+
+	rs.kill()
+	run(&down, 4*time.Second, true, true)
+	upDuring := sum("sketchproxy_fleet_up")
+	rs2 := startRedis(t, rs.port)
+	_ = rs2
+	deadline = time.Now().Add(15 * time.Second)
+	for sum("sketchproxy_fleet_up") != 3 && time.Now().Before(deadline) {
+		run(&back, 500*time.Millisecond, true, true)
+	}
+	recovered := sum("sketchproxy_fleet_up")
+	run(&back, 3*time.Second, true, true)
+
+	total := normal.requests.Load() + miceOnly.requests.Load() + down.requests.Load() + back.requests.Load()
+	cmds := sum("sketchproxy_fleet_redis_commands_total")
+	report := func(name string, p *phaseStats) {
+		n := float64(p.requests.Load())
+		t.Logf("%-22s %6d requests: %.3f%% wrongly allowed, %.3f%% wrongly limited against an exact global limiter; heavy keys passed %d of %d; %d failed",
+			name, p.requests.Load(), 100*float64(p.wrongAllowed.Load())/n, 100*float64(p.wrongLimited.Load())/n,
+			p.heavyAllowed.Load(), p.heavySent.Load(), p.failed.Load())
+	}
+	report("fleet, Redis up", &normal)
+	report("mice only", &miceOnly)
+	report("Redis killed", &down)
+	report("Redis back", &back)
+	t.Logf("Redis commands: %.0f for %d requests (%.4f per request); mice-only phase: %.0f promotions, %.0f hot keys synced while it ran, %.0f hot keys at its end",
+		cmds, total, cmds/float64(total), promoAfter-promoBefore, keySyncsAfter-cmdsBefore, hot)
+	t.Logf("fleet_up summed over the replicas: %.0f while Redis was down, %.0f after it returned", upDuring, recovered)
+
+	for name, p := range map[string]*phaseStats{"normal": &normal, "mice": &miceOnly, "down": &down, "back": &back} {
+		if p.failed.Load() != 0 {
+			t.Errorf("%s: %d requests failed", name, p.failed.Load())
+		}
+	}
+	if promoAfter != promoBefore || hot > 15 {
+		t.Errorf("mice reached the hot set: %.0f promotions in the mice-only phase, %.0f hot keys", promoAfter-promoBefore, hot)
+	}
+	if upDuring != 0 || recovered != 3 {
+		t.Errorf("fallback and recovery: fleet_up %.0f while down, %.0f after", upDuring, recovered)
+	}
+	// Without the fleet, three replicas would pass each heavy key 3x the
+	// limit; with it, the heavy keys' pass rate stays near the limit.
+	if n := normal.requests.Load(); float64(normal.wrongAllowed.Load()+normal.wrongLimited.Load())/float64(n) > 0.05 {
+		t.Errorf("more than 5%% wrong decisions with the fleet up")
+	}
+	if h := float64(normal.heavyAllowed.Load()) / float64(normal.heavySent.Load()); h > 0.5 {
+		t.Errorf("heavy keys passed %.0f%% of their requests at 3x the limit: the fleet did not share their counts", 100*h)
+	}
+}

@@ -1,0 +1,59 @@
+package sketchproxy
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+)
+
+// With Redis unreachable from the start, limits hold at θ/N locally and
+// wallets fail closed, or fall back to θ/N with wallet_on_failure: local.
+func TestFleetWithoutRedis(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close() // nothing listens there now
+	for _, mode := range []string{"closed", "local"} {
+		h := newHarness(t, fmt.Sprintf(`fleet: {redis: %q, secret: "0123456789abcdef", replicas: 3, timeout: 50ms, wallet_on_failure: %s}
+rules:
+  - name: api
+    key: ["header:X-Key"]
+    limits: [{name: rate, requests: 30, per: 1m}]
+  - name: llm
+    match: {path_prefix: /llm}
+    key: ["header:X-Key"]
+    budget: {units: 30, per: 1d}
+`, dead, mode))
+		passed := 0
+		for range 20 {
+			if w := h.req("198.51.100.1", "X-Key", "a"); w.Code == 200 {
+				passed++
+			}
+		}
+		if passed != 10 {
+			t.Errorf("%s: %d of 20 passed with Redis down, want θ/N = 10", mode, passed)
+		}
+		w := h.reqPath("/llm/chat", "X-Key", "b")
+		want := map[string]int{"closed": 503, "local": 200}[mode]
+		if w.Code != want {
+			t.Errorf("%s: a wallet route with Redis down got %d, want %d: %s", mode, w.Code, want, w.Body.String())
+		}
+	}
+}
+
+func TestFleetConfigErrors(t *testing.T) {
+	for _, c := range []struct{ src, want string }{
+		{"fleet: {secret: 0123456789abcdef}\n", "fleet: redis: missing"},
+		{"fleet: {redis: x:1, secret: short}\n", "fleet.secret: a per-deployment secret of at least 16 bytes"},
+		{"fleet: {redis: x:1, secret: 0123456789abcdef, wallet_on_failure: maybe}\n", `fleet.wallet_on_failure: "maybe": want closed or local`},
+		{"fleet: {redis: x:1, secret: 0123456789abcdef, interval: 1ms}\n", "fleet.interval: want 10ms to 1m"},
+	} {
+		_, err := ParseConfig("f.yaml", []byte(c.src+"rules:\n  - limits: [{requests: 1, per: 1s}]\n"))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want %q", c.src, err, c.want)
+		}
+	}
+}
