@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // With Redis unreachable from the start, limits hold at θ/N locally and
@@ -55,5 +56,45 @@ func TestFleetConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v, want %q", c.src, err, c.want)
 		}
+	}
+}
+
+// A Redis that accepts connections and never answers (slow, or a black
+// hole) never delays a request: the network is only on the sync goroutine.
+func TestFleetBlackHoleRedisDoesNotDelayRequests(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	h := newHarness(t, fmt.Sprintf(`fleet: {redis: %q, secret: "0123456789abcdef", replicas: 2, interval: 50ms, timeout: 200ms}
+rules:
+  - name: api
+    key: ["header:X-Key"]
+    limits: [{name: rate, requests: 1000, per: 1m}]
+`, l.Addr().String()))
+	var slowest time.Duration
+	for i := range 200 {
+		start := time.Now()
+		h.req("198.51.100.1", "X-Key", fmt.Sprint("k", i%7))
+		slowest = max(slowest, time.Since(start))
+		if i%20 == 0 {
+			time.Sleep(20 * time.Millisecond) // let sync rounds hang meanwhile
+		}
+	}
+	if slowest >= 100*time.Millisecond {
+		t.Errorf("a request took %v while Redis hung: it waited on the network", slowest)
+	}
+	if h.mw.fleet.up.Load() {
+		t.Error("a Redis that never answers counts as up")
 	}
 }
