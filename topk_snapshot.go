@@ -1,0 +1,180 @@
+package epochsketch
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"hash/crc32"
+	"io"
+)
+
+// A TopK snapshot: "EPOCHTOP", version (uint16), k and the entry count
+// (uvarints), then per entry the estimate and the key length (uvarints) and
+// the key, then CRC-32C of all before it. Keys may be client addresses or
+// API keys: treat the file as you treat your logs.
+
+const (
+	topMagic   = "EPOCHTOP"
+	topVersion = 1
+	maxTopKey  = 1 << 20 // a key longer than 1 MiB is damage, not a key
+)
+
+// WriteTo writes a snapshot of t's entries to w. It implements io.WriterTo.
+func (t *TopK) WriteTo(w io.Writer) (int64, error) {
+	t.mu.Lock()
+	entries := append([]TopEntry(nil), t.heap...)
+	k := t.k
+	t.mu.Unlock()
+	cw := &crcWriter{w: w}
+	bw := bufio.NewWriter(cw)
+	bw.WriteString(topMagic)
+	var b [binary.MaxVarintLen64]byte
+	binary.LittleEndian.PutUint16(b[:2], topVersion)
+	bw.Write(b[:2])
+	uv := func(x uint64) { bw.Write(b[:binary.PutUvarint(b[:], x)]) }
+	uv(uint64(k))
+	uv(uint64(len(entries)))
+	for _, e := range entries {
+		uv(uint64(e.Estimate))
+		uv(uint64(len(e.Key)))
+		bw.WriteString(e.Key)
+	}
+	if err := bw.Flush(); err != nil {
+		return cw.n, err
+	}
+	var tr [4]byte
+	binary.LittleEndian.PutUint32(tr[:], cw.crc)
+	n, err := w.Write(tr[:])
+	return cw.n + int64(n), err
+}
+
+type crcWriter struct {
+	w   io.Writer
+	crc uint32
+	n   int64
+}
+
+func (c *crcWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.crc = crc32.Update(c.crc, castagnoli, p[:n])
+	c.n += int64(n)
+	return n, err
+}
+
+type crcReader struct {
+	r   *bufio.Reader
+	crc uint32
+	n   int64
+}
+
+func (c *crcReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.crc = crc32.Update(c.crc, castagnoli, p[:n])
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *crcReader) ReadByte() (byte, error) {
+	b, err := c.r.ReadByte()
+	if err == nil {
+		c.crc = crc32.Update(c.crc, castagnoli, []byte{b})
+		c.n++
+	}
+	return b, err
+}
+
+// ReadFrom replaces t's entries with a snapshot's. The snapshot's k must be
+// at most t's. On error t is unchanged. It implements io.ReaderFrom; it
+// reads exactly the snapshot, no further.
+func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
+	cr := &crcReader{r: bufio.NewReaderSize(oneByteAtATime{r}, 16)}
+	fail := func(format string, a ...any) (int64, error) { return cr.n, snapErr("TopK: "+format, a...) }
+	var head [10]byte
+	if _, err := io.ReadFull(cr, head[:]); err != nil {
+		return fail("truncated header")
+	}
+	if string(head[:8]) != topMagic {
+		return fail("not a TopK snapshot (starts %q)", printable(head[:8]))
+	}
+	if v := binary.LittleEndian.Uint16(head[8:]); v != topVersion {
+		return fail("format version %d, this build reads %d", v, topVersion)
+	}
+	k, err := binary.ReadUvarint(cr)
+	if err != nil {
+		return fail("truncated")
+	}
+	n, err := binary.ReadUvarint(cr)
+	if err != nil {
+		return fail("truncated")
+	}
+	if n > k || k > uint64(t.k) {
+		return fail("%d entries of k = %d do not fit a TopK of k = %d", n, k, t.k)
+	}
+	entries := make([]TopEntry, 0, n)
+	for range n {
+		est, err := binary.ReadUvarint(cr)
+		if err != nil || est > MaxCount {
+			return fail("truncated or damaged entry")
+		}
+		l, err := binary.ReadUvarint(cr)
+		if err != nil || l > maxTopKey {
+			return fail("truncated or damaged entry")
+		}
+		key := make([]byte, l)
+		if _, err := io.ReadFull(cr, key); err != nil {
+			return fail("truncated entry")
+		}
+		entries = append(entries, TopEntry{string(key), uint32(est)})
+	}
+	want := cr.crc
+	var tr [4]byte
+	if _, err := io.ReadFull(cr.r, tr[:]); err != nil {
+		return fail("truncated: the checksum is missing")
+	}
+	if binary.LittleEndian.Uint32(tr[:]) != want {
+		return fail("checksum mismatch: the snapshot is damaged")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.heap = t.heap[:0]
+	clear(t.index)
+	t.floor.Store(0)
+	for _, e := range entries {
+		if _, dup := t.index[e.Key]; dup {
+			continue
+		}
+		t.insert(e.Key, e.Estimate)
+	}
+	return cr.n + 4, nil
+}
+
+// oneByteAtATime keeps a bufio.Reader from reading past the snapshot's end
+// when t.ReadFrom shares a stream with what follows.
+type oneByteAtATime struct{ r io.Reader }
+
+func (o oneByteAtATime) Read(p []byte) (int, error) {
+	if len(p) > 1 {
+		p = p[:1]
+	}
+	return o.r.Read(p)
+}
+
+// MarshalBinary returns a snapshot of t (see WriteTo).
+func (t *TopK) MarshalBinary() ([]byte, error) {
+	var b bytes.Buffer
+	_, err := t.WriteTo(&b)
+	return b.Bytes(), err
+}
+
+// UnmarshalBinary restores a snapshot (see ReadFrom); trailing bytes are an
+// error.
+func (t *TopK) UnmarshalBinary(data []byte) error {
+	r := bytes.NewReader(data)
+	if _, err := t.ReadFrom(r); err != nil {
+		return err
+	}
+	if r.Len() != 0 {
+		return snapErr("TopK: %d bytes after the end of the snapshot", r.Len())
+	}
+	return nil
+}
