@@ -1,7 +1,9 @@
 package epochsketch_test
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"runtime"
 	"strconv"
 	"sync"
@@ -166,6 +168,86 @@ func BenchmarkLiveHeap(b *testing.B) {
 				runtime.KeepAlive(sk)
 				sk.Close()
 			}
+		})
+	}
+}
+
+// BenchmarkSnapshot measures WriteTo and ReadFrom on a 64 MiB table (1<<20
+// buckets): MB/s is the throughput (benchstat shows B/s).
+func BenchmarkSnapshot(b *testing.B) {
+	cfg := epochsketch.Config{NumBuckets: 1 << 20, Hash: epochsketch.HashWyhash, Seed: 1}
+	sk := epochsketch.New(cfg)
+	defer sk.Close()
+	w := benchWorkloads()[0]
+	for i := range 1 << 21 {
+		sk.Observe(w.String(i))
+	}
+	data, err := sk.MarshalBinary()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("op=write", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			if _, err := sk.WriteTo(io.Discard); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("op=read", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		dst := epochsketch.New(cfg)
+		defer dst.Close()
+		for b.Loop() {
+			if _, err := dst.ReadFrom(bytes.NewReader(data)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkObserveDuringSnapshot is Observe's latency (each call waits for
+// the previous one) on the Zipf stream, with another goroutine writing
+// snapshots of the same 64 MiB sketch back to back, or idle: compare with
+// benchstat -col /snapshot. The snapshot takes no lock and stops no writer.
+func BenchmarkObserveDuringSnapshot(b *testing.B) {
+	w := benchWorkloads()[0]
+	for _, snap := range []string{"off", "on"} {
+		b.Run("snapshot="+snap, func(b *testing.B) {
+			sk := epochsketch.New(epochsketch.Config{NumBuckets: 1 << 20, Hash: epochsketch.HashWyhash, Seed: 1})
+			defer sk.Close()
+			for i := range 1 << 20 {
+				sk.Observe(w.String(i))
+			}
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var snaps atomic.Int64
+			if snap == "on" {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						sk.WriteTo(io.Discard)
+						snaps.Add(1)
+					}
+				}()
+			}
+			var s uint64
+			i := 1 << 20
+			for b.Loop() {
+				r, _ := sk.Observe(w.String(i))
+				s += uint64(r)
+				i += 1 + int(r>>31)
+			}
+			close(stop)
+			wg.Wait()
+			sink += s
+			b.ReportMetric(float64(snaps.Load()), "snapshots")
 		})
 	}
 }

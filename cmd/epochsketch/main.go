@@ -26,7 +26,7 @@ const usage = `usage:
   epochsketch size -heavy N [-factor F]
                                 buckets and bytes for N concurrent heavy hitters
   epochsketch ticks [-tick D]   the Tick Table (spec 3.4), or one row for tick D
-  epochsketch top [-k N] [-lines-per-tick N] [-every N] [-json] [FILE...]
+  epochsketch top [-k N] [-lines-per-tick N] [-every N] [-json] [-state FILE] [FILE...]
                                 the heaviest recent keys of a stream, one key per line
                                 (files, gzip or standard input)
   epochsketch sim [-quick] [-out DIR] [-section N,M]

@@ -33,6 +33,7 @@ type topOptions struct {
 	firsts       bool
 	progress     string
 	refresh      time.Duration
+	state        string
 }
 
 // runTop reads keys, one per line, from files (gzip too) or standard input,
@@ -56,6 +57,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.showBad, "show-malformed", false, "print each malformed line's number and reason to standard error")
 	fs.BoolVar(&o.asJSON, "json", false, "write each report as one JSON object per line")
 	fs.BoolVar(&o.firsts, "firsts", false, "print each first sighting (key and line) to standard error")
+	fs.StringVar(&o.state, "state", "", "resume from this state `file` if it exists, and save to it at the end (and on Ctrl-C)")
 	fs.StringVar(&o.progress, "progress", "auto", "progress line with rate and ETA when reading files: auto (when standard error is a terminal), on, off")
 	refreshDefault := time.Duration(0)
 	if isTerminal(os.Stdout) {
@@ -82,6 +84,9 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return usageErr("-progress %q: want auto, on or off", o.progress)
 	}
 	cfg := epochsketch.Config{NumBuckets: o.buckets, TickDuration: o.tick}
+	if o.state != "" {
+		cfg.Hash = epochsketch.HashSipHash13 // a key that can be saved (maphash's cannot)
+	}
 	var clk *epochsketch.ManualClock
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	switch {
@@ -104,6 +109,15 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	st := &topState{o: o, sk: sk, top: top, out: stdout, errw: stderr, parse: parse, timed: timed,
 		seen: map[string]time.Time{}, prev: map[string]uint32{}}
 
+	if o.state != "" {
+		resumed, err := loadState(o.state, st, clk)
+		if err != nil {
+			return err
+		}
+		if resumed {
+			fmt.Fprintf(stderr, "resumed from %s after %d lines\n", o.state, st.lines)
+		}
+	}
 	files := fs.Args()
 	if len(files) == 0 {
 		files = []string{"-"}
@@ -126,6 +140,11 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		st.prog.done()
 	}
 	st.report(true)
+	if o.state != "" {
+		if err := saveState(o.state, st, clk); err != nil {
+			return fmt.Errorf("saving -state %s: %w", o.state, err)
+		}
+	}
 	return nil
 }
 
