@@ -226,6 +226,13 @@ func (s *Sketch) ReadFrom(r io.Reader) (int64, error) {
 	return n, err
 }
 
+// Restore is ReadFrom that also says what the snapshot held: when it was
+// taken, and how many slots were restored or had expired over the downtime.
+func (s *Sketch) Restore(r io.Reader) (SnapshotInfo, error) {
+	info, _, err := s.restore(r)
+	return info, err
+}
+
 func (s *Sketch) restore(r io.Reader) (SnapshotInfo, int64, error) {
 	var info SnapshotInfo
 	hb := make([]byte, snapHeaderSize)
@@ -328,6 +335,10 @@ func (s *Sketch) matches(h *snapHeader) error {
 	}
 	return nil
 }
+
+// Reset empties s: every slot reads 0. Concurrent calls may land before or
+// after it, slot by slot.
+func (s *Sketch) Reset() { s.clear() }
 
 func (s *Sketch) clear() {
 	for i := range s.table {

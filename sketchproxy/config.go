@@ -27,6 +27,12 @@ type Config struct {
 	// Admin is the address of /metrics and /healthz (default
 	// "127.0.0.1:9091"; "off" disables it). Keep it off the public network.
 	Admin string `yaml:"admin"`
+	// StateFile, if set, keeps the sketches across restarts: restored at
+	// start (a bad file is logged and the proxy starts empty), saved every
+	// StateEvery (default 1m) and at shutdown. It holds the hash keys: it is
+	// written 0600; keep it private.
+	StateFile  string   `yaml:"state_file"`
+	StateEvery Duration `yaml:"state_every"`
 
 	ClientIP ClientIPConfig `yaml:"client_ip"`
 	Sketch   SketchConfig   `yaml:"sketch"`
@@ -363,6 +369,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Admin == "" {
 		c.Admin = "127.0.0.1:9091"
+	}
+	if c.StateEvery == 0 {
+		c.StateEvery = Duration(time.Minute)
+	}
+	if c.StateEvery < Duration(time.Second) {
+		return c.errAt("want 1s or more", "state_every")
 	}
 	if c.Upstream != "" {
 		u, err := url.Parse(c.Upstream)

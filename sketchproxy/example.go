@@ -6,6 +6,8 @@ const ExampleConfig = `# SketchProxy configuration. Every field is optional unle
 listen: ":8080"                    # the proxy
 upstream: "http://127.0.0.1:9000"  # required by cmd/sketchproxy
 admin: "127.0.0.1:9091"            # /metrics and /healthz; "off" disables
+# state_file: /var/lib/sketchproxy/state   # counts survive restarts (0600: it holds hash keys)
+# state_every: 1m                          # ...saved this often and at shutdown
 
 client_ip:
   # Only connections from these read X-Forwarded-For / Forwarded, from the right.

@@ -32,6 +32,8 @@ type globalMetrics struct {
 	reloads         [2]atomic.Uint64 // ok, failed
 	reconciled      atomic.Uint64
 	reconcileErrors atomic.Uint64
+	stateSaves      [2]atomic.Uint64 // ok, failed
+	stateLoads      [2]atomic.Uint64 // ok, rejected
 }
 
 // MetricsHandler serves the Prometheus text format: decisions by rule and
@@ -188,6 +190,12 @@ func (m *Middleware) writeMetrics(w *bufio.Writer) {
 		metric("sketchproxy_fleet_sync_lag_seconds", "gauge", "Time since the last successful round.")
 		fmt.Fprintf(w, "sketchproxy_fleet_sync_lag_seconds %g\n", lag)
 	}
+	metric("sketchproxy_state_saves_total", "counter", "State file saves by result.")
+	fmt.Fprintf(w, "sketchproxy_state_saves_total{result=\"ok\"} %d\n", m.met.stateSaves[0].Load())
+	fmt.Fprintf(w, "sketchproxy_state_saves_total{result=\"failed\"} %d\n", m.met.stateSaves[1].Load())
+	metric("sketchproxy_state_loads_total", "counter", "State file loads at start by result.")
+	fmt.Fprintf(w, "sketchproxy_state_loads_total{result=\"ok\"} %d\n", m.met.stateLoads[0].Load())
+	fmt.Fprintf(w, "sketchproxy_state_loads_total{result=\"rejected\"} %d\n", m.met.stateLoads[1].Load())
 	metric("sketchproxy_config_generation", "gauge", "Reloads applied since start.")
 	fmt.Fprintf(w, "sketchproxy_config_generation %d\n", st.gen)
 }

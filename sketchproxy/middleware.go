@@ -50,6 +50,8 @@ type Middleware struct {
 	met     globalMetrics
 
 	fleet *fleet // nil without Config.Fleet
+
+	saverStop, saverDone chan struct{} // the state file's saver, if any
 }
 
 // state is one configuration's compiled rules and the sketches they use.
@@ -117,10 +119,32 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 	if err := m.Reload(cfg); err != nil {
 		return nil, err
 	}
+	if cfg.StateFile != "" {
+		m.loadState()
+		m.saverStop, m.saverDone = make(chan struct{}), make(chan struct{})
+		go m.saver(time.Duration(cfg.StateEvery))
+	}
 	if cfg.Fleet != nil {
 		m.fleet = newFleet(cfg.Fleet, m.log, m.now)
 	}
 	return m, nil
+}
+
+// saver writes the state file every interval until Close.
+func (m *Middleware) saver(every time.Duration) {
+	defer close(m.saverDone)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.saverStop:
+			return
+		case <-t.C:
+			if err := m.SaveState(); err != nil {
+				m.log.Error("state save failed", "err", err.Error())
+			}
+		}
+	}
 }
 
 // Reload switches to cfg. Sketches whose tick and size are unchanged are
@@ -158,6 +182,9 @@ func (m *Middleware) Reload(cfg *Config) error {
 		s := epochsketch.New(epochsketch.Config{
 			NumBuckets: buckets, TickDuration: tick, Clock: m.opts.Clock,
 			Seed: m.opts.Seed, TwoChoice: cfg.Sketch.TwoChoice,
+			// Keys are chosen by clients: a keyed hash (THEORY.md section
+			// 6), whose key a state file can keep.
+			Hash: epochsketch.HashSipHash13,
 		})
 		st.sketches[k] = s
 		return s
@@ -243,8 +270,19 @@ func (m *Middleware) ReloadFrom(load func() (*Config, error)) error {
 	return m.Reload(cfg)
 }
 
-// Close stops the sketches' clocks and the fleet's sync.
+// Close saves the state file, if configured, and stops the sketches'
+// clocks and the fleet's sync. Call it at shutdown, after the server has
+// stopped taking requests.
 func (m *Middleware) Close() error {
+	var err error
+	if m.saverStop != nil {
+		close(m.saverStop)
+		<-m.saverDone
+		m.saverStop = nil
+		if err = m.SaveState(); err != nil {
+			m.log.Error("state save at shutdown failed", "err", err.Error())
+		}
+	}
 	if m.fleet != nil {
 		m.fleet.close()
 	}
@@ -253,7 +291,7 @@ func (m *Middleware) Close() error {
 			s.Close()
 		}
 	}
-	return nil
+	return err
 }
 
 func (m *Middleware) now() time.Time {

@@ -227,9 +227,11 @@ func TestBinaryReload(t *testing.T) {
 	bin := build(t)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "up\n") }))
 	defer up.Close()
-	cfgPath := filepath.Join(t.TempDir(), "proxy.yaml")
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "proxy.yaml")
+	statePath := filepath.Join(dir, "state")
 	write := func(limit string) {
-		os.WriteFile(cfgPath, []byte(fmt.Sprintf("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream: %q\nrules:\n  - name: r\n    limits: [%s]\n", up.URL, limit)), 0o644)
+		os.WriteFile(cfgPath, []byte(fmt.Sprintf("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream: %q\nstate_file: %q\nrules:\n  - name: r\n    limits: [%s]\n", up.URL, statePath, limit)), 0o644)
 	}
 	write("{requests: 3, per: 1m}")
 	cmd := exec.Command(bin, "-config", cfgPath)
@@ -271,5 +273,11 @@ func TestBinaryReload(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "no state file yet") {
+		t.Errorf("no word about the state file at start:\n%s", out.String())
+	}
+	if st, err := os.Stat(statePath); err != nil || st.Size() == 0 {
+		t.Errorf("graceful shutdown saved no state: %v", err)
 	}
 }

@@ -1,0 +1,157 @@
+package sketchproxy
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+)
+
+// The state file holds every sketch (limits, budgets, new keys, bans):
+// "SKPXSTAT", a version (uint16) and a count (uint32), then per sketch its
+// tick (ns), bucket count and two-choice flag, and its epochsketch
+// snapshot; then "SKPXEND!". It holds the sketches' hash keys: it is
+// written 0600; keep it private.
+
+const (
+	stateMagic   = "SKPXSTAT"
+	stateEnd     = "SKPXEND!"
+	stateVersion = 1
+)
+
+// SaveState writes every sketch to the config's state_file, crash-safely.
+// cmd/sketchproxy calls it every state_every and Close calls it last.
+func (m *Middleware) SaveState() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := m.state.Load()
+	path := st.cfg.StateFile
+	if path == "" {
+		return nil
+	}
+	keys := make([]sketchKey, 0, len(st.sketches))
+	for k := range st.sketches {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].tick != keys[j].tick {
+			return keys[i].tick < keys[j].tick
+		}
+		return keys[i].buckets < keys[j].buckets
+	})
+	start := time.Now()
+	err := epochsketch.WriteFileAtomic(path, 0o600, func(w io.Writer) error {
+		bw := bufio.NewWriterSize(w, 1<<16)
+		var h [14]byte
+		copy(h[:], stateMagic)
+		binary.LittleEndian.PutUint16(h[8:], stateVersion)
+		binary.LittleEndian.PutUint32(h[10:], uint32(len(keys)))
+		bw.Write(h[:])
+		for _, k := range keys {
+			var e [17]byte
+			binary.LittleEndian.PutUint64(e[0:], uint64(k.tick))
+			binary.LittleEndian.PutUint64(e[8:], uint64(k.buckets))
+			if k.two {
+				e[16] = 1
+			}
+			bw.Write(e[:])
+			if _, err := st.sketches[k].WriteTo(bw); err != nil {
+				return err
+			}
+		}
+		bw.WriteString(stateEnd)
+		return bw.Flush()
+	})
+	if err != nil {
+		m.met.stateSaves[1].Add(1)
+		return fmt.Errorf("saving the state to %s: %w", path, err)
+	}
+	m.met.stateSaves[0].Add(1)
+	m.log.Debug("state saved", "file", path, "sketches", len(keys), "took", time.Since(start).String())
+	return nil
+}
+
+// loadState restores the state file into the current sketches. A sketch in
+// the file that the config no longer has (another tick or size) is skipped.
+// Any error leaves every sketch empty: a bad file never blocks startup.
+func (m *Middleware) loadState() {
+	st := m.state.Load()
+	path := st.cfg.StateFile
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		m.log.Info("no state file yet: starting empty", "file", path)
+		return
+	}
+	if err != nil {
+		m.log.Error("state file unreadable: starting empty", "file", path, "err", err.Error())
+		return
+	}
+	defer f.Close()
+	restored, skipped, live, expired, saved, err := m.readState(bufio.NewReaderSize(f, 1<<16), st)
+	if err != nil {
+		for _, s := range st.sketches {
+			s.Reset()
+		}
+		m.met.stateLoads[1].Add(1)
+		m.log.Error("state file rejected: starting empty", "file", path, "err", err.Error())
+		return
+	}
+	m.met.stateLoads[0].Add(1)
+	m.log.Info("state restored", "file", path, "saved", saved.UTC().Format(time.RFC3339),
+		"age", m.now().Sub(saved).Round(time.Second).String(), "sketches", restored, "skipped", skipped,
+		"live_slots", live, "expired_slots", expired)
+}
+
+func (m *Middleware) readState(r *bufio.Reader, st *state) (restored, skipped, live, expired int, saved time.Time, err error) {
+	var h [14]byte
+	if _, err = io.ReadFull(r, h[:]); err != nil {
+		return 0, 0, 0, 0, saved, fmt.Errorf("truncated header")
+	}
+	if string(h[:8]) != stateMagic {
+		return 0, 0, 0, 0, saved, fmt.Errorf("not a SketchProxy state file")
+	}
+	if v := binary.LittleEndian.Uint16(h[8:]); v != stateVersion {
+		return 0, 0, 0, 0, saved, fmt.Errorf("state version %d, this build reads %d", v, stateVersion)
+	}
+	n := binary.LittleEndian.Uint32(h[10:])
+	if n > 1024 {
+		return 0, 0, 0, 0, saved, fmt.Errorf("%d sketches: damaged", n)
+	}
+	for range n {
+		var e [17]byte
+		if _, err = io.ReadFull(r, e[:]); err != nil {
+			return 0, 0, 0, 0, saved, fmt.Errorf("truncated")
+		}
+		k := sketchKey{tick: time.Duration(binary.LittleEndian.Uint64(e[0:])), buckets: int(binary.LittleEndian.Uint64(e[8:])), two: e[16] == 1}
+		if k.buckets < 1 || k.buckets > 1<<26 {
+			return 0, 0, 0, 0, saved, fmt.Errorf("a sketch of %d buckets: damaged", k.buckets)
+		}
+		sk, ok := st.sketches[k]
+		if !ok {
+			if _, err = io.CopyN(io.Discard, r, epochsketch.SnapshotSize(k.buckets)); err != nil {
+				return 0, 0, 0, 0, saved, fmt.Errorf("truncated")
+			}
+			skipped++
+			continue
+		}
+		info, lerr := sk.Restore(r)
+		if lerr != nil {
+			return 0, 0, 0, 0, saved, fmt.Errorf("sketch (tick %v, %d buckets): %w", k.tick, k.buckets, lerr)
+		}
+		restored++
+		live += info.Live
+		expired += info.Expired
+		saved = info.Saved
+	}
+	var end [8]byte
+	if _, err = io.ReadFull(r, end[:]); err != nil || string(end[:]) != stateEnd {
+		return 0, 0, 0, 0, saved, fmt.Errorf("truncated: the end marker is missing")
+	}
+	return restored, skipped, live, expired, saved, nil
+}

@@ -1,0 +1,135 @@
+package sketchproxy
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startWithState(t *testing.T, yaml string, clk *epochsketch.ManualClock) (*Middleware, *syncBuffer) {
+	t.Helper()
+	cfg, err := ParseConfig("state.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	mw, err := New(cfg, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		Options{Clock: clk, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw, logs
+}
+
+func code(mw *Middleware, ip string) int {
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = ip + ":1"
+	w := httptest.NewRecorder()
+	mw.ServeHTTP(w, r)
+	return w.Code
+}
+
+// A restart keeps the counts: an abuser refused before the restart is
+// refused after it, until the decay over the downtime lets it back.
+func TestStateSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	yaml := "state_file: " + filepath.Join(dir, "state") + "\nrules:\n  - name: a\n    limits: [{name: r, requests: 5, per: 10s}]\n"
+	clk := epochsketch.NewManualClock(t0)
+	mw, _ := startWithState(t, yaml, clk)
+	for range 20 {
+		code(mw, "203.0.113.9")
+	}
+	if c := code(mw, "203.0.113.9"); c != 429 {
+		t.Fatalf("before the restart: %d", c)
+	}
+	if err := mw.Close(); err != nil { // graceful shutdown saves
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "state")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("state file: %v %v", err, st)
+	}
+	clk.Advance(3 * time.Second) // a quick redeploy
+	mw2, logs := startWithState(t, yaml, clk)
+	defer mw2.Close()
+	if !strings.Contains(logs.String(), `msg="state restored"`) || !strings.Contains(logs.String(), "age=3s") {
+		t.Errorf("no restore line with the age: %s", logs.String())
+	}
+	if c := code(mw2, "203.0.113.9"); c != 429 {
+		t.Errorf("after the restart the abuser got %d: the restart handed it a fresh budget", c)
+	}
+	if c := code(mw2, "203.0.113.10"); c != 200 {
+		t.Errorf("another client after the restart: %d", c)
+	}
+	clk.Advance(time.Minute) // the decay over a longer downtime frees it
+	if c := code(mw2, "203.0.113.9"); c != 200 {
+		t.Errorf("after the decay: %d", c)
+	}
+}
+
+// A bad state file is logged and the proxy starts empty; startup goes on.
+func TestBadStateFileStartsEmpty(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state")
+	yaml := "state_file: " + p + "\nrules:\n  - name: a\n    limits: [{name: r, requests: 5, per: 10s}]\n"
+	clk := epochsketch.NewManualClock(t0)
+	mw, _ := startWithState(t, yaml, clk)
+	for range 20 {
+		code(mw, "203.0.113.9")
+	}
+	mw.Close()
+	good, _ := os.ReadFile(p)
+	for _, c := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"garbage", []byte("garbage garbage garbage"), "not a SketchProxy state file"},
+		{"truncated", good[:len(good)/2], "truncated"},
+		{"bit flip", func() []byte { b := bytes.Clone(good); b[len(b)/3] ^= 1; return b }(), "checksum mismatch"},
+		{"no end", good[:len(good)-8], "the end marker is missing"},
+	} {
+		os.WriteFile(p, c.data, 0o600)
+		mw, logs := startWithState(t, yaml, clk)
+		if !strings.Contains(logs.String(), "state file rejected: starting empty") || !strings.Contains(logs.String(), c.want) {
+			t.Errorf("%s: logs %s", c.name, logs.String())
+		}
+		if got := code(mw, "203.0.113.9"); got != 200 {
+			t.Errorf("%s: did not start empty: %d", c.name, got)
+		}
+		mw.Close()
+	}
+	// A config whose sketch changed size skips that sketch and says so.
+	os.WriteFile(p, good, 0o600)
+	mw2, logs := startWithState(t, "state_file: "+p+"\nsketch: {buckets: 1024}\nrules:\n  - name: a\n    limits: [{name: r, requests: 5, per: 10s}]\n", clk)
+	defer mw2.Close()
+	if !strings.Contains(logs.String(), "skipped=1") {
+		t.Errorf("resized sketch: %s", logs.String())
+	}
+}
