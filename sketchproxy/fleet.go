@@ -184,7 +184,7 @@ type hotEntry struct {
 	theta   uint32
 	delta   atomic.Int64 // local units not yet sent
 	sent    int64        // units sent in the last good round (sync goroutine only)
-	reseed  bool         // Redis lost its state: send the local history again
+	reseed  atomic.Bool  // Redis lost its state: send the local history again
 	val     atomic.Int64 // the fleet count at valTick
 	valTick atomic.Int64
 	synced  atomic.Bool
@@ -199,7 +199,7 @@ func newFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) *fleet {
 			WriteTimeout: time.Duration(cfg.Timeout), MaxRetries: -1, PoolSize: 4,
 		}),
 		script: redis.NewScript(syncScript),
-		runID:  fmt.Sprintf("%s-%d", cfg.ID, time.Now().UnixNano()),
+		runID:  cfg.ID,
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
@@ -238,10 +238,15 @@ func (f *fleet) promoteAt(theta uint32) uint32 {
 // limit is enforced at θ/N per replica. Mice (below a quarter of the
 // promotion point) cost one comparison: no map, no Redis.
 func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local, w uint32, now time.Time) uint32 {
+	p := f.promoteAt(theta)
 	if !f.up.Load() {
+		// Local at θ/N; a hot key's units still count toward its delta, to
+		// be sent when Redis answers again.
+		if local >= max(1, p/4) {
+			f.add(skey, w)
+		}
 		return uint32(min(uint64(local)*uint64(f.replicas()), math.MaxUint32))
 	}
-	p := f.promoteAt(theta)
 	if local < max(1, p/4) {
 		return local
 	}
@@ -278,7 +283,13 @@ func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration
 	} else if age > 0 {
 		v >>= age
 	}
-	return uint32(min(max(uint64(v+d), uint64(local)), math.MaxUint32))
+	est := max(uint64(v+d), uint64(local))
+	if e.reseed.Load() {
+		// Redis restarted empty and the replicas' histories are on their
+		// way: until then the fleet count is low; the local view × N is not.
+		est = max(est, uint64(local)*uint64(f.replicas()))
+	}
+	return uint32(min(est, math.MaxUint32))
 }
 
 // add charges w more units to a hot key (a wallet's reconciliation).
@@ -298,8 +309,10 @@ func (f *fleet) redisKey(skey []byte) string {
 	return f.cfg.Prefix + "k:" + hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// loop syncs every interval; after a failure it waits longer (up to 5 s)
-// before the next try, and recovers at the first round that succeeds.
+// loop syncs every interval; after a failure it waits longer, up to 1 s or
+// two intervals, before the next try, and recovers at the first round that
+// succeeds. The cap is short because replicas that recover at different
+// times see each other's counts late.
 func (f *fleet) loop() {
 	defer close(f.done)
 	wait := time.Duration(f.cfg.Interval)
@@ -313,7 +326,7 @@ func (f *fleet) loop() {
 		if f.round() {
 			wait = time.Duration(f.cfg.Interval)
 		} else {
-			wait = min(2*wait, 5*time.Second)
+			wait = min(2*wait, max(time.Second, 2*time.Duration(f.cfg.Interval)))
 		}
 	}
 }
@@ -331,7 +344,7 @@ func (f *fleet) round() bool {
 	ds := make([]int64, len(es))
 	for i, e := range es {
 		ds[i] = e.delta.Swap(0)
-		if e.reseed {
+		if e.reseed.Load() {
 			// Redis restarted empty: every replica sends its whole local
 			// history once, less what it already sent since the restart.
 			ds[i] += max(0, int64(e.sk.EstimateBytes(e.skey))-ds[i]-e.sent)
@@ -360,7 +373,7 @@ func (f *fleet) send(es []*hotEntry, ds []int64) bool {
 		}
 		// A marker only the first replica after a Redis restart can set:
 		// when it changes, Redis lost the fleet's counts.
-		pipe.SetNX(ctx, f.cfg.Prefix+"run", f.runID, 0)
+		pipe.SetNX(ctx, f.cfg.Prefix+"run", fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), 0)
 		run := pipe.Get(ctx, f.cfg.Prefix+"run")
 		runCmd = run
 		var card *redis.IntCmd
@@ -406,7 +419,8 @@ func (f *fleet) send(es []*hotEntry, ds []int64) bool {
 		}
 	}
 	for i, e := range es {
-		e.sent, e.reseed = ds[i], lost
+		e.sent = ds[i]
+		e.reseed.Store(lost)
 		res, err := cmds[i].Int64Slice()
 		if err != nil || len(res) != 2 {
 			continue
@@ -428,7 +442,7 @@ func (f *fleet) demote(es []*hotEntry) {
 	for _, e := range es {
 		p := f.promoteAt(e.theta)
 		local := e.sk.EstimateBytes(e.skey)
-		if local >= max(1, p/4) || e.val.Load() >= int64(p) || e.delta.Load() != 0 || e.reseed {
+		if local >= max(1, p/4) || e.val.Load() >= int64(p) || e.delta.Load() != 0 || e.reseed.Load() {
 			continue
 		}
 		s := f.shard(e.skey)

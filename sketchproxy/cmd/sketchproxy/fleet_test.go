@@ -225,40 +225,31 @@ rules:
 		ctx, cancel := context.WithTimeout(context.Background(), d)
 		defer cancel()
 		var wg sync.WaitGroup
+		// paced calls f every period until the phase ends.
+		paced := func(period time.Duration, f func()) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tk := time.NewTicker(period)
+				defer tk.Stop()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-tk.C:
+						f()
+					}
+				}
+			}()
+		}
 		if heavy {
 			for k := range 5 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					tk := time.NewTicker(time.Second / 60)
-					defer tk.Stop()
-					for {
-						select {
-						case <-ctx.Done():
-							return
-						case <-tk.C:
-							send(ps, fmt.Sprint("heavy", k), true)
-						}
-					}
-				}()
+				paced(time.Second/60, func() { send(ps, fmt.Sprint("heavy", k), true) })
 			}
 		}
 		if withMice {
 			for range 3 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					tk := time.NewTicker(time.Second / 100)
-					defer tk.Stop()
-					for {
-						select {
-						case <-ctx.Done():
-							return
-						case <-tk.C:
-							send(ps, fmt.Sprint("mouse", mice.Add(1)), false)
-						}
-					}
-				}()
+				paced(time.Second/100, func() { send(ps, fmt.Sprint("mouse", mice.Add(1)), false) })
 			}
 		}
 		wg.Wait()
