@@ -34,6 +34,7 @@ type Config struct {
 	StateFile  string   `yaml:"state_file"`
 	StateEvery Duration `yaml:"state_every"`
 
+	Server   ServerConfig   `yaml:"server"`
 	ClientIP ClientIPConfig `yaml:"client_ip"`
 	Sketch   SketchConfig   `yaml:"sketch"`
 	Tarpit   TarpitConfig   `yaml:"tarpit"`
@@ -46,6 +47,17 @@ type Config struct {
 
 	src  string     // file name, for messages
 	root *yaml.Node // the parsed document, for line numbers
+}
+
+// ServerConfig bounds what a client can hold of the proxy (cmd/sketchproxy).
+type ServerConfig struct {
+	// ReadHeaderTimeout is how long a client may take to send its request
+	// headers (default 10s): the slowloris bound.
+	ReadHeaderTimeout Duration `yaml:"read_header_timeout"`
+	// IdleTimeout closes keep-alive connections idle this long (default 2m).
+	IdleTimeout Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes caps a request's headers (default 65536).
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
 }
 
 // ClientIPConfig says how the client's address is found.
@@ -381,6 +393,25 @@ func (c *Config) Validate() error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return c.errAt(fmt.Sprintf("%q: want an http:// or https:// URL with a host", c.Upstream), "upstream")
 		}
+	}
+	sv := &c.Server
+	if sv.ReadHeaderTimeout == 0 {
+		sv.ReadHeaderTimeout = Duration(10 * time.Second)
+	}
+	if sv.IdleTimeout == 0 {
+		sv.IdleTimeout = Duration(2 * time.Minute)
+	}
+	if sv.MaxHeaderBytes == 0 {
+		sv.MaxHeaderBytes = 64 << 10
+	}
+	if sv.ReadHeaderTimeout < Duration(10*time.Millisecond) || sv.ReadHeaderTimeout > Duration(5*time.Minute) {
+		return c.errAt("want 10ms to 5m", "server", "read_header_timeout")
+	}
+	if sv.IdleTimeout < Duration(time.Second) {
+		return c.errAt("want 1s or more", "server", "idle_timeout")
+	}
+	if sv.MaxHeaderBytes < 4096 || sv.MaxHeaderBytes > 16<<20 {
+		return c.errAt(fmt.Sprintf("%d: want 4096 to 16 MiB", sv.MaxHeaderBytes), "server", "max_header_bytes")
 	}
 	ci := &c.ClientIP
 	ci.trusted = ci.trusted[:0]

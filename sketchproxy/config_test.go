@@ -50,6 +50,7 @@ func TestConfigErrors(t *testing.T) {
 		{"huge burst", "rules:\n  - limits: [{requests: 10, per: 1s, burst: 1e9}]\n", "burst 1e+09: want 1 to 8388608"},
 		{"budget cost", "rules:\n  - budget: {units: 10, per: 1d, cost: 11}\n", "rules[0].budget.cost: cost 11 is more than the whole budget 10"},
 		{"bad upstream", "upstream: \"ftp://x\"\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", `p.yaml:1: upstream: "ftp://x": want an http:// or https:// URL`},
+		{"server timeout", "server: {read_header_timeout: 1ms}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "p.yaml:1: server.read_header_timeout: want 10ms to 5m"},
 		{"ipv6 prefix", "client_ip: {ipv6_prefix: 129}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "client_ip.ipv6_prefix: 129: want 1 to 128"},
 	} {
 		_, err := ParseConfig("p.yaml", []byte(c.src))

@@ -9,6 +9,11 @@ admin: "127.0.0.1:9091"            # /metrics and /healthz; "off" disables
 # state_file: /var/lib/sketchproxy/state   # counts survive restarts (0600: it holds hash keys)
 # state_every: 1m                          # ...saved this often and at shutdown
 
+server:
+  read_header_timeout: 10s         # slowloris: headers must arrive within this
+  idle_timeout: 2m
+  max_header_bytes: 65536
+
 client_ip:
   # Only connections from these read X-Forwarded-For / Forwarded, from the right.
   trusted_proxies: ["127.0.0.1/32", "10.0.0.0/8"]

@@ -148,9 +148,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	srv := &http.Server{
 		Handler:           mw,
-		ReadHeaderTimeout: 10 * time.Second, // slowloris
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
+		ReadHeaderTimeout: time.Duration(cfg.Server.ReadHeaderTimeout), // slowloris
+		IdleTimeout:       time.Duration(cfg.Server.IdleTimeout),
+		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(lh, slog.LevelWarn),
 	}
 	errc := make(chan error, 2)

@@ -281,3 +281,42 @@ func TestBinaryReload(t *testing.T) {
 		t.Errorf("graceful shutdown saved no state: %v", err)
 	}
 }
+
+// A client that sends its headers slowly (slowloris) is cut off at
+// read_header_timeout, while other clients are served.
+func TestBinarySlowloris(t *testing.T) {
+	bin := build(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "up\n") }))
+	defer up.Close()
+	cfgPath := filepath.Join(t.TempDir(), "proxy.yaml")
+	os.WriteFile(cfgPath, []byte(fmt.Sprintf("listen: 127.0.0.1:0\nadmin: \"off\"\nupstream: %q\nserver: {read_header_timeout: 300ms}\nrules:\n  - limits: [{requests: 100, per: 1s}]\n", up.URL)), 0o644)
+	cmd := exec.Command(bin, "-config", cfgPath)
+	out := new(lockedBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	addr := waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1]
+	var conns []net.Conn
+	for range 20 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: x\r\n") // and never the blank line
+		conns = append(conns, c)
+	}
+	if got := codes(t, "http://"+addr+"/", 3); got != "200 200 200" {
+		t.Errorf("others while 20 slow clients hang on: %s", got)
+	}
+	for i, c := range conns {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		start := time.Now()
+		io.Copy(io.Discard, c) // returns when the proxy closes the connection
+		if time.Since(start) >= 5*time.Second {
+			t.Fatalf("slow client %d still connected after 5 s", i)
+		}
+		c.Close()
+	}
+}
