@@ -2,9 +2,9 @@ package sketchproxy
 
 import (
 	"fmt"
-	"math"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"

@@ -152,7 +152,7 @@ func (m *Middleware) writeMetrics(w *bufio.Writer) {
 				continue
 			}
 			fmt.Fprintf(w, "sketchproxy_top_offender_level{rule=%q,key=%s} %s\n", ru.cfg.Name,
-				strconv.Quote(truncate(e.Key, 128)), strconv.FormatFloat(float64(est)/float64(l.theta), 'g', 4, 64))
+				strconv.Quote(ru.display(e.Key)), strconv.FormatFloat(float64(est)/float64(l.theta), 'g', 4, 64))
 		}
 	}
 	if f := m.fleet; f != nil {

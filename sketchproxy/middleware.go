@@ -52,6 +52,8 @@ type Middleware struct {
 	fleet *fleet // nil without Config.Fleet
 
 	saverStop, saverDone chan struct{} // the state file's saver, if any
+	closeOnce            sync.Once
+	closeErr             error
 }
 
 // state is one configuration's compiled rules and the sketches they use.
@@ -81,6 +83,8 @@ type rule struct {
 	met      *ruleMetrics
 	policy   string // RateLimit-Policy value
 	needIP   bool
+	// secretKey: the key has a header or query part, shown redacted.
+	secretKey bool
 }
 
 type limit struct {
@@ -200,6 +204,7 @@ func (m *Middleware) Reload(cfg *Config) error {
 		}
 		for _, k := range rc.Key {
 			ru.needIP = ru.needIP || k == "ip"
+			ru.secretKey = ru.secretKey || k != "ip"
 		}
 		ru.needIP = ru.needIP || len(rc.Allow.prefixes) > 0
 		var pol []string
@@ -274,6 +279,11 @@ func (m *Middleware) ReloadFrom(load func() (*Config, error)) error {
 // clocks and the fleet's sync. Call it at shutdown, after the server has
 // stopped taking requests.
 func (m *Middleware) Close() error {
+	m.closeOnce.Do(func() { m.closeErr = m.close() })
+	return m.closeErr
+}
+
+func (m *Middleware) close() error {
 	var err error
 	if m.saverStop != nil {
 		close(m.saverStop)

@@ -553,3 +553,32 @@ rules:
 		}
 	}
 }
+
+// API keys never reach /metrics or the logs whole; closing twice is fine.
+func TestSecretKeysAreRedacted(t *testing.T) {
+	h := newHarness(t, "rules:\n  - name: api\n    key: [\"header:X-API-Key\"]\n    limits: [{requests: 2, per: 10s}]\n")
+	const secret = "sk-live-0123456789abcdef"
+	for range 10 {
+		h.req("203.0.113.1", "X-API-Key", secret)
+	}
+	w := httptest.NewRecorder()
+	h.mw.MetricsHandler().ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if strings.Contains(w.Body.String(), secret) || !strings.Contains(w.Body.String(), `key="sk-liv…`) {
+		t.Errorf("top offenders show %q", regexpLine(w.Body.String(), "top_offender_level{"))
+	}
+	if err := h.mw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.mw.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func regexpLine(body, substr string) string {
+	for _, l := range strings.Split(body, "\n") {
+		if strings.Contains(l, substr) {
+			return l
+		}
+	}
+	return ""
+}

@@ -3,6 +3,7 @@ package sketchproxy
 import (
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"net/http"
 	"strconv"
@@ -143,7 +144,7 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 	}
 	attrs := []any{
 		"rule", v.ru.cfg.Name, "outcome", v.out.String(), "shadow", shadow,
-		"key", truncate(v.key, 128), "method", r.Method, "path", truncate(r.URL.Path, 256),
+		"key", v.ru.display(v.key), "method", r.Method, "path", truncate(r.URL.Path, 256),
 		"retry_after_s", seconds(v.retry),
 	}
 	if v.lim != nil {
@@ -153,6 +154,18 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 		attrs = append(attrs, "log_lines_skipped", skipped)
 	}
 	m.log.Info("sketchproxy decision", attrs...)
+}
+
+// display is a key as logs and metrics show it: a client address in full,
+// but a key with a header or query part (an API key, a token) as its first
+// 6 bytes and a hash, so that /metrics and the logs leak no credential.
+func (ru *rule) display(key string) string {
+	if !ru.secretKey {
+		return truncate(key, 128)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return fmt.Sprintf("%s…%08x", truncate(key[:min(len(key), 6)], 6), h.Sum32())
 }
 
 func truncate(s string, n int) string {
