@@ -62,13 +62,15 @@ func (s *Sketch) salt() uint64 {
 const maxDraws = 64
 
 // challenge runs one lottery draw per unit of weight wt, at most maxDraws,
-// against the weakest slot (word victim, effective count eff >= 1): each win
-// takes one count, so the next draw is against eff-wins. It stops when the
-// victim is empty. It returns the wins and the draws used.
-func (s *Sketch) challenge(h, victim uint64, eff, wt uint32) (wins, used uint32) {
+// against the weakest slot (word victim at apparent age age, effective count
+// eff >= 1): each win takes one count, so the next draw is against the word
+// and count as they would be after it, exactly as wt calls of Observe would
+// draw. It stops when the victim is empty. It returns the wins and the draws
+// used.
+func (s *Sketch) challenge(h, victim uint64, age, eff, wt uint32) (wins, used uint32) {
 	for used < min(wt, maxDraws) && wins < eff {
 		used++
-		if s.chipWins(h, victim, eff-wins) {
+		if s.chipWins(h, victim-uint64(wins)<<age, eff-wins) {
 			wins++
 		}
 	}

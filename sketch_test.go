@@ -821,3 +821,45 @@ func TestObserveNProtectsElephants(t *testing.T) {
 		t.Fatalf("weighted newcomer against a count of 1: (%d, %v), reads %d; want the slot with all 50", e, f, light.Estimate("newcomer"))
 	}
 }
+
+// ObserveN(key, w) with w <= 64 is w calls of Observe in one: the same
+// draws in the same order (a seeded lottery), the same words, the same
+// stats, from any state, for both lotteries and both layouts.
+func TestObserveNEqualsRepeatedObserve(t *testing.T) {
+	for _, lot := range []epochsketch.Lottery{epochsketch.LotteryHeavyKeeper, epochsketch.LotteryChip} {
+		for _, two := range []bool{false, true} {
+			for seed := uint64(1); seed <= 30; seed++ {
+				a, _ := newManual(t, epochsketch.Config{NumBuckets: 2, Lottery: lot, TwoChoice: two, Seed: seed})
+				b, _ := newManual(t, epochsketch.Config{NumBuckets: 2, Lottery: lot, TwoChoice: two, Seed: seed})
+				x := seed
+				for i := range 400 {
+					x = epochsketch.Splitmix(x)
+					key := fmt.Sprint("k", x%40)
+					w := uint32(1 + x>>40%64)
+					if i%3 == 0 {
+						w = 1
+					}
+					ea, fa := a.ObserveN(key, w)
+					var eb uint32
+					var fb bool
+					for j := range w {
+						e, f := b.Observe(key)
+						if j == 0 {
+							fb = f
+						}
+						eb = e
+					}
+					if ea != eb && !(fa && ea == w) {
+						t.Fatalf("%v two=%v seed %d op %d: ObserveN(%s, %d) = %d, %d Observes end at %d", lot, two, seed, i, key, w, ea, w, eb)
+					}
+					_ = fb
+					for bk := range 2 {
+						if a.Slots(bk) != b.Slots(bk) {
+							t.Fatalf("%v two=%v seed %d op %d (%s x%d): bucket %d differs:\n%x\n%x", lot, two, seed, i, key, w, bk, a.Slots(bk), b.Slots(bk))
+						}
+					}
+				}
+			}
+		}
+	}
+}

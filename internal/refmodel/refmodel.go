@@ -171,7 +171,9 @@ func (m *Model) ObserveN(h uint64, tick int64, w uint32) (uint32, bool) {
 	var wins, used uint32
 	for used < w && used < 64 && wins < e {
 		used++
-		if m.wins(h, victim.Word(), e-wins) {
+		cur := *victim
+		cur.Count -= wins << victim.age(now) // the victim as the previous wins left it
+		if m.wins(h, cur.Word(), e-wins) {
 			wins++
 		}
 	}
