@@ -46,6 +46,7 @@ var Sections = []Section{
 	{"6", "Adversarial entropy", runAdversarial},
 	{"7", "The accuracy grid of the literature", runAccuracy},
 	{"8", "The Tick Table re-derived by simulation", runTicks},
+	{"9", "The lottery for weighted Observes", runWeighted},
 }
 
 // table writes rows as a markdown table; the first row is the header.
