@@ -217,3 +217,53 @@ func TestFlatMemoryUnderAddressFlood(t *testing.T) {
 		t.Errorf("the heap grew %d bytes under the flood", after-before)
 	}
 }
+
+// The same through ServeHTTP, the whole request path: distinct client
+// addresses arrive in X-Forwarded-For from a trusted proxy.
+func TestFlatMemoryThroughServeHTTP(t *testing.T) {
+	n := 300_000 / raceScale
+	if s := os.Getenv("SKETCHPROXY_FLOOD_HTTP_N"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	cfg, err := ParseConfig("flood", []byte("client_ip: {trusted_proxies: [10.0.0.0/8]}\nrules:\n  - name: ip\n    tarpit: true\n    limits: [{requests: 100, per: 1m}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(cfg, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), Options{Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	r, _ := http.NewRequest("GET", "http://x/", nil)
+	r.RemoteAddr = "10.0.0.1:1"
+	w := &discardWriter{h: http.Header{}}
+	var ms runtime.MemStats
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	serve := func(i int) {
+		r.Header.Set("X-Forwarded-For", fmt.Sprintf("%d.%d.%d.%d", 1+i>>24&0x7f, i>>16&0xff, i>>8&0xff, i&0xff))
+		clear(w.h)
+		mw.ServeHTTP(w, r)
+	}
+	for i := range 1000 {
+		serve(i)
+	}
+	before := heap()
+	for i := 1000; i < n; i++ {
+		serve(i)
+	}
+	after := heap()
+	t.Logf("%d requests from distinct addresses through ServeHTTP: heap %.2f MiB after 1,000, %.2f MiB after all", n, float64(before)/(1<<20), float64(after)/(1<<20))
+	if after > before+1<<20 {
+		t.Errorf("the heap grew %d bytes", after-before)
+	}
+}
+
+type discardWriter struct{ h http.Header }
+
+func (d *discardWriter) Header() http.Header         { return d.h }
+func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discardWriter) WriteHeader(int)             {}
