@@ -194,12 +194,6 @@ func TestFlatMemoryUnderAddressFlood(t *testing.T) {
 	st := mw.state.Load()
 	ru := st.rules[0]
 	rq := &request{}
-	var ms runtime.MemStats
-	heap := func() uint64 {
-		runtime.GC()
-		runtime.ReadMemStats(&ms)
-		return ms.HeapAlloc
-	}
 	addr := func(i int) string {
 		return fmt.Sprintf("%d.%d.%d.%d", 1+i>>24&0x7f, i>>16&0xff, i>>8&0xff, i&0xff)
 	}
@@ -237,12 +231,6 @@ func TestFlatMemoryThroughServeHTTP(t *testing.T) {
 	r, _ := http.NewRequest("GET", "http://x/", nil)
 	r.RemoteAddr = "10.0.0.1:1"
 	w := &discardWriter{h: http.Header{}}
-	var ms runtime.MemStats
-	heap := func() uint64 {
-		runtime.GC()
-		runtime.ReadMemStats(&ms)
-		return ms.HeapAlloc
-	}
 	serve := func(i int) {
 		r.Header.Set("X-Forwarded-For", fmt.Sprintf("%d.%d.%d.%d", 1+i>>24&0x7f, i>>16&0xff, i>>8&0xff, i&0xff))
 		clear(w.h)
@@ -267,3 +255,11 @@ type discardWriter struct{ h http.Header }
 func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discardWriter) WriteHeader(int)             {}
+
+// heap is the live heap after a collection.
+func heap() uint64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}

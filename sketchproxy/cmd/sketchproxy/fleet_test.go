@@ -166,12 +166,8 @@ rules:
     key: ["header:X-Key"]
     limits: [{name: rate, requests: %d, per: 2s}]
 `, up.URL, rs.addr(), i, limit)), 0o644)
-		rep := &replica{cmd: exec.Command(bin, "-config", cfg), out: new(lockedBuffer)}
-		rep.cmd.Stdout, rep.cmd.Stderr = rep.out, rep.out
-		if err := rep.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer rep.cmd.Process.Kill()
+		rep := &replica{}
+		rep.cmd, rep.out = start(t, bin, "-config", cfg)
 		rep.url = "http://" + waitFor(t, rep.out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
 		rep.admin = "http://" + waitFor(t, rep.out, regexp.MustCompile(`msg="admin listening" addr=(\S+)`))[1]
 		reps = append(reps, rep)

@@ -186,6 +186,19 @@ func awayFromTickEdge(tick time.Duration) {
 	}
 }
 
+// start runs the binary with its output collected; the test's end kills it.
+func start(t *testing.T, bin string, args ...string) (*exec.Cmd, *lockedBuffer) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	out := new(lockedBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, out
+}
+
 func build(t *testing.T) string {
 	bin := filepath.Join(t.TempDir(), "sketchproxy")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
@@ -212,13 +225,7 @@ func codes(t *testing.T, u string, n int) string {
 // curl loop that shows the limit.
 func TestBinaryDemo(t *testing.T) {
 	bin := build(t)
-	cmd := exec.Command(bin, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0")
-	out := new(lockedBuffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	cmd, out := start(t, bin, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0")
 	m := waitFor(t, out, regexp.MustCompile(`curl -s -o /dev/null -w '%\{http_code\} ' (http://127\.0\.0\.1:\d+/)`))
 	awayFromTickEdge(5 * time.Second) // the demo's tick: counts halve at its edges
 	if got := codes(t, m[1], 7); got != "200 200 200 200 200 429 429" {
@@ -243,13 +250,7 @@ func TestBinaryReload(t *testing.T) {
 		os.WriteFile(cfgPath, []byte(fmt.Sprintf("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream: %q\nstate_file: %q\nrules:\n  - name: r\n    limits: [%s]\n", up.URL, statePath, limit)), 0o644)
 	}
 	write("{requests: 3, per: 1m}")
-	cmd := exec.Command(bin, "-config", cfgPath)
-	out := new(lockedBuffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	cmd, out := start(t, bin, "-config", cfgPath)
 	addr := "http://" + waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
 	admin := "http://" + waitFor(t, out, regexp.MustCompile(`msg="admin listening" addr=(\S+)`))[1]
 	awayFromTickEdge(30 * time.Second)
@@ -300,13 +301,7 @@ func TestBinarySlowloris(t *testing.T) {
 	defer up.Close()
 	cfgPath := filepath.Join(t.TempDir(), "proxy.yaml")
 	os.WriteFile(cfgPath, []byte(fmt.Sprintf("listen: 127.0.0.1:0\nadmin: \"off\"\nupstream: %q\nserver: {read_header_timeout: 300ms}\nrules:\n  - limits: [{requests: 100, per: 1s}]\n", up.URL)), 0o644)
-	cmd := exec.Command(bin, "-config", cfgPath)
-	out := new(lockedBuffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	_, out := start(t, bin, "-config", cfgPath)
 	addr := waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1]
 	var conns []net.Conn
 	for range 20 {
