@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/netip"
 	"net/url"
@@ -264,6 +265,7 @@ var (
 	reYAMLLine    = regexp.MustCompile(`^yaml: (?:unmarshal errors:\n\s*)?line (\d+): (.*)$`)
 	reUnknownFild = regexp.MustCompile(`field (\S+) not found in type \S+`)
 	reBadType     = regexp.MustCompile("cannot unmarshal !!(\\w+) `([^`]*)` into (\\S+)")
+	reOwnLine     = regexp.MustCompile(`^line (\d+): (.*)$`) // a Duration's own error
 )
 
 // ParseConfig parses and validates YAML; name is used in messages. Unknown
@@ -276,10 +278,9 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil && !errors.Is(err, errEOF) {
-		if err.Error() == "EOF" {
-			return nil, &ConfigError{File: name, Msg: "the file is empty: see sketchproxy -example"}
-		}
+	if err := dec.Decode(c); errors.Is(err, io.EOF) {
+		return nil, &ConfigError{File: name, Msg: "the file is empty: see sketchproxy -example"}
+	} else if err != nil {
 		return nil, yamlError(name, err)
 	}
 	c.src, c.root = name, &root
@@ -288,8 +289,6 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	}
 	return c, nil
 }
-
-var errEOF = errors.New("EOF")
 
 // yamlError turns yaml.v3's messages into "file:line: what".
 func yamlError(name string, err error) error {
@@ -306,7 +305,7 @@ func yamlError(name string, err error) error {
 		msg = strings.TrimPrefix(msg, "yaml: ")
 	}
 	// A Duration's own error already says "line N:".
-	if m := regexp.MustCompile(`^line (\d+): (.*)$`).FindStringSubmatch(msg); m != nil {
+	if m := reOwnLine.FindStringSubmatch(msg); m != nil {
 		line, _ = strconv.Atoi(m[1])
 		msg = m[2]
 	}

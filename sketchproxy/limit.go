@@ -57,13 +57,15 @@ func retryAfter(est, add, theta uint32, now time.Time, tick time.Duration) time.
 	for k < 24 && uint64(est>>k)+uint64(add) > uint64(theta) && est>>k > 0 {
 		k++
 	}
-	ns := now.UnixNano()
-	cur := ns / int64(tick)
-	return time.Duration((cur+int64(k))*int64(tick) - ns)
+	return untilTick(now, tick, int64(k))
 }
 
 // untilNextTick is the time to the next tick boundary.
-func untilNextTick(now time.Time, tick time.Duration) time.Duration {
+func untilNextTick(now time.Time, tick time.Duration) time.Duration { return untilTick(now, tick, 1) }
+
+// untilTick is the time to the start of the k-th next tick (ticks are
+// anchored on the Unix epoch, like the sketch's).
+func untilTick(now time.Time, tick time.Duration, k int64) time.Duration {
 	ns := now.UnixNano()
-	return time.Duration((ns/int64(tick)+1)*int64(tick) - ns)
+	return time.Duration((ns/int64(tick)+k)*int64(tick) - ns)
 }

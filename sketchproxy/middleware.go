@@ -224,21 +224,21 @@ func (m *Middleware) Reload(cfg *Config) error {
 			tick := tickFor(b.Units, time.Duration(b.Per), b.Units)
 			ru.budget = &budgetState{cfg: b, tick: tick, theta: thresholdFor(b.Units), sk: sketch(tick, cfg.Sketch.Buckets)}
 		}
-		if rc.MaxInFlight > 0 {
-			ru.inflight = newCountMin()
-			if old != nil {
-				for _, o := range old.rules {
-					if o.cfg.Name == rc.Name && o.inflight != nil {
-						ru.inflight = o.inflight // requests in flight stay counted
-					}
-				}
-			}
-		}
+		var prev *rule // the same rule in the running config
 		if old != nil {
 			for _, o := range old.rules {
 				if o.cfg.Name == rc.Name {
-					ru.top = o.top
+					prev = o
 				}
+			}
+		}
+		if prev != nil {
+			ru.top = prev.top
+		}
+		if rc.MaxInFlight > 0 {
+			ru.inflight = newCountMin()
+			if prev != nil && prev.inflight != nil {
+				ru.inflight = prev.inflight // requests in flight stay counted
 			}
 		}
 		if m.ruleMet[rc.Name] == nil {
@@ -440,12 +440,14 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 	v := verdict{ru: ru, key: key}
 	cfg := st.cfg
 	rq.buf = skey(rq.buf, ru.cfg.Name, "", key)
-	if len(ru.limits) > 0 && st.bans.EstimateBytes(rq.buf) > 0 {
-		v.out, v.level = Ban, cfg.Tarpit.BanAbove
-		v.retry = retryAfter(st.bans.EstimateBytes(rq.buf), 1, 1, now, st.banTick)
-		v.lim = ru.limits[0]
-		v.theta = v.lim.theta
-		return v
+	if len(ru.limits) > 0 {
+		if ban := st.bans.EstimateBytes(rq.buf); ban > 0 {
+			v.out, v.level = Ban, cfg.Tarpit.BanAbove
+			v.retry = retryAfter(ban, 1, 1, now, st.banTick)
+			v.lim = ru.limits[0]
+			v.theta = v.lim.theta
+			return v
+		}
 	}
 	newKey := false
 	if !cfg.NewKeys.Disabled && len(ru.limits) > 0 {
@@ -461,9 +463,9 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		if firstSighting {
 			// A first sighting: count it, and during a spike remember the
 			// key as new.
-			if m.spike.first(now) && !cfg.NewKeys.Disabled && m.spike.active(now, &cfg.NewKeys) {
-				b2 := skey(nil, ru.cfg.Name, "", key)
-				st.newKeys.ObserveBytes(b2)
+			m.spike.first(now)
+			if !cfg.NewKeys.Disabled && m.spike.active(now, &cfg.NewKeys) {
+				st.newKeys.ObserveBytes(skey(nil, ru.cfg.Name, "", key))
 				newKey = true
 			}
 		}
@@ -586,11 +588,10 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// Everyone allows: wallets and in-flight caps, then the upstream.
-	var charged []charge
-	var inflight []*rule
+	var charged, inflight []charge
 	undo := func() {
-		for _, ru := range inflight {
-			ru.inflight.add(ru.cfg.Name, keys[indexOf(matched, ru)], -1)
+		for _, c := range inflight {
+			c.ru.inflight.add(c.ru.cfg.Name, c.key, -1)
 		}
 	}
 	for i, ru := range matched {
@@ -621,7 +622,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				m.refuse(w, st, &v, http.StatusTooManyRequests)
 				return
 			}
-			inflight = append(inflight, ru)
+			inflight = append(inflight, charge{ru: ru, key: keys[i]})
 		}
 	}
 	for i, ru := range matched {
@@ -641,15 +642,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.next.ServeHTTP(w, r)
 }
 
-func indexOf(rs []*rule, ru *rule) int {
-	for i, x := range rs {
-		if x == ru {
-			return i
-		}
-	}
-	return -1
-}
-
+// charge is a rule and the key a request was counted under in it.
 type charge struct {
 	ru  *rule
 	key string

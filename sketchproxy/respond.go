@@ -80,9 +80,8 @@ func (m *Middleware) problemFor(st *state, v *verdict, code int) problem {
 	return p
 }
 
-// refuse writes a refusal at once.
-func (m *Middleware) refuse(w http.ResponseWriter, st *state, v *verdict, code int) {
-	h := w.Header()
+// refusal sets a refusal's headers and returns its problem+json body.
+func (m *Middleware) refusal(h http.Header, st *state, v *verdict, code int) []byte {
 	m.setHeaders(h, st, v)
 	h.Set("Retry-After", strconv.FormatInt(seconds(v.retry), 10))
 	h.Set("Content-Type", "application/problem+json")
@@ -93,6 +92,12 @@ func (m *Middleware) refuse(w http.ResponseWriter, st *state, v *verdict, code i
 	body, _ := json.Marshal(m.problemFor(st, v, code))
 	body = append(body, '\n')
 	h.Set("Content-Length", strconv.Itoa(len(body)))
+	return body
+}
+
+// refuse writes a refusal at once.
+func (m *Middleware) refuse(w http.ResponseWriter, st *state, v *verdict, code int) {
+	body := m.refusal(w.Header(), st, v, code)
 	w.WriteHeader(code)
 	w.Write(body)
 }
@@ -109,14 +114,7 @@ func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, v *
 	}
 	defer m.release(v.ru.cfg.Name, v.key)
 	t := &st.cfg.Tarpit
-	h := w.Header()
-	m.setHeaders(h, st, v)
-	h.Set("Retry-After", strconv.FormatInt(seconds(v.retry), 10))
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	body, _ := json.Marshal(m.problemFor(st, v, http.StatusTooManyRequests))
-	body = append(body, '\n')
-	h.Set("Content-Length", strconv.Itoa(len(body)))
+	body := m.refusal(w.Header(), st, v, http.StatusTooManyRequests)
 	w.WriteHeader(http.StatusTooManyRequests)
 	rc := http.NewResponseController(w)
 	deadline := time.Duration(t.MaxDelay)
@@ -209,12 +207,11 @@ type spikeMeter struct {
 
 const spikeAlpha = 1.0 / 30
 
-// first records a first sighting; it always returns true (for chaining).
-func (s *spikeMeter) first(now time.Time) bool {
+// first records a first sighting.
+func (s *spikeMeter) first(now time.Time) {
 	s.roll(now)
 	s.cur.Add(1)
 	s.total.Add(1)
-	return true
 }
 
 func (s *spikeMeter) roll(now time.Time) {

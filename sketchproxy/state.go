@@ -93,7 +93,7 @@ func (m *Middleware) loadState() {
 		return
 	}
 	defer f.Close()
-	restored, skipped, live, expired, saved, err := m.readState(bufio.NewReaderSize(f, 1<<16), st)
+	sum, err := readState(bufio.NewReaderSize(f, 1<<16), st)
 	if err != nil {
 		for _, s := range st.sketches {
 			s.Reset()
@@ -103,55 +103,61 @@ func (m *Middleware) loadState() {
 		return
 	}
 	m.met.stateLoads[0].Add(1)
-	m.log.Info("state restored", "file", path, "saved", saved.UTC().Format(time.RFC3339),
-		"age", m.now().Sub(saved).Round(time.Second).String(), "sketches", restored, "skipped", skipped,
-		"live_slots", live, "expired_slots", expired)
+	m.log.Info("state restored", "file", path, "saved", sum.saved.UTC().Format(time.RFC3339),
+		"age", m.now().Sub(sum.saved).Round(time.Second).String(), "sketches", sum.restored, "skipped", sum.skipped,
+		"live_slots", sum.live, "expired_slots", sum.expired)
 }
 
-func (m *Middleware) readState(r *bufio.Reader, st *state) (restored, skipped, live, expired int, saved time.Time, err error) {
+// stateSummary is what a state file restored.
+type stateSummary struct {
+	restored, skipped, live, expired int
+	saved                            time.Time
+}
+
+func readState(r *bufio.Reader, st *state) (sum stateSummary, err error) {
 	var h [14]byte
 	if _, err = io.ReadFull(r, h[:]); err != nil {
-		return 0, 0, 0, 0, saved, fmt.Errorf("truncated header")
+		return stateSummary{}, fmt.Errorf("truncated header")
 	}
 	if string(h[:8]) != stateMagic {
-		return 0, 0, 0, 0, saved, fmt.Errorf("not a SketchProxy state file")
+		return stateSummary{}, fmt.Errorf("not a SketchProxy state file")
 	}
 	if v := binary.LittleEndian.Uint16(h[8:]); v != stateVersion {
-		return 0, 0, 0, 0, saved, fmt.Errorf("state version %d, this build reads %d", v, stateVersion)
+		return stateSummary{}, fmt.Errorf("state version %d, this build reads %d", v, stateVersion)
 	}
 	n := binary.LittleEndian.Uint32(h[10:])
 	if n > 1024 {
-		return 0, 0, 0, 0, saved, fmt.Errorf("%d sketches: damaged", n)
+		return stateSummary{}, fmt.Errorf("%d sketches: damaged", n)
 	}
 	for range n {
 		var e [17]byte
 		if _, err = io.ReadFull(r, e[:]); err != nil {
-			return 0, 0, 0, 0, saved, fmt.Errorf("truncated")
+			return stateSummary{}, fmt.Errorf("truncated")
 		}
 		k := sketchKey{tick: time.Duration(binary.LittleEndian.Uint64(e[0:])), buckets: int(binary.LittleEndian.Uint64(e[8:])), two: e[16] == 1}
 		if k.buckets < 1 || k.buckets > 1<<26 {
-			return 0, 0, 0, 0, saved, fmt.Errorf("a sketch of %d buckets: damaged", k.buckets)
+			return stateSummary{}, fmt.Errorf("a sketch of %d buckets: damaged", k.buckets)
 		}
 		sk, ok := st.sketches[k]
 		if !ok {
 			if _, err = io.CopyN(io.Discard, r, epochsketch.SnapshotSize(k.buckets)); err != nil {
-				return 0, 0, 0, 0, saved, fmt.Errorf("truncated")
+				return stateSummary{}, fmt.Errorf("truncated")
 			}
-			skipped++
+			sum.skipped++
 			continue
 		}
 		info, lerr := sk.Restore(r)
 		if lerr != nil {
-			return 0, 0, 0, 0, saved, fmt.Errorf("sketch (tick %v, %d buckets): %w", k.tick, k.buckets, lerr)
+			return stateSummary{}, fmt.Errorf("sketch (tick %v, %d buckets): %w", k.tick, k.buckets, lerr)
 		}
-		restored++
-		live += info.Live
-		expired += info.Expired
-		saved = info.Saved
+		sum.restored++
+		sum.live += info.Live
+		sum.expired += info.Expired
+		sum.saved = info.Saved
 	}
 	var end [8]byte
 	if _, err = io.ReadFull(r, end[:]); err != nil || string(end[:]) != stateEnd {
-		return 0, 0, 0, 0, saved, fmt.Errorf("truncated: the end marker is missing")
+		return stateSummary{}, fmt.Errorf("truncated: the end marker is missing")
 	}
-	return restored, skipped, live, expired, saved, nil
+	return sum, nil
 }
