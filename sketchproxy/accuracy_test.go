@@ -22,6 +22,7 @@ import (
 type exactLimiter struct {
 	tick  time.Duration
 	theta uint64
+	free  bool // refused requests do not count
 	m     map[string]exactCount
 }
 
@@ -37,17 +38,21 @@ func (e *exactLimiter) observe(key string, now time.Time) (bool, uint64) {
 	if age := tk - x.t; age < 64 {
 		c = x.c >> age
 	}
-	c++
+	ok := c+1 <= e.theta
+	if ok || !e.free {
+		c++
+	}
 	e.m[key] = exactCount{c, tk}
-	return c <= e.theta, c
+	return ok, c
 }
 
 // slidingLog is the textbook exact limiter: at most L requests (counted
 // whether allowed or not) in any window of length per.
 type slidingLog struct {
-	per time.Duration
-	l   int
-	m   map[string][]time.Time
+	per  time.Duration
+	l    int
+	free bool // refused requests do not count
+	m    map[string][]time.Time
 }
 
 func (s *slidingLog) observe(key string, now time.Time) (bool, int) {
@@ -55,9 +60,12 @@ func (s *slidingLog) observe(key string, now time.Time) (bool, int) {
 	for len(q) > 0 && now.Sub(q[0]) >= s.per {
 		q = q[1:]
 	}
-	q = append(q, now)
+	ok := len(q)+1 <= s.l
+	if ok || !s.free {
+		q = append(q, now)
+	}
 	s.m[key] = q
-	return len(q) <= s.l, len(q)
+	return ok, len(q)
 }
 
 type accuracy struct {
@@ -78,9 +86,9 @@ type accuracy struct {
 // far under to 3x the limit, 20 heavy hitters at 5x, and a flood of mice
 // that each send once (an address-rotation attack) at floodShare of the
 // requests.
-func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint64) accuracy {
+func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint64, refused string) accuracy {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
-	cfg, err := ParseConfig("acc", []byte(fmt.Sprintf("sketch: {buckets: %d}\nnew_keys: {disabled: true}\nrules:\n  - name: a\n    key: [\"header:X-Key\"]\n    limits: [{name: m, requests: 100, per: 1m}]\n", buckets)))
+	cfg, err := ParseConfig("acc", []byte(fmt.Sprintf("sketch: {buckets: %d}\nnew_keys: {disabled: true}\nrules:\n  - name: a\n    key: [\"header:X-Key\"]\n    refused: %s\n    limits: [{name: m, requests: 100, per: 1m}]\n", buckets, refused)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,8 +100,9 @@ func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint
 	st := mw.state.Load()
 	ru := st.rules[0]
 	lim := ru.limits[0]
-	ex := &exactLimiter{tick: lim.tick, theta: uint64(lim.theta), m: map[string]exactCount{}}
-	sl := &slidingLog{per: time.Minute, l: 100, m: map[string][]time.Time{}}
+	free := refused == "free"
+	ex := &exactLimiter{tick: lim.tick, theta: uint64(lim.theta), free: free, m: map[string]exactCount{}}
+	sl := &slidingLog{per: time.Minute, l: 100, free: free, m: map[string][]time.Time{}}
 	r := rand.New(rand.NewPCG(seed, 1))
 	zipf := rand.NewZipf(r, 1.2, 1, 49_999)
 	rq := &request{}
@@ -113,7 +122,7 @@ func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint
 			key = "user" + strconv.FormatUint(zipf.Uint64(), 10)
 		}
 		now := clk.Now()
-		v := mw.evaluate(st, ru, rq, key, now)
+		v := mw.decide(st, ru, rq, key, now)
 		allowed := v.out == Allow
 		e, exact := ex.observe(key, now)
 		s, window := sl.observe(key, now)
@@ -161,13 +170,17 @@ func TestAccuracyAgainstExactLimiter(t *testing.T) {
 		n, _ = strconv.Atoi(s)
 	}
 	for _, c := range []struct {
+		refused string
 		buckets int
 		flood   float64
-	}{{1 << 16, 0}, {1 << 16, 0.5}, {1 << 10, 0.5}, {1 << 6, 0}, {1 << 6, 0.5}} {
-		a := replayTrace(t, n, c.buckets, c.flood, 1)
+	}{
+		{"free", 1 << 16, 0}, {"free", 1 << 16, 0.5}, {"free", 1 << 10, 0.5}, {"free", 1 << 6, 0}, {"free", 1 << 6, 0.5},
+		{"count", 1 << 16, 0}, {"count", 1 << 16, 0.5}, {"count", 1 << 10, 0.5}, {"count", 1 << 6, 0}, {"count", 1 << 6, 0.5},
+	} {
+		a := replayTrace(t, n, c.buckets, c.flood, 1, c.refused)
 		wrong := pct(a.wrongAllowed+a.wrongLimited, a.requests)
-		t.Logf("buckets %d (%d KiB), flood %.0f%%: %d requests, %d keys: vs exact same-math limiter %.4f%% wrong (%.4f%% wrongly allowed, %.4f%% wrongly limited); vs exact sliding window %.3f%% wrongly allowed, %.3f%% wrongly limited; mean rate difference %.3f%% from the exact count, %.2f%% from the last minute's count",
-			c.buckets, c.buckets*64/1024, 100*c.flood, a.requests, a.keys, wrong, pct(a.wrongAllowed, a.requests), pct(a.wrongLimited, a.requests),
+		t.Logf("refused: %s, buckets %d (%d KiB), flood %.0f%%: %d requests, %d keys: vs exact same-math limiter %.4f%% wrong (%.4f%% wrongly allowed, %.4f%% wrongly limited); vs exact sliding window %.3f%% wrongly allowed, %.3f%% wrongly limited; mean rate difference %.3f%% from the exact count, %.2f%% from the last minute's count",
+			c.refused, c.buckets, c.buckets*64/1024, 100*c.flood, a.requests, a.keys, wrong, pct(a.wrongAllowed, a.requests), pct(a.wrongLimited, a.requests),
 			pct(a.slideAllowed, a.requests), pct(a.slideLimited, a.requests), 100*a.errSame/float64(max(1, a.nErr)), 100*a.errWindow/float64(max(1, a.nErr)))
 		if c.buckets >= 1<<16 && wrong > 0.1 {
 			t.Errorf("%.4f%% wrong decisions at 4 MiB", wrong)
@@ -199,11 +212,11 @@ func TestFlatMemoryUnderAddressFlood(t *testing.T) {
 	}
 	now := time.Now()
 	for i := range 1000 {
-		mw.evaluate(st, ru, rq, addr(i), now)
+		mw.decide(st, ru, rq, addr(i), now)
 	}
 	before := heap()
 	for i := 1000; i < n; i++ {
-		mw.evaluate(st, ru, rq, addr(i), now)
+		mw.decide(st, ru, rq, addr(i), now)
 	}
 	after := heap()
 	t.Logf("%d distinct addresses: heap %.2f MiB after 1,000, %.2f MiB after all", n, float64(before)/(1<<20), float64(after)/(1<<20))
@@ -262,4 +275,16 @@ func heap() uint64 {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
+}
+
+// decide is ServeHTTP's decision for one rule with no other: evaluate, then
+// count the request if it is admitted or the rule counts refusals.
+func (m *Middleware) decide(st *state, ru *rule, rq *request, key string, now time.Time) verdict {
+	v := m.evaluate(st, ru, rq, key, now)
+	if !v.banned && (v.out == Allow || v.out == Delay || ru.cfg.Refused == "count") {
+		m.commit(st, &v, rq)
+	} else if v.lim != nil {
+		v.est-- // not counted
+	}
+	return v
 }

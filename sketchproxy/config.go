@@ -59,15 +59,39 @@ type ServerConfig struct {
 	IdleTimeout Duration `yaml:"idle_timeout"`
 	// MaxHeaderBytes caps a request's headers (default 65536).
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// BodyTimeout is how long a client may take to send a request body,
+	// counted from the end of its headers (default 30s). A body still
+	// arriving then is cut off with 408. Requests without a body, and the
+	// streams of an upgraded connection, are not affected.
+	BodyTimeout Duration `yaml:"body_timeout"`
+	// BufferBody is how much of a request body is read before the upstream
+	// is contacted (default 65536; 0 streams bodies at once). A body that
+	// fits is sent upstream whole, so a client that sends it slowly holds a
+	// proxy goroutine but never an upstream connection; a larger one is
+	// streamed once the buffer is full.
+	BufferBody *int `yaml:"buffer_body"`
+	// MaxInFlightPerClient caps one client address's requests in progress,
+	// over all rules, including those whose body is still arriving
+	// (default 64; 0: no cap). Past it: 429 with Retry-After.
+	MaxInFlightPerClient *int `yaml:"max_in_flight_per_client"`
 }
 
 // ClientIPConfig says how the client's address is found.
 type ClientIPConfig struct {
 	// TrustedProxies are the CIDRs of proxies in front of SketchProxy (load
-	// balancers, CDNs). Only when the connection comes from one of them are
-	// X-Forwarded-For and Forwarded read, from the right, skipping trusted
-	// hops: the first untrusted address is the client.
+	// balancers, CDNs). Only when the connection comes from one of them is
+	// Source read, from the right, skipping trusted hops: the first
+	// untrusted address is the client.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// Source is the one header the client address is read from:
+	// "x-forwarded-for" (the default), "forwarded" (RFC 7239),
+	// "x-real-ip", or "header:NAME" for a header the load balancer sets,
+	// such as header:CF-Connecting-IP. Every other forwarding header is
+	// ignored: read the one your load balancer overwrites or appends to.
+	Source string `yaml:"source"`
+	// SetHeader names a header (e.g. X-Real-IP) that cmd/sketchproxy sets
+	// on proxied requests to the client address it identified.
+	SetHeader string `yaml:"set_header"`
 	// IPv6Prefix groups IPv6 clients by this prefix length (default 64: one
 	// subscriber's whole /64 is one client). IPv4Prefix likewise (default 32).
 	IPv6Prefix int `yaml:"ipv6_prefix"`
@@ -109,16 +133,21 @@ type TarpitConfig struct {
 	MaxHeldPerKey int `yaml:"max_held_per_key"`
 }
 
-// NewKeysConfig is the key-rotation defense: while first sightings per
-// second spike above SpikeFactor times their recent average (and above
-// MinPerSecond), keys first seen during the spike get BudgetFactor of every
-// limit until Window passes.
+// NewKeysConfig is the key-rotation defense. A key is new when no request
+// of it was seen within about Remember. While new keys per second spike
+// above SpikeFactor times their recent average (and above MinPerSecond),
+// keys first seen during the spike get BudgetFactor of every limit and
+// budget until Window passes. A key seen before the spike is never
+// affected. For Warmup after a start without a state file no spike is
+// declared: every key is new then, and the average is learning.
 type NewKeysConfig struct {
 	Disabled     bool     `yaml:"disabled"`
 	SpikeFactor  float64  `yaml:"spike_factor"`   // default 4
 	MinPerSecond float64  `yaml:"min_per_second"` // default 50
 	BudgetFactor float64  `yaml:"budget_factor"`  // default 0.25
 	Window       Duration `yaml:"window"`         // default 1m
+	Remember     Duration `yaml:"remember"`       // default 1h
+	Warmup       Duration `yaml:"warmup"`         // default 1m
 }
 
 // HeadersConfig picks the rate-limit headers sent.
@@ -148,6 +177,14 @@ type Rule struct {
 	Tarpit bool `yaml:"tarpit"`
 	// Budget is a wallet: a cost per request, reconciled from the upstream.
 	Budget *Budget `yaml:"budget"`
+	// Refused says whether requests this rule's limits refuse count
+	// against them: "free" (the default without tarpit) counts only the
+	// requests the proxy lets through, so a client over the limit still
+	// gets the limit, as with nginx limit_req or a token bucket; "count"
+	// (the default, and the only choice, with tarpit) counts every attempt,
+	// so a client that keeps hammering stays refused until it slows down:
+	// the punitive mode for abuse, and what the tarpit's ladder grades.
+	Refused string `yaml:"refused"`
 	// MaxInFlight caps one key's requests in progress (streams), 0 = none.
 	MaxInFlight int `yaml:"max_in_flight"`
 
@@ -156,9 +193,13 @@ type Rule struct {
 
 // Match selects requests; empty fields match everything.
 type Match struct {
-	Host       string   `yaml:"host"`        // exact, case-insensitive, port ignored
-	PathPrefix string   `yaml:"path_prefix"` // e.g. /v1/
-	Methods    []string `yaml:"methods"`     // e.g. [GET, POST]
+	Host string `yaml:"host"` // exact, case-insensitive, port and a trailing dot ignored
+	// PathPrefix matches the cleaned path (see the README's Paths). One
+	// that ends in "/" matches by segments: "/v1/" matches /v1, /v1/ and
+	// /v1/x, not /v1x. Letters match in any case unless CaseSensitive.
+	PathPrefix    string   `yaml:"path_prefix"`
+	CaseSensitive bool     `yaml:"case_sensitive"`
+	Methods       []string `yaml:"methods"` // e.g. [GET, POST]
 }
 
 // AllowList lists clients a rule skips.
@@ -412,6 +453,24 @@ func (c *Config) Validate() error {
 	if sv.MaxHeaderBytes < 4096 || sv.MaxHeaderBytes > 16<<20 {
 		return c.errAt(fmt.Sprintf("%d: want 4096 to 16 MiB", sv.MaxHeaderBytes), "server", "max_header_bytes")
 	}
+	if sv.BodyTimeout == 0 {
+		sv.BodyTimeout = Duration(30 * time.Second)
+	}
+	if sv.BodyTimeout < Duration(10*time.Millisecond) || sv.BodyTimeout > Duration(time.Hour) {
+		return c.errAt("want 10ms to 1h", "server", "body_timeout")
+	}
+	if sv.BufferBody == nil {
+		sv.BufferBody = ptr(64 << 10)
+	}
+	if *sv.BufferBody < 0 || *sv.BufferBody > 64<<20 {
+		return c.errAt(fmt.Sprintf("%d: want 0 (stream at once) to 64 MiB", *sv.BufferBody), "server", "buffer_body")
+	}
+	if sv.MaxInFlightPerClient == nil {
+		sv.MaxInFlightPerClient = ptr(64)
+	}
+	if *sv.MaxInFlightPerClient < 0 || *sv.MaxInFlightPerClient > 1<<20 {
+		return c.errAt(fmt.Sprintf("%d: want 0 (no cap) to 2^20", *sv.MaxInFlightPerClient), "server", "max_in_flight_per_client")
+	}
 	ci := &c.ClientIP
 	ci.trusted = ci.trusted[:0]
 	for i, s := range ci.TrustedProxies {
@@ -420,6 +479,18 @@ func (c *Config) Validate() error {
 			return c.errAt(err.Error(), "client_ip", "trusted_proxies", i)
 		}
 		ci.trusted = append(ci.trusted, p)
+	}
+	ci.Source = strings.ToLower(strings.TrimSpace(ci.Source))
+	switch name, isHeader := strings.CutPrefix(ci.Source, "header:"); {
+	case ci.Source == "":
+		ci.Source = sourceXFF
+	case ci.Source == sourceXFF || ci.Source == sourceForwarded || ci.Source == sourceRealIP:
+	case isHeader && validHeaderName(name):
+	default:
+		return c.errAt(fmt.Sprintf("%q: want x-forwarded-for, forwarded, x-real-ip or header:NAME", ci.Source), "client_ip", "source")
+	}
+	if ci.SetHeader != "" && !validHeaderName(ci.SetHeader) {
+		return c.errAt(fmt.Sprintf("%q: not a header name", ci.SetHeader), "client_ip", "set_header")
 	}
 	if ci.IPv6Prefix == 0 {
 		ci.IPv6Prefix = 64
@@ -493,6 +564,18 @@ func (c *Config) Validate() error {
 	if nk.Window < Duration(time.Second) {
 		return c.errAt("want 1s or more", "new_keys", "window")
 	}
+	if nk.Remember == 0 {
+		nk.Remember = Duration(time.Hour)
+	}
+	if nk.Remember < nk.Window || nk.Remember > Duration(30*24*time.Hour) {
+		return c.errAt("want window (default 1m) to 30d", "new_keys", "remember")
+	}
+	if nk.Warmup == 0 {
+		nk.Warmup = Duration(time.Minute)
+	}
+	if nk.Warmup < 0 || nk.Warmup > Duration(24*time.Hour) {
+		return c.errAt("want 0 to 24h", "new_keys", "warmup")
+	}
 	if err := c.validateFleet(); err != nil {
 		return err
 	}
@@ -524,7 +607,10 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 	names[r.Name] = i
 	if p := r.Match.PathPrefix; p != "" && !strings.HasPrefix(p, "/") {
 		return at(fmt.Sprintf("%q: a path prefix starts with /", p), "match", "path_prefix")
+	} else if p != "" && cleanPath(p) != p {
+		return at(fmt.Sprintf("%q: requests are matched on cleaned paths, so this prefix would never match: write %q", p, cleanPath(p)), "match", "path_prefix")
 	}
+	r.Match.Host = strings.TrimSuffix(r.Match.Host, ".")
 	for j, m := range r.Match.Methods {
 		if m == "" || strings.ToUpper(m) != m || strings.ContainsAny(m, " \t/") {
 			return at(fmt.Sprintf("%q: write methods in capitals, e.g. GET", m), "match", "methods", j)
@@ -597,6 +683,20 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 			return at(fmt.Sprintf("cost %d is more than the whole budget %g", b.Cost, b.Units), "budget", "cost")
 		}
 	}
+	switch r.Refused {
+	case "":
+		r.Refused = "free"
+		if r.Tarpit {
+			r.Refused = "count"
+		}
+	case "free":
+		if r.Tarpit {
+			return at(`"free" with tarpit: the ladder grades every attempt, so tarpit rules count refused requests`, "refused")
+		}
+	case "count":
+	default:
+		return at(fmt.Sprintf("%q: want free (refused requests do not count) or count", r.Refused), "refused")
+	}
 	if r.MaxInFlight < 0 || r.MaxInFlight > 1<<16 {
 		return at(fmt.Sprintf("%d: want 0 (none) to 65536", r.MaxInFlight), "max_in_flight")
 	}
@@ -616,7 +716,14 @@ func checkRate(n float64, per time.Duration) error {
 	return nil
 }
 
-var reName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+var (
+	reName   = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	reHeader = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+)
+
+func validHeaderName(s string) bool { return reHeader.MatchString(s) }
+
+func ptr[T any](v T) *T { return &v }
 
 func validName(s string) bool { return reName.MatchString(s) }
 

@@ -69,3 +69,21 @@ func untilTick(now time.Time, tick time.Duration, k int64) time.Duration {
 	ns := now.UnixNano()
 	return time.Duration((ns/int64(tick)+k)*int64(tick) - ns)
 }
+
+// wholePolicy writes "requests per per" as whole requests q per whole
+// seconds w, as the RateLimit-Policy header needs (draft-ietf-httpapi-
+// ratelimit-headers-10, sections 3.1.1 and 3.1.3: both Integers): 2.5 per
+// minute is q=5;w=120 and 10 per 500ms is q=20;w=1. It scales both by the
+// smallest m up to 1000 that makes them whole; a rate no such m fits is
+// rounded down (a client keeping to it stays under the limit).
+func wholePolicy(requests float64, per time.Duration) (q, w int64) {
+	whole := func(x float64) bool { return math.Abs(x-math.Round(x)) < 1e-9*max(1, x) }
+	secs := per.Seconds()
+	for m := 1.0; m <= 1000; m++ {
+		if whole(m*secs) && whole(m*requests) && m*secs >= 1 {
+			return int64(math.Round(m * requests)), int64(math.Round(m * secs))
+		}
+	}
+	w = int64(math.Ceil(secs))
+	return int64(math.Floor(requests * float64(w) / secs)), w
+}

@@ -1,21 +1,24 @@
 package sketchproxy
 
 import (
-	"bufio"
-	"fmt"
 	"net/http"
 	"sort"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/epochsketch/epochsketch"
 )
 
-// ruleMetrics counts one rule's decisions by outcome, real and shadow. It
-// survives reloads (by rule name).
+// ruleMetrics counts one rule's decisions by outcome, real and shadow, and
+// holds its latency histogram. It survives reloads (by rule name).
 type ruleMetrics struct {
-	n [numOutcomes][2]atomic.Uint64
+	n       [numOutcomes][2]atomic.Uint64
+	latency prometheus.Observer
 }
 
 func (r *ruleMetrics) count(o Outcome, shadow bool) {
@@ -34,32 +37,129 @@ type globalMetrics struct {
 	reconcileErrors atomic.Uint64
 	stateSaves      [2]atomic.Uint64 // ok, failed
 	stateLoads      [2]atomic.Uint64 // ok, rejected
+	badRequests     atomic.Uint64
+	clientCap       atomic.Uint64
+	bodyTimeouts    atomic.Uint64
 }
 
-// MetricsHandler serves the Prometheus text format: decisions by rule and
-// outcome, the tarpit, first sightings, each sketch's Stats, and each rule's
-// top offenders (from the library's TopK, with their current estimates).
+// initMetrics builds the Prometheus registry: the Go runtime's and the
+// process's collectors, a request latency histogram per rule, and a
+// collector that reads the proxy's counters and sketches at scrape time.
+func (m *Middleware) initMetrics() {
+	m.reg = prometheus.NewRegistry()
+	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sketchproxy_request_duration_seconds",
+		Help:    "Time from a request's arrival to its answer (upstream included), by each rule it matched.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
+	}, []string{"rule"})
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.latency,
+		(*collector)(m),
+	)
+}
+
+// MetricsHandler serves the Prometheus exposition formats (text, and
+// OpenMetrics or protobuf on request) through client_golang's promhttp:
+// decisions by rule and outcome, latency per rule, the tarpit, new keys,
+// each sketch's Stats, each rule's top offenders (the library's TopK, with
+// their current estimates, shown by keyed hash), the fleet, and the Go
+// runtime and process.
 func (m *Middleware) MetricsHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		bw := bufio.NewWriter(w)
-		m.writeMetrics(bw)
-		bw.Flush()
-	})
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
-func (m *Middleware) writeMetrics(w *bufio.Writer) {
+type desc struct {
+	*prometheus.Desc
+	typ prometheus.ValueType
+}
+
+func newDesc(name string, typ prometheus.ValueType, help string, labels ...string) desc {
+	return desc{prometheus.NewDesc("sketchproxy_"+name, help, labels, nil), typ}
+}
+
+var (
+	dRequests        = newDesc("requests_total", prometheus.CounterValue, "Requests seen.")
+	dInFlight        = newDesc("requests_in_flight", prometheus.GaugeValue, "Requests being proxied now.")
+	dDecisions       = newDesc("decisions_total", prometheus.CounterValue, "Decisions by rule and outcome; shadow=\"true\" were let through.", "rule", "outcome", "shadow")
+	dBadRequests     = newDesc("bad_requests_total", prometheus.CounterValue, "Requests refused with 400 for an ambiguous path or key.")
+	dClientCap       = newDesc("client_in_flight_refused_total", prometheus.CounterValue, "Requests refused because their client address had server.max_in_flight_per_client in progress.")
+	dBodyTimeouts    = newDesc("body_timeouts_total", prometheus.CounterValue, "Request bodies cut off at server.body_timeout.")
+	dHeld            = newDesc("tarpit_held", prometheus.GaugeValue, "Requests held by the tarpit now (delayed or dripping).")
+	dCapacity        = newDesc("tarpit_capacity", prometheus.GaugeValue, "The tarpit's global cap.")
+	dNewKeys         = newDesc("new_keys_total", prometheus.CounterValue, "Keys seen for the first time within new_keys.remember.")
+	dNewKeysRate     = newDesc("new_keys_per_second", prometheus.GaugeValue, "New keys in the last whole second (or this one, if more).")
+	dSpike           = newDesc("new_key_spike", prometheus.GaugeValue, "1 while new keys spike: keys first seen now get the stricter budget.")
+	dReloads         = newDesc("config_reloads_total", prometheus.CounterValue, "Configuration loads by result.", "result")
+	dReconciled      = newDesc("budget_reconciled_units_total", prometheus.CounterValue, "Units charged from the upstream's reconcile header beyond the up-front cost.")
+	dReconcileErrors = newDesc("budget_reconcile_errors_total", prometheus.CounterValue, "Reconcile headers that were not a whole number.")
+	dSketchBytes     = newDesc("sketch_bytes", prometheus.GaugeValue, "Memory of each sketch's table.", "tick", "buckets")
+	dTop             = newDesc("top_offender_level", prometheus.GaugeValue, "Each rule's heaviest keys now (by keyed hash): estimate / threshold of the rule's first limit.", "rule", "key")
+	dStateSaves      = newDesc("state_saves_total", prometheus.CounterValue, "State file saves by result.", "result")
+	dStateLoads      = newDesc("state_loads_total", prometheus.CounterValue, "State file loads at start by result.", "result")
+	dGeneration      = newDesc("config_generation", prometheus.GaugeValue, "Reloads applied since start.")
+
+	sketchStats = []struct {
+		d   desc
+		get func(epochsketch.Stats) uint64
+	}{
+		{newDesc("sketch_evictions_total", prometheus.CounterValue, "Slots won from a live occupant.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.Evictions }},
+		{newDesc("sketch_chips_total", prometheus.CounterValue, "Counts taken from weakest occupants by the lottery.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.Chips }},
+		{newDesc("sketch_challenges_lost_total", prometheus.CounterValue, "Keys not tracked because their bucket was full of stronger keys.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.ChallengesLost }},
+		{newDesc("sketch_scrubbed_zombies_total", prometheus.CounterValue, "Slots silent for 24 ticks cleared.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.ScrubbedZombies }},
+		{newDesc("sketch_cas_retries_exhausted_total", prometheus.CounterValue, "Increments dropped after 4 lost compare-and-swaps.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.CASRetriesExhausted }},
+	}
+
+	dFleetUp       = newDesc("fleet_up", prometheus.GaugeValue, "1 while Redis answers and limits are fleet-wide; 0: local at 1/N.")
+	dFleetReplicas = newDesc("fleet_replicas", prometheus.GaugeValue, "N, the replicas sharing the limits.")
+	dFleetHot      = newDesc("fleet_hot_keys", prometheus.GaugeValue, "Keys in the hot set, synced through Redis.")
+	dFleetRTT      = newDesc("fleet_redis_rtt_seconds", prometheus.GaugeValue, "The last successful round's time.")
+	dFleetLag      = newDesc("fleet_sync_lag_seconds", prometheus.GaugeValue, "Time since the last successful round.")
+	fleetCounters  = []struct {
+		d   desc
+		get func(*fleet) uint64
+	}{
+		{newDesc("fleet_sync_rounds_total", prometheus.CounterValue, "Sync rounds tried."), func(f *fleet) uint64 { return f.rounds.Load() }},
+		{newDesc("fleet_sync_errors_total", prometheus.CounterValue, "Sync rounds that failed (Redis slow or gone)."), func(f *fleet) uint64 { return f.roundErrors.Load() }},
+		{newDesc("fleet_key_syncs_total", prometheus.CounterValue, "Hot keys sent in successful rounds."), func(f *fleet) uint64 { return f.keySyncs.Load() }},
+		{newDesc("fleet_redis_commands_total", prometheus.CounterValue, "Redis commands sent, all rounds."), func(f *fleet) uint64 { return f.commands.Load() }},
+		{newDesc("fleet_promotions_total", prometheus.CounterValue, "Keys promoted to the hot set."), func(f *fleet) uint64 { return f.promotions.Load() }},
+		{newDesc("fleet_demotions_total", prometheus.CounterValue, "Keys demoted from the hot set."), func(f *fleet) uint64 { return f.demotions.Load() }},
+		{newDesc("fleet_hot_set_full_total", prometheus.CounterValue, "Promotions refused because the hot set was full."), func(f *fleet) uint64 { return f.hotFull.Load() }},
+	}
+)
+
+// collector reads the Middleware's counters and sketches at scrape time.
+type collector Middleware
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dClientCap, dBodyTimeouts, dHeld, dCapacity,
+		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
+		dStateLoads, dGeneration, dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag} {
+		ch <- d.Desc
+	}
+	for _, s := range sketchStats {
+		ch <- s.d.Desc
+	}
+	for _, f := range fleetCounters {
+		ch <- f.d.Desc
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	m := (*Middleware)(c)
 	st := m.state.Load()
 	now := m.now()
-	metric := func(name, typ, help string) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+	emit := func(d desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d.Desc, d.typ, v, labels...)
 	}
-	metric("sketchproxy_requests_total", "counter", "Requests seen.")
-	fmt.Fprintf(w, "sketchproxy_requests_total %d\n", m.met.requests.Load())
-	metric("sketchproxy_requests_in_flight", "gauge", "Requests being proxied now.")
-	fmt.Fprintf(w, "sketchproxy_requests_in_flight %d\n", m.met.inFlight.Load())
+	emit(dRequests, float64(m.met.requests.Load()))
+	emit(dInFlight, float64(m.met.inFlight.Load()))
+	emit(dBadRequests, float64(m.met.badRequests.Load()))
+	emit(dClientCap, float64(m.met.clientCap.Load()))
+	emit(dBodyTimeouts, float64(m.met.bodyTimeouts.Load()))
 
-	metric("sketchproxy_decisions_total", "counter", "Decisions by rule and outcome; shadow=\"true\" were let through.")
 	m.mu.Lock()
 	names := make([]string, 0, len(m.ruleMet))
 	for n := range m.ruleMet {
@@ -71,131 +171,80 @@ func (m *Middleware) writeMetrics(w *bufio.Writer) {
 		for o := Outcome(0); o < numOutcomes; o++ {
 			for s, shadow := range []string{"false", "true"} {
 				if v := rm.n[o][s].Load(); v > 0 || (s == 0 && (o == Allow || o == Reject)) {
-					fmt.Fprintf(w, "sketchproxy_decisions_total{rule=%q,outcome=%q,shadow=%q} %d\n", n, o.String(), shadow, v)
+					emit(dDecisions, float64(v), n, o.String(), shadow)
 				}
 			}
 		}
 	}
 	m.mu.Unlock()
 
-	metric("sketchproxy_tarpit_held", "gauge", "Requests held by the tarpit now (delayed or dripping).")
-	fmt.Fprintf(w, "sketchproxy_tarpit_held %d\n", m.held.Load())
-	metric("sketchproxy_tarpit_capacity", "gauge", "The tarpit's global cap.")
-	fmt.Fprintf(w, "sketchproxy_tarpit_capacity %d\n", st.cfg.Tarpit.MaxHeld)
-
-	metric("sketchproxy_first_sightings_total", "counter", "Keys seen for the first time in their tick.")
-	fmt.Fprintf(w, "sketchproxy_first_sightings_total %d\n", m.spike.total.Load())
-	metric("sketchproxy_first_sightings_per_second", "gauge", "First sightings in the last whole second (or this one, if more).")
-	fmt.Fprintf(w, "sketchproxy_first_sightings_per_second %g\n", m.spike.rate(now))
-	metric("sketchproxy_new_key_spike", "gauge", "1 while first sightings spike: new keys get the stricter budget.")
-	spike := 0
-	if !st.cfg.NewKeys.Disabled && m.spike.active(now, &st.cfg.NewKeys) {
+	emit(dHeld, float64(m.held.Load()))
+	emit(dCapacity, float64(st.cfg.Tarpit.MaxHeld))
+	emit(dNewKeys, float64(m.spike.total.Load()))
+	emit(dNewKeysRate, m.spike.rate(now))
+	spike := 0.0
+	if nk := &st.cfg.NewKeys; !nk.Disabled && m.spike.active(now, nk) && m.warm(now, nk) {
 		spike = 1
 	}
-	fmt.Fprintf(w, "sketchproxy_new_key_spike %d\n", spike)
+	emit(dSpike, spike)
+	emit(dReloads, float64(m.met.reloads[0].Load()), "ok")
+	emit(dReloads, float64(m.met.reloads[1].Load()), "invalid")
+	emit(dReconciled, float64(m.met.reconciled.Load()))
+	emit(dReconcileErrors, float64(m.met.reconcileErrors.Load()))
 
-	metric("sketchproxy_config_reloads_total", "counter", "Configuration loads by result.")
-	fmt.Fprintf(w, "sketchproxy_config_reloads_total{result=\"ok\"} %d\n", m.met.reloads[0].Load())
-	fmt.Fprintf(w, "sketchproxy_config_reloads_total{result=\"invalid\"} %d\n", m.met.reloads[1].Load())
-	metric("sketchproxy_budget_reconciled_units_total", "counter", "Units charged from the upstream's reconcile header beyond the up-front cost.")
-	fmt.Fprintf(w, "sketchproxy_budget_reconciled_units_total %d\n", m.met.reconciled.Load())
-	metric("sketchproxy_budget_reconcile_errors_total", "counter", "Reconcile headers that were not a whole number.")
-	fmt.Fprintf(w, "sketchproxy_budget_reconcile_errors_total %d\n", m.met.reconcileErrors.Load())
-
-	// Sketch self-metrics, one series per sketch (by tick).
-	type sk struct {
-		k sketchKey
-		s *epochsketch.Sketch
+	keys := make([]sketchKey, 0, len(st.sketches))
+	for k := range st.sketches {
+		keys = append(keys, k)
 	}
-	var sks []sk
-	for k, s := range st.sketches {
-		sks = append(sks, sk{k, s})
-	}
-	sort.Slice(sks, func(i, j int) bool {
-		return sks[i].k.tick < sks[j].k.tick || sks[i].k.tick == sks[j].k.tick && sks[i].k.buckets < sks[j].k.buckets
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i].tick < keys[j].tick || keys[i].tick == keys[j].tick && keys[i].buckets < keys[j].buckets
 	})
-	stats := []struct {
-		name, help string
-		get        func(epochsketch.Stats) uint64
-	}{
-		{"evictions", "Slots won from a live occupant.", func(s epochsketch.Stats) uint64 { return s.Evictions }},
-		{"chips", "Counts taken from weakest occupants by the lottery.", func(s epochsketch.Stats) uint64 { return s.Chips }},
-		{"challenges_lost", "Keys not tracked because their bucket was full of stronger keys.", func(s epochsketch.Stats) uint64 { return s.ChallengesLost }},
-		{"scrubbed_zombies", "Slots silent for 24 ticks cleared.", func(s epochsketch.Stats) uint64 { return s.ScrubbedZombies }},
-		{"cas_retries_exhausted", "Increments dropped after 4 lost compare-and-swaps.", func(s epochsketch.Stats) uint64 { return s.CASRetriesExhausted }},
-	}
-	all := make([]epochsketch.Stats, len(sks))
-	for i, s := range sks {
-		all[i] = s.s.Stats()
-	}
-	for _, d := range stats {
-		name := "sketchproxy_sketch_" + d.name + "_total"
-		metric(name, "counter", d.help)
-		for i, s := range sks {
-			fmt.Fprintf(w, "%s{tick=%q,buckets=\"%d\"} %d\n", name, s.k.tick.String(), s.k.buckets, d.get(all[i]))
+	for _, k := range keys {
+		tick, buckets := k.tick.String(), strconv.Itoa(k.buckets)
+		stats := st.sketches[k].Stats()
+		for _, s := range sketchStats {
+			emit(s.d, float64(s.get(stats)), tick, buckets)
 		}
-	}
-	metric("sketchproxy_sketch_bytes", "gauge", "Memory of each sketch's table.")
-	for _, s := range sks {
-		fmt.Fprintf(w, "sketchproxy_sketch_bytes{tick=%q,buckets=\"%d\"} %d\n", s.k.tick.String(), s.k.buckets, s.k.buckets*64)
+		emit(dSketchBytes, float64(k.buckets*64), tick, buckets)
 	}
 
-	metric("sketchproxy_top_offender_level", "gauge", "Each rule's heaviest keys now: estimate / threshold of the rule's first limit.")
 	for _, ru := range st.rules {
 		if len(ru.limits) == 0 {
 			continue
 		}
 		l := ru.limits[0]
+		seen := map[string]bool{}
 		for _, e := range ru.top.List() {
 			est := l.sk.EstimateBytes(skey(nil, ru.cfg.Name, l.name, e.Key))
-			if est == 0 {
+			k := m.display(e.Key)
+			if est == 0 || seen[k] {
 				continue
 			}
-			fmt.Fprintf(w, "sketchproxy_top_offender_level{rule=%q,key=%s} %s\n", ru.cfg.Name,
-				strconv.Quote(ru.display(e.Key)), strconv.FormatFloat(float64(est)/float64(l.theta), 'g', 4, 64))
+			seen[k] = true
+			emit(dTop, float64(est)/float64(l.theta), ru.cfg.Name, k)
 		}
 	}
 	if f := m.fleet; f != nil {
-		up := 0
+		up := 0.0
 		if f.up.Load() {
 			up = 1
 		}
-		metric("sketchproxy_fleet_up", "gauge", "1 while Redis answers and limits are fleet-wide; 0: local at 1/N.")
-		fmt.Fprintf(w, "sketchproxy_fleet_up %d\n", up)
-		metric("sketchproxy_fleet_replicas", "gauge", "N, the replicas sharing the limits.")
-		fmt.Fprintf(w, "sketchproxy_fleet_replicas %d\n", f.replicas())
-		metric("sketchproxy_fleet_hot_keys", "gauge", "Keys in the hot set, synced through Redis.")
-		fmt.Fprintf(w, "sketchproxy_fleet_hot_keys %d\n", f.count.Load())
-		for _, c := range []struct {
-			name, help string
-			v          uint64
-		}{
-			{"sync_rounds_total", "Sync rounds tried.", f.rounds.Load()},
-			{"sync_errors_total", "Sync rounds that failed (Redis slow or gone).", f.roundErrors.Load()},
-			{"key_syncs_total", "Hot keys sent in successful rounds.", f.keySyncs.Load()},
-			{"redis_commands_total", "Redis commands sent, all rounds.", f.commands.Load()},
-			{"promotions_total", "Keys promoted to the hot set.", f.promotions.Load()},
-			{"demotions_total", "Keys demoted from the hot set.", f.demotions.Load()},
-			{"hot_set_full_total", "Promotions refused because the hot set was full.", f.hotFull.Load()},
-		} {
-			metric("sketchproxy_fleet_"+c.name, "counter", c.help)
-			fmt.Fprintf(w, "sketchproxy_fleet_%s %d\n", c.name, c.v)
+		emit(dFleetUp, up)
+		emit(dFleetReplicas, float64(f.replicas()))
+		emit(dFleetHot, float64(f.count.Load()))
+		for _, c := range fleetCounters {
+			emit(c.d, float64(c.get(f)))
 		}
-		metric("sketchproxy_fleet_redis_rtt_seconds", "gauge", "The last successful round's time.")
-		fmt.Fprintf(w, "sketchproxy_fleet_redis_rtt_seconds %g\n", time.Duration(f.rttNs.Load()).Seconds())
+		emit(dFleetRTT, time.Duration(f.rttNs.Load()).Seconds())
 		lag := 0.0
 		if ok := f.lastOK.Load(); ok > 0 {
 			lag = now.Sub(time.Unix(0, ok)).Seconds()
 		}
-		metric("sketchproxy_fleet_sync_lag_seconds", "gauge", "Time since the last successful round.")
-		fmt.Fprintf(w, "sketchproxy_fleet_sync_lag_seconds %g\n", lag)
+		emit(dFleetLag, lag)
 	}
-	metric("sketchproxy_state_saves_total", "counter", "State file saves by result.")
-	fmt.Fprintf(w, "sketchproxy_state_saves_total{result=\"ok\"} %d\n", m.met.stateSaves[0].Load())
-	fmt.Fprintf(w, "sketchproxy_state_saves_total{result=\"failed\"} %d\n", m.met.stateSaves[1].Load())
-	metric("sketchproxy_state_loads_total", "counter", "State file loads at start by result.")
-	fmt.Fprintf(w, "sketchproxy_state_loads_total{result=\"ok\"} %d\n", m.met.stateLoads[0].Load())
-	fmt.Fprintf(w, "sketchproxy_state_loads_total{result=\"rejected\"} %d\n", m.met.stateLoads[1].Load())
-	metric("sketchproxy_config_generation", "gauge", "Reloads applied since start.")
-	fmt.Fprintf(w, "sketchproxy_config_generation %d\n", st.gen)
+	emit(dStateSaves, float64(m.met.stateSaves[0].Load()), "ok")
+	emit(dStateSaves, float64(m.met.stateSaves[1].Load()), "failed")
+	emit(dStateLoads, float64(m.met.stateLoads[0].Load()), "ok")
+	emit(dStateLoads, float64(m.met.stateLoads[1].Load()), "rejected")
+	emit(dGeneration, float64(st.gen))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/epochsketch/epochsketch"
 )
@@ -42,12 +45,19 @@ type Middleware struct {
 
 	held     atomic.Int64 // tarpitted requests held now
 	heldKeys *countMin    // the same, per key
+	clients  *countMin    // requests in progress per client address
 	spike    spikeMeter
 	logs     logLimiter
+	redact   [32]byte // the key of the hash that stands for keys in logs and metrics
+
+	started       time.Time   // for new_keys.warmup
+	restoredMeter atomic.Bool // the state file restored the new-key meter
 
 	mu      sync.Mutex // guards ruleMet and sketch reuse across reloads
 	ruleMet map[string]*ruleMetrics
 	met     globalMetrics
+	reg     *prometheus.Registry
+	latency *prometheus.HistogramVec
 
 	fleet *fleet // nil without Config.Fleet
 
@@ -62,6 +72,7 @@ type state struct {
 	rules    []*rule
 	sketches map[sketchKey]*epochsketch.Sketch
 	newKeys  *epochsketch.Sketch // keys first seen during a spike
+	known    *epochsketch.Sketch // keys seen within about new_keys.remember
 	bans     *epochsketch.Sketch // temporary bans
 	banTick  time.Duration
 	gen      int64
@@ -81,15 +92,15 @@ type rule struct {
 	inflight *countMin
 	top      *epochsketch.TopK
 	met      *ruleMetrics
-	policy   string // RateLimit-Policy value
-	needIP   bool
-	// secretKey: the key has a header or query part, shown redacted.
-	secretKey bool
+	// keyHeaders and keyQueries are the key's header:NAME (canonical) and
+	// query:NAME parts, checked for ambiguity.
+	keyHeaders, keyQueries []string
 }
 
 type limit struct {
 	name     string
 	policy   string // the RateLimit policy's name: rule-limit
+	q, w     int64  // the policy as whole requests q per w seconds
 	sk       *epochsketch.Sketch
 	tick     time.Duration
 	theta    uint32
@@ -118,8 +129,12 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		opts:     opts,
 		log:      opts.Logger,
 		heldKeys: newCountMin(),
+		clients:  newCountMin(),
 		ruleMet:  map[string]*ruleMetrics{},
 	}
+	m.started = m.now()
+	m.initRedaction()
+	m.initMetrics()
 	if err := m.Reload(cfg); err != nil {
 		return nil, err
 	}
@@ -203,11 +218,13 @@ func (m *Middleware) Reload(cfg *Config) error {
 			}
 		}
 		for _, k := range rc.Key {
-			ru.needIP = ru.needIP || k == "ip"
-			ru.secretKey = ru.secretKey || k != "ip"
+			if name, ok := strings.CutPrefix(k, "header:"); ok {
+				ru.keyHeaders = append(ru.keyHeaders, http.CanonicalHeaderKey(name))
+			}
+			if name, ok := strings.CutPrefix(k, "query:"); ok {
+				ru.keyQueries = append(ru.keyQueries, name)
+			}
 		}
-		ru.needIP = ru.needIP || len(rc.Allow.prefixes) > 0
-		var pol []string
 		for i := range rc.Limits {
 			l := &rc.Limits[i]
 			tick := tickFor(l.Requests, time.Duration(l.Per), l.Burst)
@@ -216,10 +233,9 @@ func (m *Middleware) Reload(cfg *Config) error {
 				theta: thresholdFor(l.Burst), requests: l.Requests, per: time.Duration(l.Per),
 				sk: sketch(tick, cfg.Sketch.Buckets),
 			}
+			lim.q, lim.w = wholePolicy(l.Requests, time.Duration(l.Per))
 			ru.limits = append(ru.limits, lim)
-			pol = append(pol, fmt.Sprintf("%q;q=%s;w=%d", lim.policy, formatNum(l.Requests), int64(max(time.Second, lim.per)/time.Second)))
 		}
-		ru.policy = strings.Join(pol, ", ")
 		if b := rc.Budget; b != nil {
 			tick := tickFor(b.Units, time.Duration(b.Per), b.Units)
 			ru.budget = &budgetState{cfg: b, tick: tick, theta: thresholdFor(b.Units), sk: sketch(tick, cfg.Sketch.Buckets)}
@@ -242,12 +258,13 @@ func (m *Middleware) Reload(cfg *Config) error {
 			}
 		}
 		if m.ruleMet[rc.Name] == nil {
-			m.ruleMet[rc.Name] = &ruleMetrics{}
+			m.ruleMet[rc.Name] = &ruleMetrics{latency: m.latency.WithLabelValues(rc.Name)}
 		}
 		ru.met = m.ruleMet[rc.Name]
 		st.rules = append(st.rules, ru)
 	}
-	// Small side sketches: new keys during a spike, and bans.
+	// Side sketches: keys seen lately, new keys during a spike, and bans.
+	st.known = sketch(time.Duration(cfg.NewKeys.Remember), cfg.Sketch.Buckets)
 	st.newKeys = sketch(time.Duration(cfg.NewKeys.Window), 1<<12)
 	st.banTick = max(time.Millisecond, time.Duration(cfg.Tarpit.BanFor)/4)
 	st.bans = sketch(st.banTick, 1<<12)
@@ -333,17 +350,24 @@ var outcomeNames = [...]string{"allow", "allowlisted", "delay", "drip", "tarpit_
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
-// verdict is a rule's decision with what the headers need.
+// verdict is a rule's decision with what the headers and the commit need.
 type verdict struct {
 	out   Outcome
-	level float64 // estimate / threshold of the most constrained limit
-	ru    *rule
+	level float64 // (estimate + 1) / threshold of the most constrained limit
+	ru    *rule   // nil for the per-client in-flight cap
 	lim   *limit
-	est   uint32
+	est   uint32 // the most constrained limit's estimate, this request included
 	theta uint32
 	retry time.Duration
 	delay time.Duration
 	key   string
+	// Each limit's estimate before this request and its threshold (the new
+	// keys' factor applied), in ru.limits order.
+	ests, thetas []uint32
+	newKey       bool // first seen during a spike of new keys
+	banned       bool // under a ban already: not counted
+	setBan       bool // climbed past ban_above: the commit bans it
+	shadow       bool
 }
 
 func (v *verdict) worse(o *verdict) bool {
@@ -393,14 +417,48 @@ func (ru *rule) matches(r *http.Request) bool {
 		if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.HasSuffix(h, "]") {
 			h = h[:i]
 		}
-		if !strings.EqualFold(strings.Trim(h, "[]"), mt.Host) {
+		h = strings.TrimSuffix(strings.Trim(h, "[]"), ".")
+		if !strings.EqualFold(h, mt.Host) {
 			return false
 		}
 	}
-	if mt.PathPrefix != "" && !strings.HasPrefix(r.URL.Path, mt.PathPrefix) {
+	if mt.PathPrefix != "" && !pathMatch(r.URL.Path, mt.PathPrefix, mt.CaseSensitive) {
 		return false
 	}
 	return ru.methods == nil || ru.methods[r.Method]
+}
+
+// ambiguous says why a request's key cannot be read the way every upstream
+// would read it, or "": a key header sent twice (the proxy would count one
+// value and the upstream might use the other), or a header whose name
+// differs from a key header only by '_' for '-' or by case (CGI, WSGI and
+// Rack servers read X_API_Key as X-API-Key; nginx drops it). Query keys
+// given twice are ambiguous the same way.
+func (ru *rule) ambiguous(r *http.Request, q func() url.Values) string {
+	for _, name := range ru.keyHeaders {
+		if n := len(r.Header.Values(name)); n > 1 {
+			return fmt.Sprintf("the key header %s is sent %d times", name, n)
+		}
+	}
+	if len(ru.keyHeaders) > 0 {
+		for h := range r.Header {
+			if !strings.Contains(h, "_") {
+				continue
+			}
+			alias := http.CanonicalHeaderKey(strings.ReplaceAll(h, "_", "-"))
+			for _, name := range ru.keyHeaders {
+				if alias == name {
+					return fmt.Sprintf("the header %q reads as the key header %s to some upstreams", truncate(h, 64), name)
+				}
+			}
+		}
+	}
+	for _, name := range ru.keyQueries {
+		if n := len(q()[name]); n > 1 {
+			return fmt.Sprintf("the key parameter %q is given %d times", name, n)
+		}
+	}
+	return ""
 }
 
 func (ru *rule) key(ci *ClientIPConfig, rq *request) string {
@@ -426,7 +484,9 @@ func (ru *rule) allowlisted(addr netip.Addr, key string) bool {
 	return ru.cfg.Allow.keys[key]
 }
 
-// skey builds "rule\x00limit\x00key" in buf.
+// skey builds "rule\x00limit\x00key" in buf. Limit names are letters,
+// digits, - and _, so the side sketches' tags (tagBan, ...) and budgets'
+// "$name" never meet a limit's key.
 func skey(buf []byte, a, b, key string) []byte {
 	buf = append(buf[:0], a...)
 	buf = append(buf, 0)
@@ -435,68 +495,86 @@ func skey(buf []byte, a, b, key string) []byte {
 	return append(buf, key...)
 }
 
-// evaluate runs one rule's limits for key at now.
+const (
+	tagBan   = "!ban"
+	tagNew   = "!new"
+	tagKnown = "!known"
+)
+
+// isNewKey records that key was seen and reports whether it counts as new:
+// first seen while new keys spike, within the last window or two.
+func (m *Middleware) isNewKey(st *state, ru *rule, rq *request, key string, now time.Time) bool {
+	nk := &st.cfg.NewKeys
+	if nk.Disabled {
+		return false
+	}
+	rq.buf = skey(rq.buf, ru.cfg.Name, tagKnown, key)
+	seen, _ := st.known.ObserveBytes(rq.buf)
+	rq.buf = skey(rq.buf, ru.cfg.Name, tagNew, key)
+	if st.newKeys.EstimateBytes(rq.buf) > 0 {
+		return true
+	}
+	if seen > 1 {
+		return false // seen within about new_keys.remember
+	}
+	m.spike.first(now)
+	if !m.spike.active(now, nk) || !m.warm(now, nk) {
+		return false
+	}
+	// Marked for between one and two windows (a count of 2 halves to 0 at
+	// the second window boundary).
+	st.newKeys.ObserveBytesN(rq.buf, 2)
+	return true
+}
+
+// warm reports whether the spike meter has learned enough to call a spike.
+func (m *Middleware) warm(now time.Time, nk *NewKeysConfig) bool {
+	return m.restoredMeter.Load() || now.Sub(m.started) >= time.Duration(nk.Warmup)
+}
+
+// evaluate decides one rule for key at now without counting the request:
+// the commit does that once every rule has decided.
 func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now time.Time) verdict {
 	v := verdict{ru: ru, key: key}
 	cfg := st.cfg
-	rq.buf = skey(rq.buf, ru.cfg.Name, "", key)
 	if len(ru.limits) > 0 {
-		if ban := st.bans.EstimateBytes(rq.buf); ban > 0 {
-			v.out, v.level = Ban, cfg.Tarpit.BanAbove
-			v.retry = retryAfter(ban, 1, 1, now, st.banTick)
-			v.lim = ru.limits[0]
-			v.theta = v.lim.theta
-			return v
-		}
+		rq.buf = skey(rq.buf, ru.cfg.Name, tagBan, key)
+		v.banned = st.bans.EstimateBytes(rq.buf) > 0
 	}
-	newKey := false
-	if !cfg.NewKeys.Disabled && len(ru.limits) > 0 {
-		newKey = st.newKeys.EstimateBytes(rq.buf) > 0
+	if len(ru.limits) > 0 || ru.budget != nil {
+		v.newKey = m.isNewKey(st, ru, rq, key, now)
+	}
+	if len(ru.limits) > 0 {
+		v.ests = make([]uint32, 2*len(ru.limits))
+		v.ests, v.thetas = v.ests[:len(ru.limits)], v.ests[len(ru.limits):]
 	}
 	for i, l := range ru.limits {
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, key)
-		est, first := l.sk.ObserveBytes(rq.buf)
-		firstSighting := i == 0 && first && est == 1
+		est := l.sk.EstimateBytes(rq.buf)
 		if m.fleet != nil {
-			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 1, now)
-		}
-		if firstSighting {
-			// A first sighting: count it, and during a spike remember the
-			// key as new.
-			m.spike.first(now)
-			if !cfg.NewKeys.Disabled && m.spike.active(now, &cfg.NewKeys) {
-				st.newKeys.ObserveBytes(skey(nil, ru.cfg.Name, "", key))
-				newKey = true
-			}
+			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 0, now)
 		}
 		theta := l.theta
-		if newKey {
+		if v.newKey {
 			theta = max(1, uint32(float64(theta)*cfg.NewKeys.BudgetFactor))
 		}
-		lv := float64(est) / float64(theta)
-		if lv > v.level || v.lim == nil {
-			v.level, v.lim, v.est, v.theta = lv, l, est, theta
+		v.ests[i], v.thetas[i] = est, theta
+		after := uint64(est) + 1
+		lv := float64(after) / float64(theta)
+		if v.lim == nil || lv > v.level {
+			v.level, v.lim, v.est, v.theta = lv, l, uint32(min(after, math.MaxUint32)), theta
 		}
 	}
-	if v.lim == nil || v.level <= 1 {
-		v.out = Allow
-		if v.lim != nil {
-			v.retry = untilNextTick(now, v.lim.tick)
-		}
-		return v
-	}
-	v.retry = retryAfter(v.est, 1, v.theta, now, v.lim.tick)
 	t := &cfg.Tarpit
-	if !ru.cfg.Tarpit {
-		v.out = Reject
-		return v
-	}
 	switch {
-	case v.level > t.BanAbove:
+	case v.banned:
 		v.out = Ban
-		rq.buf = skey(rq.buf, ru.cfg.Name, "", key)
-		st.bans.ObserveBytesN(rq.buf, 16) // 16 >> 4 ticks of BanFor/4: about BanFor
-		v.retry = max(v.retry, time.Duration(t.BanFor))
+	case v.lim == nil || v.level <= 1:
+		v.out = Allow
+	case !ru.cfg.Tarpit:
+		v.out = Reject
+	case v.level > t.BanAbove:
+		v.out, v.setBan = Ban, true
 	case v.level > t.RejectAbove:
 		v.out = Reject
 	case v.level > t.DripAbove:
@@ -512,33 +590,169 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 	return v
 }
 
+// commit counts the request in a rule's limits, and bans the key if it
+// climbed past ban_above.
+func (m *Middleware) commit(st *state, v *verdict, rq *request) {
+	ru := v.ru
+	for _, l := range ru.limits {
+		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
+		l.sk.ObserveBytes(rq.buf)
+		if m.fleet != nil {
+			m.fleet.add(rq.buf, 1)
+		}
+	}
+	if v.setBan {
+		rq.buf = skey(rq.buf, ru.cfg.Name, tagBan, v.key)
+		st.bans.ObserveBytesN(rq.buf, 16) // 16 >> 4 ticks of ban_for/4: about ban_for
+	}
+}
+
+// budgetEstimate is a wallet's spend for key and the threshold that applies.
+func (m *Middleware) budgetEstimate(st *state, ru *rule, rq *request, key string, newKey bool, now time.Time) (est, theta uint32) {
+	b := ru.budget
+	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
+	est = b.sk.EstimateBytes(rq.buf)
+	if m.fleet != nil {
+		est = m.fleet.estimate(rq.buf, b.sk, b.tick, b.theta, est, 0, now)
+	}
+	theta = b.theta
+	if newKey {
+		theta = max(b.cfg.Cost, uint32(float64(theta)*st.cfg.NewKeys.BudgetFactor))
+	}
+	return est, theta
+}
+
+// checkBudget decides a wallet without charging it: OverBudget if the cost
+// does not fit, BudgetUnknown if the fleet cannot say and the wallet fails
+// closed.
+func (m *Middleware) checkBudget(st *state, v *verdict, rq *request, now time.Time) (verdict, bool) {
+	ru, key := v.ru, v.key
+	b := ru.budget
+	if f := m.fleet; f != nil && !f.up.Load() && f.cfg.WalletOnFailure == "closed" {
+		return verdict{out: BudgetUnknown, ru: ru, key: key, retry: time.Duration(f.cfg.Interval)}, false
+	}
+	est, theta := m.budgetEstimate(st, ru, rq, key, v.newKey, now)
+	if uint64(est)+uint64(b.cfg.Cost) > uint64(theta) {
+		return verdict{out: OverBudget, ru: ru, key: key, est: est, theta: theta,
+			level: float64(est) / float64(theta)}, false
+	}
+	return verdict{}, true
+}
+
+// charge charges a wallet its cost. It reports false when the sketch did
+// not take the key (its bucket is full of bigger spenders): the spend is not
+// tracked, so nothing was charged.
+func (m *Middleware) charge(ru *rule, rq *request, key string) bool {
+	b := ru.budget
+	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
+	b.sk.ObserveBytesN(rq.buf, b.cfg.Cost)
+	if m.fleet != nil {
+		m.fleet.add(rq.buf, b.cfg.Cost)
+	}
+	return b.sk.EstimateBytes(rq.buf) > 0 || b.cfg.FailOpen
+}
+
+// retryAll is how long a refused client must wait before its next request
+// is let through by every rule it matches: the longest wait over every
+// limit (with what this request added), every ban and every wallet, so
+// that waiting Retry-After is always enough (for a client that sends
+// nothing meanwhile).
+func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Time) time.Duration {
+	var d time.Duration
+	for i := range vs {
+		v := &vs[i]
+		if v.ru == nil || v.out == Allowlisted || v.shadow {
+			continue
+		}
+		ru := v.ru
+		for j, l := range ru.limits {
+			rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
+			est := l.sk.EstimateBytes(rq.buf)
+			if m.fleet != nil {
+				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 0, now)
+			}
+			if uint64(est)+1 > uint64(v.thetas[j]) {
+				d = max(d, retryAfter(est, 1, v.thetas[j], now, l.tick))
+			}
+		}
+		if len(ru.limits) > 0 {
+			rq.buf = skey(rq.buf, ru.cfg.Name, tagBan, v.key)
+			if ban := st.bans.EstimateBytes(rq.buf); ban > 0 {
+				d = max(d, retryAfter(ban, 1, 1, now, st.banTick))
+			}
+		}
+		if b := ru.budget; b != nil {
+			est, theta := m.budgetEstimate(st, ru, rq, v.key, v.newKey, now)
+			if uint64(est)+uint64(b.cfg.Cost) > uint64(theta) {
+				d = max(d, retryAfter(est, b.cfg.Cost, theta, now, b.tick))
+			}
+		}
+	}
+	return d
+}
+
 // ServeHTTP decides and then proxies, holds, or refuses the request.
+//
+// Every rule decides first, counting nothing. A request that every rule
+// admits is then counted in every limit and charged to every wallet; a
+// refused one is counted only by rules with refused: count, and charged to
+// no wallet.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := m.state.Load()
 	now := m.now()
+	begin := time.Now()
 	m.met.requests.Add(1)
-	rq := &request{r: r}
+	if why := pathProblem(r); why != "" {
+		m.badRequest(w, r, why)
+		return
+	}
+	normalizePath(r)
+	ci := &st.cfg.ClientIP
+	rq := &request{r: r, addr: ci.clientAddr(r)}
 	bp := bufPool.Get().(*[]byte)
 	rq.buf = (*bp)[:0]
 	defer func() { *bp = rq.buf[:0]; bufPool.Put(bp) }()
+	query := func() url.Values {
+		if rq.query == nil {
+			rq.query = r.URL.Query()
+		}
+		return rq.query
+	}
 
 	var matched []*rule
-	var keys []string
 	for _, ru := range st.rules {
 		if ru.matches(r) {
-			if ru.needIP && !rq.addr.IsValid() {
-				rq.addr = st.cfg.ClientIP.clientAddr(r)
+			if why := ru.ambiguous(r, query); why != "" {
+				m.badRequest(w, r, why)
+				return
 			}
 			matched = append(matched, ru)
 		}
 	}
-	worst := verdict{out: Allow}
-	var hdr *verdict // the limit the RateLimit headers describe
-	keys = make([]string, len(matched))
+	if n := *st.cfg.Server.MaxInFlightPerClient; n > 0 {
+		ck := ci.group(rq.addr)
+		if !m.clients.acquire("", ck, n) {
+			m.met.clientCap.Add(1)
+			v := verdict{out: InFlight, key: ck, retry: time.Second}
+			m.logDecision(r, &v, false)
+			m.refuse(w, st, &v, nil, http.StatusTooManyRequests)
+			return
+		}
+		defer m.clients.add("", ck, -1)
+	}
+	if len(matched) > 0 {
+		defer func() {
+			d := time.Since(begin).Seconds()
+			for _, ru := range matched {
+				ru.met.latency.Observe(d)
+			}
+		}()
+	}
+
 	verdicts := make([]verdict, len(matched))
+	worst := verdict{out: Allow}
 	for i, ru := range matched {
-		key := ru.key(&st.cfg.ClientIP, rq)
-		keys[i] = key
+		key := ru.key(ci, rq)
 		if ru.allowlisted(rq.addr, key) {
 			ru.met.count(Allowlisted, false)
 			verdicts[i] = verdict{out: Allowlisted, ru: ru}
@@ -548,96 +762,144 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if v.est > 0 && v.level > 0.5 {
 			ru.top.Offer(key, v.est)
 		}
-		if v.out != Allow && ru.cfg.Shadow {
-			ru.met.count(v.out, true)
-			m.logDecision(r, &v, true)
-			v = verdict{out: Allow, ru: ru, lim: v.lim, est: v.est, theta: v.theta, level: v.level, retry: v.retry}
-		}
-		verdicts[i] = v
-		if v.lim != nil && (hdr == nil || v.level > hdr.level) {
-			hdr = &verdicts[i]
-		}
-		if worst.worse(&v) {
+		if ru.cfg.Shadow {
+			v.shadow = true
+			if v.out != Allow {
+				ru.met.count(v.out, true)
+				m.logDecision(r, &v, true)
+			}
+		} else if worst.worse(&v) {
 			worst = v
 		}
-	}
-	switch worst.out {
-	case Reject, Ban:
-		worst.ru.met.count(worst.out, false)
-		m.logDecision(r, &worst, false)
-		m.refuse(w, st, &worst, http.StatusTooManyRequests)
-		return
-	case Drip:
-		worst.ru.met.count(Drip, false)
-		m.logDecision(r, &worst, false)
-		m.drip(w, r, st, &worst)
-		return
-	case Delay:
-		if !m.hold(worst.ru.cfg.Name, worst.key, st) {
-			worst.out = TarpitFull
-			worst.ru.met.count(TarpitFull, false)
-			m.refuse(w, st, &worst, http.StatusTooManyRequests)
-			return
-		}
-		worst.ru.met.count(Delay, false)
-		err := m.opts.Sleep(r.Context(), worst.delay)
-		m.release(worst.ru.cfg.Name, worst.key)
-		if err != nil {
-			return // the client went away while held
-		}
+		verdicts[i] = v
 	}
 
-	// Everyone allows: wallets and in-flight caps, then the upstream.
-	var charged, inflight []charge
-	undo := func() {
+	// Reserve what can be given back: the tarpit's place, wallets' room,
+	// in-flight places.
+	refusal := worst
+	admitted := worst.out == Allow || worst.out == Delay
+	held := false
+	var charged []int
+	var inflight []charge
+	release := func() {
 		for _, c := range inflight {
 			c.ru.inflight.add(c.ru.cfg.Name, c.key, -1)
 		}
+		inflight = nil
+		if held {
+			m.release(worst.ru.cfg.Name, worst.key)
+			held = false
+		}
 	}
-	for i, ru := range matched {
-		if verdicts[i].out == Allowlisted {
+	if worst.out == Delay {
+		if held = m.hold(worst.ru.cfg.Name, worst.key, st); !held {
+			refusal.out, admitted = TarpitFull, false
+		}
+	}
+	for i := 0; admitted && i < len(matched); i++ {
+		v := &verdicts[i]
+		ru := v.ru
+		if v.out == Allowlisted {
 			continue
 		}
-		if b := ru.budget; b != nil {
-			v, ok := m.chargeBudget(ru, rq, keys[i], now)
-			if !ok {
-				undo()
-				ru.met.count(v.out, false)
-				m.logDecision(r, &v, false)
-				code := http.StatusTooManyRequests
-				if v.out == BudgetUnknown {
-					code = http.StatusServiceUnavailable
+		if ru.budget != nil {
+			if bv, ok := m.checkBudget(st, v, rq, now); !ok {
+				if v.shadow {
+					ru.met.count(bv.out, true)
+					m.logDecision(r, &bv, true)
+				} else {
+					refusal, admitted = bv, false
+					break
 				}
-				m.refuse(w, st, &v, code)
-				return
+			} else {
+				charged = append(charged, i)
 			}
-			charged = append(charged, charge{ru: ru, key: keys[i]})
 		}
 		if ru.inflight != nil {
-			if !ru.inflight.acquire(ru.cfg.Name, keys[i], ru.cfg.MaxInFlight) {
-				undo()
-				v := verdict{out: InFlight, ru: ru, key: keys[i], retry: time.Second}
-				ru.met.count(InFlight, false)
-				m.logDecision(r, &v, false)
-				m.refuse(w, st, &v, http.StatusTooManyRequests)
-				return
+			if !ru.inflight.acquire(ru.cfg.Name, v.key, ru.cfg.MaxInFlight) {
+				iv := verdict{out: InFlight, ru: ru, key: v.key}
+				if v.shadow {
+					ru.met.count(InFlight, true)
+					m.logDecision(r, &iv, true)
+					continue
+				}
+				refusal, admitted = iv, false
+				break
 			}
-			inflight = append(inflight, charge{ru: ru, key: keys[i]})
+			inflight = append(inflight, charge{ru: ru, key: v.key})
 		}
 	}
-	for i, ru := range matched {
-		if verdicts[i].out == Allow && worst.out != Delay {
-			ru.met.count(Allow, false)
+	if admitted {
+		for _, i := range charged {
+			if !m.charge(verdicts[i].ru, rq, verdicts[i].key) {
+				refusal, admitted = verdict{out: BudgetUnknown, ru: verdicts[i].ru, key: verdicts[i].key}, false
+				break
+			}
 		}
 	}
-	if hdr != nil && !st.cfg.Headers.Off {
-		m.setHeaders(w.Header(), st, hdr)
+	if !admitted {
+		release()
 	}
-	defer undo()
+	// Count: everything for an admitted request, only refused: count rules
+	// for a refused one. A banned key's attempts are not counted: the ban
+	// is its punishment.
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.out == Allowlisted || len(v.ests) == 0 || v.banned {
+			continue
+		}
+		if admitted || v.ru.cfg.Refused == "count" {
+			m.commit(st, v, rq)
+		}
+	}
+
+	if !admitted {
+		refusal.retry = max(time.Second, m.retryAll(st, verdicts, rq, now))
+		if refusal.out == InFlight {
+			refusal.retry = time.Second // a place frees when a request ends: no promise
+		}
+		refusal.ru.met.count(refusal.out, false)
+		m.logDecision(r, &refusal, false)
+		code := http.StatusTooManyRequests
+		if refusal.out == BudgetUnknown {
+			code = http.StatusServiceUnavailable
+		}
+		if refusal.out == Drip {
+			m.drip(w, r, st, &refusal, verdicts)
+			return
+		}
+		m.refuse(w, st, &refusal, verdicts, code)
+		return
+	}
+	for i := range verdicts {
+		if v := &verdicts[i]; v.out == Allow || v.out == Delay {
+			v.ru.met.count(v.out, false)
+		}
+	}
+	if worst.out == Delay {
+		err := m.opts.Sleep(r.Context(), worst.delay)
+		m.release(worst.ru.cfg.Name, worst.key)
+		held = false
+		if err != nil {
+			release()
+			return // the client went away while held
+		}
+	}
+	defer release()
+	if !st.cfg.Headers.Off {
+		m.setHeaders(w.Header(), st, verdicts, rq, now, false)
+	}
+	if !m.prepareBody(w, r, &st.cfg.Server) {
+		return
+	}
 	m.met.inFlight.Add(1)
 	defer m.met.inFlight.Add(-1)
 	if len(charged) > 0 {
-		w = &reconcileWriter{ResponseWriter: w, m: m, charged: charged, now: now}
+		cs := make([]charge, len(charged))
+		for j, i := range charged {
+			cs[j] = charge{ru: verdicts[i].ru, key: verdicts[i].key}
+		}
+		w = &reconcileWriter{ResponseWriter: w, m: m, charged: cs, now: now}
 	}
 	m.next.ServeHTTP(w, r)
 }
@@ -646,34 +908,6 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type charge struct {
 	ru  *rule
 	key string
-}
-
-// chargeBudget charges the rule's cost to key, unless the wallet is spent
-// (OverBudget) or cannot be tracked (BudgetUnknown, unless FailOpen).
-func (m *Middleware) chargeBudget(ru *rule, rq *request, key string, now time.Time) (verdict, bool) {
-	b := ru.budget
-	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
-	est := b.sk.EstimateBytes(rq.buf)
-	if f := m.fleet; f != nil {
-		if !f.up.Load() && f.cfg.WalletOnFailure == "closed" {
-			return verdict{out: BudgetUnknown, ru: ru, key: key, retry: time.Duration(f.cfg.Interval)}, false
-		}
-		est = f.estimate(rq.buf, b.sk, b.tick, b.theta, est, 0, now)
-	}
-	if uint64(est)+uint64(b.cfg.Cost) > uint64(b.theta) {
-		return verdict{out: OverBudget, ru: ru, key: key, est: est, theta: b.theta,
-			level: float64(est) / float64(b.theta),
-			retry: retryAfter(est, b.cfg.Cost, b.theta, now, b.tick)}, false
-	}
-	b.sk.ObserveBytesN(rq.buf, b.cfg.Cost)
-	if m.fleet != nil {
-		m.fleet.add(rq.buf, b.cfg.Cost)
-	}
-	if b.sk.EstimateBytes(rq.buf) == 0 && !b.cfg.FailOpen {
-		// The lottery did not admit the key: its spend is not tracked.
-		return verdict{out: BudgetUnknown, ru: ru, key: key, retry: untilNextTick(now, b.tick)}, false
-	}
-	return verdict{}, true
 }
 
 // reconcileWriter charges what the upstream says a request used, from the

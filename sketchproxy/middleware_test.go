@@ -1,7 +1,6 @@
 package sketchproxy
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +17,11 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/epochsketch/epochsketch"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 var t0 = time.Unix(1_700_000_000, 0)
@@ -481,34 +485,73 @@ func TestMetrics(t *testing.T) {
 		h.req("203.0.113.66")
 	}
 	h.req("203.0.113.67")
-	w := httptest.NewRecorder()
-	h.mw.MetricsHandler().ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
-	body := w.Body.String()
-	for _, want := range []string{
-		`sketchproxy_decisions_total{rule="api",outcome="allow",shadow="false"} 6`,
-		`sketchproxy_decisions_total{rule="api",outcome="reject",shadow="false"} 15`,
-		`sketchproxy_first_sightings_total 2`,
-		`sketchproxy_tarpit_held 0`,
-		`sketchproxy_sketch_bytes{tick="5s",buckets="65536"} 4194304`,
-		`sketchproxy_top_offender_level{rule="api",key="203.0.113.66"} 4`,
-		`# TYPE sketchproxy_sketch_evictions_total counter`,
+	fams := scrape(t, h.mw)
+	for _, c := range []struct {
+		name   string
+		labels string
+		want   float64
+	}{
+		{"sketchproxy_decisions_total", `outcome="allow",rule="api",shadow="false"`, 6},
+		{"sketchproxy_decisions_total", `outcome="reject",rule="api",shadow="false"`, 15},
+		{"sketchproxy_new_keys_total", ``, 2},
+		{"sketchproxy_tarpit_held", ``, 0},
+		{"sketchproxy_sketch_bytes", `buckets="65536",tick="5s"`, 4194304},
+		{"sketchproxy_top_offender_level", `key="` + h.mw.display("203.0.113.66") + `",rule="api"`, 1},
+		{"sketchproxy_request_duration_seconds", `rule="api"`, 21}, // a histogram: its count
 	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("metrics lack %s", want)
+		if got, ok := metricValue(fams, c.name, c.labels); !ok || got != c.want {
+			t.Errorf("%s{%s} = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
-	// Every line parses as the text format: comment, or name{labels} value.
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		l := sc.Text()
-		if strings.HasPrefix(l, "# ") {
+	for _, name := range []string{"go_goroutines", "process_resident_memory_bytes", "sketchproxy_sketch_evictions_total"} {
+		if fams[name] == nil {
+			t.Errorf("no %s", name)
+		}
+	}
+}
+
+// scrape reads /metrics with Prometheus's own text parser.
+func scrape(t *testing.T, mw *Middleware) map[string]*dto.MetricFamily {
+	t.Helper()
+	w := httptest.NewRecorder()
+	mw.MetricsHandler().ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if w.Code != 200 {
+		t.Fatalf("/metrics: %d %s", w.Code, w.Body.String())
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(w.Body.String()))
+	if err != nil {
+		t.Fatalf("the Prometheus parser rejects /metrics: %v\n%s", err, w.Body.String())
+	}
+	return fams
+}
+
+// metricValue is the value of the series name{labels} (labels sorted, as
+// `a="x",b="y"`); a histogram's is its sample count.
+func metricValue(fams map[string]*dto.MetricFamily, name, labels string) (float64, bool) {
+	f := fams[name]
+	if f == nil {
+		return 0, false
+	}
+	for _, m := range f.Metric {
+		var ls []string
+		for _, l := range m.Label {
+			ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+		}
+		sort.Strings(ls)
+		if strings.Join(ls, ",") != labels {
 			continue
 		}
-		i := strings.LastIndexByte(l, ' ')
-		if _, err := strconv.ParseFloat(l[i+1:], 64); err != nil || i < 1 {
-			t.Errorf("bad metric line %q", l)
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue(), true
+		case m.Gauge != nil:
+			return m.Gauge.GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount()), true
 		}
 	}
+	return 0, false
 }
 
 // Malformed and odd requests get a clear result and are never dropped when
@@ -563,7 +606,7 @@ func TestSecretKeysAreRedacted(t *testing.T) {
 	}
 	w := httptest.NewRecorder()
 	h.mw.MetricsHandler().ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
-	if strings.Contains(w.Body.String(), secret) || !strings.Contains(w.Body.String(), `key="sk-liv…`) {
+	if strings.Contains(w.Body.String(), "sk-l") || !strings.Contains(w.Body.String(), `key="`+h.mw.display(secret)+`"`) {
 		t.Errorf("top offenders show %q", regexpLine(w.Body.String(), "top_offender_level{"))
 	}
 	if err := h.mw.Close(); err != nil {

@@ -1,12 +1,17 @@
 package sketchproxy
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -16,61 +21,113 @@ func seconds(d time.Duration) int64 {
 	return max(1, int64(math.Ceil(d.Seconds())))
 }
 
-// setHeaders writes the IETF draft's RateLimit-Policy and RateLimit
-// (draft-ietf-httpapi-ratelimit-headers: structured fields) for the most
-// constrained limit: r is how many requests the key may send now, t the
-// seconds until that grows (the next halving) or, when refused, the
-// Retry-After. Legacy X-RateLimit-* follow if configured.
-func (m *Middleware) setHeaders(h http.Header, st *state, v *verdict) {
-	if v.lim == nil {
+// setHeaders writes the RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers-10 for every limit of every rule
+// that decided the request (shadow rules send none): each policy's quota
+// as whole requests q per whole seconds w, and for each its remaining r
+// (never above q) and t, the seconds until more quota (the next halving).
+// On a refusal RateLimit lists only the policies the client is over, each
+// with its own wait as t, so that Retry-After (the longest wait) is never
+// earlier than a t. Legacy X-RateLimit-* describe the most constrained
+// limit, if configured.
+func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *request, now time.Time, refused bool) {
+	var pol, cur []string
+	var legacy struct {
+		q, r, t int64
+		level   float64
+		set     bool
+	}
+	for i := range vs {
+		v := &vs[i]
+		if v.ru == nil || v.shadow || v.out == Allowlisted || len(v.ests) == 0 {
+			continue
+		}
+		for j, l := range v.ru.limits {
+			pol = append(pol, fmt.Sprintf("%q;q=%d;w=%d", l.policy, l.q, l.w))
+			est := v.ests[j]
+			if refused {
+				rq.buf = skey(rq.buf, v.ru.cfg.Name, l.name, v.key)
+				est = l.sk.EstimateBytes(rq.buf)
+				if m.fleet != nil {
+					est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 0, now)
+				}
+			} else if !v.banned {
+				est++ // this request, counted
+			}
+			theta := v.thetas[j]
+			r := min(int64(theta)-int64(est), l.q)
+			t := seconds(untilNextTick(now, l.tick))
+			over := uint64(est)+1 > uint64(theta)
+			if over {
+				r = 0
+				t = seconds(retryAfter(est, 1, theta, now, l.tick))
+			}
+			r = max(r, 0)
+			if !refused || over {
+				cur = append(cur, fmt.Sprintf("%q;r=%d;t=%d", l.policy, r, t))
+			}
+			if lv := float64(est) / float64(theta); !legacy.set || lv > legacy.level {
+				legacy.q, legacy.r, legacy.t, legacy.level, legacy.set = l.q, r, t, lv, true
+			}
+		}
+	}
+	if len(pol) == 0 {
 		return
 	}
-	remaining := int64(0)
-	if v.theta > v.est {
-		remaining = int64(v.theta - v.est)
+	h.Set("RateLimit-Policy", strings.Join(pol, ", "))
+	if len(cur) > 0 {
+		h.Set("RateLimit", strings.Join(cur, ", "))
 	}
-	t := seconds(v.retry)
-	h.Set("RateLimit-Policy", v.ru.policy)
-	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", v.lim.policy, remaining, t))
 	if st.cfg.Headers.Legacy {
-		h.Set("X-RateLimit-Limit", strconv.FormatUint(uint64(v.theta), 10))
-		h.Set("X-RateLimit-Remaining", strconv.FormatInt(remaining, 10))
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(t, 10))
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(legacy.q, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(legacy.r, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(legacy.t, 10))
 	}
 }
 
 // problem is an RFC 9457 problem details body.
 type problem struct {
-	Type       string  `json:"type"`
-	Title      string  `json:"title"`
-	Status     int     `json:"status"`
-	Detail     string  `json:"detail"`
-	Rule       string  `json:"rule"`
-	Limit      string  `json:"limit,omitempty"`
-	Outcome    string  `json:"outcome"`
-	RetryAfter int64   `json:"retry_after"`
-	Level      float64 `json:"level,omitempty"` // estimate / threshold
+	Type       string   `json:"type"`
+	Title      string   `json:"title"`
+	Status     int      `json:"status"`
+	Detail     string   `json:"detail"`
+	Rule       string   `json:"rule,omitempty"`
+	Limit      string   `json:"limit,omitempty"`
+	Outcome    string   `json:"outcome,omitempty"`
+	RetryAfter int64    `json:"retry_after,omitempty"`
+	Level      float64  `json:"level,omitempty"` // estimate / threshold
+	Violated   []string `json:"violated-policies,omitempty"`
 }
 
-func (m *Middleware) problemFor(st *state, v *verdict, code int) problem {
+// quotaExceeded is the draft's problem type for a client over its quota.
+const quotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+func (m *Middleware) problemFor(v *verdict, code int) problem {
 	p := problem{
 		Type: "about:blank", Title: http.StatusText(code), Status: code,
-		Rule: v.ru.cfg.Name, Outcome: v.out.String(), RetryAfter: seconds(v.retry),
+		Outcome: v.out.String(), RetryAfter: seconds(v.retry),
 		Level: math.Round(v.level*100) / 100,
 	}
+	if v.ru == nil {
+		p.Detail = "too many requests in progress from this client address; retry when one has finished"
+		return p
+	}
+	p.Rule = v.ru.cfg.Name
 	switch v.out {
 	case OverBudget:
 		b := v.ru.budget.cfg
-		p.Limit = b.Name
+		p.Type, p.Limit, p.Violated = quotaExceeded, b.Name, []string{v.ru.cfg.Name + "-" + b.Name}
 		p.Detail = fmt.Sprintf("budget %q of %s units per %v is spent; retry after %d s", b.Name, formatNum(b.Units), time.Duration(b.Per), p.RetryAfter)
 	case BudgetUnknown:
 		p.Limit = v.ru.budget.cfg.Name
 		p.Detail = fmt.Sprintf("budget %q cannot be tracked for this client right now, and the route fails closed; retry after %d s", p.Limit, p.RetryAfter)
 	case InFlight:
 		p.Detail = fmt.Sprintf("at most %d requests in flight per client on rule %q", v.ru.cfg.MaxInFlight, v.ru.cfg.Name)
+	case TarpitFull:
+		p.Detail = fmt.Sprintf("rule %q: over the limit; retry after %d s", v.ru.cfg.Name, p.RetryAfter)
 	default:
 		if v.lim != nil {
-			p.Limit = v.lim.name
+			p.Type, p.Limit, p.Violated = quotaExceeded, v.lim.name, []string{v.lim.policy}
 			p.Detail = fmt.Sprintf("rule %q limit %q: %s requests per %v; retry after %d s", v.ru.cfg.Name, v.lim.name, formatNum(v.lim.requests), v.lim.per, p.RetryAfter)
 		}
 		if v.out == Ban {
@@ -81,40 +138,66 @@ func (m *Middleware) problemFor(st *state, v *verdict, code int) problem {
 }
 
 // refusal sets a refusal's headers and returns its problem+json body.
-func (m *Middleware) refusal(h http.Header, st *state, v *verdict, code int) []byte {
-	m.setHeaders(h, st, v)
+func (m *Middleware) refusal(h http.Header, st *state, v *verdict, vs []verdict, code int) []byte {
+	rq := &request{}
+	m.setHeaders(h, st, vs, rq, m.now(), true)
 	h.Set("Retry-After", strconv.FormatInt(seconds(v.retry), 10))
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	if v.out == Ban {
 		h.Set("Connection", "close")
 	}
-	body, _ := json.Marshal(m.problemFor(st, v, code))
+	body, _ := json.Marshal(m.problemFor(v, code))
 	body = append(body, '\n')
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	return body
 }
 
 // refuse writes a refusal at once.
-func (m *Middleware) refuse(w http.ResponseWriter, st *state, v *verdict, code int) {
-	body := m.refusal(w.Header(), st, v, code)
+func (m *Middleware) refuse(w http.ResponseWriter, st *state, v *verdict, vs []verdict, code int) {
+	body := m.refusal(w.Header(), st, v, vs, code)
 	w.WriteHeader(code)
 	w.Write(body)
+}
+
+// badRequest refuses a request no rule can judge safely (an ambiguous path
+// or key) with 400 and a problem saying what to fix.
+func (m *Middleware) badRequest(w http.ResponseWriter, r *http.Request, why string) {
+	m.met.badRequests.Add(1)
+	if ok, skipped := m.logs.allow(m.now()); ok {
+		attrs := []any{"why", why, "method", r.Method}
+		if skipped > 0 {
+			attrs = append(attrs, "log_lines_skipped", skipped)
+		}
+		m.log.Info("sketchproxy bad request", attrs...)
+	}
+	writeProblem(w, http.StatusBadRequest, why+": send the request without it")
+}
+
+// writeProblem writes a small problem+json answer.
+func writeProblem(w http.ResponseWriter, code int, detail string) {
+	body, _ := json.Marshal(problem{Type: "about:blank", Title: http.StatusText(code), Status: code, Detail: detail})
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(code)
+	w.Write(append(body, '\n'))
 }
 
 // drip holds the client with a 429 written a byte at a time, without
 // touching the upstream, for at most MaxDelay; with the tarpit at its caps it
 // refuses at once.
-func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, v *verdict) {
+func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, v *verdict, vs []verdict) {
 	if !m.hold(v.ru.cfg.Name, v.key, st) {
 		v.out = TarpitFull
 		v.ru.met.count(TarpitFull, false)
-		m.refuse(w, st, v, http.StatusTooManyRequests)
+		m.refuse(w, st, v, vs, http.StatusTooManyRequests)
 		return
 	}
 	defer m.release(v.ru.cfg.Name, v.key)
 	t := &st.cfg.Tarpit
-	body := m.refusal(w.Header(), st, v, http.StatusTooManyRequests)
+	body := m.refusal(w.Header(), st, v, vs, http.StatusTooManyRequests)
 	w.WriteHeader(http.StatusTooManyRequests)
 	rc := http.NewResponseController(w)
 	deadline := time.Duration(t.MaxDelay)
@@ -140,9 +223,13 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 	if !ok {
 		return
 	}
+	rule := ""
+	if v.ru != nil {
+		rule = v.ru.cfg.Name
+	}
 	attrs := []any{
-		"rule", v.ru.cfg.Name, "outcome", v.out.String(), "shadow", shadow,
-		"key", v.ru.display(v.key), "method", r.Method, "path", truncate(r.URL.Path, 256),
+		"rule", rule, "outcome", v.out.String(), "shadow", shadow,
+		"key", m.display(v.key), "method", r.Method, "path", strconv.QuoteToASCII(truncate(r.URL.Path, 256)),
 		"retry_after_s", seconds(v.retry),
 	}
 	if v.lim != nil {
@@ -154,16 +241,28 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 	m.log.Info("sketchproxy decision", attrs...)
 }
 
-// display is a key as logs and metrics show it: a client address in full,
-// but a key with a header or query part (an API key, a token) as its first
-// 6 bytes and a hash, so that /metrics and the logs leak no credential.
-func (ru *rule) display(key string) string {
-	if !ru.secretKey {
-		return truncate(key, 128)
+// initRedaction picks the key of the hash that stands for keys in logs and
+// metrics: random, or from Options.Seed for repeatable tests.
+func (m *Middleware) initRedaction() {
+	if m.opts.Seed != 0 {
+		binary.LittleEndian.PutUint64(m.redact[:], m.opts.Seed)
+		m.redact = sha256.Sum256(m.redact[:8])
+		return
 	}
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return fmt.Sprintf("%s…%08x", truncate(key[:min(len(key), 6)], 6), h.Sum32())
+	rand.Read(m.redact[:])
+}
+
+// display is a key as logs and metrics show it: "k:" and the first 12 hex
+// digits of its HMAC-SHA256 under a per-process key. A key is a client
+// address, an API key or a token: none of them appears whole, and no byte a
+// client chose reaches a log line or a label. The same key shows the same
+// way for the life of the process, so one client's lines and series can be
+// followed.
+func (m *Middleware) display(key string) string {
+	mac := hmac.New(sha256.New, m.redact[:])
+	mac.Write([]byte(key))
+	var sum [32]byte
+	return "k:" + hex.EncodeToString(mac.Sum(sum[:0])[:6])
 }
 
 func truncate(s string, n int) string {
@@ -194,9 +293,9 @@ func (l *logLimiter) allow(now time.Time) (bool, int64) {
 	return true, l.skipped.Swap(0)
 }
 
-// spikeMeter counts first sightings per second and keeps a moving average
-// of past seconds (about 30 s), with no goroutine: the first call in a new
-// second rolls the window.
+// spikeMeter counts new keys per second and keeps a moving average of past
+// seconds (about 30 s), with no goroutine: the first call in a new second
+// rolls the window.
 type spikeMeter struct {
 	sec   atomic.Int64
 	cur   atomic.Int64
@@ -207,7 +306,7 @@ type spikeMeter struct {
 
 const spikeAlpha = 1.0 / 30
 
-// first records a first sighting.
+// first records a new key.
 func (s *spikeMeter) first(now time.Time) {
 	s.roll(now)
 	s.cur.Add(1)
@@ -235,8 +334,8 @@ func (s *spikeMeter) roll(now time.Time) {
 	s.avg.Store(math.Float64bits(a))
 }
 
-// rate is the first sightings per second now: the larger of the last whole
-// second and the current one so far.
+// rate is the new keys per second now: the larger of the last whole second
+// and the current one so far.
 func (s *spikeMeter) rate(now time.Time) float64 {
 	s.roll(now)
 	return float64(max(s.last.Load(), s.cur.Load()))

@@ -14,15 +14,16 @@ import (
 )
 
 // The state file holds every sketch (limits, budgets, new keys, bans):
-// "SKPXSTAT", a version (uint16) and a count (uint32), then per sketch its
-// tick (ns), bucket count and two-choice flag, and its epochsketch
-// snapshot; then "SKPXEND!". It holds the sketches' hash keys: it is
+// "SKPXSTAT", a version (uint16) and a count (uint32); since version 2 the
+// new-key meter's moving average (float64 bits, uint64); then per sketch
+// its tick (ns), bucket count and two-choice flag, and its epochsketch
+// snapshot; then "SKPXEND!". Version 1 files (no meter) are still read. It holds the sketches' hash keys: it is
 // written 0600; keep it private.
 
 const (
 	stateMagic   = "SKPXSTAT"
 	stateEnd     = "SKPXEND!"
-	stateVersion = 1
+	stateVersion = 2
 )
 
 // SaveState writes every sketch to the config's state_file, crash-safely.
@@ -53,6 +54,9 @@ func (m *Middleware) SaveState() error {
 		binary.LittleEndian.PutUint16(h[8:], stateVersion)
 		binary.LittleEndian.PutUint32(h[10:], uint32(len(keys)))
 		bw.Write(h[:])
+		var meter [8]byte
+		binary.LittleEndian.PutUint64(meter[:], m.spike.avg.Load())
+		bw.Write(meter[:])
 		for _, k := range keys {
 			var e [17]byte
 			binary.LittleEndian.PutUint64(e[0:], uint64(k.tick))
@@ -94,6 +98,12 @@ func (m *Middleware) loadState() {
 	}
 	defer f.Close()
 	sum, err := readState(bufio.NewReaderSize(f, 1<<16), st)
+	if err == nil && sum.meter {
+		// The new keys' average survives, so a restart needs no warm-up:
+		// the clients of before are known keys, not a spike.
+		m.spike.avg.Store(sum.meterAvg)
+		m.restoredMeter.Store(true)
+	}
 	if err != nil {
 		for _, s := range st.sketches {
 			s.Reset()
@@ -112,6 +122,8 @@ func (m *Middleware) loadState() {
 type stateSummary struct {
 	restored, skipped, live, expired int
 	saved                            time.Time
+	meter                            bool // a version 2 file: meterAvg is set
+	meterAvg                         uint64
 }
 
 func readState(r *bufio.Reader, st *state) (sum stateSummary, err error) {
@@ -122,8 +134,16 @@ func readState(r *bufio.Reader, st *state) (sum stateSummary, err error) {
 	if string(h[:8]) != stateMagic {
 		return stateSummary{}, fmt.Errorf("not a SketchProxy state file")
 	}
-	if v := binary.LittleEndian.Uint16(h[8:]); v != stateVersion {
-		return stateSummary{}, fmt.Errorf("state version %d, this build reads %d", v, stateVersion)
+	v := binary.LittleEndian.Uint16(h[8:])
+	if v < 1 || v > stateVersion {
+		return stateSummary{}, fmt.Errorf("state version %d, this build reads 1 to %d", v, stateVersion)
+	}
+	if v >= 2 {
+		var meter [8]byte
+		if _, err = io.ReadFull(r, meter[:]); err != nil {
+			return stateSummary{}, fmt.Errorf("truncated header")
+		}
+		sum.meter, sum.meterAvg = true, binary.LittleEndian.Uint64(meter[:])
 	}
 	n := binary.LittleEndian.Uint32(h[10:])
 	if n > 1024 {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"slices"
 	"strconv"
@@ -31,7 +32,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	defer up.Close()
 	target, _ := url.Parse(up.URL)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	plain := httptest.NewServer(newReverseProxy(target, log))
+	plain := httptest.NewServer(newReverseProxy(target, log, (*httputil.ProxyRequest).SetXForwarded))
 	defer plain.Close()
 	cfg, err := sketchproxy.ParseConfig("bench", []byte(`rules:
   - name: api
@@ -42,7 +43,8 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	mw, err := sketchproxy.New(cfg, newReverseProxy(target, log), sketchproxy.Options{Logger: log})
+	var mw *sketchproxy.Middleware
+	mw, err = sketchproxy.New(cfg, newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -133,19 +133,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer closeDemo()
 		cfg.Upstream = u
 	}
+	// Both addresses first: a start that cannot listen touches no state
+	// file (Close would save the empty sketches over the last good one).
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "sketchproxy: listen: %v (set listen: or -listen)\n", err)
+		return 1
+	}
+	defer ln.Close()
+	var aln net.Listener
+	if cfg.Admin != "off" {
+		if aln, err = net.Listen("tcp", cfg.Admin); err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: admin listen: %v (set admin: or -admin, or \"off\")\n", err)
+			return 1
+		}
+		defer aln.Close()
+	}
 	target, _ := url.Parse(cfg.Upstream)
-	mw, err := sketchproxy.New(cfg, newReverseProxy(target, log), sketchproxy.Options{Logger: log})
+	var mw *sketchproxy.Middleware
+	mw, err = sketchproxy.New(cfg, newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
 	defer mw.Close()
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		fmt.Fprintf(stderr, "sketchproxy: listen: %v (set listen: or -listen)\n", err)
-		return 1
-	}
 	srv := &http.Server{
 		Handler:           mw,
 		ReadHeaderTimeout: time.Duration(cfg.Server.ReadHeaderTimeout), // slowloris
@@ -157,12 +169,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	go func() { errc <- srv.Serve(ln) }()
 
 	var adminSrv *http.Server
-	if cfg.Admin != "off" {
-		aln, err := net.Listen("tcp", cfg.Admin)
-		if err != nil {
-			fmt.Fprintf(stderr, "sketchproxy: admin listen: %v (set admin: or -admin, or \"off\")\n", err)
-			return 1
-		}
+	if aln != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", mw.MetricsHandler())
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -227,10 +234,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-// newReverseProxy proxies to target, keeping the client's Host, passing
-// streams (SSE flushes at once) and WebSocket upgrades, and answering
-// upstream failures with a 502 problem.
-func newReverseProxy(target *url.URL, log *slog.Logger) http.Handler {
+// newReverseProxy proxies to target, keeping the client's Host, setting the
+// forwarding headers with forwarded (the Middleware's SetForwarded),
+// passing streams (SSE flushes at once) and WebSocket upgrades, and
+// answering upstream failures with a 502 problem (408 for a request body
+// that passed server.body_timeout).
+func newReverseProxy(target *url.URL, log *slog.Logger, forwarded func(*httputil.ProxyRequest)) http.Handler {
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        1024,
@@ -242,12 +251,19 @@ func newReverseProxy(target *url.URL, log *slog.Logger) http.Handler {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.Out.Host = pr.In.Host
-			pr.SetXForwarded()
+			forwarded(pr)
 		},
 		Transport: tr,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return // the client left
+			}
+			if errors.Is(err, sketchproxy.ErrBodyTimeout) {
+				w.Header().Set("Connection", "close")
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusRequestTimeout)
+				fmt.Fprintf(w, `{"type":"about:blank","title":"Request Timeout","status":408,"detail":"the request body did not arrive within server.body_timeout"}`+"\n")
+				return
 			}
 			log.Warn("upstream error", "err", err.Error(), "path", r.URL.Path)
 			w.Header().Set("Content-Type", "application/problem+json")

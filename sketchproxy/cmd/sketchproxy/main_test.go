@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
@@ -99,7 +100,8 @@ func TestStreamingAndUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	mw, err := sketchproxy.New(cfg, newReverseProxy(target, log), sketchproxy.Options{Logger: log})
+	var mw *sketchproxy.Middleware
+	mw, err = sketchproxy.New(cfg, newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,110 @@
+package sketchproxy
+
+import (
+	"net/http"
+	"path"
+	"strings"
+)
+
+// Paths: rules match the path the upstream will serve, and the upstream is
+// sent that same path, so no spelling of a path reaches it past a rule.
+//
+// A request's path is decoded (Go's URL parser does that: %61pi is api)
+// and cleaned: repeated slashes merge, "." segments go, ".." segments
+// remove the one before and never climb above the root, and a trailing
+// slash stays. The cleaned path is what rules match and what the upstream
+// receives. Encodings that upstreams disagree on are refused with 400
+// before any rule runs: an encoded slash (%2F) or backslash (%5C), a
+// backslash, NUL or any other control byte, a dot segment with parameters
+// ("/..;/", which Java servers read as ".."), and a path that is not a path
+// (no leading slash, except "*" for OPTIONS).
+
+// pathProblem says why a request's path is refused, or "" if it is fine.
+func pathProblem(r *http.Request) string {
+	p := r.URL.Path
+	if p == "" || p[0] != '/' {
+		if r.Method == http.MethodOptions && p == "*" || r.Method == http.MethodConnect {
+			return ""
+		}
+		return "the path must start with /"
+	}
+	raw := r.URL.EscapedPath()
+	for i := 0; i+2 < len(raw); i++ {
+		if raw[i] != '%' {
+			continue
+		}
+		switch strings.ToUpper(raw[i+1 : i+3]) {
+		case "2F":
+			return "an encoded slash (%2F) in the path"
+		case "5C":
+			return "an encoded backslash (%5C) in the path"
+		}
+	}
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
+		case c == '\\':
+			return "a backslash in the path"
+		case c < 0x20 || c == 0x7f:
+			return "a control byte in the path"
+		case c == ';' && i >= 2 && p[i-1] == '.' && (p[i-2] == '/' || p[i-2] == '.' && i >= 3 && p[i-3] == '/'):
+			// "/..;/" is ".." to Tomcat and Jetty, a plain name to a cleaner.
+			return "a dot segment with parameters (/.;/ or /..;/) in the path"
+		}
+	}
+	return ""
+}
+
+// cleanPath is p with repeated slashes merged and "." and ".." resolved,
+// keeping a trailing slash: what a file server or router serves for p.
+func cleanPath(p string) string {
+	if p == "" || p[0] != '/' {
+		return p
+	}
+	c := path.Clean(p)
+	if c != "/" && (strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..")) {
+		c += "/"
+	}
+	return c
+}
+
+// normalizePath rewrites r's path to its cleaned form, keeping the
+// client's percent-encoding where it still spells the same path.
+func normalizePath(r *http.Request) {
+	p := r.URL.Path
+	if p == "" || p[0] != '/' {
+		return
+	}
+	c := cleanPath(p)
+	if c == p {
+		return
+	}
+	raw := r.URL.RawPath
+	r.URL.Path = c
+	r.URL.RawPath = ""
+	if raw != "" {
+		// Without an encoded slash, raw and decoded paths have the same
+		// segments; url.URL ignores a RawPath that does not decode to Path.
+		r.URL.RawPath = cleanPath(raw)
+	}
+	if r.URL.EscapedPath() != r.URL.RawPath {
+		r.URL.RawPath = ""
+	}
+}
+
+// pathMatch reports whether a request path is under prefix. A prefix that
+// ends in "/" matches by whole segments: "/api/" matches "/api", "/api/" and
+// "/api/x", never "/apix". Without a trailing slash it is a plain prefix:
+// "/api" matches "/apix" too. Unless caseSensitive, letters match in any
+// case, because many upstreams (Windows, macOS file systems, some routers)
+// serve /API/x as /api/x.
+func pathMatch(p, prefix string, caseSensitive bool) bool {
+	eq := strings.EqualFold
+	if caseSensitive {
+		eq = func(a, b string) bool { return a == b }
+	}
+	if len(p) >= len(prefix) && eq(p[:len(prefix)], prefix) {
+		return true
+	}
+	dir := strings.TrimSuffix(prefix, "/")
+	return len(dir) < len(prefix) && dir != "" && eq(p, dir)
+}
