@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v4"
 )
 
 // Config is SketchProxy's configuration, usually read from YAML with
@@ -305,7 +305,7 @@ func LoadConfig(path string) (*Config, error) {
 var (
 	reYAMLLine    = regexp.MustCompile(`^yaml: (?:unmarshal errors:\n\s*)?line (\d+): (.*)$`)
 	reUnknownFild = regexp.MustCompile(`field (\S+) not found in type \S+`)
-	reBadType     = regexp.MustCompile("cannot unmarshal !!(\\w+) `([^`]*)` into (\\S+)")
+	reBadType     = regexp.MustCompile("cannot (?:unmarshal|construct) !!(\\w+) `([^`]*)` into (\\S+)")
 	reOwnLine     = regexp.MustCompile(`^line (\d+): (.*)$`) // a Duration's own error
 )
 

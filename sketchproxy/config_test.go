@@ -32,7 +32,9 @@ func TestConfigErrors(t *testing.T) {
 		name, src, want string
 	}{
 		{"empty", "", "p.yaml: the file is empty"},
-		{"syntax", "rules:\n  - name: a\n   key: [ip]\n", "p.yaml:1: did not find expected"},
+		{"syntax", "rules:\n  - name: a\n   key: [ip]\n", "p.yaml:3: did not find expected"},
+		{"tab", "listen: \":1\"\nrules:\n  - name: a\n\tlimits: []\n", "p.yaml:4: found a tab character"},
+		{"bad indent", "rules:\n  - name: a\n    limits:\n      - requests: 5\n       per: 1s\n", "p.yaml:5: did not find expected"},
 		{"unknown field", "rules:\n  - name: a\n    limts:\n      - {requests: 1, per: 1s}\n", `p.yaml:3: unknown field "limts"`},
 		{"bad duration", "rules:\n  - name: a\n    limits:\n      - {requests: 1, per: 1 week}\n", `p.yaml:4: duration "1 week": want e.g. 1s, 10m, 24h or 1d`},
 		{"bad type", "rules:\n  - name: a\n    limits:\n      - {requests: many, per: 1s}\n", `p.yaml:4: a str "many" where a float64 belongs`},
@@ -51,6 +53,14 @@ func TestConfigErrors(t *testing.T) {
 		{"budget cost", "rules:\n  - budget: {units: 10, per: 1d, cost: 11}\n", "rules[0].budget.cost: cost 11 is more than the whole budget 10"},
 		{"bad upstream", "upstream: \"ftp://x\"\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", `p.yaml:1: upstream: "ftp://x": want an http:// or https:// URL`},
 		{"server timeout", "server: {read_header_timeout: 1ms}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "p.yaml:1: server.read_header_timeout: want 10ms to 5m"},
+		{"bad source", "client_ip: {source: cookie}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", `client_ip.source: "cookie": want x-forwarded-for, forwarded, x-real-ip or header:NAME`},
+		{"bad set_header", "client_ip: {set_header: \"X Real\"}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", `client_ip.set_header: "X Real": not a header name`},
+		{"bad refused", "rules:\n  - refused: sometimes\n    limits: [{requests: 1, per: 1s}]\n", `p.yaml:2: rules[0].refused: "sometimes": want free`},
+		{"free tarpit", "rules:\n  - refused: free\n    tarpit: true\n    limits: [{requests: 1, per: 1s}]\n", `rules[0].refused: "free" with tarpit`},
+		{"uncleaned prefix", "rules:\n  - match: {path_prefix: /api//v1/}\n    limits: [{requests: 1, per: 1s}]\n", `rules[0].match.path_prefix: "/api//v1/": requests are matched on cleaned paths, so this prefix would never match: write "/api/v1/"`},
+		{"body timeout", "server: {body_timeout: 2h}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "server.body_timeout: want 10ms to 1h"},
+		{"buffer", "server: {buffer_body: -1}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "server.buffer_body: -1: want 0 (stream at once) to 64 MiB"},
+		{"remember", "new_keys: {window: 10m, remember: 1m}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "new_keys.remember: want window (default 1m) to 30d"},
 		{"ipv6 prefix", "client_ip: {ipv6_prefix: 129}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "client_ip.ipv6_prefix: 129: want 1 to 128"},
 	} {
 		_, err := ParseConfig("p.yaml", []byte(c.src))
