@@ -647,7 +647,7 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 	for j := range r.Limits {
 		l := &r.Limits[j]
 		if l.Name == "" {
-			l.Name = "per-" + strings.TrimSuffix(strings.TrimSuffix(time.Duration(l.Per).String(), "0s"), "0m")
+			l.Name = "per-" + strings.ReplaceAll(strings.TrimSuffix(strings.TrimSuffix(time.Duration(l.Per).String(), "0s"), "0m"), ".", "_")
 		}
 		if !validName(l.Name) || lnames[l.Name] {
 			return at(fmt.Sprintf("%q: names must be unique in the rule, letters, digits, - and _", l.Name), "limits", j, "name")

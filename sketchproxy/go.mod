@@ -3,6 +3,7 @@ module github.com/epochsketch/epochsketch/sketchproxy
 go 1.26.0
 
 require (
+	github.com/dunglas/httpsfv v1.1.2
 	github.com/epochsketch/epochsketch v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
