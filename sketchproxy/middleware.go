@@ -733,6 +733,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ck := ci.group(rq.addr)
 		if !m.clients.acquire("", ck, n) {
 			m.met.clientCap.Add(1)
+			closeIfBody(w, r)
 			v := verdict{out: InFlight, key: ck, retry: time.Second}
 			m.logDecision(r, &v, false)
 			m.refuse(w, st, &v, nil, http.StatusTooManyRequests)
@@ -854,6 +855,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if !admitted {
+		closeIfBody(w, r)
 		refusal.retry = max(time.Second, m.retryAll(st, verdicts, rq, now))
 		if refusal.out == InFlight {
 			refusal.retry = time.Second // a place frees when a request ends: no promise
@@ -1026,3 +1028,13 @@ func (c *countMin) acquire(rule, key string, limit int) bool {
 }
 
 func formatNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// closeIfBody closes the connection after a refusal of a request whose body
+// was not read: the server would otherwise read (and wait for) the whole
+// body before it sends the answer, which a slow client drips for as long as
+// it likes.
+func closeIfBody(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
+}

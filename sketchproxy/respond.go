@@ -171,6 +171,7 @@ func (m *Middleware) badRequest(w http.ResponseWriter, r *http.Request, why stri
 		}
 		m.log.Info("sketchproxy bad request", attrs...)
 	}
+	closeIfBody(w, r)
 	writeProblem(w, http.StatusBadRequest, why+": send the request without it")
 }
 
