@@ -13,10 +13,16 @@ server:
   read_header_timeout: 10s         # slowloris: headers must arrive within this
   idle_timeout: 2m
   max_header_bytes: 65536
+  body_timeout: 30s                # a request body must arrive within this: else 408
+  buffer_body: 65536               # bodies up to this are read whole before the upstream is asked
+  max_in_flight_per_client: 64     # requests in progress per client address: past it 429
 
 client_ip:
-  # Only connections from these read X-Forwarded-For / Forwarded, from the right.
+  # Only connections from these proxies are believed, and only in source, read
+  # from the right past trusted hops. Every other forwarding header is ignored.
   trusted_proxies: ["127.0.0.1/32", "10.0.0.0/8"]
+  source: x-forwarded-for          # or forwarded, x-real-ip, header:CF-Connecting-IP
+  set_header: X-Real-IP            # tell the upstream the client address found
   ipv6_prefix: 64                  # one client per /64
   ipv4_prefix: 32
 
@@ -36,22 +42,26 @@ tarpit:                            # ladder by estimate / threshold
   max_held_per_key: 2              # past a cap: an immediate 429
 
 new_keys:                          # key-rotation defense
-  spike_factor: 4                  # first sightings/s above 4x their average...
+  spike_factor: 4                  # new keys/s above 4x their average...
   min_per_second: 50               # ...and above 50/s is a spike
-  budget_factor: 0.25              # keys first seen in a spike get 1/4 of each limit
-  window: 1m                       # ...for about this long
+  budget_factor: 0.25              # keys first seen in a spike get 1/4 of each limit and budget
+  window: 1m                       # ...for one to two windows
+  remember: 1h                     # a key seen within about this long is not new
+  warmup: 1m                       # no spike is called this long after a start without a state file
 
 headers:
   legacy: false                    # also X-RateLimit-Limit/-Remaining/-Reset
 
 rules:
   - name: api
+    # Paths are matched cleaned and decoded; "/v1/" matches /v1, /v1/ and
+    # /v1/x in any letter case (case_sensitive: true to change that).
     match: {host: "api.example.com", path_prefix: "/v1/", methods: [GET, POST]}
     key: ["header:X-API-Key"]      # or ip, query:NAME, or several: [header:X-API-Key, ip]
     allow:
       cidrs: ["192.0.2.0/24"]      # monitoring: no sketch work
       keys: ["internal-batch"]
-    tarpit: true
+    tarpit: true                   # tarpit rules count refused requests (refused: count)
     limits:
       - {name: per-second, requests: 10, per: 1s, burst: 20}
       - {name: per-day, requests: 50000, per: 1d}
@@ -59,6 +69,7 @@ rules:
   - name: llm
     match: {path_prefix: "/v1/chat/"}
     key: ["header:X-API-Key"]
+    refused: free                  # refused requests do not count (the default); count: they do
     limits:
       - {name: per-minute, requests: 60, per: 1m}
     budget:                        # wallet defense

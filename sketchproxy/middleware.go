@@ -50,8 +50,10 @@ type Middleware struct {
 	logs     logLimiter
 	redact   [32]byte // the key of the hash that stands for keys in logs and metrics
 
-	started       time.Time   // for new_keys.warmup
-	restoredMeter atomic.Bool // the state file restored the new-key meter
+	started       time.Time    // for new_keys.warmup
+	restoredMeter atomic.Bool  // the state file restored the new-key meter
+	lastNew       atomic.Int64 // when a key was last marked new (Unix ns; 0: never)
+	lastBan       atomic.Int64 // when a key was last banned (Unix ns; 0: never)
 
 	mu      sync.Mutex // guards ruleMet and sketch reuse across reloads
 	ruleMet map[string]*ruleMetrics
@@ -95,12 +97,15 @@ type rule struct {
 	// keyHeaders and keyQueries are the key's header:NAME (canonical) and
 	// query:NAME parts, checked for ambiguity.
 	keyHeaders, keyQueries []string
+	policy                 string // the rule's RateLimit-Policy items
 }
 
 type limit struct {
 	name     string
 	policy   string // the RateLimit policy's name: rule-limit
 	q, w     int64  // the policy as whole requests q per w seconds
+	item     string // its RateLimit-Policy item: "rule-limit";q=Q;w=W
+	quoted   string // "rule-limit", for RateLimit items
 	sk       *epochsketch.Sketch
 	tick     time.Duration
 	theta    uint32
@@ -234,6 +239,12 @@ func (m *Middleware) Reload(cfg *Config) error {
 				sk: sketch(tick, cfg.Sketch.Buckets),
 			}
 			lim.q, lim.w = wholePolicy(l.Requests, time.Duration(l.Per))
+			lim.quoted = strconv.Quote(lim.policy)
+			lim.item = fmt.Sprintf("%s;q=%d;w=%d", lim.quoted, lim.q, lim.w)
+			if ru.policy != "" {
+				ru.policy += ", "
+			}
+			ru.policy += lim.item
 			ru.limits = append(ru.limits, lim)
 		}
 		if b := rc.Budget; b != nil {
@@ -501,21 +512,34 @@ const (
 	tagKnown = "!known"
 )
 
-// isNewKey records that key was seen and reports whether it counts as new:
-// first seen while new keys spike, within the last window or two.
-func (m *Middleware) isNewKey(st *state, ru *rule, rq *request, key string, now time.Time) bool {
+// isNewKey reports whether key counts as new: first seen while new keys
+// spike, within the last window or two. A key active in one of the rule's
+// limits (active) is known; otherwise the memory of keys (new_keys.remember)
+// says. Rules with limits teach that memory in commit, once per tick a key
+// is active; budget-only rules here.
+func (m *Middleware) isNewKey(st *state, ru *rule, rq *request, key string, now time.Time, active bool) bool {
 	nk := &st.cfg.NewKeys
 	if nk.Disabled {
 		return false
 	}
-	rq.buf = skey(rq.buf, ru.cfg.Name, tagKnown, key)
-	seen, _ := st.known.ObserveBytes(rq.buf)
-	rq.buf = skey(rq.buf, ru.cfg.Name, tagNew, key)
-	if st.newKeys.EstimateBytes(rq.buf) > 0 {
-		return true
+	// A mark lasts at most two windows: without one that recent, no key is
+	// marked, and the lookup is skipped.
+	if last := m.lastNew.Load(); last != 0 && now.UnixNano()-last <= 3*int64(nk.Window) {
+		rq.buf = skey(rq.buf, ru.cfg.Name, tagNew, key)
+		if st.newKeys.EstimateBytes(rq.buf) > 0 {
+			return true
+		}
 	}
-	if seen > 1 {
-		return false // seen within about new_keys.remember
+	if active {
+		return false
+	}
+	rq.buf = skey(rq.buf, ru.cfg.Name, tagKnown, key)
+	if len(ru.limits) > 0 {
+		if st.known.EstimateBytes(rq.buf) > 0 {
+			return false
+		}
+	} else if seen, _ := st.known.ObserveBytes(rq.buf); seen > 1 {
+		return false
 	}
 	m.spike.first(now)
 	if !m.spike.active(now, nk) || !m.warm(now, nk) {
@@ -523,7 +547,9 @@ func (m *Middleware) isNewKey(st *state, ru *rule, rq *request, key string, now 
 	}
 	// Marked for between one and two windows (a count of 2 halves to 0 at
 	// the second window boundary).
+	rq.buf = skey(rq.buf, ru.cfg.Name, tagNew, key)
 	st.newKeys.ObserveBytesN(rq.buf, 2)
+	m.lastNew.Store(now.UnixNano())
 	return true
 }
 
@@ -537,13 +563,13 @@ func (m *Middleware) warm(now time.Time, nk *NewKeysConfig) bool {
 func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now time.Time) verdict {
 	v := verdict{ru: ru, key: key}
 	cfg := st.cfg
-	if len(ru.limits) > 0 {
+	// A ban lasts at most 5 ticks of ban_for/4: without one that recent, no
+	// key is banned, and the lookup is skipped.
+	if last := m.lastBan.Load(); len(ru.limits) > 0 && last != 0 && now.UnixNano()-last <= 8*int64(st.banTick) {
 		rq.buf = skey(rq.buf, ru.cfg.Name, tagBan, key)
 		v.banned = st.bans.EstimateBytes(rq.buf) > 0
 	}
-	if len(ru.limits) > 0 || ru.budget != nil {
-		v.newKey = m.isNewKey(st, ru, rq, key, now)
-	}
+	active := false
 	if len(ru.limits) > 0 {
 		v.ests = make([]uint32, 2*len(ru.limits))
 		v.ests, v.thetas = v.ests[:len(ru.limits)], v.ests[len(ru.limits):]
@@ -554,11 +580,19 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		if m.fleet != nil {
 			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 0, now)
 		}
+		v.ests[i] = est
+		active = active || est > 0
+	}
+	if len(ru.limits) > 0 || ru.budget != nil {
+		v.newKey = m.isNewKey(st, ru, rq, key, now, active)
+	}
+	for i, l := range ru.limits {
+		est := v.ests[i]
 		theta := l.theta
 		if v.newKey {
 			theta = max(1, uint32(float64(theta)*cfg.NewKeys.BudgetFactor))
 		}
-		v.ests[i], v.thetas[i] = est, theta
+		v.thetas[i] = theta
 		after := uint64(est) + 1
 		lv := float64(after) / float64(theta)
 		if v.lim == nil || lv > v.level {
@@ -594,16 +628,23 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 // climbed past ban_above.
 func (m *Middleware) commit(st *state, v *verdict, rq *request) {
 	ru := v.ru
-	for _, l := range ru.limits {
+	for i, l := range ru.limits {
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
-		l.sk.ObserveBytes(rq.buf)
+		_, first := l.sk.ObserveBytes(rq.buf)
 		if m.fleet != nil {
 			m.fleet.add(rq.buf, 1)
+		}
+		if i == 0 && first && !st.cfg.NewKeys.Disabled {
+			// Once per tick a key is active: the memory of keys grows with
+			// activity, so the lottery keeps steady clients over one-off keys.
+			rq.buf = skey(rq.buf, ru.cfg.Name, tagKnown, v.key)
+			st.known.ObserveBytes(rq.buf)
 		}
 	}
 	if v.setBan {
 		rq.buf = skey(rq.buf, ru.cfg.Name, tagBan, v.key)
 		st.bans.ObserveBytesN(rq.buf, 16) // 16 >> 4 ticks of ban_for/4: about ban_for
+		m.lastBan.Store(m.now().UnixNano())
 	}
 }
 

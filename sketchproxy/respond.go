@@ -11,7 +11,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -31,7 +30,9 @@ func seconds(d time.Duration) int64 {
 // earlier than a t. Legacy X-RateLimit-* describe the most constrained
 // limit, if configured.
 func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *request, now time.Time, refused bool) {
-	var pol, cur []string
+	var cur []byte
+	var pol string
+	rules := 0
 	var legacy struct {
 		q, r, t int64
 		level   float64
@@ -42,8 +43,12 @@ func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *requ
 		if v.ru == nil || v.shadow || v.out == Allowlisted || len(v.ests) == 0 {
 			continue
 		}
+		if rules++; rules == 1 {
+			pol = v.ru.policy
+		} else {
+			pol += ", " + v.ru.policy
+		}
 		for j, l := range v.ru.limits {
-			pol = append(pol, fmt.Sprintf("%q;q=%d;w=%d", l.policy, l.q, l.w))
 			est := v.ests[j]
 			if refused {
 				rq.buf = skey(rq.buf, v.ru.cfg.Name, l.name, v.key)
@@ -64,19 +69,28 @@ func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *requ
 			}
 			r = max(r, 0)
 			if !refused || over {
-				cur = append(cur, fmt.Sprintf("%q;r=%d;t=%d", l.policy, r, t))
+				if len(cur) > 0 {
+					cur = append(cur, ", "...)
+				} else {
+					cur = make([]byte, 0, 48*len(v.ru.limits))
+				}
+				cur = append(cur, l.quoted...)
+				cur = append(cur, ";r="...)
+				cur = strconv.AppendInt(cur, r, 10)
+				cur = append(cur, ";t="...)
+				cur = strconv.AppendInt(cur, t, 10)
 			}
 			if lv := float64(est) / float64(theta); !legacy.set || lv > legacy.level {
 				legacy.q, legacy.r, legacy.t, legacy.level, legacy.set = l.q, r, t, lv, true
 			}
 		}
 	}
-	if len(pol) == 0 {
+	if rules == 0 {
 		return
 	}
-	h.Set("RateLimit-Policy", strings.Join(pol, ", "))
+	h[hdrPolicy] = []string{pol}
 	if len(cur) > 0 {
-		h.Set("RateLimit", strings.Join(cur, ", "))
+		h[hdrRateLimit] = []string{string(cur)}
 	}
 	if st.cfg.Headers.Legacy {
 		h.Set("X-RateLimit-Limit", strconv.FormatInt(legacy.q, 10))
@@ -84,6 +98,12 @@ func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *requ
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(legacy.t, 10))
 	}
 }
+
+// The fields' canonical keys (http.CanonicalHeaderKey), set directly.
+const (
+	hdrPolicy    = "Ratelimit-Policy"
+	hdrRateLimit = "Ratelimit"
+)
 
 // problem is an RFC 9457 problem details body.
 type problem struct {

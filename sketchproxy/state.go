@@ -103,6 +103,7 @@ func (m *Middleware) loadState() {
 		// the clients of before are known keys, not a spike.
 		m.spike.avg.Store(sum.meterAvg)
 		m.restoredMeter.Store(true)
+		m.lastNew.Store(m.now().UnixNano()) // marks may have been restored
 	}
 	if err != nil {
 		for _, s := range st.sketches {
@@ -113,6 +114,7 @@ func (m *Middleware) loadState() {
 		return
 	}
 	m.met.stateLoads[0].Add(1)
+	m.lastBan.Store(m.now().UnixNano()) // bans may have been restored
 	m.log.Info("state restored", "file", path, "saved", sum.saved.UTC().Format(time.RFC3339),
 		"age", m.now().Sub(sum.saved).Round(time.Second).String(), "sketches", sum.restored, "skipped", sum.skipped,
 		"live_slots", sum.live, "expired_slots", sum.expired)
