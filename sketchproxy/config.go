@@ -221,15 +221,33 @@ type Limit struct {
 	Burst float64 `yaml:"burst"`
 }
 
-// Budget is a per-key wallet: Units per Per, charged Cost per request up
-// front and reconciled from the upstream's ReconcileHeader (the units the
-// request really used, e.g. tokens) when it answers.
+// Budget is a per-key wallet: Units per Per, charged Cost per admitted
+// request and then what the upstream reports in ReconcileHeader (the units
+// the request really used, e.g. tokens), as a response header or trailer.
+// While a request runs, Reserve units are held against the wallet: a
+// request is admitted only if what is spent, what is held and its own
+// reservation fit in Units. See the README's "What a budget means".
 type Budget struct {
-	Name            string   `yaml:"name"`
-	Units           float64  `yaml:"units"`
-	Per             Duration `yaml:"per"`
-	Cost            uint32   `yaml:"cost"` // default 1
-	ReconcileHeader string   `yaml:"reconcile_header"`
+	Name  string   `yaml:"name"`
+	Units float64  `yaml:"units"`
+	Per   Duration `yaml:"per"`
+	// Cost is charged when a request is admitted (default 1): a minimum
+	// charge. A reported usage above it is charged on top.
+	Cost            uint64 `yaml:"cost"`
+	ReconcileHeader string `yaml:"reconcile_header"`
+	// Reserve is held for each request in flight until its usage is known
+	// (default: Cost). Set it near a typical request's usage: N requests in
+	// flight can overspend by at most N x (their usage - Reserve).
+	Reserve uint64 `yaml:"reserve"`
+	// Unit is how many units one count stands for (default 1). A wallet
+	// holds at most 8,388,608 counts per period, so 10M tokens a day need
+	// unit: 10 or more; charges round up to whole counts.
+	Unit uint64 `yaml:"unit"`
+	// ReconcileWait is how long an upstream response is still read after
+	// its client has gone, to charge usage it reports at its end (a
+	// trailer), when the proxy's transport is the Middleware's Transport
+	// (default 1m).
+	ReconcileWait Duration `yaml:"reconcile_wait"`
 	// FailOpen lets a request through when its key's spend cannot be
 	// tracked (the sketch could not hold the key). Default: fail closed,
 	// 503, because an untracked wallet is an unbounded one.
@@ -673,14 +691,41 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 		if b.Cost == 0 {
 			b.Cost = 1
 		}
+		if b.Reserve == 0 {
+			b.Reserve = b.Cost
+		}
+		if b.Unit == 0 {
+			b.Unit = 1
+		}
+		if b.ReconcileWait == 0 {
+			b.ReconcileWait = Duration(time.Minute)
+		}
 		if err := checkRate(b.Units, time.Duration(b.Per)); err != nil {
 			return at(strings.Replace(err.Error(), "requests", "units", 1), "budget")
 		}
-		if b.Units > maxThreshold {
-			return at(fmt.Sprintf("units %g: at most %d per period (a slot's count is 24 bits, read at twice the rate)", b.Units, maxThreshold), "budget", "units")
+		if b.Unit > 1<<40 {
+			return at(fmt.Sprintf("unit %d: at most 2^40", b.Unit), "budget", "unit")
+		}
+		if counts := b.Units / float64(b.Unit); counts > maxThreshold {
+			return at(fmt.Sprintf("units %g: at most %d counts per period (a slot's count is 24 bits, read at twice the rate); set unit: %d or more",
+				b.Units, maxThreshold, uint64(math.Ceil(b.Units/maxThreshold))), "budget", "units")
+		} else if counts < 1 {
+			return at(fmt.Sprintf("units %g is less than one unit of %d", b.Units, b.Unit), "budget", "unit")
 		}
 		if float64(b.Cost) > b.Units {
 			return at(fmt.Sprintf("cost %d is more than the whole budget %g", b.Cost, b.Units), "budget", "cost")
+		}
+		if float64(b.Reserve) > b.Units {
+			return at(fmt.Sprintf("reserve %d is more than the whole budget %g", b.Reserve, b.Units), "budget", "reserve")
+		}
+		if b.Reserve < b.Cost {
+			return at(fmt.Sprintf("reserve %d is less than cost %d: a request holds at least what it is charged", b.Reserve, b.Cost), "budget", "reserve")
+		}
+		if b.ReconcileWait < 0 || b.ReconcileWait > Duration(time.Hour) {
+			return at("want 0 to 1h", "budget", "reconcile_wait")
+		}
+		if r.MaxInFlight == 0 {
+			r.MaxInFlight = 8 // bounds the overspend of requests in flight (see Reserve)
 		}
 	}
 	switch r.Refused {

@@ -34,6 +34,7 @@ type globalMetrics struct {
 	inFlight        atomic.Int64
 	reloads         [2]atomic.Uint64 // ok, failed
 	reconciled      atomic.Uint64
+	reported        atomic.Uint64
 	reconcileErrors atomic.Uint64
 	stateSaves      [2]atomic.Uint64 // ok, failed
 	stateLoads      [2]atomic.Uint64 // ok, rejected
@@ -92,8 +93,9 @@ var (
 	dNewKeysRate     = newDesc("new_keys_per_second", prometheus.GaugeValue, "New keys in the last whole second (or this one, if more).")
 	dSpike           = newDesc("new_key_spike", prometheus.GaugeValue, "1 while new keys spike: keys first seen now get the stricter budget.")
 	dReloads         = newDesc("config_reloads_total", prometheus.CounterValue, "Configuration loads by result.", "result")
-	dReconciled      = newDesc("budget_reconciled_units_total", prometheus.CounterValue, "Units charged from the upstream's reconcile header beyond the up-front cost.")
-	dReconcileErrors = newDesc("budget_reconcile_errors_total", prometheus.CounterValue, "Reconcile headers that were not a whole number.")
+	dReconciled      = newDesc("budget_reconciled_units_total", prometheus.CounterValue, "Units charged from the upstream's reports beyond the up-front cost: what the wallets were charged, after rounding to the unit and saturation.")
+	dReported        = newDesc("budget_reported_units_total", prometheus.CounterValue, "Units the upstream reported in reconcile headers and trailers (a report beyond 2^64-1 counts as 2^64-1).")
+	dReconcileErrors = newDesc("budget_reconcile_errors_total", prometheus.CounterValue, "Reconcile reports that were not a whole number (logged; only the cost was charged).")
 	dSketchBytes     = newDesc("sketch_bytes", prometheus.GaugeValue, "Memory of each sketch's table.", "tick", "buckets")
 	dTop             = newDesc("top_offender_level", prometheus.GaugeValue, "Each rule's heaviest keys now (by keyed hash): estimate / threshold of the rule's first limit.", "rule", "key")
 	dStateSaves      = newDesc("state_saves_total", prometheus.CounterValue, "State file saves by result.", "result")
@@ -135,7 +137,7 @@ type collector Middleware
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dClientCap, dBodyTimeouts, dHeld, dCapacity,
-		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
+		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReported, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
 		dStateLoads, dGeneration, dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag} {
 		ch <- d.Desc
 	}
@@ -190,6 +192,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dReloads, float64(m.met.reloads[0].Load()), "ok")
 	emit(dReloads, float64(m.met.reloads[1].Load()), "invalid")
 	emit(dReconciled, float64(m.met.reconciled.Load()))
+	emit(dReported, float64(m.met.reported.Load()))
 	emit(dReconcileErrors, float64(m.met.reconcileErrors.Load()))
 
 	keys := make([]sketchKey, 0, len(st.sketches))

@@ -54,6 +54,7 @@ type Middleware struct {
 	restoredMeter atomic.Bool  // the state file restored the new-key meter
 	lastNew       atomic.Int64 // when a key was last marked new (Unix ns; 0: never)
 	lastBan       atomic.Int64 // when a key was last banned (Unix ns; 0: never)
+	transport     atomic.Bool  // Transport is in use: wallet requests outlive their clients
 
 	mu      sync.Mutex // guards ruleMet and sketch reuse across reloads
 	ruleMet map[string]*ruleMetrics
@@ -117,7 +118,10 @@ type budgetState struct {
 	cfg   *Budget
 	sk    *epochsketch.Sketch
 	tick  time.Duration
-	theta uint32
+	theta uint32 // Units, in counts of Unit units
+	// cost and reserve in counts (rounded up).
+	cost, reserve uint32
+	held          *countMin // counts reserved by requests in flight, per key
 }
 
 // New compiles cfg (which must have passed Validate, as LoadConfig's does)
@@ -249,7 +253,8 @@ func (m *Middleware) Reload(cfg *Config) error {
 		}
 		if b := rc.Budget; b != nil {
 			tick := tickFor(b.Units, time.Duration(b.Per), b.Units)
-			ru.budget = &budgetState{cfg: b, tick: tick, theta: thresholdFor(b.Units), sk: sketch(tick, cfg.Sketch.Buckets)}
+			ru.budget = &budgetState{cfg: b, tick: tick, theta: thresholdFor(b.Units / float64(b.Unit)), sk: sketch(tick, cfg.Sketch.Buckets),
+				cost: counts(b.Cost, b.Unit), reserve: counts(b.Reserve, b.Unit), held: newCountMin()}
 		}
 		var prev *rule // the same rule in the running config
 		if old != nil {
@@ -267,6 +272,9 @@ func (m *Middleware) Reload(cfg *Config) error {
 			if prev != nil && prev.inflight != nil {
 				ru.inflight = prev.inflight // requests in flight stay counted
 			}
+		}
+		if ru.budget != nil && prev != nil && prev.budget != nil && prev.budget.cfg.Name == ru.budget.cfg.Name && prev.budget.cfg.Unit == ru.budget.cfg.Unit {
+			ru.budget.held = prev.budget.held // reservations in flight stay held
 		}
 		if m.ruleMet[rc.Name] == nil {
 			m.ruleMet[rc.Name] = &ruleMetrics{latency: m.latency.WithLabelValues(rc.Name)}
@@ -658,9 +666,14 @@ func (m *Middleware) budgetEstimate(st *state, ru *rule, rq *request, key string
 	}
 	theta = b.theta
 	if newKey {
-		theta = max(b.cfg.Cost, uint32(float64(theta)*st.cfg.NewKeys.BudgetFactor))
+		theta = max(b.reserve, uint32(float64(theta)*st.cfg.NewKeys.BudgetFactor))
 	}
 	return est, theta
+}
+
+// counts is units in counts of unit, rounded up, at most a uint32.
+func counts(units, unit uint64) uint32 {
+	return uint32(min((units+unit-1)/unit, math.MaxUint32))
 }
 
 // checkBudget decides a wallet without charging it: OverBudget if the cost
@@ -673,24 +686,29 @@ func (m *Middleware) checkBudget(st *state, v *verdict, rq *request, now time.Ti
 		return verdict{out: BudgetUnknown, ru: ru, key: key, retry: time.Duration(f.cfg.Interval)}, false
 	}
 	est, theta := m.budgetEstimate(st, ru, rq, key, v.newKey, now)
-	if uint64(est)+uint64(b.cfg.Cost) > uint64(theta) {
+	held := uint64(max(0, b.held.get(ru.cfg.Name, key)))
+	if uint64(est)+held+uint64(b.reserve) > uint64(theta) {
 		return verdict{out: OverBudget, ru: ru, key: key, est: est, theta: theta,
 			level: float64(est) / float64(theta)}, false
 	}
 	return verdict{}, true
 }
 
-// charge charges a wallet its cost. It reports false when the sketch did
-// not take the key (its bucket is full of bigger spenders): the spend is not
-// tracked, so nothing was charged.
+// charge charges a wallet its cost and holds its reservation. It reports
+// false when the sketch did not take the key (its bucket is full of bigger
+// spenders): the spend is not tracked, so nothing was charged or held.
 func (m *Middleware) charge(ru *rule, rq *request, key string) bool {
 	b := ru.budget
 	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
-	b.sk.ObserveBytesN(rq.buf, b.cfg.Cost)
+	b.sk.ObserveBytesN(rq.buf, b.cost)
 	if m.fleet != nil {
-		m.fleet.add(rq.buf, b.cfg.Cost)
+		m.fleet.add(rq.buf, b.cost)
 	}
-	return b.sk.EstimateBytes(rq.buf) > 0 || b.cfg.FailOpen
+	if b.sk.EstimateBytes(rq.buf) == 0 && !b.cfg.FailOpen {
+		return false
+	}
+	b.held.add(ru.cfg.Name, key, int64(b.reserve))
+	return true
 }
 
 // retryAll is how long a refused client must wait before its next request
@@ -723,9 +741,12 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 			}
 		}
 		if b := ru.budget; b != nil {
+			// Reservations of requests in flight may all be spent: wait as
+			// if they were (in-flight requests end when they end).
 			est, theta := m.budgetEstimate(st, ru, rq, v.key, v.newKey, now)
-			if uint64(est)+uint64(b.cfg.Cost) > uint64(theta) {
-				d = max(d, retryAfter(est, b.cfg.Cost, theta, now, b.tick))
+			need := min(uint64(theta), uint64(b.reserve)+uint64(max(0, b.held.get(ru.cfg.Name, v.key))))
+			if uint64(est)+need > uint64(theta) {
+				d = max(d, retryAfter(est, uint32(need), theta, now, b.tick))
 			}
 		}
 	}
@@ -872,9 +893,15 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if admitted {
-		for _, i := range charged {
+		for n, i := range charged {
 			if !m.charge(verdicts[i].ru, rq, verdicts[i].key) {
-				refusal, admitted = verdict{out: BudgetUnknown, ru: verdicts[i].ru, key: verdicts[i].key}, false
+				// An admission miss: the lottery may admit the key on a
+				// retry, so it retries soon.
+				refusal, admitted = verdict{out: BudgetUnknown, ru: verdicts[i].ru, key: verdicts[i].key, retry: time.Second}, false
+				for _, k := range charged[:n] { // costs stay charged; reservations go
+					b := verdicts[k].ru.budget
+					b.held.add(verdicts[k].ru.cfg.Name, verdicts[k].key, -int64(b.reserve))
+				}
 				break
 			}
 		}
@@ -897,7 +924,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	if !admitted {
 		closeIfBody(w, r)
-		refusal.retry = max(time.Second, m.retryAll(st, verdicts, rq, now))
+		refusal.retry = max(refusal.retry, time.Second, m.retryAll(st, verdicts, rq, now))
 		if refusal.out == InFlight {
 			refusal.retry = time.Second // a place frees when a request ends: no promise
 		}
@@ -938,11 +965,21 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.met.inFlight.Add(1)
 	defer m.met.inFlight.Add(-1)
 	if len(charged) > 0 {
-		cs := make([]charge, len(charged))
+		rcs := make(settlements, len(charged))
 		for j, i := range charged {
-			cs[j] = charge{ru: verdicts[i].ru, key: verdicts[i].key}
+			rcs[j] = &settlement{m: m, ru: verdicts[i].ru, key: verdicts[i].key}
 		}
-		w = &reconcileWriter{ResponseWriter: w, m: m, charged: cs, now: now}
+		var done func()
+		r, done = m.detach(r, rcs)
+		rw := &reconcileWriter{ResponseWriter: w, rcs: rcs}
+		defer func() {
+			// Usage sent as a trailer is in the header map now; whatever
+			// was never reported, the reservation is released.
+			rcs.settle(rw.Header(), true)
+			rcs.release()
+			done()
+		}()
+		w = rw
 	}
 	m.next.ServeHTTP(w, r)
 }
@@ -953,43 +990,18 @@ type charge struct {
 	key string
 }
 
-// reconcileWriter charges what the upstream says a request used, from the
-// budget's header, when the response starts.
+// reconcileWriter settles a request's wallets from the response header
+// when the response starts (and, after the handler, from its trailers).
 type reconcileWriter struct {
 	http.ResponseWriter
-	m       *Middleware
-	charged []charge
-	now     time.Time
-	done    bool
+	rcs  settlements
+	done bool
 }
 
 func (rw *reconcileWriter) WriteHeader(code int) {
 	if !rw.done && code >= 200 {
 		rw.done = true
-		for _, c := range rw.charged {
-			b := c.ru.budget
-			h := b.cfg.ReconcileHeader
-			if h == "" {
-				continue
-			}
-			v := rw.ResponseWriter.Header().Get(h)
-			if v == "" {
-				continue
-			}
-			used, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
-			if err != nil {
-				rw.m.met.reconcileErrors.Add(1)
-				continue
-			}
-			if extra := uint32(used); extra > b.cfg.Cost {
-				buf := skey(nil, c.ru.cfg.Name, "$"+b.cfg.Name, c.key)
-				b.sk.ObserveBytesN(buf, extra-b.cfg.Cost)
-				if rw.m.fleet != nil {
-					rw.m.fleet.add(buf, extra-b.cfg.Cost)
-				}
-				rw.m.met.reconciled.Add(uint64(extra - b.cfg.Cost))
-			}
-		}
+		rw.rcs.settle(rw.ResponseWriter.Header(), false)
 	}
 	rw.ResponseWriter.WriteHeader(code)
 }
@@ -1039,7 +1051,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // count is the smaller of its two (never below the truth, rarely above).
 type countMin struct {
 	seed maphash.Seed
-	rows [2][1 << 12]atomic.Int32
+	rows [2][1 << 12]atomic.Int64
 }
 
 func newCountMin() *countMin { return &countMin{seed: maphash.MakeSeed()} }
@@ -1054,14 +1066,19 @@ func (c *countMin) idx(rule, key string) (int, int) {
 	return int(x & (1<<12 - 1)), int(x >> 52)
 }
 
-func (c *countMin) add(rule, key string, d int32) int32 {
+func (c *countMin) add(rule, key string, d int64) int64 {
 	i, j := c.idx(rule, key)
 	return min(c.rows[0][i].Add(d), c.rows[1][j].Add(d))
 }
 
+func (c *countMin) get(rule, key string) int64 {
+	i, j := c.idx(rule, key)
+	return min(c.rows[0][i].Load(), c.rows[1][j].Load())
+}
+
 // acquire adds one unless the key already has limit.
 func (c *countMin) acquire(rule, key string, limit int) bool {
-	if n := c.add(rule, key, 1); n > int32(limit) {
+	if n := c.add(rule, key, 1); n > int64(limit) {
 		c.add(rule, key, -1)
 		return false
 	}

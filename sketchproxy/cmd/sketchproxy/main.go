@@ -151,12 +151,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	target, _ := url.Parse(cfg.Upstream)
 	var mw *sketchproxy.Middleware
-	mw, err = sketchproxy.New(cfg, newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
+	proxy := newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) })
+	mw, err = sketchproxy.New(cfg, proxy, sketchproxy.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
 	defer mw.Close()
+	proxy.Transport = mw.Transport(proxy.Transport) // wallets: usage in trailers, and after the client left
 
 	srv := &http.Server{
 		Handler:           mw,
@@ -239,7 +241,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // passing streams (SSE flushes at once) and WebSocket upgrades, and
 // answering upstream failures with a 502 problem (408 for a request body
 // that passed server.body_timeout).
-func newReverseProxy(target *url.URL, log *slog.Logger, forwarded func(*httputil.ProxyRequest)) http.Handler {
+func newReverseProxy(target *url.URL, log *slog.Logger, forwarded func(*httputil.ProxyRequest)) *httputil.ReverseProxy {
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        1024,

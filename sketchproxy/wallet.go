@@ -1,0 +1,220 @@
+package sketchproxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// settlement is one admitted request's account with one wallet: its cost
+// was charged and its reservation held at admission; settle charges the
+// usage the upstream reports (once, from a header or a trailer) and
+// release gives the reservation back (once).
+type settlement struct {
+	m   *Middleware
+	ru  *rule
+	key string
+
+	mu       sync.Mutex
+	settled  bool
+	released bool
+	draining bool // the transport reads the rest of the response for a trailer
+}
+
+type settlements []*settlement
+
+func (ss settlements) settle(h http.Header, trailer bool) {
+	for _, s := range ss {
+		s.settle(h, trailer)
+	}
+}
+
+func (ss settlements) release() {
+	for _, s := range ss {
+		s.release(false)
+	}
+}
+
+// settle charges the usage h reports in the wallet's reconcile header (with
+// trailer, also as an undeclared trailer, http.TrailerPrefix+name). It
+// reports whether the settlement is done.
+func (s *settlement) settle(h http.Header, trailer bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.settled {
+		return true
+	}
+	b := s.ru.budget
+	name := b.cfg.ReconcileHeader
+	if name == "" || h == nil {
+		return false
+	}
+	v := h.Get(name)
+	if v == "" && trailer {
+		v = h.Get(http.TrailerPrefix + name)
+	}
+	if v == "" {
+		return false
+	}
+	s.settled = true
+	m := s.m
+	used, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		used, err = math.MaxUint64, nil // saturate: a huge report is a huge charge, never a free one
+	}
+	if err != nil {
+		m.met.reconcileErrors.Add(1)
+		if ok, skipped := m.logs.allow(m.now()); ok {
+			m.log.Warn("sketchproxy reconcile header is not a whole number: only the cost was charged",
+				"rule", s.ru.cfg.Name, "budget", b.cfg.Name, "key", m.display(s.key), "header", name,
+				"value", strconv.QuoteToASCII(truncate(v, 64)), "log_lines_skipped", skipped)
+		}
+		return true
+	}
+	m.met.reported.Add(used)
+	usedC := (used-1)/b.cfg.Unit + 1 // rounded up; used >= 1 here or below
+	if used == 0 {
+		usedC = 0
+	}
+	if usedC <= uint64(b.cost) {
+		return true
+	}
+	extra := uint32(min(usedC-uint64(b.cost), math.MaxUint32))
+	buf := skey(nil, s.ru.cfg.Name, "$"+b.cfg.Name, s.key)
+	before := b.sk.EstimateBytes(buf)
+	after, _ := b.sk.ObserveBytesN(buf, extra)
+	if m.fleet != nil {
+		m.fleet.add(buf, extra)
+	}
+	if after > before {
+		m.met.reconciled.Add(uint64(after-before) * b.cfg.Unit)
+	}
+	return true
+}
+
+// release gives the reservation back, once. The transport's drain, if one
+// runs, releases when it ends (fromDrain); the handler's release then does
+// nothing.
+func (s *settlement) release(fromDrain bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.released || s.draining && !fromDrain {
+		return
+	}
+	s.released = true
+	b := s.ru.budget
+	b.held.add(s.ru.cfg.Name, s.key, -int64(b.reserve))
+}
+
+type settlementsKey struct{}
+
+// detach prepares a wallet request for the Middleware's Transport: the
+// upstream request no longer ends when the client goes away, but
+// reconcile_wait later, so that the upstream's report of what the request
+// used arrives and is charged. Without the Transport it changes nothing.
+// done ends the upstream request once the handler and any drain are over.
+func (m *Middleware) detach(r *http.Request, ss settlements) (*http.Request, func()) {
+	if !m.transport.Load() {
+		return r, func() {}
+	}
+	wait := time.Duration(0)
+	for _, s := range ss {
+		wait = max(wait, time.Duration(s.ru.budget.cfg.ReconcileWait))
+	}
+	ctx, cancel := context.WithCancel(context.WithValue(context.WithoutCancel(r.Context()), settlementsKey{}, ss))
+	stop := context.AfterFunc(r.Context(), func() { time.AfterFunc(wait, cancel) })
+	return r.WithContext(ctx), func() {
+		stop()
+		draining := false
+		for _, s := range ss {
+			s.mu.Lock()
+			draining = draining || s.draining
+			s.mu.Unlock()
+		}
+		if !draining {
+			cancel()
+		} else {
+			time.AfterFunc(wait, cancel)
+		}
+	}
+}
+
+// Transport wraps the transport a reverse proxy sends upstream requests
+// with, so that wallets are charged what the upstream reports however the
+// response ends: from its headers as soon as they arrive, from its
+// trailers (streaming APIs report usage last) when the body ends, and, if
+// the client has gone, by reading the rest of the response for up to
+// reconcile_wait. cmd/sketchproxy uses it; a library user whose handler is
+// an httputil.ReverseProxy sets its Transport to it.
+func (m *Middleware) Transport(base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	m.transport.Store(true)
+	return &walletTransport{base: base}
+}
+
+type walletTransport struct{ base http.RoundTripper }
+
+func (t *walletTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ss, _ := req.Context().Value(settlementsKey{}).(settlements)
+	resp, err := t.base.RoundTrip(req)
+	if err != nil || len(ss) == 0 {
+		return resp, err
+	}
+	var open settlements
+	for _, s := range ss {
+		if !s.settle(resp.Header, false) {
+			open = append(open, s)
+		}
+	}
+	if len(open) > 0 && resp.Body != nil {
+		resp.Body = &settleBody{ReadCloser: resp.Body, resp: resp, ss: open}
+	}
+	return resp, nil
+}
+
+// settleBody settles from the response's trailers when the body ends, and
+// when it is closed early (the client went away) reads the rest in the
+// background, within the request's context, to find them.
+type settleBody struct {
+	io.ReadCloser
+	resp *http.Response
+	ss   settlements
+	eof  bool
+}
+
+func (b *settleBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.eof {
+		b.eof = true
+		b.ss.settle(b.resp.Trailer, true)
+	}
+	return n, err
+}
+
+func (b *settleBody) Close() error {
+	if b.eof {
+		return b.ReadCloser.Close()
+	}
+	for _, s := range b.ss {
+		s.mu.Lock()
+		s.draining = !s.settled
+		s.mu.Unlock()
+	}
+	go func() {
+		io.Copy(io.Discard, b.ReadCloser) // ends at EOF or when reconcile_wait cancels the request
+		b.ReadCloser.Close()
+		b.ss.settle(b.resp.Trailer, true)
+		for _, s := range b.ss {
+			s.release(true)
+		}
+	}()
+	return nil
+}
