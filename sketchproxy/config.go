@@ -41,6 +41,8 @@ type Config struct {
 	Tarpit   TarpitConfig   `yaml:"tarpit"`
 	NewKeys  NewKeysConfig  `yaml:"new_keys"`
 	Headers  HeadersConfig  `yaml:"headers"`
+	// JWT verifies bearer tokens for keys with a "jwt:CLAIM" part.
+	JWT *JWTConfig `yaml:"jwt"`
 	// Fleet shares the heavy keys' counts with other replicas through
 	// Redis (nil: this proxy enforces its limits alone).
 	Fleet *FleetConfig `yaml:"fleet"`
@@ -164,8 +166,10 @@ type Rule struct {
 	Name  string `yaml:"name"`
 	Match Match  `yaml:"match"`
 	// Key lists the parts of a request's key, joined: "ip" (the client
-	// address, grouped by prefix), "header:NAME", "query:NAME". Default
-	// [ip]. A missing header or parameter is the part "-".
+	// address, grouped by prefix), "header:NAME", "query:NAME", or
+	// "jwt:CLAIM" (a claim of the verified bearer token: see JWTConfig).
+	// Default [ip]. A missing header or parameter is the part "-"; a
+	// missing or invalid token is refused with 401.
 	Key []string `yaml:"key"`
 	// Allow exempts clients from this rule, with no sketch work.
 	Allow AllowList `yaml:"allow"`
@@ -597,6 +601,9 @@ func (c *Config) Validate() error {
 	if err := c.validateFleet(); err != nil {
 		return err
 	}
+	if err := c.validateJWT(); err != nil {
+		return err
+	}
 	if len(c.Rules) == 0 {
 		return c.errAt("no rules: add at least one (see sketchproxy -example)", "rules")
 	}
@@ -642,8 +649,18 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 		if !ok {
 			name, ok = strings.CutPrefix(k, "query:")
 		}
+		claim, isJWT := strings.CutPrefix(k, "jwt:")
+		if isJWT {
+			if claim == "" {
+				return at(fmt.Sprintf("%q: name a claim, e.g. jwt:sub", k), "key", j)
+			}
+			if c.JWT == nil {
+				return at(fmt.Sprintf("%q needs a jwt section to verify tokens with", k), "key", j)
+			}
+			continue
+		}
 		if k != "ip" && (!ok || name == "") {
-			return at(fmt.Sprintf("%q: want ip, header:NAME or query:NAME", k), "key", j)
+			return at(fmt.Sprintf("%q: want ip, header:NAME, query:NAME or jwt:CLAIM", k), "key", j)
 		}
 	}
 	r.Allow.prefixes = r.Allow.prefixes[:0]

@@ -42,7 +42,7 @@ func TestConfigErrors(t *testing.T) {
 		{"no per", "rules:\n  - name: a\n    limits:\n      - {requests: 5}\n", "p.yaml:4: rules[0].limits[0]: per is missing"},
 		{"zero requests", "rules:\n  - name: a\n    limits:\n      - {requests: 0, per: 1s}\n", "p.yaml:4: rules[0].limits[0]: requests 0: want 1 or more"},
 		{"bad cidr", "client_ip:\n  trusted_proxies: [10.0.0.0/8, 300.1.1.1/8]\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", `p.yaml:2: client_ip.trusted_proxies[1]: "300.1.1.1/8": want a CIDR`},
-		{"bad key", "rules:\n  - name: a\n    key: [cookie:sid]\n    limits: [{requests: 1, per: 1s}]\n", `p.yaml:3: rules[0].key[0]: "cookie:sid": want ip, header:NAME or query:NAME`},
+		{"bad key", "rules:\n  - name: a\n    key: [cookie:sid]\n    limits: [{requests: 1, per: 1s}]\n", `p.yaml:3: rules[0].key[0]: "cookie:sid": want ip, header:NAME, query:NAME or jwt:CLAIM`},
 		{"duplicate rule", "rules:\n  - name: a\n    limits: [{requests: 1, per: 1s}]\n  - name: a\n    limits: [{requests: 1, per: 1s}]\n", `p.yaml:4: rules[1].name: "a" is also rules[0]'s name`},
 		{"lowercase method", "rules:\n  - match: {methods: [get]}\n    limits: [{requests: 1, per: 1s}]\n", `rules[0].match.methods[0]: "get": write methods in capitals`},
 		{"path without slash", "rules:\n  - match: {path_prefix: api}\n    limits: [{requests: 1, per: 1s}]\n", `rules[0].match.path_prefix: "api": a path prefix starts with /`},

@@ -39,6 +39,7 @@ type globalMetrics struct {
 	stateSaves      [2]atomic.Uint64 // ok, failed
 	stateLoads      [2]atomic.Uint64 // ok, rejected
 	badRequests     atomic.Uint64
+	unauthorized    atomic.Uint64
 	clientCap       atomic.Uint64
 	bodyTimeouts    atomic.Uint64
 }
@@ -85,6 +86,7 @@ var (
 	dInFlight        = newDesc("requests_in_flight", prometheus.GaugeValue, "Requests being proxied now.")
 	dDecisions       = newDesc("decisions_total", prometheus.CounterValue, "Decisions by rule and outcome; shadow=\"true\" were let through.", "rule", "outcome", "shadow")
 	dBadRequests     = newDesc("bad_requests_total", prometheus.CounterValue, "Requests refused with 400 for an ambiguous path or key.")
+	dUnauthorized    = newDesc("unauthorized_total", prometheus.CounterValue, "Requests refused with 401: a rule keyed on a token claim and no valid token.")
 	dClientCap       = newDesc("client_in_flight_refused_total", prometheus.CounterValue, "Requests refused because their client address had server.max_in_flight_per_client in progress.")
 	dBodyTimeouts    = newDesc("body_timeouts_total", prometheus.CounterValue, "Request bodies cut off at server.body_timeout.")
 	dHeld            = newDesc("tarpit_held", prometheus.GaugeValue, "Requests held by the tarpit now (delayed or dripping).")
@@ -136,7 +138,7 @@ var (
 type collector Middleware
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dClientCap, dBodyTimeouts, dHeld, dCapacity,
+	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dUnauthorized, dClientCap, dBodyTimeouts, dHeld, dCapacity,
 		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReported, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
 		dStateLoads, dGeneration, dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag} {
 		ch <- d.Desc
@@ -159,6 +161,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dRequests, float64(m.met.requests.Load()))
 	emit(dInFlight, float64(m.met.inFlight.Load()))
 	emit(dBadRequests, float64(m.met.badRequests.Load()))
+	emit(dUnauthorized, float64(m.met.unauthorized.Load()))
 	emit(dClientCap, float64(m.met.clientCap.Load()))
 	emit(dBodyTimeouts, float64(m.met.bodyTimeouts.Load()))
 

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/epochsketch/epochsketch"
@@ -76,6 +77,7 @@ type state struct {
 	sketches map[sketchKey]*epochsketch.Sketch
 	newKeys  *epochsketch.Sketch // keys first seen during a spike
 	known    *epochsketch.Sketch // keys seen within about new_keys.remember
+	jwt      *jwtVerifier        // nil without a jwt section
 	bans     *epochsketch.Sketch // temporary bans
 	banTick  time.Duration
 	gen      int64
@@ -98,6 +100,7 @@ type rule struct {
 	// keyHeaders and keyQueries are the key's header:NAME (canonical) and
 	// query:NAME parts, checked for ambiguity.
 	keyHeaders, keyQueries []string
+	needJWT                bool   // a key part is a claim of the bearer token
 	policy                 string // the rule's RateLimit-Policy items
 }
 
@@ -233,6 +236,7 @@ func (m *Middleware) Reload(cfg *Config) error {
 			if name, ok := strings.CutPrefix(k, "query:"); ok {
 				ru.keyQueries = append(ru.keyQueries, name)
 			}
+			ru.needJWT = ru.needJWT || strings.HasPrefix(k, "jwt:")
 		}
 		for i := range rc.Limits {
 			l := &rc.Limits[i]
@@ -282,6 +286,14 @@ func (m *Middleware) Reload(cfg *Config) error {
 		ru.met = m.ruleMet[rc.Name]
 		st.rules = append(st.rules, ru)
 	}
+	if cfg.JWT != nil {
+		v, err := newJWTVerifier(cfg.JWT, func(msg string, err error) { m.log.Warn(msg, "err", err.Error()) })
+		if err != nil {
+			m.met.reloads[1].Add(1)
+			return &ConfigError{File: cfg.src, Field: "jwt", Msg: err.Error()}
+		}
+		st.jwt = v
+	}
 	// Side sketches: keys seen lately, new keys during a spike, and bans.
 	st.known = sketch(time.Duration(cfg.NewKeys.Remember), cfg.Sketch.Buckets)
 	st.newKeys = sketch(time.Duration(cfg.NewKeys.Window), 1<<12)
@@ -293,6 +305,9 @@ func (m *Middleware) Reload(cfg *Config) error {
 			if st.sketches[k] != s {
 				s.Close()
 			}
+		}
+		if old.jwt != nil {
+			old.jwt.stop()
 		}
 	}
 	m.met.reloads[0].Add(1)
@@ -335,6 +350,9 @@ func (m *Middleware) close() error {
 	if st := m.state.Load(); st != nil {
 		for _, s := range st.sketches {
 			s.Close()
+		}
+		if st.jwt != nil {
+			st.jwt.stop()
 		}
 	}
 	return err
@@ -398,11 +416,12 @@ func (v *verdict) worse(o *verdict) bool {
 
 // request holds what one request needs across rules.
 type request struct {
-	r     *http.Request
-	addr  netip.Addr
-	ip    string
-	query url.Values
-	buf   []byte
+	r      *http.Request
+	addr   netip.Addr
+	ip     string
+	query  url.Values
+	claims jwt.MapClaims // the verified bearer token's, once a rule needs them
+	buf    []byte
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
@@ -424,6 +443,10 @@ func (rq *request) part(ci *ClientIPConfig, k string) string {
 		}
 		if v := rq.query.Get(k[len("query:"):]); v != "" {
 			return v
+		}
+	case strings.HasPrefix(k, "jwt:"):
+		if v, err := claimString(rq.claims, k[len("jwt:"):]); err == nil {
+			return v // ServeHTTP has checked every claim a matched rule needs
 		}
 	}
 	return "-"
@@ -788,6 +811,9 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				m.badRequest(w, r, why)
 				return
 			}
+			if ru.needJWT && !m.verifyJWT(w, r, st, ru, rq) {
+				return
+			}
 			matched = append(matched, ru)
 		}
 	}
@@ -1095,4 +1121,26 @@ func closeIfBody(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
 		w.Header().Set("Connection", "close")
 	}
+}
+
+// verifyJWT verifies the request's bearer token once and checks the claims
+// ru's key needs; it answers 401 and reports false if they are not there.
+func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state, ru *rule, rq *request) bool {
+	if rq.claims == nil {
+		c, err := st.jwt.claims(r)
+		if err != nil {
+			m.unauthorized(w, r, err)
+			return false
+		}
+		rq.claims = c
+	}
+	for _, k := range ru.cfg.Key {
+		if name, ok := strings.CutPrefix(k, "jwt:"); ok {
+			if _, err := claimString(rq.claims, name); err != nil {
+				m.unauthorized(w, r, err)
+				return false
+			}
+		}
+	}
+	return true
 }

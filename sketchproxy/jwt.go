@@ -1,0 +1,278 @@
+package sketchproxy
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/MicahParks/keyfunc/v3"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// JWTConfig verifies bearer tokens, so that a rule's key can be a claim of
+// a verified token ("jwt:sub", "jwt:org_id"): an identity a client cannot
+// mint, unlike an API key header that any client can vary. Exactly one key
+// source is given.
+type JWTConfig struct {
+	// Header carries the token (default Authorization, as "Bearer TOKEN";
+	// any other header holds the bare token).
+	Header string `yaml:"header"`
+	// HMACSecretFile holds a shared secret (HS256, HS384, HS512).
+	HMACSecretFile string `yaml:"hmac_secret_file"`
+	// PublicKeyFile holds a PEM public key (RSA, ECDSA or Ed25519).
+	PublicKeyFile string `yaml:"public_key_file"`
+	// JWKSFile holds a JSON Web Key Set; JWKSURL is fetched and refreshed
+	// every JWKSRefresh (default 1h) and when a token names an unknown key.
+	JWKSFile    string   `yaml:"jwks_file"`
+	JWKSURL     string   `yaml:"jwks_url"`
+	JWKSRefresh Duration `yaml:"jwks_refresh"`
+	// Issuer and Audience, if set, must match the token's iss and aud.
+	Issuer   string `yaml:"issuer"`
+	Audience string `yaml:"audience"`
+	// Algorithms accepted (default: those of the key: HS* for a secret,
+	// RS*/PS*, ES* or EdDSA for a public key, every asymmetric one for a
+	// key set). "none" is never accepted.
+	Algorithms []string `yaml:"algorithms"`
+	// Leeway for exp, nbf and iat (default 30s).
+	Leeway Duration `yaml:"leeway"`
+
+	secret []byte
+	public any
+	jwks   json.RawMessage
+}
+
+var (
+	hmacAlgs = []string{"HS256", "HS384", "HS512"}
+	rsaAlgs  = []string{"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"}
+	ecAlgs   = []string{"ES256", "ES384", "ES512"}
+	edAlgs   = []string{"EdDSA"}
+)
+
+// validateJWT checks the jwt section and reads its key files, so that
+// sketchproxy -check finds a missing or broken key.
+func (c *Config) validateJWT() error {
+	j := c.JWT
+	if j == nil {
+		return nil
+	}
+	at := func(msg string, path ...any) error { return c.errAt(msg, append([]any{"jwt"}, path...)...) }
+	if j.Header == "" {
+		j.Header = "Authorization"
+	}
+	if !validHeaderName(j.Header) {
+		return at(fmt.Sprintf("%q: not a header name", j.Header), "header")
+	}
+	if j.Leeway == 0 {
+		j.Leeway = Duration(30 * time.Second)
+	}
+	if j.JWKSRefresh == 0 {
+		j.JWKSRefresh = Duration(time.Hour)
+	}
+	if j.Leeway < 0 || j.Leeway > Duration(time.Hour) {
+		return at("want 0 to 1h", "leeway")
+	}
+	if j.JWKSRefresh < Duration(time.Minute) {
+		return at("want 1m or more", "jwks_refresh")
+	}
+	n := 0
+	for _, s := range []string{j.HMACSecretFile, j.PublicKeyFile, j.JWKSFile, j.JWKSURL} {
+		if s != "" {
+			n++
+		}
+	}
+	if n != 1 {
+		return at("give exactly one of hmac_secret_file, public_key_file, jwks_file and jwks_url")
+	}
+	var algs []string
+	switch {
+	case j.HMACSecretFile != "":
+		b, err := os.ReadFile(j.HMACSecretFile)
+		if err != nil {
+			return at(err.Error(), "hmac_secret_file")
+		}
+		j.secret = []byte(strings.TrimRight(string(b), "\r\n"))
+		if len(j.secret) < 32 {
+			return at(fmt.Sprintf("the secret is %d bytes: use at least 32 random bytes", len(j.secret)), "hmac_secret_file")
+		}
+		algs = hmacAlgs
+	case j.PublicKeyFile != "":
+		b, err := os.ReadFile(j.PublicKeyFile)
+		if err != nil {
+			return at(err.Error(), "public_key_file")
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil {
+			return at("no PEM block: want a PUBLIC KEY in PEM", "public_key_file")
+		}
+		pub, err := x509.ParsePKIXPublicKey(blk.Bytes)
+		if err != nil {
+			return at("not a public key: "+err.Error(), "public_key_file")
+		}
+		switch pub.(type) {
+		case *rsa.PublicKey:
+			algs = rsaAlgs
+		case *ecdsa.PublicKey:
+			algs = ecAlgs
+		case ed25519.PublicKey:
+			algs = edAlgs
+		default:
+			return at(fmt.Sprintf("a %T key: want RSA, ECDSA or Ed25519", pub), "public_key_file")
+		}
+		j.public = pub
+	case j.JWKSFile != "":
+		b, err := os.ReadFile(j.JWKSFile)
+		if err != nil {
+			return at(err.Error(), "jwks_file")
+		}
+		if _, err := keyfunc.NewJWKSetJSON(b); err != nil {
+			return at("not a JSON Web Key Set: "+err.Error(), "jwks_file")
+		}
+		j.jwks = b
+		algs = append(append(append([]string{}, rsaAlgs...), ecAlgs...), edAlgs...)
+	default:
+		u, err := url.Parse(j.JWKSURL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return at(fmt.Sprintf("%q: want an https:// URL", j.JWKSURL), "jwks_url")
+		}
+		algs = append(append(append([]string{}, rsaAlgs...), ecAlgs...), edAlgs...)
+	}
+	if len(j.Algorithms) == 0 {
+		j.Algorithms = algs
+	}
+	for i, a := range j.Algorithms {
+		ok := false
+		for _, b := range algs {
+			ok = ok || a == b
+		}
+		if !ok {
+			return at(fmt.Sprintf("%q does not fit the key: want one of %s", a, strings.Join(algs, ", ")), "algorithms", i)
+		}
+	}
+	return nil
+}
+
+// jwtVerifier checks tokens for one configuration.
+type jwtVerifier struct {
+	cfg    *JWTConfig
+	parser *jwt.Parser
+	key    jwt.Keyfunc
+	stop   context.CancelFunc
+}
+
+func newJWTVerifier(j *JWTConfig, log func(string, error)) (*jwtVerifier, error) {
+	opts := []jwt.ParserOption{jwt.WithValidMethods(j.Algorithms), jwt.WithLeeway(time.Duration(j.Leeway))}
+	if j.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(j.Issuer))
+	}
+	if j.Audience != "" {
+		opts = append(opts, jwt.WithAudience(j.Audience))
+	}
+	v := &jwtVerifier{cfg: j, parser: jwt.NewParser(opts...), stop: func() {}}
+	switch {
+	case j.secret != nil:
+		v.key = func(*jwt.Token) (any, error) { return j.secret, nil }
+	case j.public != nil:
+		v.key = func(*jwt.Token) (any, error) { return j.public, nil }
+	case j.jwks != nil:
+		kf, err := keyfunc.NewJWKSetJSON(j.jwks)
+		if err != nil {
+			return nil, err
+		}
+		v.key = kf.Keyfunc
+	default:
+		ctx, cancel := context.WithCancel(context.Background())
+		no := true
+		kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{j.JWKSURL}, keyfunc.Override{
+			RefreshInterval:           time.Duration(j.JWKSRefresh),
+			HTTPTimeout:               10 * time.Second,
+			NoErrorReturnFirstHTTPReq: &no, // start without the keys; tokens fail until they arrive
+			RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
+				return func(_ context.Context, err error) {
+					log("jwks refresh failed: tokens are checked against the last keys fetched", err)
+				}
+			},
+		})
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		v.key, v.stop = kf.Keyfunc, cancel
+	}
+	return v, nil
+}
+
+// errNoToken is a request without a token where a rule's key needs one.
+var errNoToken = errors.New("no bearer token")
+
+// claims verifies the request's token and returns its claims.
+func (v *jwtVerifier) claims(r *http.Request) (jwt.MapClaims, error) {
+	vals := r.Header.Values(v.cfg.Header)
+	if len(vals) == 0 {
+		return nil, errNoToken
+	}
+	if len(vals) > 1 {
+		return nil, fmt.Errorf("%d %s headers", len(vals), v.cfg.Header)
+	}
+	tok := strings.TrimSpace(vals[0])
+	if strings.EqualFold(v.cfg.Header, "Authorization") {
+		scheme, rest, ok := strings.Cut(tok, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			return nil, errNoToken
+		}
+		tok = strings.TrimSpace(rest)
+	}
+	var c jwt.MapClaims
+	if _, err := v.parser.ParseWithClaims(tok, &c, v.key); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// claimString is a claim as a key part: a string, or a number or boolean
+// written out.
+func claimString(c jwt.MapClaims, name string) (string, error) {
+	switch x := c[name].(type) {
+	case string:
+		if x == "" {
+			return "", fmt.Errorf("the token's %q claim is empty", name)
+		}
+		return x, nil
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64), nil
+	case json.Number:
+		return x.String(), nil
+	case bool:
+		return strconv.FormatBool(x), nil
+	case nil:
+		return "", fmt.Errorf("the token has no %q claim", name)
+	default:
+		return "", fmt.Errorf("the token's %q claim is not a string or a number", name)
+	}
+}
+
+// unauthorized answers a request whose rule needs a verified token it does
+// not carry (RFC 6750, section 3).
+func (m *Middleware) unauthorized(w http.ResponseWriter, r *http.Request, err error) {
+	m.met.unauthorized.Add(1)
+	closeIfBody(w, r)
+	if errors.Is(err, errNoToken) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sketchproxy"`)
+		writeProblem(w, http.StatusUnauthorized, "this route counts requests per verified identity: send a bearer token")
+		return
+	}
+	desc := strings.NewReplacer(`"`, "'", `\`, "/").Replace(truncate(err.Error(), 200))
+	w.Header().Set("WWW-Authenticate", `Bearer realm="sketchproxy", error="invalid_token", error_description="`+desc+`"`)
+	writeProblem(w, http.StatusUnauthorized, "the bearer token is not valid: "+desc)
+}
