@@ -50,6 +50,19 @@ func newFileUpstream(t *testing.T) *fileUpstream {
 			u.bodies = append(u.bodies, int(n))
 			u.mu.Unlock()
 		case r.URL.Path == "/tokens":
+			if d, err := time.ParseDuration(r.URL.Query().Get("delay")); err == nil {
+				time.Sleep(d)
+			}
+			w.Header().Set("X-Tokens-Used", r.URL.Query().Get("n"))
+		case r.URL.Path == "/stream-tokens":
+			// A streaming API: usage arrives last, as a trailer.
+			d, _ := time.ParseDuration(r.URL.Query().Get("delay"))
+			w.Header().Set("Trailer", "X-Tokens-Used")
+			for range 5 {
+				io.WriteString(w, "data: chunk\n\n")
+				http.NewResponseController(w).Flush()
+				time.Sleep(d / 5)
+			}
 			w.Header().Set("X-Tokens-Used", r.URL.Query().Get("n"))
 		default:
 			files.ServeHTTP(w, r)
