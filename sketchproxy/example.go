@@ -52,6 +52,11 @@ new_keys:                          # key-rotation defense
 headers:
   legacy: false                    # also X-RateLimit-Limit/-Remaining/-Reset
 
+# jwt:                             # for keys a client cannot mint: key: ["jwt:sub"]
+#   jwks_url: https://id.example.com/.well-known/jwks.json   # or public_key_file, hmac_secret_file, jwks_file
+#   issuer: https://id.example.com
+#   audience: api
+
 rules:
   - name: api
     # Paths are matched cleaned and decoded; "/v1/" matches /v1, /v1/ and
@@ -76,10 +81,12 @@ rules:
       name: tokens
       units: 200000                # per key
       per: 1d
-      cost: 500                    # charged up front
-      reconcile_header: X-Tokens-Used   # then what the upstream says was used
+      cost: 500                    # charged when admitted
+      reserve: 2000                # held while a request runs: spent + held + reserve must fit
+      reconcile_header: X-Tokens-Used   # then what the upstream reports (header or trailer)
+      # unit: 10                   # one count = 10 units: needed above 8,388,608 units per period
       fail_open: false             # untracked wallet: 503 (the default)
-    max_in_flight: 2               # streams per key
+    max_in_flight: 2               # streams per key (budget rules default to 8)
 
   - name: per-ip
     key: [ip]

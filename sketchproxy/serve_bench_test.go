@@ -48,3 +48,29 @@ func BenchmarkServeHTTP(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSaveState is one state-file save of the example configuration's
+// sketches (limits, a wallet, the memory of keys, new keys, bans), fsync
+// included: what state_every costs.
+func BenchmarkSaveState(b *testing.B) {
+	cfg, err := ParseConfig("b", []byte(ExampleConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.StateFile = b.TempDir() + "/state"
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mw.Close()
+	var size int64
+	for _, s := range mw.state.Load().sketches {
+		size += int64(s.NumBuckets()) * 64
+	}
+	b.SetBytes(size)
+	for b.Loop() {
+		if err := mw.SaveState(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
