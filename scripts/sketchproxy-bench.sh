@@ -12,6 +12,7 @@ bs="$(go env GOPATH)/bin/benchstat"
 mkdir -p bench
 go test -run XXX -bench ProxyOverhead -benchtime 2s -count 6 ./cmd/sketchproxy > bench/overhead.txt
 "$bs" -col /impl bench/overhead.txt | tee bench/overhead-benchstat.txt
+"$bs" -col /impl -filter "/impl:(reverse-proxy OR sketchproxy OR sketchproxy-headers-off)" bench/overhead.txt > bench/overhead-vs-reverseproxy.txt
 
 bin=$(mktemp -d)/sketchproxy
 go build -o "$bin" ./cmd/sketchproxy

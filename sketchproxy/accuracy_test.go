@@ -281,7 +281,7 @@ func heap() uint64 {
 // count the request if it is admitted or the rule counts refusals.
 func (m *Middleware) decide(st *state, ru *rule, rq *request, key string, now time.Time) verdict {
 	v := m.evaluate(st, ru, rq, key, now)
-	if !v.banned && (v.out == Allow || v.out == Delay || ru.cfg.Refused == "count") {
+	if v.counted || !v.banned && (v.out == Allow || v.out == Delay) {
 		m.commit(st, &v, rq)
 	} else if v.lim != nil {
 		v.est-- // not counted

@@ -405,6 +405,8 @@ type verdict struct {
 	banned       bool // under a ban already: not counted
 	setBan       bool // climbed past ban_above: the commit bans it
 	shadow       bool
+	counted      bool // evaluate counted it already (refused: count)
+	first        bool // its first request in the first limit's tick
 }
 
 func (v *verdict) worse(o *verdict) bool {
@@ -605,11 +607,27 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		v.ests = make([]uint32, 2*len(ru.limits))
 		v.ests, v.thetas = v.ests[:len(ru.limits)], v.ests[len(ru.limits):]
 	}
+	// A rule that counts refused requests counts this one whatever the
+	// verdicts (unless it is banned): it observes now, in one pass, and
+	// its estimate before this request is the one after, less it.
+	v.counted = ru.cfg.Refused == "count" && !v.banned
 	for i, l := range ru.limits {
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, key)
-		est := l.sk.EstimateBytes(rq.buf)
-		if m.fleet != nil {
-			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 0, now)
+		var est uint32
+		if v.counted {
+			after, first := l.sk.ObserveBytes(rq.buf)
+			if m.fleet != nil {
+				after = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, after, 1, now)
+			}
+			est = max(after, 1) - 1
+			if i == 0 {
+				v.first = first
+			}
+		} else {
+			est = l.sk.EstimateBytes(rq.buf)
+			if m.fleet != nil {
+				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 0, now)
+			}
 		}
 		v.ests[i] = est
 		active = active || est > 0
@@ -659,18 +677,23 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 // climbed past ban_above.
 func (m *Middleware) commit(st *state, v *verdict, rq *request) {
 	ru := v.ru
+	first := v.first
 	for i, l := range ru.limits {
+		if v.counted {
+			break // evaluate observed already
+		}
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
-		_, first := l.sk.ObserveBytes(rq.buf)
+		_, f := l.sk.ObserveBytes(rq.buf)
 		if m.fleet != nil {
 			m.fleet.add(rq.buf, 1)
 		}
-		if i == 0 && first && !st.cfg.NewKeys.Disabled {
-			// Once per tick a key is active: the memory of keys grows with
-			// activity, so the lottery keeps steady clients over one-off keys.
-			rq.buf = skey(rq.buf, ru.cfg.Name, tagKnown, v.key)
-			st.known.ObserveBytes(rq.buf)
-		}
+		first = first || i == 0 && f
+	}
+	if first && len(ru.limits) > 0 && !st.cfg.NewKeys.Disabled {
+		// Once per tick a key is active: the memory of keys grows with
+		// activity, so the lottery keeps steady clients over one-off keys.
+		rq.buf = skey(rq.buf, ru.cfg.Name, tagKnown, v.key)
+		st.known.ObserveBytes(rq.buf)
 	}
 	if v.setBan {
 		rq.buf = skey(rq.buf, ru.cfg.Name, tagBan, v.key)
@@ -943,7 +966,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if v.out == Allowlisted || len(v.ests) == 0 || v.banned {
 			continue
 		}
-		if admitted || v.ru.cfg.Refused == "count" {
+		if admitted || v.counted {
 			m.commit(st, v, rq)
 		}
 	}

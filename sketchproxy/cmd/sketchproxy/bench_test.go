@@ -34,26 +34,34 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	plain := httptest.NewServer(newReverseProxy(target, log, (*httputil.ProxyRequest).SetXForwarded))
 	defer plain.Close()
-	cfg, err := sketchproxy.ParseConfig("bench", []byte(`rules:
+	// The same limiter twice: with the RateLimit fields on every response
+	// (the default), and with headers: {off: true}, whose responses are as
+	// small as the plain reverse proxy's.
+	start := func(headers string) *httptest.Server {
+		cfg, err := sketchproxy.ParseConfig("bench", []byte(headers+`
+rules:
   - name: api
     key: ["header:X-Key"]
     tarpit: true
     limits: [{requests: 1000000000, per: 1s, burst: 8000000}, {name: day, requests: 1e12, per: 1d, burst: 8000000}]
 `))
-	if err != nil {
-		b.Fatal(err)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var mw *sketchproxy.Middleware
+		mw, err = sketchproxy.New(cfg, newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { mw.Close() })
+		sp := httptest.NewServer(mw)
+		b.Cleanup(sp.Close)
+		return sp
 	}
-	var mw *sketchproxy.Middleware
-	mw, err = sketchproxy.New(cfg, newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer mw.Close()
-	sp := httptest.NewServer(mw)
-	defer sp.Close()
+	sp, spOff := start("headers: {off: false}"), start("headers: {off: true}")
 
 	for _, c := range []struct{ name, url string }{
-		{"upstream-alone", up.URL}, {"reverse-proxy", plain.URL}, {"sketchproxy", sp.URL},
+		{"upstream-alone", up.URL}, {"reverse-proxy", plain.URL}, {"sketchproxy", sp.URL}, {"sketchproxy-headers-off", spOff.URL},
 	} {
 		b.Run("impl="+c.name, func(b *testing.B) {
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 256}}
