@@ -103,6 +103,61 @@ rules:
 		}
 	})
 
+	send := func(target, key string) (int, string) {
+		req, _ := http.NewRequest("GET", "http://"+px.addr+target, nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(body)
+	}
+	t.Run("a usage report beyond 32 bits spends the wallet", func(t *testing.T) {
+		if code, _ := send("/tokens?n=4294967296", "sk-huge"); code != 200 {
+			t.Fatalf("%d", code)
+		}
+		if code, body := send("/tokens?n=1", "sk-huge"); code != 429 || !strings.Contains(body, "over_budget") {
+			t.Errorf("after a report of 2^32: %d %s", code, body)
+		}
+		if code, _ := send("/tokens?n=12abc", "sk-junk"); code != 200 || scrapeValue(t, px.admin, "sketchproxy_budget_reconcile_errors_total") != 1 {
+			t.Errorf("a malformed report: %d, errors %v", code, scrapeValue(t, px.admin, "sketchproxy_budget_reconcile_errors_total"))
+		}
+		if !strings.Contains(px.out.String(), "reconcile header is not a whole number") {
+			t.Error("a malformed report was not logged")
+		}
+	})
+	t.Run("reservations hold while requests run", func(t *testing.T) {
+		// 2 slow requests at once (max_in_flight 2), reserving 10 each:
+		// both fit, and each is charged what it reports (90).
+		var wg sync.WaitGroup
+		var ok atomic.Int64
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if code, _ := send("/tokens?n=90&delay=300ms", "sk-slow"); code == 200 {
+					ok.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if ok.Load() != 2 {
+			t.Fatalf("%d of 2 admitted", ok.Load())
+		}
+		// 180 spent of 1000: 82 more requests of 10 fit, then none.
+		n := 0
+		for range 100 {
+			if code, _ := send("/tokens?n=10", "sk-slow"); code == 200 {
+				n++
+			}
+		}
+		if n != 82 {
+			t.Errorf("after 2 x 90: %d more requests of 10 fit a 1,000-unit wallet, want 82", n)
+		}
+	})
+
 	charged := func() float64 { return scrapeValue(t, px.admin, "sketchproxy_budget_reconciled_units_total") }
 	waitCharged := func(want float64) {
 		t.Helper()
