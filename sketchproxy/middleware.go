@@ -49,7 +49,8 @@ type Middleware struct {
 	clients  *countMin    // requests in progress per client address
 	spike    spikeMeter
 	logs     logLimiter
-	redact   [32]byte // the key of the hash that stands for keys in logs and metrics
+	billLogs logLimiter // reconcile errors: a flood of refusals never hides them
+	redact   [32]byte   // the key of the hash that stands for keys in logs and metrics
 
 	started       time.Time    // for new_keys.warmup
 	restoredMeter atomic.Bool  // the state file restored the new-key meter

@@ -104,11 +104,12 @@ func metricValue(t *testing.T, admin, name string) float64 {
 
 // exactGlobal is the limit every replica enforces together, computed
 // exactly at the client: per-key decayed counts with the same tick, every
-// request counted.
+// request counted, or with free only the requests it allows.
 type exactGlobal struct {
 	mu    sync.Mutex
 	tick  time.Duration
 	theta uint64
+	free  bool
 	m     map[string][2]int64
 }
 
@@ -121,9 +122,12 @@ func (e *exactGlobal) observe(key string, now time.Time) bool {
 	if age := tk - x[1]; age < 63 {
 		c = x[0] >> age
 	}
-	c++
+	ok := uint64(c)+1 <= e.theta
+	if ok || !e.free {
+		c++
+	}
 	e.m[key] = [2]int64{c, tk}
-	return uint64(c) <= e.theta
+	return ok
 }
 
 type phaseStats struct {
@@ -139,8 +143,14 @@ type phaseStats struct {
 // fails no request and the fleet recovers when it returns.
 func TestFleetThroughRedis(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the fleet test runs about 20 s")
+		t.Skip("-short: the fleet test runs about 40 s")
 	}
+	for _, refused := range []string{"count", "free"} {
+		t.Run("refused="+refused, func(t *testing.T) { fleetThroughRedis(t, refused) })
+	}
+}
+
+func fleetThroughRedis(t *testing.T, refused string) {
 	rs := startRedis(t, 0)
 	bin := build(t)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
@@ -164,8 +174,9 @@ fleet:
 rules:
   - name: api
     key: ["header:X-Key"]
+    refused: %s
     limits: [{name: rate, requests: %d, per: 2s}]
-`, up.URL, rs.addr(), i, limit)), 0o644)
+`, up.URL, rs.addr(), i, refused, limit)), 0o644)
 		rep := &replica{}
 		rep.cmd, rep.out = start(t, bin, "-config", cfg)
 		rep.url = "http://" + waitFor(t, rep.out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
@@ -181,7 +192,7 @@ rules:
 	}
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 5 * time.Second}
-	ex := &exactGlobal{tick: time.Second, theta: limit, m: map[string][2]int64{}}
+	ex := &exactGlobal{tick: time.Second, theta: limit, free: refused == "free", m: map[string][2]int64{}}
 	var rr atomic.Uint64
 	var mice atomic.Int64
 	send := func(ps *phaseStats, key string, heavy bool) {
@@ -310,6 +321,8 @@ rules:
 	if n := normal.requests.Load(); float64(normal.wrongAllowed.Load()+normal.wrongLimited.Load())/float64(n) > 0.05 {
 		t.Errorf("more than 5%% wrong decisions with the fleet up")
 	}
+	// At 3x the limit a heavy key gets a third of its requests through when
+	// refusals are free, far fewer when they count.
 	if h := float64(normal.heavyAllowed.Load()) / float64(normal.heavySent.Load()); h > 0.5 {
 		t.Errorf("heavy keys passed %.0f%% of their requests at 3x the limit: the fleet did not share their counts", 100*h)
 	}
