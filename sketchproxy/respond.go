@@ -250,7 +250,7 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 	}
 	attrs := []any{
 		"rule", rule, "outcome", v.out.String(), "shadow", shadow,
-		"key", m.display(v.key), "method", r.Method, "path", strconv.QuoteToASCII(truncate(r.URL.Path, 256)),
+		"key", m.display(v.key), "method", r.Method, "path", truncate(r.URL.Path, 256), // slog quotes and escapes control bytes
 		"retry_after_s", seconds(v.retry),
 	}
 	if v.lim != nil {

@@ -73,7 +73,7 @@ func (s *settlement) settle(h http.Header, trailer bool) bool {
 		if ok, skipped := m.billLogs.allow(m.now()); ok {
 			m.log.Warn("sketchproxy reconcile header is not a whole number: only the cost was charged",
 				"rule", s.ru.cfg.Name, "budget", b.cfg.Name, "key", m.display(s.key), "header", name,
-				"value", strconv.QuoteToASCII(truncate(v, 64)), "log_lines_skipped", skipped)
+				"value", truncate(v, 64), "log_lines_skipped", skipped)
 		}
 		return true
 	}
