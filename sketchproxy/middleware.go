@@ -887,11 +887,10 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		verdicts[i] = v
 	}
 
-	// Reserve what can be given back: the tarpit's place, wallets' room,
-	// in-flight places.
+	// Reserve what can be given back (wallets' room, in-flight places),
+	// after a tarpit's delay.
 	refusal := worst
 	admitted := worst.out == Allow || worst.out == Delay
-	held := false
 	var charged []int
 	var inflight []charge
 	release := func() {
@@ -899,14 +898,20 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			c.ru.inflight.add(c.ru.cfg.Name, c.key, -1)
 		}
 		inflight = nil
-		if held {
-			m.release(worst.ru.cfg.Name, worst.key)
-			held = false
-		}
 	}
 	if worst.out == Delay {
-		if held = m.hold(worst.ru.cfg.Name, worst.key, st); !held {
+		// Held before anything is reserved or charged: a client that
+		// leaves while held costs nothing (its attempt counted already,
+		// as every attempt does in a tarpit rule).
+		if !m.hold(worst.ru.cfg.Name, worst.key, st) {
 			refusal.out, admitted = TarpitFull, false
+		} else {
+			err := m.opts.Sleep(r.Context(), worst.delay)
+			m.release(worst.ru.cfg.Name, worst.key)
+			if err != nil {
+				worst.ru.met.count(Delay, false)
+				return // the client went away while held
+			}
 		}
 	}
 	for i := 0; admitted && i < len(matched); i++ {
@@ -994,15 +999,6 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for i := range verdicts {
 		if v := &verdicts[i]; v.out == Allow || v.out == Delay {
 			v.ru.met.count(v.out, false)
-		}
-	}
-	if worst.out == Delay {
-		err := m.opts.Sleep(r.Context(), worst.delay)
-		m.release(worst.ru.cfg.Name, worst.key)
-		held = false
-		if err != nil {
-			release()
-			return // the client went away while held
 		}
 	}
 	defer release()
