@@ -325,9 +325,8 @@ func LoadConfig(path string) (*Config, error) {
 }
 
 var (
-	reYAMLLine    = regexp.MustCompile(`^yaml: (?:unmarshal errors:\n\s*)?line (\d+): (.*)$`)
 	reUnknownFild = regexp.MustCompile(`field (\S+) not found in type \S+`)
-	reBadType     = regexp.MustCompile("cannot (?:unmarshal|construct) !!(\\w+) `([^`]*)` into (\\S+)")
+	reBadType     = regexp.MustCompile("cannot construct !!(\\w+) `([^`]*)` into (\\S+)")
 	reOwnLine     = regexp.MustCompile(`^line (\d+): (.*)$`) // a Duration's own error
 )
 
@@ -353,21 +352,19 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	return c, nil
 }
 
-// yamlError turns yaml.v3's messages into "file:line: what".
+// yamlError turns the YAML library's errors into "file:line: what", with
+// the line of the problem itself.
 func yamlError(name string, err error) error {
-	msg := err.Error()
-	var te *yaml.TypeError
-	if errors.As(err, &te) && len(te.Errors) > 0 {
-		msg = "yaml: " + te.Errors[0]
+	line, msg := 0, strings.TrimPrefix(err.Error(), "yaml: ")
+	var les *yaml.LoadErrors
+	var le *yaml.LoadError
+	switch {
+	case errors.As(err, &les) && len(les.Errors) > 0:
+		line, msg = les.Errors[0].Mark.Line, les.Errors[0].Message
+	case errors.As(err, &le):
+		line, msg = le.Mark.Line, le.Message
 	}
-	line := 0
-	if m := reYAMLLine.FindStringSubmatch(msg); m != nil {
-		line, _ = strconv.Atoi(m[1])
-		msg = m[2]
-	} else {
-		msg = strings.TrimPrefix(msg, "yaml: ")
-	}
-	// A Duration's own error already says "line N:".
+	// A Duration's own error says "line N:" itself.
 	if m := reOwnLine.FindStringSubmatch(msg); m != nil {
 		line, _ = strconv.Atoi(m[1])
 		msg = m[2]
