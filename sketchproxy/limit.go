@@ -22,9 +22,10 @@ import (
 // A key at exactly the limit sends Requests·T/Per = Burst/2 per tick and
 // converges to 2·Burst/2 = θ: it is never refused. A key at rate (1+ε) times
 // the limit converges to (1+ε)θ and is refused once it passes θ. A quiet key
-// gets Burst requests at once. Every request counts, refused ones included,
-// so a client that keeps hammering stays refused until its estimate decays:
-// Retry-After says when (see retryAfter).
+// gets Burst requests at once. With Rule.Refused "free" only allowed
+// requests count, so a client over the limit still gets the limit; with
+// "count" every request does, so a client that keeps hammering stays
+// refused until its estimate decays. Retry-After says when (see retryAfter).
 //
 // Limits whose ticks are equal share one sketch (keys are prefixed by rule
 // and limit). The threshold is at most 2^23, half the saturation count.

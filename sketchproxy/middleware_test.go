@@ -400,7 +400,7 @@ func TestMaxInFlight(t *testing.T) {
 	}
 }
 
-// During a spike of first sightings, keys first seen in it get a quarter of
+// During a spike of new keys, keys first seen in it get a quarter of
 // the limit; a key known from before keeps the whole limit.
 func TestNewKeysDuringSpike(t *testing.T) {
 	h := newHarness(t, `new_keys: {min_per_second: 20, spike_factor: 3, budget_factor: 0.25, window: 1m}
@@ -429,7 +429,7 @@ rules:
 		h.req("198.51.100.1", "X-Key", fmt.Sprint("rot", i))
 	}
 	if !h.mw.spike.active(h.clk.Now(), &h.mw.state.Load().cfg.NewKeys) {
-		t.Fatal("200 first sightings in a second after 5/s is not a spike")
+		t.Fatal("200 new keys in a second after 5/s is not a spike")
 	}
 	passed := 0
 	for range 8 {
