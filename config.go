@@ -138,10 +138,7 @@ func (c Config) withDefaults() Config {
 		c.Lottery = LotteryHeavyKeeper
 	}
 	if c.Hash == HashDefault {
-		c.Hash = HashMaphash
-		if c.Seed != 0 {
-			c.Hash = HashWyhash
-		}
+		c.Hash = HashWyhash
 	}
 	return c
 }

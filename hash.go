@@ -12,16 +12,18 @@ import (
 type HashKind uint8
 
 const (
-	// HashDefault is Maphash when Config.Seed is 0 and Wyhash otherwise,
-	// because hash/maphash cannot be seeded from a number.
+	// HashDefault is HashWyhash, whose random per-instance key (or the one
+	// Config.Seed derives) is saved in snapshots, so that the default sketch
+	// can be saved and restored.
 	HashDefault HashKind = iota
 	// HashMaphash is the standard library's hash/maphash with a random seed:
-	// AES-based on amd64 and arm64, fast and avalanche-clean. For internal
-	// keys (telemetry templates, internal IDs).
+	// AES-based on amd64 and arm64, fast and avalanche-clean. Its seed
+	// cannot be exported, so a maphash sketch cannot be saved
+	// (ErrMaphashSnapshot), and it cannot be seeded from Config.Seed.
 	HashMaphash
 	// HashWyhash is a seedable multiply-mix hash of the wyhash construction,
-	// of the same speed class as maphash. Use it when runs must be reproducible
-	// from Config.Seed.
+	// of the same speed class as maphash, keyed per instance: a random key
+	// with Seed 0, one derived from Config.Seed otherwise. The default.
 	HashWyhash
 	// HashSipHash13 is SipHash-1-3, a keyed hash: an adversary who knows the
 	// algorithm but not the key cannot engineer bucket floods or bias the

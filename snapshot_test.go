@@ -133,7 +133,7 @@ func TestSnapshotMismatch(t *testing.T) {
 			t.Errorf("%s: %v", c.field, err)
 		}
 	}
-	if _, err := epochsketch.New(epochsketch.Config{NumBuckets: 64}).MarshalBinary(); !errors.Is(err, epochsketch.ErrMaphashSnapshot) {
+	if _, err := epochsketch.New(epochsketch.Config{NumBuckets: 64, Hash: epochsketch.HashMaphash}).MarshalBinary(); !errors.Is(err, epochsketch.ErrMaphashSnapshot) {
 		t.Errorf("a maphash sketch saved: %v", err)
 	}
 }

@@ -5,32 +5,47 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
-// TopK keeps the k keys with the largest estimates offered to it: the
-// companion that names a Sketch's heavy hitters, since the sketch itself
-// stores fingerprints, not keys. Memory is fixed by k (k entries and their
-// key strings).
+// TopK keeps the k keys with the largest recent estimates: the companion
+// that names a Sketch's heavy hitters, since the sketch itself stores
+// fingerprints, not keys. Memory is fixed by k (k entries and their key
+// strings).
 //
-// Feed it Observe's estimate. An estimate no larger than the current minimum
-// of a full TopK costs one atomic load and changes nothing. Above it, offers
-// are sampled by value: an estimate e is taken when it is a multiple of a step
-// between e/32 and e/16 (every value below 32), so a heavy key, which is most
-// of the traffic, takes the lock for one arrival in 16 to 32; an entry may lag
-// its key's estimate by up to 1/16, and a key crossing the minimum may enter
-// that much late. An entry keeps the estimate of its last accepted offer, so
-// an idle key's entry is stale until it is pushed out; re-read
-// Sketch.Estimate for current values.
+// A TopK bound to a sketch (NewTopKFor) decays with it: each entry holds an
+// estimate and the sketch's tick when it was taken, and reads as
+// estimate >> (ticks since), as the sketch reads its counts. So a key that
+// went quiet sinks and leaves, the floor a newcomer must beat falls with
+// time, and List reports current, decayed estimates. Its Observe observes
+// the sketch and offers the result in one call, with the sketch's own tick.
+// A TopK from NewTopK has no clock: its entries never decay.
 //
-// The zero TopK is not usable: create one with NewTopK. A TopK is safe for
-// concurrent use and must not be copied.
+// An estimate no larger than the decayed minimum of a full TopK costs two
+// atomic loads and changes nothing. Above it, offers are sampled by value: an
+// estimate is taken when it reaches a new multiple of a step between e/32 and
+// e/16 (every value below 32), so a heavy key, which is most of the traffic,
+// takes the lock for one arrival in 16 to 32. Observe and ObserveN sample by
+// the step their weight crosses, so weighted keys enter as readily as
+// others; Offer, which does not know the weight, takes multiples of the step.
+// An entry may lag its key's estimate by up to 1/16, and a key crossing the
+// minimum may enter that much late.
+//
+// The zero TopK is not usable: create one with NewTopK or NewTopKFor. A TopK
+// is safe for concurrent use and must not be copied.
 type TopK struct {
-	_     noCopy
-	floor atomic.Uint32 // the smallest estimate held when full, else 0
+	_  noCopy
+	sk *Sketch // the clock of the entries; nil: they never decay
+	// The smallest entry of a full TopK (count 0 until full). The tick is
+	// written before the count, and the count zeroed before the tick
+	// changes, so a reader that loads the tick first never sees a floor
+	// higher than the true one.
+	floorTick  atomic.Int64
+	floorCount atomic.Uint32
 
 	mu    sync.Mutex
 	k     int
-	heap  []TopEntry // min-heap by Estimate
+	heap  []topEntry // min-heap by decayed estimate
 	index map[string]int
 }
 
@@ -40,90 +55,226 @@ type TopEntry struct {
 	Estimate uint32
 }
 
-// NewTopK returns a TopK of k keys. It panics if k < 1.
+// topEntry is an entry as held: the estimate and the tick it was taken at.
+type topEntry struct {
+	key   string
+	count uint32
+	tick  int64
+}
+
+// at is e's estimate decayed to tick now (>= e.tick).
+func (e *topEntry) at(now int64) uint32 { return decayed(e.count, now-e.tick) }
+
+// decayed is count >> age, 0 from an age of 32 on.
+func decayed(count uint32, age int64) uint32 {
+	if age <= 0 {
+		return count
+	}
+	if age >= 32 {
+		return 0
+	}
+	return count >> age
+}
+
+// NewTopK returns a TopK of k keys whose entries never decay. It panics if
+// k < 1.
 func NewTopK(k int) *TopK {
 	if k < 1 {
 		panic("epochsketch: NewTopK needs k >= 1")
 	}
-	return &TopK{k: k, heap: make([]TopEntry, 0, k), index: make(map[string]int, k)}
+	return &TopK{k: k, heap: make([]topEntry, 0, k), index: make(map[string]int, k)}
 }
 
-// Offer records key's latest estimate.
+// NewTopKFor returns a TopK of k keys bound to s: its entries decay with s's
+// ticks, and its Observe methods observe s. It panics if k < 1 or s is nil.
+func NewTopKFor(s *Sketch, k int) *TopK {
+	if s == nil {
+		panic("epochsketch: NewTopKFor needs a Sketch")
+	}
+	t := NewTopK(k)
+	t.sk = s
+	return t
+}
+
+// Observe observes key in the bound sketch and offers the estimate: one call
+// for Sketch.Observe and Offer. It panics on a TopK from NewTopK.
+func (t *TopK) Observe(key string) (estimate uint32, first bool) {
+	s := t.bound()
+	now := s.now()
+	estimate, first = s.observe(s.h.str(key), now, 1)
+	if !skipCrossing(estimate, 1, t.floorAt(now)) {
+		t.offer(key, nil, estimate, now)
+	}
+	return estimate, first
+}
+
+// ObserveBytes is Observe for a key held in a byte slice; the key is copied
+// only when it enters.
+func (t *TopK) ObserveBytes(key []byte) (estimate uint32, first bool) {
+	s := t.bound()
+	now := s.now()
+	estimate, first = s.observe(s.h.bytes(key), now, 1)
+	if !skipCrossing(estimate, 1, t.floorAt(now)) {
+		t.offer("", key, estimate, now)
+	}
+	return estimate, first
+}
+
+// ObserveN observes n occurrences of key at once (Sketch.ObserveN) and
+// offers the estimate.
+func (t *TopK) ObserveN(key string, n uint32) (estimate uint32, first bool) {
+	s := t.bound()
+	if n == 0 {
+		return s.Estimate(key), false
+	}
+	now := s.now()
+	estimate, first = s.observe(s.h.str(key), now, min(n, countMax))
+	if !skipCrossing(estimate, n, t.floorAt(now)) {
+		t.offer(key, nil, estimate, now)
+	}
+	return estimate, first
+}
+
+// ObserveAt is Observe at time t (Sketch.ObserveAt), for replays.
+func (t *TopK) ObserveAt(tm time.Time, key string) (estimate uint32, first bool) {
+	s := t.bound()
+	now := s.clk.advance(tickOf(tm.UnixNano(), s.tick))
+	estimate, first = s.observe(s.h.str(key), now, 1)
+	if !skipCrossing(estimate, 1, t.floorAt(now)) {
+		t.offer(key, nil, estimate, now)
+	}
+	return estimate, first
+}
+
+func (t *TopK) bound() *Sketch {
+	if t.sk == nil {
+		panic("epochsketch: TopK.Observe needs a TopK bound to a sketch (NewTopKFor)")
+	}
+	return t.sk
+}
+
+// now is the bound sketch's current tick for reading, or 0.
+func (t *TopK) now() int64 {
+	if t.sk == nil {
+		return 0
+	}
+	return t.sk.peekNow()
+}
+
+// Offer records key's latest estimate, as of the bound sketch's current
+// tick (a TopK from NewTopK has no ticks).
 func (t *TopK) Offer(key string, estimate uint32) {
-	if skip(estimate, t.floor.Load()) {
+	now := t.now()
+	if skip(estimate, t.floorAt(now)) {
 		return
 	}
-	t.mu.Lock()
-	if i, ok := t.index[key]; ok {
-		t.update(i, estimate)
-	} else {
-		t.insert(key, estimate)
-	}
-	t.mu.Unlock()
+	t.offer(key, nil, estimate, now)
 }
 
 // OfferBytes is Offer for a key in a byte slice; the key is copied only when
 // it enters.
 func (t *TopK) OfferBytes(key []byte, estimate uint32) {
-	if skip(estimate, t.floor.Load()) {
+	now := t.now()
+	if skip(estimate, t.floorAt(now)) {
 		return
 	}
+	t.offer("", key, estimate, now)
+}
+
+// floorAt is the smallest entry's estimate decayed to tick now, or 0 if the
+// TopK is not full.
+func (t *TopK) floorAt(now int64) uint32 {
+	tick := t.floorTick.Load()
+	return decayed(t.floorCount.Load(), now-tick)
+}
+
+// skip reports whether an offer can be dropped without taking the lock: it
+// is not above the floor, or it is not a multiple of its sampling step
+// (2^(bits(e)-5), between e/32 and e/16).
+func skip(estimate, floor uint32) bool {
+	return skipCrossing(estimate, 1, floor)
+}
+
+// skipCrossing is skip for an estimate that grew by weight: it is taken when
+// the growth reached a new multiple of the step, whatever the weight.
+func skipCrossing(estimate, weight, floor uint32) bool {
+	if estimate <= floor {
+		return true
+	}
+	n := bits.Len32(estimate)
+	if n <= 5 {
+		return false
+	}
+	s := uint(n - 5)
+	return weight < estimate && estimate>>s == (estimate-weight)>>s
+}
+
+// offer takes the lock and records (key or bkey) at estimate, tick now.
+func (t *TopK) offer(key string, bkey []byte, estimate uint32, now int64) {
 	t.mu.Lock()
-	if i, ok := t.index[string(key)]; ok { // a map lookup by string(b) does not allocate
-		t.update(i, estimate)
+	if bkey != nil {
+		if i, ok := t.index[string(bkey)]; ok { // a map lookup by string(b) does not allocate
+			t.update(i, estimate, now)
+		} else {
+			t.insert(string(bkey), estimate, now)
+		}
+	} else if i, ok := t.index[key]; ok {
+		t.update(i, estimate, now)
 	} else {
-		t.insert(string(key), estimate)
+		t.insert(key, estimate, now)
 	}
 	t.mu.Unlock()
 }
 
-// skip reports whether an offer can be dropped without taking the lock: it
-// is not above the floor, or it falls between sampling steps (step
-// 2^(bits(e)-5), between e/32 and e/16).
-func skip(estimate, floor uint32) bool {
-	if estimate <= floor {
-		return true
+func (t *TopK) update(i int, estimate uint32, now int64) {
+	e := &t.heap[i]
+	if now < e.tick { // a late offer: read it at the entry's tick
+		estimate, now = decayed(estimate, e.tick-now), e.tick
 	}
-	if n := bits.Len32(estimate); n > 5 {
-		return estimate&(1<<(n-5)-1) != 0
-	}
-	return false
-}
-
-func (t *TopK) update(i int, estimate uint32) {
-	t.heap[i].Estimate = estimate
+	e.count, e.tick = estimate, now
 	t.up(i)
 	t.down(i)
 	t.setFloor()
 }
 
-func (t *TopK) insert(key string, estimate uint32) {
+func (t *TopK) insert(key string, estimate uint32, now int64) {
+	e := topEntry{key, estimate, now}
 	switch {
 	case len(t.heap) < t.k:
-		t.heap = append(t.heap, TopEntry{key, estimate})
+		t.heap = append(t.heap, e)
 		t.index[key] = len(t.heap) - 1
 		t.up(len(t.heap) - 1)
-	case estimate > t.heap[0].Estimate:
-		delete(t.index, t.heap[0].Key)
-		t.heap[0] = TopEntry{key, estimate}
+	case lessEntry(&t.heap[0], &e):
+		delete(t.index, t.heap[0].key)
+		t.heap[0] = e
 		t.index[key] = 0
 		t.down(0)
 	}
 	t.setFloor()
 }
 
-// setFloor publishes the smallest estimate once the TopK is full: below it an
-// offer cannot change anything.
+// setFloor publishes the smallest entry once the TopK is full: below it,
+// decayed to the offer's tick, an offer cannot change anything.
 func (t *TopK) setFloor() {
 	if len(t.heap) == t.k {
-		t.floor.Store(t.heap[0].Estimate)
+		m := &t.heap[0]
+		t.floorCount.Store(0)
+		t.floorTick.Store(m.tick)
+		t.floorCount.Store(m.count)
 	}
 }
 
-// List returns the entries, largest estimate first (ties by key).
+// List returns the entries with their estimates decayed to now, largest
+// first (ties by key); entries that decayed to 0 are left out.
 func (t *TopK) List() []TopEntry {
+	now := t.now()
 	t.mu.Lock()
-	out := append([]TopEntry(nil), t.heap...)
+	out := make([]TopEntry, 0, len(t.heap))
+	for i := range t.heap {
+		if v := t.heap[i].at(max(now, t.heap[i].tick)); v > 0 {
+			out = append(out, TopEntry{t.heap[i].key, v})
+		}
+	}
 	t.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Estimate != out[j].Estimate {
@@ -141,12 +292,20 @@ func (t *TopK) Len() int {
 	return len(t.heap)
 }
 
-func (t *TopK) less(i, j int) bool { return t.heap[i].Estimate < t.heap[j].Estimate }
+// lessEntry orders entries by their estimates decayed to the later of their
+// ticks. Decay keeps that order (a >> d <= b >> d when a <= b), so the heap
+// stays valid as time passes.
+func lessEntry(a, b *topEntry) bool {
+	now := max(a.tick, b.tick)
+	return a.at(now) < b.at(now)
+}
+
+func (t *TopK) less(i, j int) bool { return lessEntry(&t.heap[i], &t.heap[j]) }
 
 func (t *TopK) swap(i, j int) {
 	t.heap[i], t.heap[j] = t.heap[j], t.heap[i]
-	t.index[t.heap[i].Key] = i
-	t.index[t.heap[j].Key] = j
+	t.index[t.heap[i].key] = i
+	t.index[t.heap[j].key] = j
 }
 
 func (t *TopK) up(i int) {

@@ -9,20 +9,22 @@ import (
 )
 
 // A TopK snapshot: "EPOCHTOP", version (uint16), k and the entry count
-// (uvarints), then per entry the estimate and the key length (uvarints) and
-// the key, then CRC-32C of all before it. Keys may be client addresses or
-// API keys: treat the file as you treat your logs.
+// (uvarints), then per entry the estimate (uvarint), since version 2 the
+// tick it was taken at (varint), the key length (uvarint) and the key, then
+// CRC-32C of all before it. Keys may be client addresses or API keys: treat
+// the file as you treat your logs. A version 1 snapshot (no ticks) is
+// migrated: its entries are taken as current when it is read.
 
 const (
 	topMagic   = "EPOCHTOP"
-	topVersion = 1
+	topVersion = 2
 	maxTopKey  = 1 << 20 // a key longer than 1 MiB is damage, not a key
 )
 
 // WriteTo writes a snapshot of t's entries to w. It implements io.WriterTo.
 func (t *TopK) WriteTo(w io.Writer) (int64, error) {
 	t.mu.Lock()
-	entries := append([]TopEntry(nil), t.heap...)
+	entries := append([]topEntry(nil), t.heap...)
 	k := t.k
 	t.mu.Unlock()
 	cw := &crcWriter{w: w}
@@ -35,9 +37,10 @@ func (t *TopK) WriteTo(w io.Writer) (int64, error) {
 	uv(uint64(k))
 	uv(uint64(len(entries)))
 	for _, e := range entries {
-		uv(uint64(e.Estimate))
-		uv(uint64(len(e.Key)))
-		bw.WriteString(e.Key)
+		uv(uint64(e.count))
+		bw.Write(b[:binary.PutVarint(b[:], e.tick)])
+		uv(uint64(len(e.key)))
+		bw.WriteString(e.key)
 	}
 	if err := bw.Flush(); err != nil {
 		return cw.n, err
@@ -96,9 +99,11 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	if string(head[:8]) != topMagic {
 		return fail("not a TopK snapshot (starts %q)", printable(head[:8]))
 	}
-	if v := binary.LittleEndian.Uint16(head[8:]); v != topVersion {
-		return fail("format version %d, this build reads %d", v, topVersion)
+	version := binary.LittleEndian.Uint16(head[8:])
+	if version < 1 || version > topVersion {
+		return fail("format version %d, this build reads 1 to %d", version, topVersion)
 	}
+	now := t.now() // a version 1 entry's tick
 	k, err := binary.ReadUvarint(cr)
 	if err != nil {
 		return fail("truncated")
@@ -110,11 +115,17 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	if n > k || k > uint64(t.k) {
 		return fail("%d entries of k = %d do not fit a TopK of k = %d", n, k, t.k)
 	}
-	entries := make([]TopEntry, 0, n)
+	entries := make([]topEntry, 0, n)
 	for range n {
 		est, err := binary.ReadUvarint(cr)
 		if err != nil || est > MaxCount {
 			return fail("truncated or damaged entry")
+		}
+		tick := now
+		if version >= 2 {
+			if tick, err = binary.ReadVarint(cr); err != nil {
+				return fail("truncated or damaged entry")
+			}
 		}
 		l, err := binary.ReadUvarint(cr)
 		if err != nil || l > maxTopKey {
@@ -124,7 +135,7 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 		if _, err := io.ReadFull(cr, key); err != nil {
 			return fail("truncated entry")
 		}
-		entries = append(entries, TopEntry{string(key), uint32(est)})
+		entries = append(entries, topEntry{string(key), uint32(est), tick})
 	}
 	want := cr.crc
 	var tr [4]byte
@@ -138,12 +149,12 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	defer t.mu.Unlock()
 	t.heap = t.heap[:0]
 	clear(t.index)
-	t.floor.Store(0)
+	t.floorCount.Store(0)
 	for _, e := range entries {
-		if _, dup := t.index[e.Key]; dup {
+		if _, dup := t.index[e.key]; dup {
 			continue
 		}
-		t.insert(e.Key, e.Estimate)
+		t.insert(e.key, e.count, e.tick)
 	}
 	return cr.n + 4, nil
 }

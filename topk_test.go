@@ -132,22 +132,29 @@ func TestTopKConcurrent(t *testing.T) {
 	}
 }
 
-// BenchmarkTopKOffer is the common path beside Observe: most offers are
-// below the floor.
+// BenchmarkTopKOffer is the common path beside Observe on Zipf: most offers
+// are below the floor or between sampling steps. impl=observe is Observe
+// alone, impl=observe+offer feeds Offer by hand, impl=topk.observe is the
+// bound TopK's one call.
 func BenchmarkTopKOffer(b *testing.B) {
 	w := benchWorkloads()[0]
-	sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets})
-	defer sk.Close()
-	for _, withTop := range []bool{false, true} {
-		b.Run(fmt.Sprintf("topk=%v", withTop), func(b *testing.B) {
-			top := epochsketch.NewTopK(100)
+	for _, impl := range []string{"observe", "observe+offer", "topk.observe"} {
+		b.Run("impl="+impl, func(b *testing.B) {
+			sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets})
+			defer sk.Close()
+			top := epochsketch.NewTopKFor(sk, 100)
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
 				k := w.String(i)
-				est, _ := sk.Observe(k)
-				if withTop {
+				switch impl {
+				case "observe":
+					sk.Observe(k)
+				case "observe+offer":
+					est, _ := sk.Observe(k)
 					top.Offer(k, est)
+				default:
+					top.Observe(k)
 				}
 				i++
 			}

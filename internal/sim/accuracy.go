@@ -105,7 +105,7 @@ func Measure(h HH, stream []string, k int) Accuracy {
 
 // runAccuracy is section 7: HeavyKeeper's evaluation grid at equal memory.
 func runAccuracy(o Options, w io.Writer) error {
-	n, flows := 1_000_000, 100_000
+	n, flows := 10_000_000, 1_000_000 // HeavyKeeper's scale
 	budgets := []int{10, 20, 30, 40, 50}
 	ks := []int{200, 400, 600, 800, 1000}
 	skews := []float64{0.6, 1.0, 1.5, 2.0, 3.0}

@@ -105,6 +105,54 @@ func (e *esHH) Insert(key string)       { e.top.offer(key, uint64(e.sk.Observe(k
 func (e *esHH) Query(key string) uint64 { return uint64(e.sk.Estimate(key, 0)) }
 func (e *esHH) Top() []KV               { return e.top.top() }
 
+// esTopK is EpochSketch reporting through the library's own TopK, bound to
+// the sketch (TopK.Observe): what a user reads.
+type esTopK struct {
+	sk  *ES
+	top *epochsketch.TopK
+}
+
+func newESTopK(budget, k int, seed uint64) *esTopK {
+	buckets := max((budget-k*heapEntryBytes)/64, 1)
+	sk := NewES(buckets, epochsketch.LotteryDefault, false, seed)
+	return &esTopK{sk, epochsketch.NewTopKFor(sk.Sk, k)}
+}
+
+func (e *esTopK) Insert(key string)       { e.top.Observe(key) }
+func (e *esTopK) Query(key string) uint64 { return uint64(e.sk.Estimate(key, 0)) }
+func (e *esTopK) Top() []KV {
+	var out []KV
+	for _, x := range e.top.List() {
+		out = append(out, KV{x.Key, uint64(x.Estimate)})
+	}
+	return out
+}
+
+// esEstimate is EpochSketch's top k by Estimate over every key of the
+// stream: the best the sketch's counts allow, with a key list no sketch
+// keeps (so its memory is the sketch's alone, not comparable).
+type esEstimate struct {
+	sk   *ES
+	k    int
+	seen map[string]bool
+}
+
+func newESEstimate(budget, k int, seed uint64) *esEstimate {
+	buckets := max((budget-k*heapEntryBytes)/64, 1)
+	return &esEstimate{NewES(buckets, epochsketch.LotteryDefault, false, seed), k, map[string]bool{}}
+}
+
+func (e *esEstimate) Insert(key string)       { e.sk.Observe(key, 0); e.seen[key] = true }
+func (e *esEstimate) Query(key string) uint64 { return uint64(e.sk.Estimate(key, 0)) }
+func (e *esEstimate) Top() []KV {
+	all := make([]KV, 0, len(e.seen))
+	for key := range e.seen {
+		all = append(all, KV{key, uint64(e.sk.Estimate(key, 0))})
+	}
+	SortKV(all)
+	return all[:min(e.k, len(all))]
+}
+
 // hgHH is HeavyKeeper in HeavyGuardian's layout: buckets of 8 cells of a
 // 16-bit fingerprint and a 16-bit count (4 bytes, half an EpochSketch slot,
 // and no epoch); a miss on a full bucket decays the weakest cell with
@@ -361,6 +409,8 @@ func Peers(budget, k int, seed uint64) []struct {
 		HH   HH
 	}{
 		{"EpochSketch", newESHH(budget, k, epochsketch.LotteryDefault, seed)},
+		{"EpochSketch via TopK", newESTopK(budget, k, seed)},
+		{"EpochSketch by Estimate", newESEstimate(budget, k, seed)},
 		{"EpochSketch-chip", newESHH(budget, k, epochsketch.LotteryChip, seed)},
 		{"HK-HG layout", newHGHH(budget, k, false, seed)},
 		{"HK-HG C++ rounding", newHGHH(budget, k, true, seed)},
