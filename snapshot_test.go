@@ -417,3 +417,38 @@ func FuzzSnapshot(f *testing.F) {
 		epochsketch.NewTopK(3).UnmarshalBinary(data)
 	})
 }
+
+// The README's example sketch (its Config has no Hash and no Seed) can be
+// saved and restored: the default hash's random key travels in the file.
+func TestDefaultConfigSavesAndRestores(t *testing.T) {
+	clk := epochsketch.NewManualClock(t0) // no tick boundary between the calls
+	for _, cfg := range []epochsketch.Config{
+		{},
+		{NumBuckets: 1 << 16, TickDuration: time.Second}, // the README's example
+	} {
+		cfg.Clock = clk
+		sk := epochsketch.New(cfg)
+		for i := 0; i < 3; i++ {
+			sk.Observe("api_client:192.168.1.50")
+		}
+		path := filepath.Join(t.TempDir(), "sketch")
+		if err := sk.SaveFile(path); err != nil {
+			t.Fatalf("%+v: saving the default sketch: %v", cfg, err)
+		}
+		sk.Close()
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%+v: the snapshot holds the hash key, want mode 0600: %v %v", cfg, fi.Mode(), err)
+		}
+		back := epochsketch.New(cfg)
+		if _, err := back.LoadFile(path); err != nil {
+			t.Fatalf("%+v: restoring: %v", cfg, err)
+		}
+		if est := back.Estimate("api_client:192.168.1.50"); est != 3 {
+			t.Errorf("%+v: restored estimate %d, want 3", cfg, est)
+		}
+		if est, first := back.Observe("api_client:10.0.0.1"); est != 1 || !first {
+			t.Errorf("%+v: a new key after the restore: %d %v", cfg, est, first)
+		}
+		back.Close()
+	}
+}
