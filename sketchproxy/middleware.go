@@ -223,7 +223,7 @@ func (m *Middleware) Reload(cfg *Config) error {
 	}
 	for _, rc := range cfg.Rules {
 		rc := rc
-		ru := &rule{cfg: &rc, top: epochsketch.NewTopK(10)}
+		ru := &rule{cfg: &rc}
 		if len(rc.Match.Methods) > 0 {
 			ru.methods = map[string]bool{}
 			for _, mt := range rc.Match.Methods {
@@ -269,8 +269,15 @@ func (m *Middleware) Reload(cfg *Config) error {
 				}
 			}
 		}
-		if prev != nil {
+		// Top offenders decay with the rule's first limit: the metric shows
+		// today's, not yesterday's. Kept across a reload while that sketch is.
+		switch {
+		case len(ru.limits) == 0:
+			ru.top = epochsketch.NewTopK(10) // never offered to
+		case prev != nil && len(prev.limits) > 0 && prev.limits[0].sk == ru.limits[0].sk:
 			ru.top = prev.top
+		default:
+			ru.top = epochsketch.NewTopKFor(ru.limits[0].sk, 10)
 		}
 		if rc.MaxInFlight > 0 {
 			ru.inflight = newCountMin()
@@ -872,8 +879,8 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		v := m.evaluate(st, ru, rq, key, now)
-		if v.est > 0 && v.level > 0.5 {
-			ru.top.Offer(key, v.est)
+		if len(v.ests) > 0 && 2*(uint64(v.ests[0])+1) > uint64(v.thetas[0]) {
+			ru.top.Offer(key, v.ests[0]+1) // the first limit's: the TopK's clock
 		}
 		if ru.cfg.Shadow {
 			v.shadow = true
