@@ -160,18 +160,25 @@ func (e *exactTop) precision(got []string, k int, tick int64) float64 {
 // end of every tick, the precision of TopK.List() and of the top k by
 // Sketch.Estimate over every key seen (the best the sketch allows), against
 // the exact decayed top k. It returns the means over ticks.
-func precisionRun(t *testing.T, stream func(tick int) []string, ticks, k, buckets int, decay bool) (viaTopK, viaEstimate float64) {
+func precisionRun(t *testing.T, stream func(tick int) []string, ticks, k, buckets int, decay bool) (viaTopK, viaEstimate, undecayed float64) {
 	t.Helper()
 	sk, clk := newManual(t, epochsketch.Config{NumBuckets: buckets, Seed: 7})
 	top := epochsketch.NewTopKFor(sk, k)
+	old := epochsketch.NewTopK(k) // a TopK without a clock, fed by hand
 	ex := newExactTop()
-	var sumTop, sumEst float64
+	var sumTop, sumEst, sumOld float64
 	tick := int64(0)
 	for i := range ticks {
 		for _, key := range stream(i) {
-			top.Observe(key)
+			est, _ := top.Observe(key)
+			old.Offer(key, est)
 			ex.observe(key, tick)
 		}
+		var gotOld []string
+		for _, e := range old.List() {
+			gotOld = append(gotOld, e.Key)
+		}
+		sumOld += ex.precision(gotOld, k, tick)
 		var got []string
 		for _, e := range top.List() {
 			got = append(got, e.Key)
@@ -196,7 +203,7 @@ func precisionRun(t *testing.T, stream func(tick int) []string, ticks, k, bucket
 			tick++
 		}
 	}
-	return sumTop / float64(ticks), sumEst / float64(ticks)
+	return sumTop / float64(ticks), sumEst / float64(ticks), sumOld / float64(ticks)
 }
 
 // kjvTokens is the King James text in order (Debian's bible-kjv).
@@ -249,8 +256,8 @@ func TestTopKPrecision(t *testing.T) {
 		{"King James, k = 50, 16 KiB", chunk(10_000), (len(words) + 9_999) / 10_000, 50, 16, true, 0.98, 0.97},
 		{"50 hot keys replaced every 4 ticks over Zipf, k = 50, 16 KiB", rot, 24, 50, 16, true, 0.97, 0.9},
 	} {
-		top, est := precisionRun(t, c.stream, c.ticks, c.k, c.kib*16, c.decay)
-		t.Logf("%s: precision %.3f through TopK.List, %.3f by Estimate over every key", c.name, top, est)
+		top, est, old := precisionRun(t, c.stream, c.ticks, c.k, c.kib*16, c.decay)
+		t.Logf("%s: precision %.3f through TopK.List, %.3f by Estimate over every key, %.3f through a TopK without a clock", c.name, top, est, old)
 		if top < c.minTopK {
 			t.Errorf("%s: precision %.3f through TopK, want >= %.2f", c.name, top, c.minTopK)
 		}
@@ -274,7 +281,7 @@ func TestTopKPrecisionAtHeavyKeeperScale(t *testing.T) {
 	for i := range stream {
 		stream[i] = names[z.Uint64()]
 	}
-	top, est := precisionRun(t, func(int) []string { return stream }, 1, k, 10*16, false)
+	top, est, _ := precisionRun(t, func(int) []string { return stream }, 1, k, 10*16, false)
 	t.Logf("Zipf 1.0, 10M arrivals over 1M keys, k = 100, 10 KiB: precision %.3f through TopK.List, %.3f by Estimate over every key", top, est)
 	if top < 0.99 {
 		t.Errorf("precision %.3f through TopK at 10 KiB, want >= 0.99", top)
