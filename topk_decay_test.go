@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode"
@@ -342,5 +343,48 @@ func TestFingerprintAliasing(t *testing.T) {
 		if buckets == epochsketch.DefaultNumBuckets && aliased > 0 {
 			t.Errorf("at the default size %d of the top 100 by Estimate alias a heavy key", aliased)
 		}
+	}
+}
+
+// Concurrent Observes, List calls and ticks on a bound TopK: under -race,
+// List stays sorted and within k, and the heaviest key is held at the end.
+func TestTopKBoundConcurrent(t *testing.T) {
+	sk, clk := newManual(t, epochsketch.Config{NumBuckets: 256})
+	top := epochsketch.NewTopKFor(sk, 10)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 3))
+			for range 20_000 {
+				if r.IntN(4) == 0 {
+					top.Observe("heavy")
+				} else {
+					top.ObserveN(fmt.Sprint("k", r.IntN(500)), uint32(1+r.IntN(3)))
+				}
+			}
+		}()
+	}
+	go func() {
+		defer close(done)
+		for range 50 {
+			clk.Advance(100 * time.Millisecond)
+			l := top.List()
+			if len(l) > 10 {
+				t.Errorf("List has %d entries", len(l))
+			}
+			for i := 1; i < len(l); i++ {
+				if l[i].Estimate > l[i-1].Estimate {
+					t.Errorf("List not sorted: %v", l)
+				}
+			}
+		}
+	}()
+	wg.Wait()
+	<-done
+	if l := top.List(); len(l) == 0 || l[0].Key != "heavy" {
+		t.Errorf("the heaviest key is not first: %v", l)
 	}
 }
