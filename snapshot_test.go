@@ -404,6 +404,10 @@ func FuzzSnapshot(f *testing.F) {
 	tk.Offer("x", 5)
 	tgood, _ := tk.MarshalBinary()
 	f.Add(tgood)
+	bt := epochsketch.NewTopKFor(a, 3)
+	bt.Observe("y")
+	bgood, _ := bt.MarshalBinary()
+	f.Add(bgood)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := epochsketch.New(epochsketch.Config{NumBuckets: 2, TickDuration: time.Second, Hash: epochsketch.HashWyhash, Seed: 1})
 		if err := s.UnmarshalBinary(data); err != nil {
@@ -415,6 +419,15 @@ func FuzzSnapshot(f *testing.F) {
 		}
 		s.Observe("works")
 		epochsketch.NewTopK(3).UnmarshalBinary(data)
+		bt := epochsketch.NewTopKFor(s, 3)
+		if bt.UnmarshalBinary(data) == nil {
+			bt.Observe("works")
+			for _, e := range bt.List() {
+				if e.Estimate == 0 || e.Estimate > epochsketch.MaxCount {
+					t.Fatalf("a restored entry reads %d", e.Estimate)
+				}
+			}
+		}
 	})
 }
 
