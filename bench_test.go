@@ -51,6 +51,11 @@ func BenchmarkObserve(b *testing.B) {
 				b.Cleanup(func() { sk.Close() })
 				return func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
 			}},
+			{"observe-maphash", func() func(string) uint64 {
+				sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets, Hash: epochsketch.HashMaphash})
+				b.Cleanup(func() { sk.Close() })
+				return func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
+			}},
 			{"observe-siphash13", func() func(string) uint64 {
 				sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets, Hash: epochsketch.HashSipHash13})
 				b.Cleanup(func() { sk.Close() })

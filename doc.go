@@ -7,7 +7,8 @@
 // this is its first sighting in the current tick. [Sketch.Estimate] reads
 // without writing. Counts halve every tick ([Config.TickDuration]); the
 // halving is interpreted when a slot is read (count >> age), so nothing ever
-// sweeps memory.
+// sweeps memory. A [TopK] bound to a sketch ([NewTopKFor]) names its heaviest
+// keys and decays with it.
 //
 // # Layout
 //

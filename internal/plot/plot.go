@@ -20,7 +20,7 @@ var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#
 // LinePlot renders series as a self-contained SVG line chart with axes,
 // ticks and a legend.
 func LinePlot(title, xlabel, ylabel string, series []Series) string {
-	const W, H, L, R, T, B = 720.0, 440.0, 70.0, 170.0, 40.0, 55.0
+	const W, H, L, R, T, B = 780.0, 440.0, 70.0, 230.0, 40.0, 55.0
 	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, s := range series {
 		for _, p := range s.Points {
