@@ -12,8 +12,12 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/epochsketch/epochsketch"
 )
@@ -76,8 +80,8 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	timed := (o.format == "clf" || o.format == "combined" || o.timeField != "") && !o.live
 	switch {
-	case o.k < 1:
-		return usageErr("-k must be at least 1, got %d", o.k)
+	case o.k < 1 || o.k > maxK:
+		return usageErr("-k %d: want 1 to %d (the report keeps 4k keys of up to %d bytes each)", o.k, maxK, maxKeyLen)
 	case o.linesPerTick < 0 || o.every < 0 || o.refresh < 0:
 		return usageErr("-lines-per-tick, -every and -refresh must not be negative")
 	case o.progress != "auto" && o.progress != "on" && o.progress != "off":
@@ -128,9 +132,14 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// Ctrl-C ends the run with the final summary.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	// A file that cannot be read, or breaks off (a truncated gzip), is
+	// reported and the others are read: the report covers what was read,
+	// and the exit status says that something was not.
+	var failed []string
 	for _, name := range files {
 		if err := st.readFile(ctx, name, stdin, clk); err != nil {
-			return err
+			fmt.Fprintf(stderr, "epochsketch top: %v (the report covers the rest)\n", err)
+			failed = append(failed, name)
 		}
 		if ctx.Err() != nil {
 			break
@@ -145,7 +154,44 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			return fmt.Errorf("saving -state %s: %w", o.state, err)
 		}
 	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d of %d inputs could not be read to the end: %s", len(failed), len(files), strings.Join(failed, ", "))
+	}
 	return nil
+}
+
+// maxK caps -k: the TopK keeps 4k keys.
+const maxK = 10_000
+
+// maxKeyLen caps a key: longer keys are counted by their first maxKeyLen
+// bytes and shown as cut, so that a stream of huge lines cannot grow the
+// tool's memory (the TopK keeps 4k keys).
+const maxKeyLen = 1024
+
+// maxLine is the longest line read whole; a longer one is skipped and
+// counted as malformed.
+const maxLine = 1 << 20
+
+// displayKey is a key as the table shows it: as is when it is printable
+// text, else quoted with Go's escapes, so that no control byte (an ESC that
+// recolors the terminal, a tab that shifts the columns) reaches the
+// terminal; "…[cut]" marks a key cut at maxKeyLen bytes.
+func displayKey(k string) string {
+	cut := len(k) >= maxKeyLen
+	safe := utf8.ValidString(k)
+	for _, r := range k {
+		if !safe || !unicode.IsPrint(r) || r == '"' && strings.HasPrefix(k, `"`) {
+			safe = false
+			break
+		}
+	}
+	if !safe {
+		k = strconv.Quote(k)
+	}
+	if cut {
+		k += "…[cut]"
+	}
+	return k
 }
 
 // trend says how an estimate moved since the previous report.
@@ -209,11 +255,14 @@ func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, 
 	errc := make(chan error, 1)
 	go func() {
 		defer close(batches)
-		sc := bufio.NewScanner(br)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		var batch [][]byte
-		for sc.Scan() {
-			batch = append(batch, append([]byte(nil), sc.Bytes()...))
+		var err error
+		for {
+			var line []byte
+			if line, err = readLine(br); line == nil && err != nil {
+				break
+			}
+			batch = append(batch, line) // nil: a line over maxLine
 			if len(batch) == 1024 || br.Buffered() == 0 {
 				select {
 				case batches <- batch:
@@ -229,7 +278,10 @@ func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, 
 			case <-ctx.Done():
 			}
 		}
-		errc <- sc.Err()
+		if err == io.EOF {
+			err = nil
+		}
+		errc <- err
 	}()
 	var tick <-chan time.Time
 	if st.o.refresh > 0 {
@@ -248,7 +300,7 @@ func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, 
 				select {
 				case err := <-errc:
 					if err != nil {
-						return fmt.Errorf("%s: line %d: %w", name, st.lines+1, err)
+						return fmt.Errorf("%s: after line %d: %w", name, st.lines, err)
 					}
 				default:
 				}
@@ -268,6 +320,12 @@ func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, 
 func (st *topState) line(name string, line []byte, clk *epochsketch.ManualClock) {
 	st.lines++
 	r, err := st.parse(line)
+	if line == nil {
+		err = fmt.Errorf("longer than %d bytes: skipped", maxLine)
+	}
+	if err == nil && len(r.key) > maxKeyLen {
+		r.key = r.key[:maxKeyLen] // counted and shown by its first maxKeyLen bytes
+	}
 	switch {
 	case errors.Is(err, errEmpty):
 		st.empty++
@@ -291,7 +349,7 @@ func (st *topState) line(name string, line []byte, clk *epochsketch.ManualClock)
 		if first {
 			st.firsts++
 			if st.o.firsts {
-				fmt.Fprintf(st.errw, "first sighting: %s (line %d)\n", r.key, st.lines)
+				fmt.Fprintf(st.errw, "first sighting: %s (line %d)\n", displayKey(string(r.key)), st.lines)
 			}
 		}
 		st.top.OfferBytes(r.key, est)
@@ -392,8 +450,43 @@ func (st *topState) report(final bool) {
 		if !e.InTopSince.IsZero() {
 			seen = e.InTopSince.Format("2006-01-02 15:04:05")
 		}
-		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\n", i+1, e.Key, e.Estimate, trend(e.Previous, e.Estimate), seen)
+		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\n", i+1, displayKey(e.Key), e.Estimate, trend(e.Previous, e.Estimate), seen)
 	}
 	w.Flush()
 	fmt.Fprintln(st.out)
+}
+
+// readLine returns the next line without its end (\n or \r\n), as a copy
+// (an empty line is empty, not nil). A line longer than maxLine is read to
+// its end and dropped: readLine returns (nil, nil) for it. At the end of the
+// input, or on a read error, it returns (nil, err).
+func readLine(br *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, isPrefix, err := br.ReadLine()
+		if err != nil {
+			if len(line) > 0 {
+				return line, nil
+			}
+			return nil, err
+		}
+		if line != nil || len(chunk) > 0 || !isPrefix {
+			if len(line)+len(chunk) > maxLine {
+				// Too long: skip to the line's end, and report it.
+				for isPrefix {
+					if _, isPrefix, err = br.ReadLine(); err != nil {
+						break
+					}
+				}
+				return nil, nil
+			}
+			line = append(line, chunk...)
+		}
+		if !isPrefix {
+			if line == nil {
+				line = []byte{}
+			}
+			return line, nil
+		}
+	}
 }
