@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -23,8 +24,12 @@ type parser func(line []byte) (record, error)
 
 var errEmpty = errors.New("empty line")
 
-// newParser returns the parser for format with the key and field options.
-func newParser(format, key, field, timeField string) (parser, error) {
+// clfTime is the Common Log Format's time layout.
+const clfTime = "02/Jan/2006:15:04:05 -0700"
+
+// newParser returns the parser for format with the key, field and time
+// options.
+func newParser(format, key, field, timeField, timeFormat string) (parser, error) {
 	switch format {
 	case "lines":
 		return func(line []byte) (record, error) {
@@ -39,8 +44,18 @@ func newParser(format, key, field, timeField string) (parser, error) {
 		if err != nil {
 			return nil, err
 		}
+		if key == "ua" && format == "clf" {
+			return nil, usageErr("-key ua needs -format combined: the Common Log Format has no user agent")
+		}
+		layout := clfTime
+		if timeFormat != "" {
+			layout = timeFormat
+		}
 		return func(line []byte) (record, error) {
-			e, err := parseAccessLog(string(line), format == "combined")
+			if len(bytes.TrimSpace(line)) == 0 {
+				return record{}, errEmpty
+			}
+			e, err := parseAccessLog(string(line), format == "combined", layout)
 			if err != nil {
 				return record{}, err
 			}
@@ -77,7 +92,7 @@ func newParser(format, key, field, timeField string) (parser, error) {
 				if !ok {
 					return record{}, fmt.Errorf("no time field %q", timeField)
 				}
-				t, err := parseTime(ts)
+				t, err := parseTime(ts, timeFormat)
 				if err != nil {
 					return record{}, fmt.Errorf("time field %q: %v", timeField, err)
 				}
@@ -111,70 +126,127 @@ func lookup(v any, path []string) (string, bool) {
 	return "", false
 }
 
-// parseTime accepts RFC 3339 or Unix seconds (with a fraction).
-func parseTime(s string) (time.Time, error) {
+// parseTime reads a record's time: with a layout (-time-format, a Go
+// layout; UTC when it has no zone), by it; else RFC 3339, or a Unix time
+// whose unit its magnitude tells: seconds below 1e11 (before the year
+// 5138), milliseconds below 1e14, microseconds below 1e17, else
+// nanoseconds.
+func parseTime(s, layout string) (time.Time, error) {
+	if layout != "" {
+		t, err := time.Parse(layout, s)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%q does not match -time-format %q", s, layout)
+		}
+		return t, nil
+	}
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 		return t, nil
 	}
-	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		sec := int64(f)
-		return time.Unix(sec, int64((f-float64(sec))*1e9)), nil
+	if f, err := strconv.ParseFloat(s, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
+		a := math.Abs(f)
+		switch {
+		case a < 1e11:
+		case a < 1e14:
+			f /= 1e3
+		case a < 1e17:
+			f /= 1e6
+		default:
+			f /= 1e9
+		}
+		sec := math.Floor(f)
+		return time.Unix(int64(sec), int64((f-sec)*1e9)), nil
 	}
-	return time.Time{}, fmt.Errorf("%q is neither RFC 3339 nor Unix seconds", s)
+	return time.Time{}, fmt.Errorf("%q is neither RFC 3339 nor a Unix time (seconds, ms, µs or ns): give -time-format", s)
 }
 
 // accessEntry is one Common or Combined Log Format line.
 type accessEntry struct {
-	ip, method, path, agent string
-	when                    time.Time
+	ip, method, uri, agent string
+	when                   time.Time
+}
+
+// path is the request's path without its query string.
+func (e *accessEntry) path() string {
+	if i := strings.IndexByte(e.uri, '?'); i >= 0 {
+		return e.uri[:i]
+	}
+	return e.uri
+}
+
+// logFields splits an access log line into its fields: bare words,
+// [bracketed] times and "quoted" strings, whose backslash escapes (\" for a
+// quote inside a user agent) are undone.
+func logFields(line string) ([]string, error) {
+	var out []string
+	for i := 0; i < len(line); {
+		switch c := line[i]; {
+		case c == ' ' || c == '\t':
+			i++
+		case c == '[':
+			j := strings.IndexByte(line[i:], ']')
+			if j < 0 {
+				return nil, errors.New("an unterminated [time] field")
+			}
+			out = append(out, line[i+1:i+j])
+			i += j + 1
+		case c == '"':
+			var b strings.Builder
+			j := i + 1
+			for ; j < len(line) && line[j] != '"'; j++ {
+				if line[j] == '\\' && j+1 < len(line) {
+					j++
+				}
+				b.WriteByte(line[j])
+			}
+			if j >= len(line) {
+				return nil, errors.New("an unterminated quoted field")
+			}
+			out = append(out, b.String())
+			i = j + 1
+		default:
+			j := strings.IndexAny(line[i:], " \t")
+			if j < 0 {
+				j = len(line) - i
+			}
+			out = append(out, line[i:i+j])
+			i += j
+		}
+	}
+	return out, nil
 }
 
 // parseAccessLog parses
 //
-//	host ident user [02/Dec/2026:10:00:00 +0000] "GET /path HTTP/1.1" status bytes ["referer" "agent"]
-func parseAccessLog(line string, combined bool) (accessEntry, error) {
+//	host ident user [02/Dec/2026:10:00:00 +0000] "GET /path HTTP/1.1" status bytes ["referer" "agent" [more fields]]
+//
+// by fields, so a user agent is the ninth field whatever follows it (nginx
+// logs often append X-Forwarded-For), and a quote escaped inside it does not
+// cut it. layout reads the time (the Common Log Format's by default).
+func parseAccessLog(line string, combined bool, layout string) (accessEntry, error) {
 	var e accessEntry
-	sp := strings.IndexByte(line, ' ')
-	if sp <= 0 {
-		return e, errors.New("no client address")
-	}
-	e.ip = line[:sp]
-	lb := strings.IndexByte(line, '[')
-	rb := strings.IndexByte(line, ']')
-	if lb < 0 || rb < lb {
-		return e, errors.New("no [time] field")
-	}
-	t, err := time.Parse("02/Jan/2006:15:04:05 -0700", line[lb+1:rb])
+	f, err := logFields(line)
 	if err != nil {
-		return e, fmt.Errorf("bad time %q", line[lb+1:rb])
+		return e, err
+	}
+	if len(f) < 7 {
+		return e, fmt.Errorf("%d fields, want at least 7 (host ident user [time] \"request\" status bytes)", len(f))
+	}
+	e.ip = f[0]
+	t, err := time.Parse(layout, f[3])
+	if err != nil {
+		return e, fmt.Errorf("bad time %q: want %s, or give -time-format", f[3], layout)
 	}
 	e.when = t
-	rest := line[rb+1:]
-	q1 := strings.IndexByte(rest, '"')
-	if q1 < 0 {
-		return e, errors.New("no quoted request")
-	}
-	q2 := strings.IndexByte(rest[q1+1:], '"')
-	if q2 < 0 {
-		return e, errors.New("unterminated request")
-	}
-	req := strings.Fields(rest[q1+1 : q1+1+q2])
+	req := strings.Fields(f[4])
 	if len(req) < 2 {
-		return e, fmt.Errorf("bad request %q", rest[q1+1:q1+1+q2])
+		return e, fmt.Errorf("bad request %q", f[4])
 	}
-	e.method, e.path = req[0], req[1]
+	e.method, e.uri = req[0], req[1]
 	if combined {
-		// The last quoted field is the user agent.
-		tail := rest[q1+1+q2+1:]
-		end := strings.LastIndexByte(tail, '"')
-		if end < 0 {
-			return e, errors.New("no user agent (not Combined Log Format)")
+		if len(f) < 9 {
+			return e, errors.New("no referer and user agent (not Combined Log Format)")
 		}
-		start := strings.LastIndexByte(tail[:end], '"')
-		if start < 0 {
-			return e, errors.New("no user agent (not Combined Log Format)")
-		}
-		e.agent = tail[start+1 : end]
+		e.agent = f[8]
 	}
 	return e, nil
 }
@@ -185,13 +257,15 @@ func logKey(name string) (func(accessEntry) string, error) {
 	case "ip":
 		return func(e accessEntry) string { return e.ip }, nil
 	case "path":
-		return func(e accessEntry) string { return e.path }, nil
+		return func(e accessEntry) string { return e.path() }, nil
+	case "uri":
+		return func(e accessEntry) string { return e.uri }, nil
 	case "method+path":
-		return func(e accessEntry) string { return e.method + " " + e.path }, nil
+		return func(e accessEntry) string { return e.method + " " + e.path() }, nil
 	case "ua":
 		return func(e accessEntry) string { return e.agent }, nil
 	case "ip+path":
-		return func(e accessEntry) string { return e.ip + " " + e.path }, nil
+		return func(e accessEntry) string { return e.ip + " " + e.path() }, nil
 	}
-	return nil, usageErr("-key %q: want ip, path, method+path, ua or ip+path", name)
+	return nil, usageErr("-key %q: want ip, path (without the query), uri (with it), method+path, ua or ip+path", name)
 }

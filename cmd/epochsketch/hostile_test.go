@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -110,3 +111,95 @@ func TestBinaryTopEscapesKeys(t *testing.T) {
 }
 
 func regexpMatch(s, re string) bool { return regexp.MustCompile(re).MatchString(s) }
+
+// Access log fields are read as fields: the user agent is the ninth field
+// even when nginx appends X-Forwarded-For after it, and an escaped quote
+// inside it does not cut it; -key path drops the query, -key uri keeps it.
+func TestBinaryTopAccessLogFields(t *testing.T) {
+	bin := buildBin(t)
+	line := func(ip, uri, ua string) string {
+		return ip + ` - - [02/Dec/2026:10:00:00 +0000] "GET ` + uri + ` HTTP/1.1" 200 5 "-" "` + ua + `" "203.0.113.9"` + "\n"
+	}
+	var in strings.Builder
+	for range 3 {
+		in.WriteString(line("10.0.0.1", "/a?x=1", `Mozilla/5.0 (\"quoted\" build)`))
+	}
+	in.WriteString(line("10.0.0.2", "/a?x=2", "curl/8"))
+	for _, c := range []struct{ key, want string }{
+		{"ua", `1     Mozilla/5.0 ("quoted" build)  3`},
+		{"path", "1     /a   4"},
+		{"uri", "1     /a?x=1  3"},
+	} {
+		out, errs, code := runBin(t, bin, []byte(in.String()), "top", "-format", "combined", "-key", c.key, "-k", "1", "-tick", "1h")
+		if code != 0 || !strings.Contains(out, c.want) || !strings.Contains(out, "0 malformed") {
+			t.Errorf("-key %s: exit %d\n%s%s\nwant %q", c.key, code, out, errs, c.want)
+		}
+	}
+}
+
+// Flags the format ignores are usage errors (exit 2), not silently
+// malformed lines.
+func TestBinaryTopUsageErrors(t *testing.T) {
+	bin := buildBin(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"top", "-format", "clf", "-key", "ua"}, "-key ua needs -format combined"},
+		{[]string{"top", "-key", "ip"}, "-key applies to -format clf or combined"},
+		{[]string{"top", "-field", "user"}, "-field applies to -format json"},
+		{[]string{"top", "-format", "combined", "-time-field", "ts"}, "-time-field applies to -format json"},
+		{[]string{"top", "-time-format", "2006"}, "-time-format applies to records with times"},
+	} {
+		if _, errs, code := runBin(t, bin, nil, c.args...); code != 2 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d %q, want 2 and %q", c.args, code, errs, c.want)
+		}
+	}
+}
+
+// Times: Python's http.server log needs -time-format, and without it every
+// line is malformed, which is said on standard error with exit 1; JSON
+// epochs in milliseconds, microseconds and nanoseconds are told apart.
+func TestBinaryTopTimes(t *testing.T) {
+	bin := buildBin(t)
+	py := strings.Repeat(`127.0.0.1 - - [02/Dec/2026 10:00:00] "GET / HTTP/1.1" 200 -`+"\n", 5)
+	if _, errs, code := runBin(t, bin, []byte(py), "top", "-format", "clf"); code != 1 || !strings.Contains(errs, "all 5 non-empty lines were malformed; the first, -:1, bad time") {
+		t.Errorf("Python's log without -time-format: exit %d %s", code, errs)
+	}
+	if out, errs, code := runBin(t, bin, []byte(py), "top", "-format", "clf", "-time-format", "02/Jan/2006 15:04:05"); code != 0 || !regexpMatch(out, `127\.0\.0\.1\s+5\s`) {
+		t.Errorf("with -time-format: exit %d %s %s", code, out, errs)
+	}
+	// One record a day apart in each unit, a 1-hour tick: the later record
+	// finds the earlier one decayed to 0 if the unit was read right.
+	for _, unit := range []struct{ name, a, b string }{
+		{"s", "1764669600", "1764756000"},
+		{"ms", "1764669600000", "1764756000000"},
+		{"µs", "1764669600000000", "1764756000000000"},
+		{"ns", "1764669600000000000", "1764756000000000000"},
+	} {
+		in := `{"k":"x","ts":` + unit.a + "}\n" + `{"k":"x","ts":` + unit.b + "}\n"
+		out, errs, code := runBin(t, bin, []byte(in), "top", "-format", "json", "-field", "k", "-time-field", "ts", "-tick", "1h", "-json")
+		if code != 0 || !strings.Contains(out, `"key":"x","estimate":1,`) || !strings.Contains(out, `"in_top_since":"2025-12-03T10:00:00Z"`) {
+			t.Errorf("epoch in %s: exit %d %s %s", unit.name, code, out, errs)
+		}
+	}
+}
+
+// The same input gives the same answer: lines without times do not decay
+// by the wall clock unless -live, however slowly they are read.
+func TestBinaryTopDeterministic(t *testing.T) {
+	bin := buildBin(t)
+	var in strings.Builder
+	for i := range 200_000 {
+		in.WriteString([]string{"the", "and", "of", "x" + strconv.Itoa(i%5000)}[i%4] + "\n")
+	}
+	first, _, _ := runBin(t, bin, []byte(in.String()), "top", "-json", "-k", "3")
+	for range 2 {
+		if again, _, _ := runBin(t, bin, []byte(in.String()), "top", "-json", "-k", "3"); again != first {
+			t.Fatalf("two runs on the same input differ:\n%s\n%s", first, again)
+		}
+	}
+	if !strings.Contains(first, `{"key":"and","estimate":50000,"previous":0}`) || strings.Contains(first, "in_top_since") {
+		t.Errorf("not an exact count without decay, or a time without one: %s", first)
+	}
+}

@@ -32,6 +32,7 @@ type topOptions struct {
 	asJSON       bool
 	key, field   string
 	timeField    string
+	timeFormat   string
 	live         bool
 	showBad      bool
 	firsts       bool
@@ -54,10 +55,11 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.linesPerTick, "lines-per-tick", 0, "replay: advance one tick every N lines (0: the wall clock)")
 	fs.IntVar(&o.every, "every", 0, "report a checkpoint every N lines (0: only at the end)")
 	fs.StringVar(&o.format, "format", "lines", "input format: lines (one key per line), clf or combined (access logs), json (JSON lines)")
-	fs.StringVar(&o.key, "key", "ip", "access logs: the key: ip, path, method+path, ua or ip+path")
+	fs.StringVar(&o.key, "key", "ip", "access logs: the key: ip, path (without the query), uri (with it), method+path, ua (combined) or ip+path")
 	fs.StringVar(&o.field, "field", "", "json: the key's field path, e.g. user.id")
-	fs.StringVar(&o.timeField, "time-field", "", "json: the time's field path (RFC 3339 or Unix seconds)")
-	fs.BoolVar(&o.live, "live", false, "use the wall clock even when records carry times (tail -f)")
+	fs.StringVar(&o.timeField, "time-field", "", "json: the time's field path (RFC 3339, or Unix seconds, ms, µs or ns, told by magnitude)")
+	fs.StringVar(&o.timeFormat, "time-format", "", "access logs and json: the records' time `layout`, in Go's form (e.g. \"02/Jan/2006 15:04:05\" for Python's http.server; UTC without a zone)")
+	fs.BoolVar(&o.live, "live", false, "decay by the wall clock (tail -f): without it, records without times do not decay (or by -lines-per-tick), and records with times decay by them")
 	fs.BoolVar(&o.showBad, "show-malformed", false, "print each malformed line's number and reason to standard error")
 	fs.BoolVar(&o.asJSON, "json", false, "write each report as one JSON object per line")
 	fs.BoolVar(&o.firsts, "firsts", false, "print each first sighting (key and line) to standard error")
@@ -74,7 +76,23 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		}
 		return usageErr("%v", err)
 	}
-	parse, err := newParser(o.format, o.key, o.field, o.timeField)
+	// A flag the format ignores is a mistake, not a no-op.
+	var misplaced error
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case misplaced != nil:
+		case (f.Name == "field" || f.Name == "time-field") && o.format != "json":
+			misplaced = usageErr("-%s applies to -format json, not %s", f.Name, o.format)
+		case f.Name == "key" && o.format != "clf" && o.format != "combined":
+			misplaced = usageErr("-key applies to -format clf or combined, not %s", o.format)
+		case f.Name == "time-format" && o.format == "lines":
+			misplaced = usageErr("-time-format applies to records with times (-format clf, combined, or json with -time-field)")
+		}
+	})
+	if misplaced != nil {
+		return misplaced
+	}
+	parse, err := newParser(o.format, o.key, o.field, o.timeField, o.timeFormat)
 	if err != nil {
 		return err
 	}
@@ -101,6 +119,10 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	case o.linesPerTick > 0:
 		clk = epochsketch.NewManualClock(start)
 		cfg.Clock = clk
+	case !o.live:
+		// Records without times, and no -live: the same input always
+		// gives the same answer, whatever the machine's speed. No decay.
+		cfg.Clock = epochsketch.NewManualClock(start)
 	}
 	if err := cfg.Validate(); err != nil {
 		return usageErr("%v", err)
@@ -156,6 +178,9 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%d of %d inputs could not be read to the end: %s", len(failed), len(files), strings.Join(failed, ", "))
+	}
+	if st.malformed > 0 && st.malformed == st.lines-st.empty {
+		return fmt.Errorf("all %d non-empty lines were malformed; the first, %s: check -format and -key, -time-format for its times, or see each with -show-malformed", st.malformed, st.firstBad)
 	}
 	return nil
 }
@@ -221,6 +246,7 @@ type topState struct {
 	parse                           parser
 	timed                           bool
 	lines, empty, malformed, firsts int
+	firstBad                        string // the first malformed line's place and reason
 	prog                            *progress
 	now                             time.Time // the latest record's time, or the wall clock's
 	seen                            map[string]time.Time
@@ -332,6 +358,9 @@ func (st *topState) line(name string, line []byte, clk *epochsketch.ManualClock)
 	case err != nil:
 		// A malformed line is counted and never stops the run.
 		st.malformed++
+		if st.firstBad == "" {
+			st.firstBad = fmt.Sprintf("%s:%d, %v", name, st.lines, err)
+		}
 		if st.o.showBad {
 			fmt.Fprintf(st.errw, "%s:%d: malformed: %v\n", name, st.lines, err)
 		}
@@ -377,7 +406,7 @@ func (st *topState) redraw() {
 type Entry struct {
 	Key        string    `json:"key"`
 	Estimate   uint32    `json:"estimate"`
-	InTopSince time.Time `json:"in_top_since"`
+	InTopSince time.Time `json:"in_top_since,omitzero"` // absent without record or wall times
 	Previous   uint32    `json:"previous"`
 }
 
@@ -410,9 +439,9 @@ func (st *topState) report(final bool) {
 	entries = entries[:min(st.o.k, len(entries))]
 	now := st.now
 	if !st.timed {
-		now = time.Now()
-		if st.o.linesPerTick > 0 {
-			now = time.Time{} // a replay without record times has no wall time
+		now = time.Time{} // records without times have no time to show
+		if st.o.live {
+			now = time.Now()
 		}
 	}
 	top := make([]Entry, len(entries))

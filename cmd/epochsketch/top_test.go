@@ -162,7 +162,8 @@ func TestTopNginxAccessLog(t *testing.T) {
 	}{
 		{"ip", []string{"127.0.0.2=300", "127.0.0.3=200"}},
 		{"ua", []string{"heavy-client/1.0=300", "second-client/1.0=200"}},
-		{"method+path", []string{"POST /api/login=200"}},
+		{"method+path", []string{"GET /api/items=300", "POST /api/login=200"}}, // the path without its query
+		{"uri", []string{"/api/login=200"}},                                    // with it: each /api/items?i=N is its own key
 	} {
 		var out bytes.Buffer
 		// A 1-hour tick: the log spans seconds, so nothing decays.
