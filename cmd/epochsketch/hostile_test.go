@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // buildBin builds the epochsketch binary for tests that run it as a user
@@ -202,4 +205,100 @@ func TestBinaryTopDeterministic(t *testing.T) {
 	if !strings.Contains(first, `{"key":"and","estimate":50000,"previous":0}`) || strings.Contains(first, "in_top_since") {
 		t.Errorf("not an exact count without decay, or a time without one: %s", first)
 	}
+}
+
+// Ctrl-C is heard while standard input is quiet, and the state is saved.
+func TestBinaryTopInterruptOnQuietInput(t *testing.T) {
+	bin := buildBin(t)
+	state := filepath.Join(t.TempDir(), "state")
+	cmd := exec.Command(bin, "top", "-live", "-state", state)
+	pr, pw, err := os.Pipe() // nothing is ever written: a quiet input
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Close()
+	defer pr.Close()
+	cmd.Stdin = pr // an *os.File: the child reads it, no copying goroutine
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	cmd.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(out.String(), "final after 0 lines") {
+			t.Errorf("after Ctrl-C: %v\n%s", err, out.String())
+		}
+	case <-time.After(5 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("Ctrl-C ignored while standard input is quiet")
+	}
+	if _, err := os.Stat(state); err != nil {
+		t.Errorf("no state saved on Ctrl-C: %v", err)
+	}
+}
+
+// A closed standard output (| head -1) still leaves the state file, and a
+// resumed run reads a file on from where it stopped: the same file again
+// counts nothing twice, an appended file counts only what was added, and a
+// file that changed otherwise is refused.
+func TestBinaryTopStateAndResume(t *testing.T) {
+	bin := buildBin(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "keys.txt")
+	var in strings.Builder
+	for i := range 300_000 {
+		in.WriteString([]string{"a", "b", "c"}[i%3] + "\n")
+	}
+	os.WriteFile(data, []byte(in.String()), 0o644)
+	for i := range 3 {
+		state := filepath.Join(dir, fmt.Sprint("piped", i))
+		sh := exec.Command("sh", "-c", fmt.Sprintf("%s top -every 1000 -state %s %s | head -1", bin, state, data))
+		if out, err := sh.CombinedOutput(); err != nil {
+			t.Fatalf("| head -1: %v %s", err, out)
+		}
+		if _, err := os.Stat(state); err != nil {
+			t.Errorf("run %d: standard output closed early and no state was saved: %v", i+1, err)
+		}
+	}
+	state := filepath.Join(dir, "state")
+	report := func(args ...string) (Report, string, int) {
+		out, errs, code := runBin(t, bin, nil, append([]string{"top", "-json", "-state", state}, args...)...)
+		var r Report
+		if code == 0 {
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+		}
+		return r, errs, code
+	}
+	r1, _, _ := report(data)
+	r2, errs, _ := report(data)
+	if r2.Lines != 300_000 || topOf(r2) != topOf(r1) || !strings.Contains(errs, "resumed") {
+		t.Errorf("the same file again: %d lines, %s against %s (%s)", r2.Lines, topOf(r2), topOf(r1), errs)
+	}
+	f, _ := os.OpenFile(data, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(strings.Repeat("z\n", 150_000))
+	f.Close()
+	r3, _, _ := report(data)
+	if r3.Lines != 450_000 || !strings.HasPrefix(topOf(r3), "z=150000 ") {
+		t.Errorf("an appended file: %d lines, top %s", r3.Lines, topOf(r3))
+	}
+	os.WriteFile(data, []byte("changed\n"+in.String()), 0o644)
+	if _, errs, code := report(data); code != 1 || !strings.Contains(errs, "keys.txt changed since -state was saved") {
+		t.Errorf("a changed file: exit %d %s", code, errs)
+	}
+}
+
+func topOf(r Report) string {
+	var s []string
+	for _, e := range r.Top {
+		s = append(s, fmt.Sprintf("%s=%d", e.Key, e.Estimate))
+	}
+	return strings.Join(s, " ")
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,11 +32,75 @@ type topMeta struct {
 	Format, Key                     string
 	Buckets                         int
 	Tick                            time.Duration
+	// Files are where each input file was left: a resumed run reads on
+	// from there, and refuses a file that is no longer the same.
+	Files []fileMark `json:",omitempty"`
+}
+
+// fileMark is an input file as a state remembers it: its size and the
+// hash of its first bytes when last read, and how far its lines were read
+// (in bytes of the decompressed stream, for gzip).
+type fileMark struct {
+	Name    string
+	Size    int64
+	HeadLen int64  // how many of its first bytes Head hashes (at most 4 KiB)
+	Head    string // hex SHA-256 of them
+	Offset  int64
+}
+
+// fileID is a file's size and the hash of its first bytes.
+type fileID struct {
+	Size    int64
+	HeadLen int64
+	Head    string
+	head    []byte // the first bytes themselves
+}
+
+// headOf is the hex SHA-256 of the first n bytes.
+func (id fileID) headOf(n int64) string {
+	sum := sha256.Sum256(id.head[:n])
+	return hex.EncodeToString(sum[:])
+}
+
+const headBytes = 4096
+
+// identify reads f's size and first bytes, and leaves f at its start.
+func identify(f *os.File) (fileID, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return fileID{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return fileID{Size: -1}, nil // a pipe or a device: no identity to keep
+	}
+	head := make([]byte, min(fi.Size(), headBytes))
+	if _, err := io.ReadFull(f, head); err != nil {
+		return fileID{}, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return fileID{}, err
+	}
+	id := fileID{Size: fi.Size(), HeadLen: int64(len(head)), head: head}
+	id.Head = id.headOf(id.HeadLen)
+	return id, nil
+}
+
+// sameHead reports whether the file still begins as it did when m was
+// saved: the hash of the same number of first bytes.
+func (id fileID) sameHead(m *fileMark) bool {
+	if id.HeadLen == m.HeadLen {
+		return id.Head == m.Head
+	}
+	// The file was shorter than 4 KiB then: hash as many bytes as then.
+	return id.HeadLen >= m.HeadLen && id.headOf(m.HeadLen) == m.Head
 }
 
 func saveState(path string, st *topState, clk *epochsketch.ManualClock) error {
 	m := topMeta{Lines: st.lines, Empty: st.empty, Malformed: st.malformed, Firsts: st.firsts, Now: st.now,
 		Format: st.o.format, Key: st.o.key, Buckets: st.o.buckets, Tick: st.o.tick}
+	for _, name := range st.order {
+		m.Files = append(m.Files, *st.marks[name])
+	}
 	if clk != nil {
 		m.Clock = clk.Now()
 	}
@@ -106,5 +172,10 @@ func loadState(path string, st *topState, clk *epochsketch.ManualClock) (bool, e
 		return bad("%d bytes after the end", r.Len())
 	}
 	st.lines, st.empty, st.malformed, st.firsts, st.now = m.Lines, m.Empty, m.Malformed, m.Firsts, m.Now
+	for i := range m.Files {
+		f := m.Files[i]
+		st.marks[f.Name] = &f
+		st.order = append(st.order, f.Name)
+	}
 	return true, nil
 }

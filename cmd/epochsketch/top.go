@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -63,7 +65,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.showBad, "show-malformed", false, "print each malformed line's number and reason to standard error")
 	fs.BoolVar(&o.asJSON, "json", false, "write each report as one JSON object per line")
 	fs.BoolVar(&o.firsts, "firsts", false, "print each first sighting (key and line) to standard error")
-	fs.StringVar(&o.state, "state", "", "resume from this state `file` if it exists, and save to it at the end (and on Ctrl-C)")
+	fs.StringVar(&o.state, "state", "", "resume from this state `file` if it exists, and save to it at the end (and on Ctrl-C, SIGTERM or a closed output); a file read before goes on from where it was left, and one that changed otherwise is refused")
 	fs.StringVar(&o.progress, "progress", "auto", "progress line with rate and ETA when reading files: auto (when standard error is a terminal), on, off")
 	refreshDefault := time.Duration(0)
 	if isTerminal(os.Stdout) {
@@ -133,7 +135,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// TopK entry may lag its key by up to 1/16, never by a whole rank.
 	top := epochsketch.NewTopK(4 * o.k)
 	st := &topState{o: o, sk: sk, top: top, out: stdout, errw: stderr, parse: parse, timed: timed,
-		seen: map[string]time.Time{}, prev: map[string]uint32{}}
+		seen: map[string]time.Time{}, prev: map[string]uint32{}, marks: map[string]*fileMark{}}
 
 	if o.state != "" {
 		resumed, err := loadState(o.state, st, clk)
@@ -152,7 +154,9 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		st.prog = newProgress(files, stderr)
 	}
 	// Ctrl-C ends the run with the final summary.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// SIGPIPE too: with standard output closed (| head), writes fail
+	// instead of killing the process, and the state is still saved.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
 	defer stop()
 	// A file that cannot be read, or breaks off (a truncated gzip), is
 	// reported and the others are read: the report covers what was read,
@@ -251,10 +255,14 @@ type topState struct {
 	now                             time.Time // the latest record's time, or the wall clock's
 	seen                            map[string]time.Time
 	prev                            map[string]uint32
+	marks                           map[string]*fileMark // where each file read stands, for -state
+	order                           []string             // the files in the order read
 }
 
 func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, clk *epochsketch.ManualClock) error {
 	var r io.Reader = stdin
+	var mark *fileMark // where this file stands (files only: standard input has no position)
+	var skip int64
 	if name != "-" {
 		f, err := os.Open(name)
 		if err != nil {
@@ -262,33 +270,66 @@ func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, 
 		}
 		defer f.Close()
 		r = f
+		id, err := identify(f)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		mark = st.marks[name]
+		switch {
+		case id.Size < 0:
+			mark = nil // a pipe or a device: read as it comes, like standard input
+		case mark != nil:
+			// Resumed: the file must be the one read before, perhaps grown.
+			if id.Size < mark.Size || !id.sameHead(mark) {
+				return fmt.Errorf("%s changed since -state was saved (it had %d bytes beginning with sha256 %.16s…, it has %d bytes): resume it with a new state file, or delete the state to start again",
+					name, mark.Size, mark.Head, id.Size)
+			}
+			skip = mark.Offset
+		default:
+			mark = &fileMark{Name: name}
+			st.marks[name] = mark
+			st.order = append(st.order, name)
+		}
+		if mark != nil {
+			mark.Size, mark.Head, mark.HeadLen = id.Size, id.Head, id.HeadLen
+		}
 	}
 	if st.prog != nil {
 		r = st.prog.wrap(r)
 	}
-	br := bufio.NewReaderSize(r, 1<<16)
-	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		defer zr.Close()
-		br = bufio.NewReaderSize(zr, 1<<16)
-	}
 	// Lines come from a reader goroutine in batches, so that Ctrl-C and the
-	// refresh ticker are heard even while a read blocks (tail -f).
-	batches := make(chan [][]byte, 4)
+	// refresh ticker are heard even while a read blocks (tail -f), the
+	// first one included: telling gzip by its magic waits for two bytes.
+	batches := make(chan []readRecord, 4)
 	errc := make(chan error, 1)
 	go func() {
 		defer close(batches)
-		var batch [][]byte
+		br := bufio.NewReaderSize(r, 1<<16)
+		if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+			zr, err := gzip.NewReader(br)
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer zr.Close()
+			br = bufio.NewReaderSize(zr, 1<<16)
+		}
+		if skip > 0 {
+			// Resumed: the lines before the saved position were counted.
+			if n, err := io.CopyN(io.Discard, br, skip); err != nil {
+				errc <- fmt.Errorf("resuming at byte %d: the input has only %d: %w", skip, n, err)
+				return
+			}
+		}
+		var batch []readRecord
 		var err error
 		for {
 			var line []byte
-			if line, err = readLine(br); line == nil && err != nil {
+			var n int
+			if line, n, err = readLine(br); n == 0 && err != nil {
 				break
 			}
-			batch = append(batch, line) // nil: a line over maxLine
+			batch = append(batch, readRecord{line, n}) // nil line: one over maxLine
 			if len(batch) == 1024 || br.Buffered() == 0 {
 				select {
 				case batches <- batch:
@@ -332,8 +373,11 @@ func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, 
 				}
 				return nil
 			}
-			for _, line := range batch {
-				st.line(name, line, clk)
+			for _, rec := range batch {
+				st.line(name, rec.line, clk)
+				if mark != nil {
+					mark.Offset += int64(rec.n)
+				}
 			}
 			if st.prog != nil {
 				st.prog.show()
@@ -485,37 +529,41 @@ func (st *topState) report(final bool) {
 	fmt.Fprintln(st.out)
 }
 
+// readRecord is one line as read and the bytes it took, its end included.
+type readRecord struct {
+	line []byte
+	n    int
+}
+
 // readLine returns the next line without its end (\n or \r\n), as a copy
-// (an empty line is empty, not nil). A line longer than maxLine is read to
-// its end and dropped: readLine returns (nil, nil) for it. At the end of the
-// input, or on a read error, it returns (nil, err).
-func readLine(br *bufio.Reader) ([]byte, error) {
-	var line []byte
+// (an empty line is empty, not nil), and the bytes it took. A line longer
+// than maxLine is read to its end and dropped: its line is nil. At the end
+// of the input, or on a read error, n is 0 and err says which.
+func readLine(br *bufio.Reader) (line []byte, n int, err error) {
+	long := false
 	for {
-		chunk, isPrefix, err := br.ReadLine()
-		if err != nil {
-			if len(line) > 0 {
-				return line, nil
+		chunk, err := br.ReadSlice('\n')
+		n += len(chunk)
+		if !long {
+			if len(line)+len(chunk) > maxLine+2 {
+				long, line = true, nil
+			} else {
+				line = append(line, chunk...)
 			}
-			return nil, err
 		}
-		if line != nil || len(chunk) > 0 || !isPrefix {
-			if len(line)+len(chunk) > maxLine {
-				// Too long: skip to the line's end, and report it.
-				for isPrefix {
-					if _, isPrefix, err = br.ReadLine(); err != nil {
-						break
-					}
-				}
-				return nil, nil
-			}
-			line = append(line, chunk...)
+		if err == bufio.ErrBufferFull {
+			continue
 		}
-		if !isPrefix {
-			if line == nil {
-				line = []byte{}
-			}
-			return line, nil
+		if err != nil && n == 0 {
+			return nil, 0, err
 		}
+		if long {
+			return nil, n, nil
+		}
+		line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
+		if line == nil {
+			line = []byte{}
+		}
+		return line, n, nil
 	}
 }
