@@ -31,6 +31,9 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return usageErr("-buckets: %v", err)
 	}
+	if *buckets == 0 {
+		*buckets = epochsketch.DefaultNumBuckets // 0 means the library's default
+	}
 	start := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	clk := epochsketch.NewManualClock(start)
 	cfg.Clock = clk
@@ -99,6 +102,22 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "self-metrics: evictions %d, chips %d, challenges lost %d, scrubbed %d, dropped increments %d\n",
 		st.Evictions, st.Chips, st.ChallengesLost, st.ScrubbedZombies, st.CASRetriesExhausted)
 	fmt.Fprintf(stdout, "memory: %s whatever the %d distinct keys seen\n", formatBytes(*buckets*64), crowd+flood+1)
+	fmt.Fprint(stdout, `
+What to look for: the attacker reads its whole first tick's requests at
+once (tick 20) and settles at twice its per-tick rate, as any steady key
+does, equal to its exact decayed count; the flood of never-repeated keys
+from tick 40 leaves every heavy key's estimate equal to its exact count,
+though the sketch holds a small fraction of the keys seen; the share of
+first sightings jumps when the flood starts, which is how a key-rotation
+attack shows.
+
+The self-metrics: an eviction is a slot won from a live occupant; a chip is
+one count the lottery took from the weakest slot of a full bucket (a
+newcomer's way in); a lost challenge is a newcomer that did not get in (it
+reads as a first sighting and is not tracked); a scrub clears a slot silent
+for 24 ticks; a dropped increment lost 4 compare-and-swaps to other
+goroutines (0 in a single-threaded demo).
+`)
 	return nil
 }
 

@@ -302,3 +302,30 @@ func topOf(r Report) string {
 	}
 	return strings.Join(s, " ")
 }
+
+// The smaller things: ticks print rounded spans and never a negative one,
+// demo -buckets 0 says the size it uses and explains what it shows, top
+// takes a seed, and every command's -h starts with what it does.
+func TestBinarySmallerThings(t *testing.T) {
+	bin := buildBin(t)
+	if out, _, code := runBin(t, bin, nil, "ticks", "-tick", "1000h"); code != 0 || !strings.Contains(out, "41d16h") || !strings.Contains(out, "2.7 years") {
+		t.Errorf("ticks -tick 1000h: %d %s", code, out)
+	}
+	if out, _, code := runBin(t, bin, nil, "ticks", "-tick", "300000h"); code != 0 || !strings.Contains(out, "821 years") {
+		t.Errorf("ticks -tick 300000h (24 ticks overflow a time.Duration): %d %s", code, out)
+	}
+	if out, _, code := runBin(t, bin, nil, "demo", "-buckets", "0"); code != 0 || !strings.Contains(out, "65536 buckets (4.00 MiB)") || !strings.Contains(out, "a chip is") {
+		t.Errorf("demo -buckets 0: %d %.300s", code, out)
+	}
+	in := []byte(strings.Repeat("a\nb\nc\nd\ne\nf\ng\nh\ni\nj\n", 50))
+	one, _, _ := runBin(t, bin, in, "top", "-buckets", "1", "-seed", "7", "-json")
+	two, _, _ := runBin(t, bin, in, "top", "-buckets", "1", "-seed", "7", "-json")
+	if one != two {
+		t.Errorf("top -seed 7 at 1 bucket differs between runs:\n%s\n%s", one, two)
+	}
+	for _, cmd := range []string{"demo", "size", "ticks", "top", "sim", "simulator"} {
+		if _, errs, code := runBin(t, bin, nil, cmd, "-h"); code != 0 || !strings.HasPrefix(errs, "epochsketch "+cmd+": ") || len(strings.SplitN(errs, "\n", 2)[0]) < 40 {
+			t.Errorf("%s -h: exit %d, %q", cmd, code, strings.SplitN(errs, "\n", 2)[0])
+		}
+	}
+}

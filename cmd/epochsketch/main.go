@@ -16,7 +16,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -95,8 +97,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
+			printHelp(fs, stderr)
 			return err
 		}
 		return usageErr("%v", err)
@@ -121,14 +122,50 @@ func formatRate(perSecond float64) string {
 }
 
 func formatDuration(d time.Duration) string {
+	return formatSeconds(d.Seconds())
+}
+
+// formatSeconds writes a span in the largest fitting unit, rounded: 41d16h,
+// not 41.666666666666664d; a span too long for a time.Duration is given in
+// years rather than overflowing.
+func formatSeconds(s float64) string {
+	const day, year = 86400.0, 365.25 * 86400
 	switch {
-	case d >= 48*time.Hour:
-		return fmt.Sprintf("%gd", d.Hours()/24)
-	case d >= time.Hour:
-		return fmt.Sprintf("%gh", d.Hours())
-	case d >= time.Minute:
-		return fmt.Sprintf("%gmin", d.Minutes())
+	case s >= 100*year:
+		return fmt.Sprintf("%.0f years", s/year)
+	case s >= 2*year:
+		return fmt.Sprintf("%.1f years", s/year)
+	case s >= 2*day:
+		d, h := int64(s/day), int64(math.Round(math.Mod(s, day)/3600))
+		if h == 24 {
+			d, h = d+1, 0
+		}
+		if h == 0 {
+			return fmt.Sprintf("%dd", d)
+		}
+		return fmt.Sprintf("%dd%dh", d, h)
+	case s >= 3600:
+		return strconv.FormatFloat(math.Round(s/360)/10, 'f', -1, 64) + "h"
+	case s >= 60:
+		return strconv.FormatFloat(math.Round(s/6)/10, 'f', -1, 64) + "min"
 	default:
-		return d.String()
+		return time.Duration(s * 1e9).String()
 	}
+}
+
+// descriptions say in one line what each command does (its -h).
+var descriptions = map[string]string{
+	"demo":      "replay a built-in stream (a crowd, an attacker, a key-rotation flood) and show the sketch's estimates beside the exact decayed counts",
+	"size":      "how many buckets and bytes a sketch needs for N concurrent heavy hitters",
+	"ticks":     "the Tick Table: for each tick, the fastest sustained rate one key can have and how long a count takes to evaporate",
+	"top":       "the heaviest recent keys of a stream (files, gzip or standard input): one key per line, access logs or JSON lines",
+	"sim":       "run THEORY.md's experiments and print them as markdown tables",
+	"simulator": "serve the browser simulator (the real package as WebAssembly) on localhost, offline",
+}
+
+// printHelp writes a command's one-line description and its flags.
+func printHelp(fs *flag.FlagSet, w io.Writer) {
+	fmt.Fprintf(w, "epochsketch %s: %s\n\nflags:\n", fs.Name(), descriptions[fs.Name()])
+	fs.SetOutput(w)
+	fs.PrintDefaults()
 }

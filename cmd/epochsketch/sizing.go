@@ -83,7 +83,7 @@ func runTicks(args []string, stdout, stderr io.Writer) error {
 	for _, r := range rows {
 		perTick := float64(epochsketch.MaxCount) / 2
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t\n", formatDuration(r.tick), formatRate(perTick/r.tick.Seconds()),
-			formatDuration(24*r.tick), r.use)
+			formatSeconds(24*r.tick.Seconds()), r.use) // 24 ticks can pass a time.Duration's 292 years
 	}
 	return w.Flush()
 }

@@ -27,6 +27,7 @@ import (
 // topOptions are the flags of `epochsketch top`.
 type topOptions struct {
 	k, buckets   int
+	seed         uint64
 	tick         time.Duration
 	linesPerTick int
 	every        int
@@ -52,6 +53,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("top", flag.ContinueOnError)
 	var o topOptions
 	fs.IntVar(&o.k, "k", 20, "how many keys to report")
+	fs.Uint64Var(&o.seed, "seed", 0, "seed of the sketch's hash and lottery (0: random; a seed makes runs at tiny -buckets repeatable)")
 	fs.IntVar(&o.buckets, "buckets", epochsketch.DefaultNumBuckets, "sketch size in 64-byte buckets")
 	fs.DurationVar(&o.tick, "tick", time.Second, "tick (half-life)")
 	fs.IntVar(&o.linesPerTick, "lines-per-tick", 0, "replay: advance one tick every N lines (0: the wall clock)")
@@ -72,8 +74,10 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		refreshDefault = time.Second
 	}
 	fs.DurationVar(&o.refresh, "refresh", refreshDefault, "redraw the table this often (default 1s when standard output is a terminal, else 0: off)")
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			printHelp(fs, stderr)
 			return err
 		}
 		return usageErr("%v", err)
@@ -107,7 +111,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	case o.progress != "auto" && o.progress != "on" && o.progress != "off":
 		return usageErr("-progress %q: want auto, on or off", o.progress)
 	}
-	cfg := epochsketch.Config{NumBuckets: o.buckets, TickDuration: o.tick}
+	cfg := epochsketch.Config{NumBuckets: o.buckets, TickDuration: o.tick, Seed: o.seed}
 	if o.state != "" {
 		cfg.Hash = epochsketch.HashSipHash13 // a key that can be saved (maphash's cannot)
 	}
@@ -323,6 +327,7 @@ func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, 
 		}
 		var batch []readRecord
 		var err error
+		size := 0 // the batch's bytes: at most 1024 lines and about 4 MiB
 		for {
 			var line []byte
 			var n int
@@ -330,7 +335,8 @@ func (st *topState) readFile(ctx context.Context, name string, stdin io.Reader, 
 				break
 			}
 			batch = append(batch, readRecord{line, n}) // nil line: one over maxLine
-			if len(batch) == 1024 || br.Buffered() == 0 {
+			if size += len(line); len(batch) == 1024 || size >= 4<<20 || br.Buffered() == 0 {
+				size = 0
 				select {
 				case batches <- batch:
 				case <-ctx.Done():
