@@ -1,0 +1,51 @@
+# EpochSketch: one entry point for the checks and the long runs.
+# `make help` lists the targets; `make test` is what CI runs.
+GO ?= go
+
+.DEFAULT_GOAL := help
+.PHONY: help test test-core test-bench test-e2e test-sketchproxy \
+	fuzz bench sketchproxy-bench theory simulator scaling
+
+help: ## list the targets
+	@echo "usage: make TARGET"
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+test: test-core test-bench test-e2e test-sketchproxy ## every module's vet and tests, as CI runs them
+
+test-core: ## the library and the epochsketch command: vet, race tests, the trace build, 386 and wasm builds
+	$(GO) vet ./...
+	$(GO) test -race ./...
+	$(GO) test -tags epochsketch_trace .
+	GOARCH=386 $(GO) vet ./...
+	GOOS=js GOARCH=wasm $(GO) vet ./...
+	GOOS=js GOARCH=wasm $(GO) vet -tags epochsketch_trace ./...
+
+test-bench: ## the peer benchmark harness (its own module), each benchmark once
+	cd bench && $(GO) vet ./... && $(GO) test -bench 'Peers$$/workload=hot' -benchtime=1x ./...
+
+test-e2e: ## the browser simulator driven in headless Chromium (its own module)
+	cd simulator/e2e && $(GO) vet ./... && $(GO) test ./...
+
+test-sketchproxy: ## SketchProxy (its own module): vet and race tests, real redis-server and python3 included
+	cd sketchproxy && $(GO) vet ./... && $(GO) test -race ./...
+
+fuzz: ## each fuzz target for 30 s (FUZZTIME=2m for longer)
+	$(GO) test -run XXX -fuzz FuzzModel -fuzztime $(or $(FUZZTIME),30s) .
+	$(GO) test -run XXX -fuzz FuzzSnapshot -fuzztime $(or $(FUZZTIME),30s) .
+	cd sketchproxy && $(GO) test -run XXX -fuzz FuzzClientAddr -fuzztime $(or $(FUZZTIME),30s) .
+	cd sketchproxy && $(GO) test -run XXX -fuzz FuzzPath -fuzztime $(or $(FUZZTIME),30s) .
+
+bench: ## the core benchmarks and the peers, as BENCHMARKS.md reports them (minutes)
+	bash scripts/bench.sh
+
+sketchproxy-bench: ## SketchProxy's overhead against a plain reverse proxy, and wrk
+	bash scripts/sketchproxy-bench.sh
+
+theory: ## regenerate THEORY.md's figures (docs/theory, about 7 minutes)
+	bash scripts/theory.sh
+
+simulator: ## rebuild the simulator's WebAssembly after a change to the package
+	$(GO) generate ./simulator
+
+scaling: ## prepare the GOMAXPROCS 1-16 scaling run for a many-core machine
+	bash scripts/scaling.sh
