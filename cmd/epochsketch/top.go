@@ -15,7 +15,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -158,9 +157,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		st.prog = newProgress(files, stderr)
 	}
 	// Ctrl-C ends the run with the final summary.
-	// SIGPIPE too: with standard output closed (| head), writes fail
-	// instead of killing the process, and the state is still saved.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	// A file that cannot be read, or breaks off (a truncated gzip), is
 	// reported and the others are read: the report covers what was read,
