@@ -9,15 +9,15 @@ import (
 // Defaults applied to zero Config fields.
 const (
 	// DefaultNumBuckets is 65,536 buckets: 4 MiB, room for 131,072 concurrent
-	// heavy hitters at the spec's safety factor of 4 (BucketsFor).
+	// heavy hitters at the safety factor of 4 (BucketsFor).
 	DefaultNumBuckets = 1 << 16
 	// DefaultTickDuration is one second: the API rate limiting row of the
 	// Tick Table (counts halve every second, evaporate in 24 s).
 	DefaultTickDuration = time.Second
 	// MinTickDuration bounds how often the clock goroutine wakes.
 	MinTickDuration = time.Millisecond
-	// SafetyFactor is the spec's starting factor (4.4): slots per expected
-	// concurrent heavy hitter.
+	// SafetyFactor is slots per expected concurrent heavy hitter, room for
+	// the lottery's churn (docs/DESIGN.md, Sizing).
 	SafetyFactor = 4
 )
 
@@ -25,22 +25,23 @@ const (
 // bits, and the table must fit the platform's int (GOARCH=386 included).
 var maxBuckets = min(uint64(1)<<32, uint64(math.MaxInt)/uint64(bucketSize)-1)
 
-// Lottery selects how a challenger competes for a full bucket (spec 4.1).
+// Lottery selects how a challenger competes for a full bucket
+// (docs/DESIGN.md, The lottery).
 type Lottery uint8
 
 const (
-	// LotteryDefault is the lottery THEORY.md's decision gate D2 chose:
-	// HeavyKeeper-classic. The spec ships Option A only if its errors are
-	// statistically indistinguishable from Option C's; over 50 seeds they were
-	// not (M3 chips every victim under 9 counts, 1.08^-C does not), so the
-	// default is Option C. Name LotteryChip to choose Option A.
+	// LotteryDefault is HeavyKeeper-classic. Hash-entropy chipping was to be
+	// the default only if its errors were statistically indistinguishable
+	// from HeavyKeeper-classic's; over 50 seeds they were not (it chips every
+	// victim under 9 counts, 1.08^-C does not: THEORY.md section 1). Name
+	// LotteryChip to choose it.
 	LotteryDefault Lottery = iota
-	// LotteryChip is spec 4.1 Option A with chip-mask schedule M3: the
+	// LotteryChip is hash-entropy chipping with chip-mask schedule M3: the
 	// weakest slot is chipped when the top k bits of a draw are zero, with
 	// k = count/9, so the chip probability is 2^-floor(C/9) ≈ 1.08^-C in steps.
 	// The draw mixes the key's hash, the victim word and a per-attempt salt.
 	LotteryChip
-	// LotteryHeavyKeeper is spec 4.1 Option C, HeavyKeeper-classic: the weakest
+	// LotteryHeavyKeeper is HeavyKeeper-classic: the weakest
 	// slot is chipped with probability exactly 1.08^-C from a real PRNG
 	// (integer thresholds precomputed at start, no float math per call).
 	LotteryHeavyKeeper
@@ -94,12 +95,12 @@ type Config struct {
 	// Hash selects the key hash; see HashKind for the threat model.
 	Hash HashKind
 
-	// TwoChoice enables spec 4.2 Option B: each key has two candidate buckets
+	// TwoChoice gives each key two candidate buckets
 	// (two cache lines per call), new keys go to the less loaded one, and the
 	// lottery picks the weakest of 16 slots.
 	TwoChoice bool
 
-	// Lottery selects the full-bucket challenge (spec 4.1); the zero value is
+	// Lottery selects the full-bucket challenge; the zero value is
 	// LotteryDefault, HeavyKeeper-classic.
 	Lottery Lottery
 }
@@ -143,7 +144,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// BucketsFor applies the sizing rule of spec 4.4: buckets ≥ expected
+// BucketsFor applies the sizing rule (docs/DESIGN.md, Sizing): buckets ≥ expected
 // concurrent heavy hitters × SafetyFactor / 8 slots per bucket, at least 1.
 // Size by the heavy hitters you must not lose, never by key cardinality:
 // mice may collide and evaporate.

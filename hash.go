@@ -6,7 +6,7 @@ import (
 	"math/bits"
 )
 
-// HashKind selects the key hash (spec 4.3). Every kind is seeded per
+// HashKind selects the key hash (docs/DESIGN.md, Hashes). Every kind is seeded per
 // instance; the hash must pass avalanche tests because the chip lottery
 // consumes its bits.
 type HashKind uint8

@@ -96,7 +96,7 @@ func TestHashSeeds(t *testing.T) {
 	}
 }
 
-// fnv1a is the hash the spec disqualifies (4.3); it lives only here, to show
+// fnv1a is a hash the avalanche bar disqualifies (docs/DESIGN.md, Hashes); it lives only here, to show
 // why.
 func fnv1a(p []byte) uint64 {
 	h := uint64(0xcbf29ce484222325)
@@ -138,7 +138,7 @@ func worstBias(hash func([]byte) uint64, keyLen, trials int, r *rand.Rand) float
 	return worst
 }
 
-// TestAvalanche is the spec's quality bar for the lottery's entropy (4.3):
+// TestAvalanche is the quality bar for the lottery's entropy (docs/DESIGN.md, Hashes):
 // flipping any input bit flips every output bit with probability 1/2. With
 // 4000 trials a fair bit's bias exceeds 0.05 with probability about 1e-10
 // per pair, so the bound fails only a broken hash. FNV-1a fails it by a

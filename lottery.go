@@ -58,7 +58,8 @@ func (s *Sketch) salt() uint64 {
 	return rand.Uint64()
 }
 
-// maxDraws bounds the lottery draws of one weighted challenge (spec C4).
+// maxDraws bounds the lottery draws of one weighted challenge: bounded work
+// per call (docs/DESIGN.md, Observe).
 const maxDraws = 64
 
 // challenge runs one lottery draw per unit of weight wt, at most maxDraws,

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// maxAttempts is the first try plus 3 retries (spec 3.5); then the increment
+// maxAttempts is the first try plus 3 retries (docs/DESIGN.md, Dropped updates); then the increment
 // is dropped and counted in Stats.CASRetriesExhausted.
 const maxAttempts = 4
 
@@ -113,7 +113,7 @@ func (s *Sketch) Stats() Stats { return s.stats.snapshot() }
 // in the current tick.
 //
 // Estimates decay: a key seen c times at tick t reads c >> (now - t). Errors
-// go in the safe direction (spec C5): a key may read low (its increment was
+// go in the safe direction (docs/DESIGN.md): a key may read low (its increment was
 // dropped after 4 lost compare-and-swaps, counted in Stats), and a key that
 // could not be tracked because its bucket is full of stronger keys returns
 // (1, true), first-sighting treatment. A different key with the same bucket
@@ -126,7 +126,7 @@ func (s *Sketch) Observe(key string) (estimate uint32, first bool) {
 // cost units) and returns the estimate with them included, like n calls to
 // Observe but in one compare-and-swap. Counts saturate at MaxCount; n above
 // MaxCount counts as MaxCount. A new key in a full bucket draws the lottery
-// once per unit of weight, at most 64 times (spec C4: bounded work), each
+// once per unit of weight, at most 64 times (bounded work), each
 // win taking one count from the weakest slot; the win that empties it claims
 // the slot with the units not yet drawn. With n <= 64 that is exactly n calls
 // of Observe in one (the same draws, words and Stats; tested). An untracked
@@ -268,7 +268,7 @@ func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
 	return now
 }
 
-// observe is spec 6: scrub, refresh, claim, or challenge, adding weight wt
+// observe is Observe (docs/DESIGN.md, Observe): scrub, refresh, claim, or challenge, adding weight wt
 // (1 to countMax).
 func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	if traceOn {
@@ -327,7 +327,7 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	return c, age > 0, 0
 }
 
-// observe1 is observe for one bucket (spec 4.2 Option A), the default, after
+// observe1 is observe for one bucket, the default, after
 // refresh's fast path did not apply: a miss, a sibling to scrub, a duplicate,
 // a slot ahead of now, or a lost CAS (attempt says how many were used). It
 // makes the same decisions as observeView.
@@ -372,7 +372,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 		}
 		attempt++
 		for m := stale & other; m != 0; m &= m - 1 {
-			// Scrub-on-write (spec 5). A failed CAS means a writer got there
+			// Scrub-on-write (docs/DESIGN.md). A failed CAS means a writer got there
 			// first; the slot is still treated as claimable below, and a
 			// claim that expects the old word then fails and retries.
 			i := bits.TrailingZeros(m)
@@ -490,7 +490,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 		now = s.fresh(now, &w, v.n)
 		e := epoch24(now)
 
-		// One pass over the slots in registers: scrub the ancient (spec 5),
+		// One pass over the slots in registers: scrub the ancient,
 		// find the key, the first claimable slot per bucket, and the weakest.
 		match, dup := -1, -1
 		free := [2]int{-1, -1}

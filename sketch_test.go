@@ -161,7 +161,7 @@ func TestSaturatingAdd(t *testing.T) {
 	}
 }
 
-// The first-sighting flag on every path of spec 2's table.
+// The first-sighting flag on every path of Observe (docs/DESIGN.md, Observe).
 func TestFirstSightingTable(t *testing.T) {
 	t.Run("match same epoch: false", func(t *testing.T) {
 		sk, _ := newManual(t, epochsketch.Config{NumBuckets: 64})
@@ -295,7 +295,7 @@ func TestEstimateNeverWrites(t *testing.T) {
 	}
 }
 
-// Scrub-on-write (spec 5): a writer zeroes siblings silent for >= 24 ticks.
+// Scrub-on-write (docs/DESIGN.md): a writer zeroes siblings silent for >= 24 ticks.
 func TestScrubOnWrite(t *testing.T) {
 	sk, clk := newManual(t, epochsketch.Config{NumBuckets: 1})
 	keys := keysInBucket(sk, 0, 4, "k", nil)
@@ -342,7 +342,7 @@ func TestWrapZombie(t *testing.T) {
 		return sk.Estimate(keys[0])
 	}
 	if got := run(false, 0); got != 500 {
-		t.Fatalf("control: an untouched bucket resurrects the zombie at %d (want 500): the residual of spec 5", got)
+		t.Fatalf("control: an untouched bucket resurrects the zombie at %d (want 500): the residual of scrub-on-write", got)
 	}
 	for _, at := range []int64{24, 1000, wrap / 2, wrap - 1000, wrap - 24, wrap - 1} {
 		if got := run(true, at); got != 0 {
@@ -524,7 +524,7 @@ func TestPersistentChallengerAdmitted(t *testing.T) {
 	}
 }
 
-// The lockout bug of spec 4.1 v1: a new sustained heavy hitter waited until
+// The lockout bug of an earlier lottery design: a new sustained heavy hitter waited until
 // an occupant decayed to zero. Chipping admits it well before that.
 func TestNoLockout(t *testing.T) {
 	for _, lot := range []epochsketch.Lottery{epochsketch.LotteryChip, epochsketch.LotteryHeavyKeeper} {

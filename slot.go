@@ -1,6 +1,6 @@
 package epochsketch
 
-// A slot is one packed uint64 (spec 3.1):
+// A slot is one packed uint64 (docs/DESIGN.md, Slots):
 //
 //	 63            48 47                   24 23                    0
 //	┌────────────────┬───────────────────────┬───────────────────────┐
@@ -19,11 +19,11 @@ const (
 	epochShift = countBits
 	tagShift   = countBits + epochBits
 
-	countMax  = 1<<countBits - 1 // a count parks here (spec 3.3)
+	countMax  = 1<<countBits - 1 // a count parks here (docs/DESIGN.md: counts saturate)
 	epochMask = 1<<epochBits - 1
 
 	// evaporation is the age at which every count reads 0: count < 2^24, so
-	// count >> 24 == 0 (spec 3.2).
+	// count >> 24 == 0 (docs/DESIGN.md, Decay interpreted at read time).
 	evaporation = countBits
 
 	// aheadAge marks an apparent age that is really a slot written at a later
@@ -45,12 +45,13 @@ func countOf(w uint64) uint32   { return uint32(w) & countMax }
 func epoch24(tick int64) uint32 { return uint32(uint64(tick)) & epochMask }
 
 // ageOf is the apparent age of w at epoch now: unsigned wrap subtraction mod
-// 2^24 (spec 3.2).
+// 2^24.
 func ageOf(w uint64, now uint32) uint32 { return (now - epochOf(w)) & epochMask }
 
 // decay interprets a stored count at an age: count >> min(age, 63). The clamp
-// is the spec's portability rule (3.2): correctness must not rest on Go's
-// defined behaviour for over-wide shifts.
+// is part of the definition (docs/DESIGN.md, Decay interpreted at read
+// time): correctness must not rest on Go's defined behaviour for over-wide
+// shifts.
 func decay(count, age uint32) uint32 { return count >> min(age, 63) }
 
 // effective is the decayed count of w at epoch now, without the "ahead" check:
@@ -58,11 +59,11 @@ func decay(count, age uint32) uint32 { return count >> min(age, 63) }
 func effective(w uint64, now uint32) uint32 { return decay(countOf(w), ageOf(w, now)) }
 
 // satAdd adds w (at most countMax) and parks at countMax: a wrap would turn
-// the largest elephant into an empty-looking slot (spec 3.3).
+// the largest elephant into an empty-looking slot.
 func satAdd(c, w uint32) uint32 { return min(c+w, countMax) }
 
 // MaxCount is the largest count a slot holds: counts park there and never
-// wrap (spec 3.3). A key sustaining more than MaxCount/2 occurrences per tick
+// wrap. A key sustaining more than MaxCount/2 occurrences per tick
 // reads MaxCount.
 const MaxCount = countMax
 
@@ -73,5 +74,5 @@ func SlotFields(w uint64) (tag uint16, epoch, count uint32) {
 }
 
 // Decayed is the count a slot word reads at tick now: count >> (now - epoch)
-// mod 2^24, clamped as in spec 3.2.
+// mod 2^24, clamped at 63 (docs/DESIGN.md, Decay interpreted at read time).
 func Decayed(w uint64, now int64) uint32 { return effective(w, epoch24(now)) }

@@ -5,12 +5,12 @@ import (
 	"unsafe"
 )
 
-// Stats are the sketch's self-metrics (spec 7). Every field is a count since
+// Stats are the sketch's self-metrics. Every field is a count since
 // New, exact, monotonic; take differences for rates.
 type Stats struct {
 	// CASRetriesExhausted counts calls that lost the compare-and-swap race
 	// four times (the first try and 3 retries) and dropped their increment
-	// (spec 3.5): the key reads one lower than the number of its Observes.
+	// (docs/DESIGN.md, Dropped updates): the key reads one lower than the number of its Observes.
 	CASRetriesExhausted uint64
 	// Evictions counts slots won from a live occupant: a chip that took the
 	// occupant's last count, so the challenger claimed the slot.
@@ -19,7 +19,7 @@ type Stats struct {
 	// wins that did not evict it (one per win; a weighted ObserveN can win
 	// several draws).
 	Chips uint64
-	// ScrubbedZombies counts slots zeroed by scrub-on-write (spec 5): slots
+	// ScrubbedZombies counts slots zeroed by scrub-on-write (docs/DESIGN.md): slots
 	// silent for 24 ticks or more, cleared before they can wrap.
 	ScrubbedZombies uint64
 	// ChallengesLost counts calls whose key stayed untracked in a full bucket

@@ -6,7 +6,7 @@ import (
 )
 
 // bucket is 8 slots in one 64-byte cache line: the only memory an Observe
-// touches (spec 4.2).
+// touches (docs/DESIGN.md, Buckets).
 type bucket struct {
 	s [slotsPerBucket]atomic.Uint64
 }

@@ -13,7 +13,7 @@ const (
 	traceStart     traceOp = iota // the call: hash, tag, bucket(s), tick
 	traceFast                     // Phase 1 on the fast path: one load of the bucket, one CAS
 	traceReload                   // a slot ahead of the caller's tick: reload the shared tick
-	traceScrub                    // a slot silent for 24+ ticks zeroed (spec 5)
+	traceScrub                    // a slot silent for 24+ ticks zeroed (scrub-on-write)
 	traceRefresh                  // Phase 1: the key's slot decayed and incremented
 	traceClaim                    // Phase 2: an empty or dead slot claimed
 	traceLottery                  // Phase 3: the draw against the weakest slot

@@ -27,7 +27,7 @@ const usage = `usage:
   epochsketch demo [-seed N]    the same, with a seed
   epochsketch size -heavy N [-factor F]
                                 buckets and bytes for N concurrent heavy hitters
-  epochsketch ticks [-tick D]   the Tick Table (spec 3.4), or one row for tick D
+  epochsketch ticks [-tick D]   the Tick Table (docs/DESIGN.md), or one row for tick D
   epochsketch top [-k N] [-lines-per-tick N] [-every N] [-json] [-state FILE] [FILE...]
                                 the heaviest recent keys of a stream, one key per line
                                 (files, gzip or standard input)

@@ -10,7 +10,7 @@ import (
 	"github.com/epochsketch/epochsketch"
 )
 
-// runSize applies the sizing rule of spec 4.4.
+// runSize applies the sizing rule (docs/DESIGN.md, Sizing).
 func runSize(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("size", flag.ContinueOnError)
 	heavy := fs.Int("heavy", 0, "expected concurrent heavy hitters (required)")
@@ -25,7 +25,7 @@ func runSize(args []string, stdout, stderr io.Writer) error {
 		return usageErr("-factor must be positive, got %d", *factor)
 	}
 	// buckets >= heavy hitters × factor / 8 slots (epochsketch.BucketsFor
-	// with the spec's factor of 4).
+	// with the safety factor of 4).
 	buckets := (*heavy**factor + 7) / 8
 	bytes := buckets * 64
 	fmt.Fprintf(stdout, "heavy hitters   %d\nsafety factor   %d slots each\nbuckets         %d (8 slots, 64 B each)\nmemory          %s\n",
@@ -46,7 +46,7 @@ func formatBytes(n int) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-// Tick Table rows of spec 3.4, with their use cases.
+// Tick Table rows (docs/DESIGN.md, The tick table), with their use cases.
 var tickRows = []struct {
 	tick time.Duration
 	use  string

@@ -1,13 +1,13 @@
 // Package refmodel is the reference model of EpochSketch: a single-threaded,
 // deliberately plain transcription of spec section 6 (with the decisions the
-// library made where the spec left a choice). It has no atomics, no packing
+// library made where the design left a choice). It has no atomics, no packing
 // tricks and no shortcuts; the fuzz test demands that the fast code return the
 // same answers and store the same slot words as this model.
 package refmodel
 
 import "math"
 
-// Constants of the spec's slot layout, restated rather than imported.
+// Constants of the slot layout (docs/DESIGN.md, Slots), restated rather than imported.
 const (
 	MaxCount = 1<<24 - 1
 	Wrap     = 1 << 24 // epochs are ticks mod 2^24
@@ -98,10 +98,10 @@ func (m *Model) clock(tick int64) uint32 {
 	return uint32(uint64(m.HW) % Wrap)
 }
 
-// Observe is spec 6.
+// Observe is Observe as docs/DESIGN.md describes it.
 func (m *Model) Observe(h uint64, tick int64) (uint32, bool) { return m.ObserveN(h, tick, 1) }
 
-// ObserveN is spec 6 with a weight w >= 1: the key's count grows by w; a
+// ObserveN is Observe with a weight w >= 1: the key's count grows by w; a
 // claim stores w; a challenge draws the lottery once per unit of weight, at
 // most 64 times, each win taking one count from the weakest slot, and the
 // win that empties it claims it with the units not yet drawn.
@@ -113,7 +113,7 @@ func (m *Model) ObserveN(h uint64, tick int64, w uint32) (uint32, bool) {
 	tag := keyTag(h)
 	slots := m.slots(h)
 
-	// Scrub every other slot silent for 24 ticks or more (spec 5).
+	// Scrub every other slot silent for 24 ticks or more (scrub-on-write).
 	for _, s := range slots {
 		if !s.empty() && s.Tag != tag && s.age(now) >= 24 {
 			*s = Slot{}

@@ -18,7 +18,7 @@ type Schedule struct {
 // mask bits, P = 2^-k(c), so they need no float math on the hot path;
 // HeavyKeeper draws against b^-C.
 var Schedules = []Schedule{
-	{"M1", "k = C: the spec's plain-terms example (3 counts: 1 in 8)", func(c uint32) float64 { return math.Ldexp(1, -int(min(c, 1100))) }},
+	{"M1", "k = C: the plain example (3 counts: 1 in 8)", func(c uint32) float64 { return math.Ldexp(1, -int(min(c, 1100))) }},
 	{"M2", "k = floor(log2(C+1)): P ≈ 1/(C+1)", func(c uint32) float64 { return math.Ldexp(1, -int(math.Floor(math.Log2(float64(c)+1)))) }},
 	{"M3", "k = floor(C/9): 2^(1/9) = 1.080, HeavyKeeper's base in steps (library default)", func(c uint32) float64 { return math.Ldexp(1, -int(c/9)) }},
 	{"M4", "k = floor(C/4): base 1.19", func(c uint32) float64 { return math.Ldexp(1, -int(c/4)) }},
@@ -32,7 +32,7 @@ type DuelResult struct {
 	Ticks    int // ticks until then
 }
 
-// Duel simulates spec 4.1's scenario with a schedule, exactly as the library
+// Duel simulates a challenger against a full bucket with a schedule, exactly as the library
 // resolves a full bucket: 8 occupants inserted n times at tick 0, then idle
 // (decaying by half per tick); one challenger arriving r times per tick from
 // tick 0. Each arrival challenges the weakest occupant; a win takes one count

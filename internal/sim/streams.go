@@ -1,6 +1,6 @@
 // Package sim is the simulation harness behind THEORY.md: streams, exact
 // oracles, comparators from the literature, statistical tests and the
-// experiments of the spec's work queue (section 8). It imports the standard
+// experiments of THEORY.md. It imports the standard
 // library and the epochsketch package only; `epochsketch sim` runs it.
 package sim
 
