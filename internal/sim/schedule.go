@@ -20,7 +20,7 @@ type Schedule struct {
 var Schedules = []Schedule{
 	{"M1", "k = C: the plain example (3 counts: 1 in 8)", func(c uint32) float64 { return math.Ldexp(1, -int(min(c, 1100))) }},
 	{"M2", "k = floor(log2(C+1)): P ≈ 1/(C+1)", func(c uint32) float64 { return math.Ldexp(1, -int(math.Floor(math.Log2(float64(c)+1)))) }},
-	{"M3", "k = floor(C/9): 2^(1/9) = 1.080, HeavyKeeper's base in steps (library default)", func(c uint32) float64 { return math.Ldexp(1, -int(c/9)) }},
+	{"M3", "k = floor(C/9): 2^(1/9) = 1.080, HeavyKeeper's base in steps (LotteryChip's schedule)", func(c uint32) float64 { return math.Ldexp(1, -int(c/9)) }},
 	{"M4", "k = floor(C/4): base 1.19", func(c uint32) float64 { return math.Ldexp(1, -int(c/4)) }},
 	{"HK", "HeavyKeeper, exact 1.08^-C", func(c uint32) float64 { return math.Pow(1.08, -float64(c)) }},
 	{"HK-C++", "HeavyKeeper as the authors' C++ computes it: 1/floor(1.08^C)", func(c uint32) float64 { return 1 / math.Floor(math.Pow(1.08, float64(c))) }},
