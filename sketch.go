@@ -44,11 +44,11 @@ type Sketch struct {
 	stats  *statTable
 }
 
-// New returns a Sketch for cfg. It panics with Validate's message if cfg is
+// New returns a Sketch for cfg. It panics with Validate's error if cfg is
 // invalid; call cfg.Validate first to handle the error instead.
 func New(cfg Config) *Sketch {
 	if err := cfg.Validate(); err != nil {
-		panic(err.Error())
+		panic(err)
 	}
 	cfg = cfg.withDefaults()
 	s := &Sketch{

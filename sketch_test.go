@@ -639,8 +639,8 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("Validate() = %v, want an error starting with \"epochsketch: \" that says %q", err, c.want)
 			}
 			defer func() {
-				if r := recover(); r != err.Error() {
-					t.Fatalf("New panicked with %v, want Validate's message %q", r, err)
+				if r, ok := recover().(error); !ok || r.Error() != err.Error() {
+					t.Fatalf("New panicked with %v, want Validate's error %q", r, err)
 				}
 			}()
 			epochsketch.New(c.cfg)

@@ -62,10 +62,10 @@ func effective(w uint64, now uint32) uint32 { return decay(countOf(w), ageOf(w, 
 // the largest elephant into an empty-looking slot.
 func satAdd(c, w uint32) uint32 { return min(c+w, countMax) }
 
-// MaxCount is the largest count a slot holds: counts park there and never
-// wrap. A key sustaining more than MaxCount/2 occurrences per tick
-// reads MaxCount.
-const MaxCount = countMax
+// MaxCount is the largest count a slot holds, 16,777,215 (2^24 - 1): counts
+// park there and never wrap. A key sustaining more than MaxCount/2
+// occurrences per tick reads MaxCount.
+const MaxCount = 1<<24 - 1
 
 // SlotFields decodes a slot word (from Sketch.Slots) into its fingerprint,
 // epoch (tick mod 2^24) and raw count; the word 0 is an empty slot.

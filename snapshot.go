@@ -57,16 +57,37 @@ type SnapshotInfo struct {
 type SnapshotError struct {
 	Field string
 	Msg   string
+	// Err is the cause, if any: io.ErrUnexpectedEOF for a truncated
+	// snapshot, or the reader's own error.
+	Err error
 }
 
 func (e *SnapshotError) Error() string {
-	if e.Field != "" {
-		return "epochsketch: snapshot: Config." + e.Field + ": " + e.Msg
+	msg := e.Msg
+	if e.Err != nil && !errors.Is(e.Err, io.ErrUnexpectedEOF) {
+		msg += ": " + e.Err.Error()
 	}
-	return "epochsketch: snapshot: " + e.Msg
+	if e.Field != "" {
+		return "epochsketch: snapshot: Config." + e.Field + ": " + msg
+	}
+	return "epochsketch: snapshot: " + msg
 }
 
+// Unwrap returns the cause.
+func (e *SnapshotError) Unwrap() error { return e.Err }
+
 func snapErr(format string, a ...any) error { return &SnapshotError{Msg: fmt.Sprintf(format, a...)} }
+
+// readErr is a read that failed: a snapshot cut short is truncated
+// (io.ErrUnexpectedEOF underneath); any other error is the reader's, passed
+// through underneath a SnapshotError.
+func readErr(err error, format string, a ...any) error {
+	msg := fmt.Sprintf(format, a...)
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return &SnapshotError{Msg: "truncated: " + msg, Err: io.ErrUnexpectedEOF}
+	}
+	return &SnapshotError{Msg: "reading " + msg, Err: err}
+}
 
 // ErrMaphashSnapshot is returned when saving a sketch hashed with maphash.
 var ErrMaphashSnapshot = errors.New("epochsketch: snapshot: a maphash sketch cannot be saved: hash/maphash seeds cannot be exported; use Config.Hash = HashWyhash or HashSipHash13 (random keys are saved in the snapshot)")
@@ -239,10 +260,7 @@ func (s *Sketch) restore(r io.Reader) (SnapshotInfo, int64, error) {
 	n, err := io.ReadFull(r, hb)
 	total := int64(n)
 	if err != nil {
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			return info, total, snapErr("truncated: %d bytes, shorter than the %d-byte header", n, snapHeaderSize)
-		}
-		return info, total, err
+		return info, total, readErr(err, "the header (%d of %d bytes)", n, snapHeaderSize)
 	}
 	h, err := decodeHeader(hb)
 	if err != nil {
@@ -271,10 +289,7 @@ func (s *Sketch) restore(r io.Reader) (SnapshotInfo, int64, error) {
 		total += int64(n)
 		read += int64(n)
 		if err != nil {
-			if err == io.EOF || err == io.ErrUnexpectedEOF {
-				return fail(snapErr("truncated: %d of %d bytes", total, SnapshotSize(int(s.nb))))
-			}
-			return fail(err)
+			return fail(readErr(err, "the body (%d of %d bytes)", total, SnapshotSize(int(s.nb))))
 		}
 		crc = crc32.Update(crc, castagnoli, chunk)
 		for off := 0; off < len(chunk); off += 8 {
@@ -297,10 +312,7 @@ func (s *Sketch) restore(r io.Reader) (SnapshotInfo, int64, error) {
 	n, err = io.ReadFull(r, tr[:])
 	total += int64(n)
 	if err != nil {
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			return fail(snapErr("truncated: the trailer is missing (%d of %d bytes)", total, SnapshotSize(int(s.nb))))
-		}
-		return fail(err)
+		return fail(readErr(err, "the trailer (%d of %d bytes)", total, SnapshotSize(int(s.nb))))
 	}
 	if got := binary.LittleEndian.Uint32(tr[:]); got != crc || string(tr[4:]) != snapEnd {
 		return fail(snapErr("body checksum mismatch (%08x, want %08x): the file is damaged", crc, got))

@@ -150,14 +150,14 @@ func TestSnapshotDamage(t *testing.T) {
 		data []byte
 		want string
 	}{
-		{"empty", nil, "truncated: 0 bytes"},
+		{"empty", nil, "truncated: the header (0 of 96 bytes)"},
 		{"foreign", []byte("GIF89a and then some more bytes to pass the header length ..........................................."), `not an EpochSketch snapshot (the file starts "GIF89a a"`},
 		{"future version", mut(func(b []byte) { b[8] = 9 }), "format version 9 was written by a newer epochsketch"},
 		{"header bit flip", mut(func(b []byte) { b[20] ^= 1 }), "header checksum mismatch"},
 		{"body bit flip", mut(func(b []byte) { b[500] ^= 4 }), "body checksum mismatch"},
 		{"trailer damaged", mut(func(b []byte) { b[len(b)-1] = 'X' }), "body checksum mismatch"},
-		{"truncated body", good[:2000], "truncated: 2000 of"},
-		{"truncated trailer", good[:len(good)-3], "the trailer is missing"},
+		{"truncated body", good[:2000], "truncated: the body (2000 of"},
+		{"truncated trailer", good[:len(good)-3], "truncated: the trailer"},
 		{"trailing bytes", append(bytes.Clone(good), 0), "1 bytes after the end"},
 	} {
 		b := epochsketch.New(snapCfg(9))
@@ -463,5 +463,52 @@ func TestDefaultConfigSavesAndRestores(t *testing.T) {
 			t.Errorf("%+v: a new key after the restore: %d %v", cfg, est, first)
 		}
 		back.Close()
+	}
+}
+
+// errReader fails with its error after n bytes.
+type errReader struct {
+	data []byte
+	err  error
+}
+
+func (r *errReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, r.err
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+// A truncated snapshot's error unwraps to io.ErrUnexpectedEOF, and a
+// reader's own error passes through, for the sketch and for the TopK.
+func TestSnapshotErrorsUnwrap(t *testing.T) {
+	a := epochsketch.New(snapCfg(9))
+	a.Observe("k")
+	good, _ := a.MarshalBinary()
+	tk := epochsketch.NewTopK(3)
+	tk.Offer("x", 5)
+	tgood, _ := tk.MarshalBinary()
+	disk := errors.New("disk on fire")
+	for _, c := range []struct {
+		name string
+		read func(io.Reader) error
+		data []byte
+	}{
+		{"sketch", func(r io.Reader) error { _, err := epochsketch.New(snapCfg(9)).ReadFrom(r); return err }, good},
+		{"topk", func(r io.Reader) error { _, err := epochsketch.NewTopK(3).ReadFrom(r); return err }, tgood},
+	} {
+		for _, cut := range []int{0, 5, len(c.data) / 2, len(c.data) - 1} {
+			err := c.read(bytes.NewReader(c.data[:cut]))
+			var se *epochsketch.SnapshotError
+			if !errors.As(err, &se) || !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Errorf("%s cut at %d: %v, want a SnapshotError wrapping io.ErrUnexpectedEOF", c.name, cut, err)
+			}
+			err = c.read(&errReader{data: bytes.Clone(c.data[:cut]), err: disk})
+			if !errors.Is(err, disk) || strings.Contains(err.Error(), "truncated") {
+				t.Errorf("%s failing at %d: %v, want the reader's error passed through", c.name, cut, err)
+			}
+		}
 	}
 }

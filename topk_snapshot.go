@@ -92,9 +92,12 @@ func (c *crcReader) ReadByte() (byte, error) {
 func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	cr := &crcReader{r: bufio.NewReaderSize(oneByteAtATime{r}, 16)}
 	fail := func(format string, a ...any) (int64, error) { return cr.n, snapErr("TopK: "+format, a...) }
+	// failRead reports a read that failed: truncation, or the reader's own
+	// error passed through.
+	failRead := func(err error, what string) (int64, error) { return cr.n, readErr(err, "TopK: %s", what) }
 	var head [10]byte
 	if _, err := io.ReadFull(cr, head[:]); err != nil {
-		return fail("truncated header")
+		return failRead(err, "the header")
 	}
 	if string(head[:8]) != topMagic {
 		return fail("not a TopK snapshot (starts %q)", printable(head[:8]))
@@ -106,11 +109,11 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	now := t.now() // a version 1 entry's tick
 	k, err := binary.ReadUvarint(cr)
 	if err != nil {
-		return fail("truncated")
+		return failRead(err, "k")
 	}
 	n, err := binary.ReadUvarint(cr)
 	if err != nil {
-		return fail("truncated")
+		return failRead(err, "the entry count")
 	}
 	if n > k || k > uint64(t.k) {
 		return fail("%d entries of k = %d do not fit a TopK of k = %d", n, k, t.k)
@@ -118,29 +121,35 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	entries := make([]topEntry, 0, n)
 	for range n {
 		est, err := binary.ReadUvarint(cr)
-		if err != nil || est > MaxCount {
-			return fail("truncated or damaged entry")
+		if err != nil {
+			return failRead(err, "an entry")
+		}
+		if est > MaxCount {
+			return fail("a damaged entry (estimate %d)", est)
 		}
 		tick := now
 		if version >= 2 {
 			if tick, err = binary.ReadVarint(cr); err != nil {
-				return fail("truncated or damaged entry")
+				return failRead(err, "an entry's tick")
 			}
 		}
 		l, err := binary.ReadUvarint(cr)
-		if err != nil || l > maxTopKey {
-			return fail("truncated or damaged entry")
+		if err != nil {
+			return failRead(err, "an entry's key length")
+		}
+		if l > maxTopKey {
+			return fail("a damaged entry (a key of %d bytes)", l)
 		}
 		key := make([]byte, l)
 		if _, err := io.ReadFull(cr, key); err != nil {
-			return fail("truncated entry")
+			return failRead(err, "an entry's key")
 		}
 		entries = append(entries, topEntry{string(key), uint32(est), tick})
 	}
 	want := cr.crc
 	var tr [4]byte
 	if _, err := io.ReadFull(cr.r, tr[:]); err != nil {
-		return fail("truncated: the checksum is missing")
+		return failRead(err, "the checksum")
 	}
 	if binary.LittleEndian.Uint32(tr[:]) != want {
 		return fail("checksum mismatch: the snapshot is damaged")
