@@ -8,8 +8,9 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/epochsketch/epochsketch/internal/atomicfile"
 )
 
 // A snapshot is a versioned, checksummed image of a Sketch, written by
@@ -384,10 +385,11 @@ func (s *Sketch) UnmarshalBinary(data []byte) error {
 	return nil
 }
 
-// SaveFile writes a snapshot to path crash-safely (see WriteFileAtomic),
+// SaveFile writes a snapshot to path crash-safely (a temporary file, synced,
+// renamed over path, the directory synced),
 // readable by its owner only: it holds the hash key.
 func (s *Sketch) SaveFile(path string) error {
-	return WriteFileAtomic(path, 0o600, func(w io.Writer) error {
+	return atomicfile.Write(path, 0o600, func(w io.Writer) error {
 		_, err := s.WriteTo(w)
 		return err
 	})
@@ -410,44 +412,4 @@ func (s *Sketch) LoadFile(path string) (SnapshotInfo, error) {
 		}
 	}
 	return info, err
-}
-
-// WriteFileAtomic writes path through write so that a crash at any point
-// leaves either the old file or the new one, whole: it writes a temporary
-// file in the same directory, syncs it, renames it over path, and syncs the
-// directory.
-func WriteFileAtomic(path string, perm os.FileMode, write func(io.Writer) error) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if err = write(f); err != nil {
-		return err
-	}
-	if err = f.Chmod(perm); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

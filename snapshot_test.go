@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/atomicfile"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -294,7 +296,7 @@ func TestSaveFileSurvivesAKilledWriter(t *testing.T) {
 		cfg := epochsketch.Config{NumBuckets: 1 << 20, Hash: epochsketch.HashWyhash, Seed: 2, TickDuration: time.Second, Clock: epochsketch.NewManualClock(t0)}
 		s := epochsketch.New(cfg)
 		fill(s, 500)
-		epochsketch.WriteFileAtomic(os.Getenv("EPOCHSKETCH_SLOW_WRITER"), 0o600, func(w io.Writer) error {
+		atomicfile.Write(os.Getenv("EPOCHSKETCH_SLOW_WRITER"), 0o600, func(w io.Writer) error {
 			_, err := s.WriteTo(slowWriter{w})
 			return err
 		})

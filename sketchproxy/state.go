@@ -10,6 +10,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/atomicfile"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -47,7 +49,7 @@ func (m *Middleware) SaveState() error {
 		return keys[i].buckets < keys[j].buckets
 	})
 	start := time.Now()
-	err := epochsketch.WriteFileAtomic(path, 0o600, func(w io.Writer) error {
+	err := atomicfile.Write(path, 0o600, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 1<<16)
 		var h [14]byte
 		copy(h[:], stateMagic)

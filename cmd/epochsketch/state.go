@@ -12,6 +12,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/atomicfile"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -108,7 +110,7 @@ func saveState(path string, st *topState, clk *epochsketch.ManualClock) error {
 	if err != nil {
 		return err
 	}
-	return epochsketch.WriteFileAtomic(path, 0o600, func(w io.Writer) error {
+	return atomicfile.Write(path, 0o600, func(w io.Writer) error {
 		var b [14]byte
 		copy(b[:], stateMagic)
 		binary.LittleEndian.PutUint16(b[8:], stateVersion)
