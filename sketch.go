@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/epochsketch/epochsketch/internal/inspect"
 )
 
 // maxAttempts is the first try plus 3 retries (docs/DESIGN.md, Dropped updates); then the increment
@@ -678,10 +680,9 @@ func (s *Sketch) estimate(h uint64, now int64) uint32 {
 	return 0
 }
 
-// Locate returns where key lives: its bucket, its second candidate bucket
-// with TwoChoice (else -1), and its fingerprint. With Slots it lets tools
-// show what the sketch holds (simulators, debugging); it writes nothing.
-func (s *Sketch) Locate(key string) (bucket, second int, tag uint16) {
+// locate returns where key lives: its bucket, its second candidate bucket
+// with TwoChoice (else -1), and its fingerprint (internal/inspect).
+func (s *Sketch) locate(key string) (bucket, second int, tag uint16) {
 	h := s.h.str(key)
 	v := s.viewOf(h)
 	second = -1
@@ -691,15 +692,24 @@ func (s *Sketch) Locate(key string) (bucket, second int, tag uint16) {
 	return int(v.shard), second, tagFrom(h)
 }
 
-// Slots returns the 8 slot words of bucket i, each read atomically (the
-// bucket as a whole is not a snapshot under concurrent writers). Decode a
-// word with SlotFields. It panics if i is out of range.
-func (s *Sketch) Slots(i int) [slotsPerBucket]uint64 {
+// slots returns the 8 slot words of bucket i, each read atomically
+// (internal/inspect).
+func (s *Sketch) slots(i int) [slotsPerBucket]uint64 {
 	var w [slotsPerBucket]uint64
 	for j := range w {
 		w[j] = s.table[i].s[j].Load()
 	}
 	return w
+}
+
+// The tools that show what a sketch holds reach it through internal/inspect,
+// outside the library's API.
+func init() {
+	inspect.Register(
+		func(sk any, key string) (int, int, uint16) { return sk.(*Sketch).locate(key) },
+		func(sk any, i int) [8]uint64 { return sk.(*Sketch).slots(i) },
+		func(w uint64, now int64) uint32 { return effective(w, epoch24(now)) },
+	)
 }
 
 // casChip passes a chip's CAS result through, reporting it in trace builds.

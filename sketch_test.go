@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -747,16 +749,16 @@ func TestLocateAndSlots(t *testing.T) {
 		for range 5 {
 			sk.Observe("k")
 		}
-		b, second, tag := sk.Locate("k")
+		b, second, tag := inspect.Locate(sk, "k")
 		want := sk.Buckets(sk.HashString("k"))
 		if b != want[0] || (len(want) == 2) != (second >= 0) || (second >= 0 && second != want[1]) {
 			t.Fatalf("two=%v: Locate = %d, %d; internal buckets %v", two, b, second, want)
 		}
 		found := false
 		for _, bi := range want {
-			for _, w := range sk.Slots(bi) {
-				if gt, _, c := epochsketch.SlotFields(w); w != 0 && gt == tag {
-					found = c == 5 && epochsketch.Decayed(w, sk.HighWater()) == 5
+			for _, w := range inspect.Slots(sk, bi) {
+				if gt, _, c := inspect.Fields(w); w != 0 && gt == tag {
+					found = c == 5 && inspect.Decayed(w, sk.HighWater()) == 5
 				}
 			}
 		}
@@ -854,8 +856,8 @@ func TestObserveNEqualsRepeatedObserve(t *testing.T) {
 					}
 					_ = fb
 					for bk := range 2 {
-						if a.Slots(bk) != b.Slots(bk) {
-							t.Fatalf("%v two=%v seed %d op %d (%s x%d): bucket %d differs:\n%x\n%x", lot, two, seed, i, key, w, bk, a.Slots(bk), b.Slots(bk))
+						if inspect.Slots(a, bk) != inspect.Slots(b, bk) {
+							t.Fatalf("%v two=%v seed %d op %d (%s x%d): bucket %d differs:\n%x\n%x", lot, two, seed, i, key, w, bk, inspect.Slots(a, bk), inspect.Slots(b, bk))
 						}
 					}
 				}

@@ -66,13 +66,3 @@ func satAdd(c, w uint32) uint32 { return min(c+w, countMax) }
 // park there and never wrap. A key sustaining more than MaxCount/2
 // occurrences per tick reads MaxCount.
 const MaxCount = 1<<24 - 1
-
-// SlotFields decodes a slot word (from Sketch.Slots) into its fingerprint,
-// epoch (tick mod 2^24) and raw count; the word 0 is an empty slot.
-func SlotFields(w uint64) (tag uint16, epoch, count uint32) {
-	return tagOf(w), epochOf(w), countOf(w)
-}
-
-// Decayed is the count a slot word reads at tick now: count >> (now - epoch)
-// mod 2^24, clamped at 63 (docs/DESIGN.md, Decay interpreted at read time).
-func Decayed(w uint64, now int64) uint32 { return effective(w, epoch24(now)) }

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/epochsketch/epochsketch/internal/atomicfile"
 
 	"github.com/epochsketch/epochsketch"
@@ -97,7 +99,7 @@ func TestSnapshotLongDowntimeResurrectsNothing(t *testing.T) {
 			}
 		}
 		for i := range 64 {
-			if w := b.Slots(i); w != [8]uint64{} {
+			if w := inspect.Slots(b, i); w != [8]uint64{} {
 				t.Fatalf("after %d ticks down, bucket %d holds %x", ticks, i, w)
 			}
 		}
@@ -170,7 +172,7 @@ func TestSnapshotDamage(t *testing.T) {
 			continue
 		}
 		for i := range 64 {
-			if w := b.Slots(i); w != [8]uint64{} && c.name != "empty" && c.name != "foreign" && c.name != "future version" && c.name != "header bit flip" {
+			if w := inspect.Slots(b, i); w != [8]uint64{} && c.name != "empty" && c.name != "foreign" && c.name != "future version" && c.name != "header bit flip" {
 				t.Fatalf("%s: a failed restore left bucket %d: %x", c.name, i, w)
 			}
 		}
@@ -212,8 +214,8 @@ func TestSnapshotUnderConcurrentObserve(t *testing.T) {
 			t.Fatalf("a snapshot taken under writers does not restore: %v", err)
 		}
 		for i := range 1024 {
-			for _, w := range b.Slots(i) {
-				if _, _, c := epochsketch.SlotFields(w); w != 0 && c == 0 {
+			for _, w := range inspect.Slots(b, i) {
+				if _, _, c := inspect.Fields(w); w != 0 && c == 0 {
 					t.Fatalf("a torn word: %x", w)
 				}
 			}
@@ -414,7 +416,7 @@ func FuzzSnapshot(f *testing.F) {
 		s := epochsketch.New(epochsketch.Config{NumBuckets: 2, TickDuration: time.Second, Hash: epochsketch.HashWyhash, Seed: 1})
 		if err := s.UnmarshalBinary(data); err != nil {
 			for i := range 2 {
-				if s.Slots(i) != [8]uint64{} {
+				if inspect.Slots(s, i) != [8]uint64{} {
 					t.Fatal("a failed restore left state")
 				}
 			}

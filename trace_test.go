@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -46,12 +48,12 @@ func TestTracePhases(t *testing.T) {
 		t.Fatalf("new key: %s", got)
 	}
 	start, claim, res := r.evs[0], r.evs[1], r.evs[2]
-	_, _, tag := sk.Locate("a")
+	_, _, tag := inspect.Locate(sk, "a")
 	if start.Tag != tag || start.Bucket != 0 || start.Second != -1 {
 		t.Errorf("start %+v: want tag %04x in bucket 0", start, tag)
 	}
-	if !claim.OK || claim.Old != 0 || claim.New != sk.Slots(0)[claim.Slot] {
-		t.Errorf("claim %+v: want 0 -> the slot's word %016x", claim, sk.Slots(0)[claim.Slot])
+	if !claim.OK || claim.Old != 0 || claim.New != inspect.Slots(sk, 0)[claim.Slot] {
+		t.Errorf("claim %+v: want 0 -> the slot's word %016x", claim, inspect.Slots(sk, 0)[claim.Slot])
 	}
 	if res.Est != est || res.First != first || est != 1 || !first {
 		t.Errorf("result %+v, Observe returned (%d, %v)", res, est, first)
@@ -81,7 +83,7 @@ func TestTracePhases(t *testing.T) {
 	if !lot.Sure || !lot.OK || lot.Est != 3 {
 		t.Errorf("lottery %+v: want a sure chip against a count of 3", lot)
 	}
-	if !chip.OK || chip.New != chip.Old-1 || sk.Slots(0)[chip.Slot] != chip.New {
+	if !chip.OK || chip.New != chip.Old-1 || inspect.Slots(sk, 0)[chip.Slot] != chip.New {
 		t.Errorf("chip %+v: want the weakest one lower", chip)
 	}
 
@@ -135,7 +137,7 @@ func TestTraceOffAndTwoChoice(t *testing.T) {
 	}
 	r := traced(t)
 	r.observe(sk, "x")
-	b, b2, _ := sk.Locate("x")
+	b, b2, _ := inspect.Locate(sk, "x")
 	if got := r.ops(); got != "start,refresh,result" || r.evs[0].Bucket != b || r.evs[0].Second != b2 {
 		t.Fatalf("two-choice: %s, start %+v, want buckets %d and %d", got, r.evs[0], b, b2)
 	}

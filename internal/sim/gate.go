@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -93,13 +95,13 @@ func aimedFlood(sk, aim *ES, o *Oracle, seed uint64, n int) int64 {
 	keys := contenders(seed, "k")
 	targets := map[int]bool{}
 	for _, k := range keys[:50] {
-		b, _, _ := aim.Sk.Locate(k)
+		b, _, _ := inspect.Locate(aim.Sk, k)
 		targets[b] = true
 	}
 	var attack []string
 	for i := 0; len(attack) < n; i++ {
 		k := Key(fmt.Sprintf("s%d-atk", seed), i)
-		if b, _, _ := aim.Sk.Locate(k); targets[b] {
+		if b, _, _ := inspect.Locate(aim.Sk, k); targets[b] {
 			attack = append(attack, k)
 		}
 	}
@@ -184,7 +186,7 @@ func LibraryDuel(lot epochsketch.Lottery, n, r, maxTicks int, seed uint64) DuelR
 	tags := map[uint16]bool{}
 	for i := 0; len(occ) < 8; i++ {
 		k := fmt.Sprintf("s%d-occ%d", seed, i)
-		if _, _, tag := sk.Sk.Locate(k); !tags[tag] {
+		if _, _, tag := inspect.Locate(sk.Sk, k); !tags[tag] {
 			tags[tag] = true
 			occ = append(occ, k)
 		}
@@ -196,7 +198,7 @@ func LibraryDuel(lot epochsketch.Lottery, n, r, maxTicks int, seed uint64) DuelR
 	}
 	ch := ""
 	for i := 0; ch == ""; i++ {
-		if _, _, tag := sk.Sk.Locate(fmt.Sprintf("s%d-ch%d", seed, i)); !tags[tag] {
+		if _, _, tag := inspect.Locate(sk.Sk, fmt.Sprintf("s%d-ch%d", seed, i)); !tags[tag] {
 			ch = fmt.Sprintf("s%d-ch%d", seed, i)
 		}
 	}

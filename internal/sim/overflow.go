@@ -5,6 +5,8 @@ import (
 	"io"
 	"math"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -35,7 +37,7 @@ func runOverflow(o Options, w io.Writer) error {
 				perBucket := make([]int, buckets)
 				for j := range keys {
 					keys[j] = Key(fmt.Sprintf("s%d-h", seed), j)
-					b, _, _ := sk.Sk.Locate(keys[j])
+					b, _, _ := inspect.Locate(sk.Sk, keys[j])
 					perBucket[b]++
 				}
 				if two == 0 {

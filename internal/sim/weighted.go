@@ -5,6 +5,8 @@ import (
 	"io"
 	"math"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -41,7 +43,7 @@ func runWeighted(o Options, w io.Writer) error {
 				// not the lottery, so such trials are left out and counted.
 				tags := map[uint16]bool{}
 				for _, k := range []string{"resident0", "resident1", "resident2", "resident3", "resident4", "resident5", "resident6", "resident7", "newcomer"} {
-					_, _, tag := es.Sk.Locate(k)
+					_, _, tag := inspect.Locate(es.Sk, k)
 					tags[tag] = true
 				}
 				if ok[i] = len(tags) == 9; !ok[i] {

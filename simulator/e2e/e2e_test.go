@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/chromedp/chromedp"
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/simulator"
@@ -152,11 +154,11 @@ func TestSimulatorInChromium(t *testing.T) {
 	}
 	checkBucket := func(key string) {
 		t.Helper()
-		b, _, _ := sk.Locate(key)
+		b, _, _ := inspect.Locate(sk, key)
 		if shown := text("#bucket-index"); shown != strconv.Itoa(b) {
 			t.Fatalf("page shows bucket %s, %q lives in %d", shown, key, b)
 		}
-		for i, w := range sk.Slots(b) {
+		for i, w := range inspect.Slots(sk, b) {
 			a, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(fmt.Sprintf("#slot-%d", i)), "data-word"))
 			if err != nil {
 				t.Fatal(err)
@@ -212,7 +214,7 @@ func TestSimulatorInChromium(t *testing.T) {
 	checkBucket(lastKey)
 	w := words()
 	for b := range buckets {
-		for i, x := range sk.Slots(b) {
+		for i, x := range inspect.Slots(sk, b) {
 			if w[b*8+i] != fmt.Sprintf("%016x", x) {
 				t.Fatalf("after %d Zipf steps, bucket %d slot %d: page %s, Go %016x", steps, b, i, w[b*8+i], x)
 			}
@@ -258,7 +260,7 @@ func TestSimulatorInChromium(t *testing.T) {
 	sk2.Observe("sleeper")
 	sk2.Observe("sleeper")
 	clk2.Advance(30 * engine.Tick)
-	b, _, _ := sk2.Locate("sleeper")
+	b, _, _ := inspect.Locate(sk2, "sleeper")
 	nbr, err := gen2.NextKey("attack", b)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -142,7 +144,7 @@ func (s *Sim) NextKey(pattern string, watched int) (string, error) {
 		for range attackTries {
 			s.attack++
 			k := "atk-" + strconv.Itoa(s.attack)
-			if b, b2, _ := s.Sketch.Locate(k); b == watched || b2 == watched {
+			if b, b2, _ := inspect.Locate(s.Sketch, k); b == watched || b2 == watched {
 				return k, nil
 			}
 		}

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"syscall/js"
 
+	"github.com/epochsketch/epochsketch/internal/inspect"
+
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/simulator/engine"
 )
@@ -31,7 +33,7 @@ func observe(key string) js.Value {
 	for i, ev := range events {
 		evs[i] = eventJS(ev)
 	}
-	b, second, tag := cur.Sketch.Locate(key)
+	b, second, tag := inspect.Locate(cur.Sketch, key)
 	return js.ValueOf(map[string]any{
 		"key": key, "estimate": int(est), "first": first, "exact": float64(cur.Exact(key)),
 		"bucket": b, "second": second, "tag": int(tag), "events": evs,
@@ -60,7 +62,7 @@ func state() js.Value {
 	n := cur.Sketch.NumBuckets()
 	words := make([]any, 0, n*8)
 	for i := range n {
-		for _, w := range cur.Sketch.Slots(i) {
+		for _, w := range inspect.Slots(cur.Sketch, i) {
 			words = append(words, hex(w))
 		}
 	}
@@ -128,7 +130,7 @@ func main() {
 	}))
 	api.Set("state", fn(0, func([]js.Value) js.Value { return state() }))
 	api.Set("locate", fn(1, func(a []js.Value) js.Value {
-		b, b2, tag := cur.Sketch.Locate(a[0].String())
+		b, b2, tag := inspect.Locate(cur.Sketch, a[0].String())
 		return js.ValueOf(map[string]any{"bucket": b, "second": b2, "tag": int(tag)})
 	}))
 	api.Set("wrapTicks", engine.WrapTicks)
