@@ -271,16 +271,11 @@ func TestTopKPrecisionAtHeavyKeeperScale(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("10M arrivals: run without -short and -race")
 	}
-	const n, keys, k = 10_000_000, 1_000_000, 100
-	r := rand.New(rand.NewPCG(1, 1))
-	z := rand.NewZipf(r, 1.0000001, 1, keys-1)
-	names := make([]string, keys)
-	for i := range names {
-		names[i] = fmt.Sprint("f", i)
-	}
-	stream := make([]string, n)
-	for i := range stream {
-		stream[i] = names[z.Uint64()]
+	const k = 100
+	names, ids := heavyKeeperStream()
+	stream := make([]string, len(ids))
+	for i, id := range ids {
+		stream[i] = names[id]
 	}
 	top, est, _ := precisionRun(t, func(int) []string { return stream }, 1, k, 10*16, false)
 	t.Logf("Zipf 1.0, 10M arrivals over 1M keys, k = 100, 10 KiB: precision %.3f through TopK.List, %.3f by Estimate over every key", top, est)
@@ -297,17 +292,10 @@ func TestFingerprintAliasing(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("10M arrivals: run without -short and -race")
 	}
-	const n, keys, k = 10_000_000, 1_000_000, 100
-	r := rand.New(rand.NewPCG(1, 1))
-	z := rand.NewZipf(r, 1.0000001, 1, keys-1)
-	names := make([]string, keys)
-	for i := range names {
-		names[i] = fmt.Sprint("f", i)
-	}
-	stream := make([]uint64, n)
-	exact := make([]uint64, keys)
+	const k = 100
+	names, stream := heavyKeeperStream()
+	exact := make([]uint64, len(names))
 	for i := range stream {
-		stream[i] = z.Uint64()
 		exact[stream[i]]++
 	}
 	for _, buckets := range []int{160, epochsketch.DefaultNumBuckets} {
@@ -387,4 +375,20 @@ func TestTopKBoundConcurrent(t *testing.T) {
 	if l := top.List(); len(l) == 0 || l[0].Key != "heavy" {
 		t.Errorf("the heaviest key is not first: %v", l)
 	}
+}
+
+// heavyKeeperStream is HeavyKeeper's scale: 10M Zipf(1.0) arrivals over 1M
+// keys, seed 1, as key names and the stream of their indexes.
+func heavyKeeperStream() (names []string, stream []uint64) {
+	const n, keys = 10_000_000, 1_000_000
+	z := rand.NewZipf(rand.New(rand.NewPCG(1, 1)), 1.0000001, 1, keys-1)
+	names = make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprint("f", i)
+	}
+	stream = make([]uint64, n)
+	for i := range stream {
+		stream[i] = z.Uint64()
+	}
+	return names, stream
 }

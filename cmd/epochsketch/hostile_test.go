@@ -279,53 +279,18 @@ func TestBinaryTopStateAndResume(t *testing.T) {
 	}
 	r1, _, _ := report(data)
 	r2, errs, _ := report(data)
-	if r2.Lines != 300_000 || topOf(r2) != topOf(r1) || !strings.Contains(errs, "resumed") {
-		t.Errorf("the same file again: %d lines, %s against %s (%s)", r2.Lines, topOf(r2), topOf(r1), errs)
+	if r2.Lines != 300_000 || topString(r2) != topString(r1) || !strings.Contains(errs, "resumed") {
+		t.Errorf("the same file again: %d lines, %s against %s (%s)", r2.Lines, topString(r2), topString(r1), errs)
 	}
 	f, _ := os.OpenFile(data, os.O_APPEND|os.O_WRONLY, 0)
 	f.WriteString(strings.Repeat("z\n", 150_000))
 	f.Close()
 	r3, _, _ := report(data)
-	if r3.Lines != 450_000 || !strings.HasPrefix(topOf(r3), "z=150000 ") {
-		t.Errorf("an appended file: %d lines, top %s", r3.Lines, topOf(r3))
+	if r3.Lines != 450_000 || !strings.HasPrefix(topString(r3), "z=150000 ") {
+		t.Errorf("an appended file: %d lines, top %s", r3.Lines, topString(r3))
 	}
 	os.WriteFile(data, []byte("changed\n"+in.String()), 0o644)
 	if _, errs, code := report(data); code != 1 || !strings.Contains(errs, "keys.txt changed since -state was saved") {
 		t.Errorf("a changed file: exit %d %s", code, errs)
-	}
-}
-
-func topOf(r Report) string {
-	var s []string
-	for _, e := range r.Top {
-		s = append(s, fmt.Sprintf("%s=%d", e.Key, e.Estimate))
-	}
-	return strings.Join(s, " ")
-}
-
-// The smaller things: ticks print rounded spans and never a negative one,
-// demo -buckets 0 says the size it uses and explains what it shows, top
-// takes a seed, and every command's -h starts with what it does.
-func TestBinarySmallerThings(t *testing.T) {
-	bin := buildBin(t)
-	if out, _, code := runBin(t, bin, nil, "ticks", "-tick", "1000h"); code != 0 || !strings.Contains(out, "41d16h") || !strings.Contains(out, "2.7 years") {
-		t.Errorf("ticks -tick 1000h: %d %s", code, out)
-	}
-	if out, _, code := runBin(t, bin, nil, "ticks", "-tick", "300000h"); code != 0 || !strings.Contains(out, "821 years") {
-		t.Errorf("ticks -tick 300000h (24 ticks overflow a time.Duration): %d %s", code, out)
-	}
-	if out, _, code := runBin(t, bin, nil, "demo", "-buckets", "0"); code != 0 || !strings.Contains(out, "65536 buckets (4.00 MiB)") || !strings.Contains(out, "a chip is") {
-		t.Errorf("demo -buckets 0: %d %.300s", code, out)
-	}
-	in := []byte(strings.Repeat("a\nb\nc\nd\ne\nf\ng\nh\ni\nj\n", 50))
-	one, _, _ := runBin(t, bin, in, "top", "-buckets", "1", "-seed", "7", "-json")
-	two, _, _ := runBin(t, bin, in, "top", "-buckets", "1", "-seed", "7", "-json")
-	if one != two {
-		t.Errorf("top -seed 7 at 1 bucket differs between runs:\n%s\n%s", one, two)
-	}
-	for _, cmd := range []string{"demo", "size", "ticks", "top", "sim", "simulator"} {
-		if _, errs, code := runBin(t, bin, nil, cmd, "-h"); code != 0 || !strings.HasPrefix(errs, "epochsketch "+cmd+": ") || len(strings.SplitN(errs, "\n", 2)[0]) < 40 {
-			t.Errorf("%s -h: exit %d, %q", cmd, code, strings.SplitN(errs, "\n", 2)[0])
-		}
 	}
 }
