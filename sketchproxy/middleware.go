@@ -428,10 +428,12 @@ func (v *verdict) worse(o *verdict) bool {
 type request struct {
 	r      *http.Request
 	addr   netip.Addr
+	client string // addr grouped by prefix: the per-client cap's key
 	ip     string
 	query  url.Values
 	claims jwt.MapClaims // the verified bearer token's, once a rule needs them
 	buf    []byte
+	bp     *[]byte // buf's pool entry
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
@@ -818,48 +820,18 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := m.now()
 	begin := time.Now()
 	m.met.requests.Add(1)
-	if why := pathProblem(r); why != "" {
-		m.badRequest(w, r, why)
+	var req request // on the stack, with room for the matched rules
+	var room [8]*rule
+	rq := &req
+	matched, ok := m.screen(w, r, st, rq, room[:0])
+	if !ok {
 		return
 	}
-	normalizePath(r)
-	ci := &st.cfg.ClientIP
-	rq := &request{r: r, addr: ci.clientAddr(r)}
-	bp := bufPool.Get().(*[]byte)
-	rq.buf = (*bp)[:0]
-	defer func() { *bp = rq.buf[:0]; bufPool.Put(bp) }()
-	query := func() url.Values {
-		if rq.query == nil {
-			rq.query = r.URL.Query()
-		}
-		return rq.query
+	defer rq.free()
+	if !m.holdClient(w, r, st, rq) {
+		return
 	}
-
-	var matched []*rule
-	for _, ru := range st.rules {
-		if ru.matches(r) {
-			if why := ru.ambiguous(r, query); why != "" {
-				m.badRequest(w, r, why)
-				return
-			}
-			if ru.needJWT && !m.verifyJWT(w, r, st, ru, rq) {
-				return
-			}
-			matched = append(matched, ru)
-		}
-	}
-	if n := *st.cfg.Server.MaxInFlightPerClient; n > 0 {
-		ck := ci.group(rq.addr)
-		if !m.clients.acquire("", ck, n) {
-			m.met.clientCap.Add(1)
-			closeIfBody(w, r)
-			v := verdict{out: InFlight, key: ck, retry: time.Second}
-			m.logDecision(r, &v, false)
-			m.refuse(w, st, &v, nil, http.StatusTooManyRequests)
-			return
-		}
-		defer m.clients.add("", ck, -1)
-	}
+	defer m.clients.add("", rq.client, -1)
 	if len(matched) > 0 {
 		defer func() {
 			d := time.Since(begin).Seconds()
@@ -868,11 +840,101 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}()
 	}
+	verdicts, worst := m.decideAll(r, st, matched, rq, now)
+	a, ok := m.reserve(r, st, verdicts, worst, rq, now)
+	if !ok {
+		return // the client went away while the tarpit held it
+	}
+	// Count: everything for an admitted request, only refused: count rules
+	// for a refused one. A banned key's attempts are not counted: the ban
+	// is its punishment.
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.out != Allowlisted && len(v.ests) > 0 && !v.banned && (a.admitted || v.counted) {
+			m.commit(st, v, rq)
+		}
+	}
+	if !a.admitted {
+		m.answerRefusal(w, r, st, verdicts, &a.refusal, rq, now)
+		return
+	}
+	m.forward(w, r, st, verdicts, &a, rq, now)
+}
 
+// screen refuses what no rule can judge safely (an ambiguous path or key,
+// 400; a key that needs a valid bearer token, 401), cleans the path, finds
+// the client into rq, and appends the rules that match to matched. It
+// returns false when it has answered the request.
+func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, rq *request, matched []*rule) ([]*rule, bool) {
+	if why := pathProblem(r); why != "" {
+		m.badRequest(w, r, why)
+		return nil, false
+	}
+	normalizePath(r)
+	*rq = request{r: r, addr: st.cfg.ClientIP.clientAddr(r)}
+	rq.bp = bufPool.Get().(*[]byte)
+	rq.buf = (*rq.bp)[:0]
+	query := func() url.Values {
+		if rq.query == nil {
+			rq.query = r.URL.Query()
+		}
+		return rq.query
+	}
+	for _, ru := range st.rules {
+		if !ru.matches(r) {
+			continue
+		}
+		if why := ru.ambiguous(r, query); why != "" {
+			rq.free()
+			m.badRequest(w, r, why)
+			return nil, false
+		}
+		if ru.needJWT && !m.verifyJWT(w, r, st, ru, rq) {
+			rq.free()
+			return nil, false
+		}
+		matched = append(matched, ru)
+	}
+	return matched, true
+}
+
+// free returns the request's key buffer to the pool.
+func (rq *request) free() {
+	if rq.bp != nil {
+		*rq.bp = rq.buf[:0]
+		bufPool.Put(rq.bp)
+		rq.bp = nil
+	}
+}
+
+// holdClient takes one of the client address's places for requests in
+// progress (server.max_in_flight_per_client), or refuses the request with
+// 429. The caller gives the place back when the request ends.
+func (m *Middleware) holdClient(w http.ResponseWriter, r *http.Request, st *state, rq *request) bool {
+	rq.client = st.cfg.ClientIP.group(rq.addr)
+	n := *st.cfg.Server.MaxInFlightPerClient
+	if n <= 0 {
+		m.clients.add("", rq.client, 1) // counted, so the caller's release balances
+		return true
+	}
+	if m.clients.acquire("", rq.client, n) {
+		return true
+	}
+	m.met.clientCap.Add(1)
+	closeIfBody(w, r)
+	v := verdict{out: InFlight, key: rq.client, retry: time.Second}
+	m.logDecision(r, &v, false)
+	m.refuse(w, st, &v, nil, http.StatusTooManyRequests)
+	return false
+}
+
+// decideAll runs every matched rule's limits without counting, and returns
+// the verdicts and the worst of the non-shadow ones.
+func (m *Middleware) decideAll(r *http.Request, st *state, matched []*rule, rq *request, now time.Time) ([]verdict, verdict) {
 	verdicts := make([]verdict, len(matched))
 	worst := verdict{out: Allow}
 	for i, ru := range matched {
-		key := ru.key(ci, rq)
+		key := ru.key(&st.cfg.ClientIP, rq)
 		if ru.allowlisted(rq.addr, key) {
 			ru.met.count(Allowlisted, false)
 			verdicts[i] = verdict{out: Allowlisted, ru: ru}
@@ -893,35 +955,48 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		verdicts[i] = v
 	}
+	return verdicts, worst
+}
 
-	// Reserve what can be given back (wallets' room, in-flight places),
-	// after a tarpit's delay.
-	refusal := worst
-	admitted := worst.out == Allow || worst.out == Delay
-	var charged []int
-	var inflight []charge
-	release := func() {
-		for _, c := range inflight {
-			c.ru.inflight.add(c.ru.cfg.Name, c.key, -1)
-		}
-		inflight = nil
+// admission is what reserve decided: admitted, or the refusal; the wallets
+// to charge (verdict indexes) and the in-flight places held.
+type admission struct {
+	admitted bool
+	refusal  verdict
+	charged  []int
+	inflight []charge
+}
+
+// release gives the in-flight places back.
+func (a *admission) release() {
+	for _, c := range a.inflight {
+		c.ru.inflight.add(c.ru.cfg.Name, c.key, -1)
 	}
+	a.inflight = nil
+}
+
+// reserve holds a delayed request in the tarpit, then reserves what can be
+// given back (wallets' room, in-flight places) and charges the wallets of
+// an admitted request. ok is false when the client left while held.
+func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, worst verdict, rq *request, now time.Time) (a admission, ok bool) {
+	a.refusal = worst
+	a.admitted = worst.out == Allow || worst.out == Delay
 	if worst.out == Delay {
 		// Held before anything is reserved or charged: a client that
 		// leaves while held costs nothing (its attempt counted already,
 		// as every attempt does in a tarpit rule).
 		if !m.hold(worst.ru.cfg.Name, worst.key, st) {
-			refusal.out, admitted = TarpitFull, false
+			a.refusal.out, a.admitted = TarpitFull, false
 		} else {
 			err := m.opts.Sleep(r.Context(), worst.delay)
 			m.release(worst.ru.cfg.Name, worst.key)
 			if err != nil {
 				worst.ru.met.count(Delay, false)
-				return // the client went away while held
+				return a, false
 			}
 		}
 	}
-	for i := 0; admitted && i < len(matched); i++ {
+	for i := 0; a.admitted && i < len(verdicts); i++ {
 		v := &verdicts[i]
 		ru := v.ru
 		if v.out == Allowlisted {
@@ -933,11 +1008,11 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					ru.met.count(bv.out, true)
 					m.logDecision(r, &bv, true)
 				} else {
-					refusal, admitted = bv, false
+					a.refusal, a.admitted = bv, false
 					break
 				}
 			} else {
-				charged = append(charged, i)
+				a.charged = append(a.charged, i)
 			}
 		}
 		if ru.inflight != nil {
@@ -948,19 +1023,19 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					m.logDecision(r, &iv, true)
 					continue
 				}
-				refusal, admitted = iv, false
+				a.refusal, a.admitted = iv, false
 				break
 			}
-			inflight = append(inflight, charge{ru: ru, key: v.key})
+			a.inflight = append(a.inflight, charge{ru: ru, key: v.key})
 		}
 	}
-	if admitted {
-		for n, i := range charged {
+	if a.admitted {
+		for n, i := range a.charged {
 			if !m.charge(verdicts[i].ru, rq, verdicts[i].key) {
 				// An admission miss: the lottery may admit the key on a
 				// retry, so it retries soon.
-				refusal, admitted = verdict{out: BudgetUnknown, ru: verdicts[i].ru, key: verdicts[i].key, retry: time.Second}, false
-				for _, k := range charged[:n] { // costs stay charged; reservations go
+				a.refusal, a.admitted = verdict{out: BudgetUnknown, ru: verdicts[i].ru, key: verdicts[i].key, retry: time.Second}, false
+				for _, k := range a.charged[:n] { // costs stay charged; reservations go
 					b := verdicts[k].ru.budget
 					b.held.add(verdicts[k].ru.cfg.Name, verdicts[k].key, -int64(b.reserve))
 				}
@@ -968,47 +1043,43 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if !admitted {
-		release()
+	if !a.admitted {
+		a.release()
 	}
-	// Count: everything for an admitted request, only refused: count rules
-	// for a refused one. A banned key's attempts are not counted: the ban
-	// is its punishment.
-	for i := range verdicts {
-		v := &verdicts[i]
-		if v.out == Allowlisted || len(v.ests) == 0 || v.banned {
-			continue
-		}
-		if admitted || v.counted {
-			m.commit(st, v, rq)
-		}
-	}
+	return a, true
+}
 
-	if !admitted {
-		closeIfBody(w, r)
-		refusal.retry = max(refusal.retry, time.Second, m.retryAll(st, verdicts, rq, now))
-		if refusal.out == InFlight {
-			refusal.retry = time.Second // a place frees when a request ends: no promise
-		}
-		refusal.ru.met.count(refusal.out, false)
-		m.logDecision(r, &refusal, false)
-		code := http.StatusTooManyRequests
-		if refusal.out == BudgetUnknown {
-			code = http.StatusServiceUnavailable
-		}
-		if refusal.out == Drip {
-			m.drip(w, r, st, &refusal, verdicts)
-			return
-		}
-		m.refuse(w, st, &refusal, verdicts, code)
+// answerRefusal writes a refusal with a Retry-After that covers every
+// limit, ban and wallet the request matched.
+func (m *Middleware) answerRefusal(w http.ResponseWriter, r *http.Request, st *state, verdicts []verdict, refusal *verdict, rq *request, now time.Time) {
+	closeIfBody(w, r)
+	refusal.retry = max(refusal.retry, time.Second, m.retryAll(st, verdicts, rq, now))
+	if refusal.out == InFlight {
+		refusal.retry = time.Second // a place frees when a request ends: no promise
+	}
+	refusal.ru.met.count(refusal.out, false)
+	m.logDecision(r, refusal, false)
+	code := http.StatusTooManyRequests
+	if refusal.out == BudgetUnknown {
+		code = http.StatusServiceUnavailable
+	}
+	if refusal.out == Drip {
+		m.drip(w, r, st, refusal, verdicts)
 		return
 	}
+	m.refuse(w, st, refusal, verdicts, code)
+}
+
+// forward sends an admitted request on: the rate-limit fields, the body's
+// deadline and buffer, the wallets' settlements, then the next handler.
+func (m *Middleware) forward(w http.ResponseWriter, r *http.Request, st *state, verdicts []verdict, a *admission, rq *request, now time.Time) {
+	defer a.release()
+	charged := a.charged
 	for i := range verdicts {
 		if v := &verdicts[i]; v.out == Allow || v.out == Delay {
 			v.ru.met.count(v.out, false)
 		}
 	}
-	defer release()
 	if !st.cfg.Headers.Off {
 		m.setHeaders(w.Header(), st, verdicts, rq, now, false)
 	}
