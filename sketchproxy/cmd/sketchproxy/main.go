@@ -39,91 +39,34 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("sketchproxy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", "", "YAML config `file` (none: the demo)")
-	check := fs.Bool("check", false, "validate the config and exit")
-	example := fs.Bool("example", false, "print a commented example config and exit")
-	listen := fs.String("listen", "", "override the config's listen address")
-	admin := fs.String("admin", "", "override the config's admin address (\"off\" disables)")
-	upstream := fs.String("upstream", "", "override the config's upstream URL")
-	jsonLogs := fs.Bool("json", false, "log JSON lines instead of text")
-	grace := fs.Duration("grace", 10*time.Second, "how long shutdown waits for requests in progress")
-	demoUpstream := fs.String("demo-upstream", "", "only serve the demo upstream on `ADDR` (for load tests)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sketchproxy: unexpected argument %q\n", fs.Arg(0))
-		return 2
-	}
-	if *example {
+	o, code := parseFlags(args, stderr)
+	switch {
+	case code >= 0:
+		return code
+	case o.example:
 		fmt.Fprint(stdout, sketchproxy.ExampleConfig)
 		return 0
-	}
-	if *demoUpstream != "" {
-		ln, err := net.Listen("tcp", *demoUpstream)
-		if err != nil {
-			fmt.Fprintf(stderr, "sketchproxy: -demo-upstream: %v\n", err)
-			return 1
-		}
-		fmt.Fprintf(stdout, "demo upstream on http://%s/\n", ln.Addr())
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		srv := &http.Server{Handler: demoMux(), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
-		<-ctx.Done()
-		srv.Close()
-		return 0
+	case o.demoUpstream != "":
+		return serveDemoUpstream(o.demoUpstream, stdout, stderr)
 	}
 	var lh slog.Handler = slog.NewTextHandler(stderr, nil)
-	if *jsonLogs {
+	if o.jsonLogs {
 		lh = slog.NewJSONHandler(stderr, nil)
 	}
 	log := slog.New(lh)
-
-	load := func() (*sketchproxy.Config, error) {
-		var cfg *sketchproxy.Config
-		var err error
-		if *cfgPath == "" {
-			cfg, err = sketchproxy.ParseConfig("demo config", []byte(sketchproxy.DemoConfig))
-		} else {
-			cfg, err = sketchproxy.LoadConfig(*cfgPath)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if *listen != "" {
-			cfg.Listen = *listen
-		}
-		if *admin != "" {
-			cfg.Admin = *admin
-		}
-		if *upstream != "" {
-			cfg.Upstream = *upstream
-		}
-		if *cfgPath != "" && cfg.Upstream == "" {
-			return nil, fmt.Errorf("%s: upstream: missing: say where to proxy, e.g. upstream: \"http://127.0.0.1:9000\" (or -upstream)", *cfgPath)
-		}
-		return cfg, cfg.Validate()
-	}
-	cfg, err := load()
+	cfg, err := o.load()
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
-	if *check {
-		fmt.Fprintf(stdout, "%s: ok, %d rules\n", *cfgPath, len(cfg.Rules))
+	if o.check {
+		fmt.Fprintf(stdout, "%s: ok, %d rules\n", o.cfgPath, len(cfg.Rules))
 		return 0
 	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	demo := *cfgPath == "" && cfg.Upstream == ""
+	demo := o.cfgPath == "" && cfg.Upstream == ""
 	if demo {
 		u, closeDemo, err := startDemoUpstream(log)
 		if err != nil {
@@ -135,18 +78,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	// Both addresses first: a start that cannot listen touches no state
 	// file (Close would save the empty sketches over the last good one).
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, aln, err := listenBoth(cfg)
 	if err != nil {
-		fmt.Fprintf(stderr, "sketchproxy: listen: %v (set listen: or -listen)\n", err)
+		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
 	defer ln.Close()
-	var aln net.Listener
-	if cfg.Admin != "off" {
-		if aln, err = net.Listen("tcp", cfg.Admin); err != nil {
-			fmt.Fprintf(stderr, "sketchproxy: admin listen: %v (set admin: or -admin, or \"off\")\n", err)
-			return 1
-		}
+	if aln != nil {
 		defer aln.Close()
 	}
 	target, _ := url.Parse(cfg.Upstream)
@@ -169,59 +107,149 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
-
-	var adminSrv *http.Server
-	if aln != nil {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", mw.MetricsHandler())
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintln(w, "ok")
-		})
-		adminSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() { errc <- adminSrv.Serve(aln) }()
-		log.Info("admin listening", "addr", aln.Addr().String(), "metrics", "http://"+aln.Addr().String()+"/metrics")
-	}
+	adminSrv := serveAdmin(aln, mw, errc, log)
 	log.Info("sketchproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream, "rules", len(cfg.Rules))
 	if demo {
-		fmt.Fprintf(stdout, "SketchProxy demo: %s proxies to a built-in upstream, 5 requests per 10 s per client.\n", ln.Addr())
-		fmt.Fprintf(stdout, "Try, in another terminal:\n\n  for i in $(seq 1 12); do curl -s -o /dev/null -w '%%{http_code} ' http://%s/; done; echo\n\n", ln.Addr())
-		fmt.Fprintf(stdout, "The first 5 answer 200, then 429 until the count decays (curl -i shows Retry-After and RateLimit).\n")
+		printDemo(stdout, ln.Addr().String())
 	}
+	return o.serve(ctx, cfg, mw, srv, adminSrv, errc, log)
+}
 
+// options are the command's flags.
+type options struct {
+	cfgPath, listen, admin, upstream, demoUpstream string
+	check, example, jsonLogs                       bool
+	grace                                          time.Duration
+}
+
+// parseFlags reads the flags; code >= 0 means exit with it (help, or a
+// usage error, 2).
+func parseFlags(args []string, stderr io.Writer) (o options, code int) {
+	fs := flag.NewFlagSet("sketchproxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.cfgPath, "config", "", "YAML config `file` (none: the demo)")
+	fs.BoolVar(&o.check, "check", false, "validate the config and exit")
+	fs.BoolVar(&o.example, "example", false, "print a commented example config and exit")
+	fs.StringVar(&o.listen, "listen", "", "override the config's listen address")
+	fs.StringVar(&o.admin, "admin", "", "override the config's admin address (\"off\" disables)")
+	fs.StringVar(&o.upstream, "upstream", "", "override the config's upstream URL")
+	fs.BoolVar(&o.jsonLogs, "json", false, "log JSON lines instead of text")
+	fs.DurationVar(&o.grace, "grace", 10*time.Second, "how long shutdown waits for requests in progress")
+	fs.StringVar(&o.demoUpstream, "demo-upstream", "", "only serve the demo upstream on `ADDR` (for load tests)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, 0
+		}
+		return o, 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sketchproxy: unexpected argument %q\n", fs.Arg(0))
+		return o, 2
+	}
+	return o, -1
+}
+
+// load reads the config (or the demo's) and applies the flags' overrides.
+func (o *options) load() (*sketchproxy.Config, error) {
+	var cfg *sketchproxy.Config
+	var err error
+	if o.cfgPath == "" {
+		cfg, err = sketchproxy.ParseConfig("demo config", []byte(sketchproxy.DemoConfig))
+	} else {
+		cfg, err = sketchproxy.LoadConfig(o.cfgPath)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.listen != "" {
+		cfg.Listen = o.listen
+	}
+	if o.admin != "" {
+		cfg.Admin = o.admin
+	}
+	if o.upstream != "" {
+		cfg.Upstream = o.upstream
+	}
+	if o.cfgPath != "" && cfg.Upstream == "" {
+		return nil, fmt.Errorf("%s: upstream: missing: say where to proxy, e.g. upstream: \"http://127.0.0.1:9000\" (or -upstream)", o.cfgPath)
+	}
+	return cfg, cfg.Validate()
+}
+
+// serveDemoUpstream serves only the demo upstream, for load tests, until
+// SIGINT or SIGTERM.
+func serveDemoUpstream(addr string, stdout, stderr io.Writer) int {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sketchproxy: -demo-upstream: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "demo upstream on http://%s/\n", ln.Addr())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv := &http.Server{Handler: demoMux(), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	<-ctx.Done()
+	srv.Close()
+	return 0
+}
+
+// listenBoth binds the proxy's address and, unless "off", the admin one.
+func listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
+	if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, nil, fmt.Errorf("listen: %v (set listen: or -listen)", err)
+	}
+	if cfg.Admin == "off" {
+		return ln, nil, nil
+	}
+	if aln, err = net.Listen("tcp", cfg.Admin); err != nil {
+		ln.Close()
+		return nil, nil, fmt.Errorf("admin listen: %v (set admin: or -admin, or \"off\")", err)
+	}
+	return ln, aln, nil
+}
+
+// serveAdmin serves /metrics and /healthz on aln, if any.
+func serveAdmin(aln net.Listener, mw *sketchproxy.Middleware, errc chan<- error, log *slog.Logger) *http.Server {
+	if aln == nil {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", mw.MetricsHandler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { errc <- srv.Serve(aln) }()
+	log.Info("admin listening", "addr", aln.Addr().String(), "metrics", "http://"+aln.Addr().String()+"/metrics")
+	return srv
+}
+
+// printDemo tells the demo's user what to try.
+func printDemo(stdout io.Writer, addr string) {
+	fmt.Fprintf(stdout, "SketchProxy demo: %s proxies to a built-in upstream, 5 requests per 10 s per client.\n", addr)
+	fmt.Fprintf(stdout, "Try, in another terminal:\n\n  for i in $(seq 1 12); do curl -s -o /dev/null -w '%%{http_code} ' http://%s/; done; echo\n\n", addr)
+	fmt.Fprintf(stdout, "The first 5 answer 200, then 429 until the count decays (curl -i shows Retry-After and RateLimit).\n")
+}
+
+// serve runs until SIGINT or SIGTERM (a graceful shutdown) or a server
+// error, reloading the config on SIGHUP.
+func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketchproxy.Middleware, srv, adminSrv *http.Server, errc <-chan error, log *slog.Logger) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	for {
 		select {
 		case <-hup:
-			if *cfgPath == "" {
-				log.Info("reload: the demo has no config file")
-				continue
-			}
-			var rules int
-			err := mw.ReloadFrom(func() (*sketchproxy.Config, error) {
-				c, err := load()
-				if c != nil {
-					rules = len(c.Rules)
-				}
-				return c, err
-			})
-			if err != nil {
-				log.Error("reload failed: keeping the running config", "err", err.Error())
-				continue
-			}
-			log.Info("config reloaded", "rules", rules)
-			if now, _ := load(); now != nil && (now.Listen != cfg.Listen || now.Admin != cfg.Admin || now.Upstream != cfg.Upstream) {
-				log.Warn("listen, admin and upstream changes take a restart; the rules were reloaded")
-			}
+			o.reload(cfg, mw, log)
 		case err := <-errc:
 			if !errors.Is(err, http.ErrServerClosed) {
 				log.Error("server stopped", "err", err.Error())
 				return 1
 			}
 		case <-ctx.Done():
-			log.Info("shutting down", "grace", grace.String())
-			sctx, cancel := context.WithTimeout(context.Background(), *grace)
+			log.Info("shutting down", "grace", o.grace.String())
+			sctx, cancel := context.WithTimeout(context.Background(), o.grace)
 			defer cancel()
 			err := srv.Shutdown(sctx)
 			if adminSrv != nil {
@@ -233,6 +261,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 			log.Info("stopped")
 			return 0
 		}
+	}
+}
+
+// reload re-reads the config file (SIGHUP); an invalid one is logged and
+// the running config stays.
+func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, log *slog.Logger) {
+	if o.cfgPath == "" {
+		log.Info("reload: the demo has no config file")
+		return
+	}
+	var rules int
+	err := mw.ReloadFrom(func() (*sketchproxy.Config, error) {
+		c, err := o.load()
+		if c != nil {
+			rules = len(c.Rules)
+		}
+		return c, err
+	})
+	if err != nil {
+		log.Error("reload failed: keeping the running config", "err", err.Error())
+		return
+	}
+	log.Info("config reloaded", "rules", rules)
+	if now, _ := o.load(); now != nil && (now.Listen != cfg.Listen || now.Admin != cfg.Admin || now.Upstream != cfg.Upstream) {
+		log.Warn("listen, admin and upstream changes take a restart; the rules were reloaded")
 	}
 }
 
