@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -346,7 +347,7 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 		return nil, yamlError(name, err)
 	}
 	c.src, c.root = name, &root
-	if err := c.Validate(); err != nil {
+	if err := c.prepare(); err != nil { // the parsed Config is ours: defaults applied in place
 		return nil, err
 	}
 	return c, nil
@@ -432,9 +433,62 @@ func (c *Config) errAt(msg string, path ...any) error {
 	return &ConfigError{File: c.src, Line: c.lineOf(path...), Field: fieldName(path...), Msg: msg}
 }
 
-// Validate checks c and fills in defaults. Errors name the field and, for
-// parsed files, the line.
+// Validate checks c as New would use it: with its defaults applied, to a
+// copy (c itself is not changed). Errors name the field and, for parsed
+// files, the line.
 func (c *Config) Validate() error {
+	_, err := c.prepared()
+	return err
+}
+
+// prepared returns a copy of c with its defaults applied and checked: what
+// New and Reload run on.
+func (c *Config) prepared() (*Config, error) {
+	cp := c.clone()
+	return cp, cp.prepare()
+}
+
+// clone copies c deeply enough that preparing the copy changes nothing of c
+// (the parsed document, for line numbers, is shared: it is read only).
+func (c *Config) clone() *Config {
+	cp := *c
+	cp.ClientIP.TrustedProxies = slices.Clone(c.ClientIP.TrustedProxies)
+	cp.ClientIP.trusted = nil
+	if c.Server.BufferBody != nil {
+		cp.Server.BufferBody = ptr(*c.Server.BufferBody)
+	}
+	if c.Server.MaxInFlightPerClient != nil {
+		cp.Server.MaxInFlightPerClient = ptr(*c.Server.MaxInFlightPerClient)
+	}
+	if c.Fleet != nil {
+		f := *c.Fleet
+		cp.Fleet = &f
+	}
+	if c.JWT != nil {
+		j := *c.JWT
+		j.Algorithms = slices.Clone(c.JWT.Algorithms)
+		cp.JWT = &j
+	}
+	cp.Rules = make([]Rule, len(c.Rules))
+	for i, r := range c.Rules {
+		r.Key = slices.Clone(r.Key)
+		r.Limits = slices.Clone(r.Limits)
+		r.Match.Methods = slices.Clone(r.Match.Methods)
+		r.Allow.CIDRs = slices.Clone(r.Allow.CIDRs)
+		r.Allow.Keys = slices.Clone(r.Allow.Keys)
+		r.Allow.prefixes, r.Allow.keys = nil, nil
+		if r.Budget != nil {
+			b := *r.Budget
+			r.Budget = &b
+		}
+		cp.Rules[i] = r
+	}
+	return &cp
+}
+
+// prepare applies the defaults, the one place they are applied, and checks
+// c in place.
+func (c *Config) prepare() error {
 	if c.Listen == "" {
 		c.Listen = ":8080"
 	}

@@ -1,6 +1,10 @@
 package sketchproxy
 
 import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -80,5 +84,30 @@ func TestParseDuration(t *testing.T) {
 		if _, err := parseDuration(s); err == nil {
 			t.Errorf("%q accepted", s)
 		}
+	}
+}
+
+// Validate only checks, and New works on a copy: neither changes the
+// caller's Config (defaults are applied to the copy, in one place).
+func TestValidateAndNewDoNotChangeTheConfig(t *testing.T) {
+	five := 5
+	cfg := &Config{
+		Server: ServerConfig{BufferBody: &five},
+		Rules:  []Rule{{Key: []string{"ip"}, Limits: []Limit{{Requests: 10, Per: Duration(time.Second)}}, Budget: &Budget{Units: 100, Per: Duration(time.Hour)}}},
+	}
+	before := fmt.Sprintf("%+v %+v %+v %d", *cfg, cfg.Rules[0], *cfg.Rules[0].Budget, *cfg.Server.BufferBody)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	if after := fmt.Sprintf("%+v %+v %+v %d", *cfg, cfg.Rules[0], *cfg.Rules[0].Budget, *cfg.Server.BufferBody); after != before {
+		t.Errorf("the caller's Config changed:\n%s\n%s", before, after)
+	}
+	if got := mw.state.Load().cfg; got.Listen != ":8080" || got.Rules[0].Name != "rule1" || got.Rules[0].Budget.Cost != 1 {
+		t.Errorf("the running copy lacks its defaults: %+v", got)
 	}
 }

@@ -128,8 +128,8 @@ type budgetState struct {
 	held          *countMin // counts reserved by requests in flight, per key
 }
 
-// New compiles cfg (which must have passed Validate, as LoadConfig's does)
-// into a Middleware in front of next.
+// New validates cfg and compiles it into a Middleware in front of next. It
+// works on a copy with the defaults applied: cfg is not changed.
 func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -151,6 +151,7 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 	if err := m.Reload(cfg); err != nil {
 		return nil, err
 	}
+	cfg = m.state.Load().cfg // the prepared copy
 	if cfg.StateFile != "" {
 		m.loadState()
 		m.saverStop, m.saverDone = make(chan struct{}), make(chan struct{})
@@ -183,7 +184,8 @@ func (m *Middleware) saver(every time.Duration) {
 // kept, with their counts; the others start empty. If cfg is invalid the
 // current configuration stays and the error says why.
 func (m *Middleware) Reload(cfg *Config) error {
-	if err := cfg.Validate(); err != nil {
+	cfg, err := cfg.prepared()
+	if err != nil {
 		m.met.reloads[1].Add(1)
 		return err
 	}
