@@ -2,6 +2,7 @@ package epochsketch_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/epochsketch/epochsketch"
 )
@@ -23,13 +24,13 @@ func TestZeroAllocs(t *testing.T) {
 	for name, f := range map[string]func(){
 		"Observe":              func() { wall.Observe(key) },
 		"ObserveBytes":         func() { wall.ObserveBytes(kb) },
-		"ObserveN":             func() { wall.ObserveN(key, 100) },
-		"ObserveBytesN":        func() { wall.ObserveBytesN(kb, 3) },
+		"ObserveN":             func() { wall.ObserveN(time.Time{}, key, 100) },
+		"ObserveBytesN":        func() { wall.ObserveBytesN(time.Time{}, kb, 3) },
 		"Estimate":             func() { wall.Estimate(key) },
 		"EstimateBytes":        func() { wall.EstimateBytes(kb) },
 		"Observe/manual":       func() { manual.Observe(key) },
 		"Observe/siphash/full": func() { i++; sip.ObserveBytes(append(kb[:0:0], byte(i))) },
-		"ObserveAt":            func() { manual.ObserveAt(t0, key) },
+		"ObserveN at t":        func() { manual.ObserveN(t0, key, 1) },
 		"Observe/two":          func() { two.Observe(key) },
 	} {
 		if name == "Observe/siphash/full" {

@@ -36,7 +36,7 @@
 // word, refreshed by one goroutine per Sketch at each tick boundary, so an
 // Observe pays an atomic load for the time instead of a time.Now call.
 // [Sketch.Close] stops it, and so does the garbage collector. A
-// [ManualClock], or the explicit-time forms [Sketch.ObserveAt] and
+// [ManualClock], or the explicit-time forms [Sketch.ObserveN] and
 // [Sketch.EstimateAt], make replays and tests exact. No caller can move a
 // Sketch's time backwards.
 package epochsketch

@@ -44,7 +44,7 @@ func replay(t *testing.T, seed uint64, buckets int, two bool, lot epochsketch.Lo
 			// saturates.
 			wt := []uint32{0, 2, 3, 9, 40, 70, 1000, 1 << 25}[op>>4%8]
 			what = fmt.Sprintf("ObserveN %s %d", key, wt)
-			ge, gf := sk.ObserveN(key, wt)
+			ge, gf := sk.ObserveN(time.Time{}, key, wt)
 			var we uint32
 			var wf bool
 			if wt == 0 {

@@ -124,52 +124,49 @@ func (s *Sketch) Observe(key string) (estimate uint32, first bool) {
 	return s.observe(s.h.str(key), s.now(), 1)
 }
 
-// ObserveN records n occurrences of key at once (a weight: tokens, bytes,
-// cost units) and returns the estimate with them included, like n calls to
-// Observe but in one compare-and-swap. Counts saturate at MaxCount; n above
-// MaxCount counts as MaxCount. A new key in a full bucket draws the lottery
-// once per unit of weight, at most 64 times (bounded work), each
-// win taking one count from the weakest slot; the win that empties it claims
-// the slot with the units not yet drawn. With n <= 64 that is exactly n calls
-// of Observe in one (the same draws, words and Stats; tested). An untracked
-// key reads (min(n, MaxCount), true). ObserveN(key, 0) records nothing and
-// returns (Estimate(key), false).
-func (s *Sketch) ObserveN(key string, n uint32) (estimate uint32, first bool) {
-	if n == 0 {
-		return s.Estimate(key), false
-	}
-	return s.observe(s.h.str(key), s.now(), min(n, countMax))
-}
-
-// ObserveBytesN is ObserveN for a key held in a byte slice.
-func (s *Sketch) ObserveBytesN(key []byte, n uint32) (estimate uint32, first bool) {
-	if n == 0 {
-		return s.EstimateBytes(key), false
-	}
-	return s.observe(s.h.bytes(key), s.now(), min(n, countMax))
-}
-
-// ObserveAtN is ObserveN at time t, as ObserveAt is Observe at time t.
-func (s *Sketch) ObserveAtN(t time.Time, key string, n uint32) (estimate uint32, first bool) {
-	now := s.clk.advance(tickOf(t.UnixNano(), s.tick))
-	if n == 0 {
-		return s.estimate(s.h.str(key), now), false
-	}
-	return s.observe(s.h.str(key), now, min(n, countMax))
-}
-
 // ObserveBytes is Observe for a key held in a byte slice: the same key space
 // as Observe(string(b)), without converting or allocating.
 func (s *Sketch) ObserveBytes(key []byte) (estimate uint32, first bool) {
 	return s.observe(s.h.bytes(key), s.now(), 1)
 }
 
-// ObserveAt is Observe at time t instead of the clock's time, for replaying
-// timestamped records. A t later than any time seen so far advances the
-// sketch's tick for every caller; a t earlier than that counts at the latest
-// tick instead, so a late record never rewinds state.
-func (s *Sketch) ObserveAt(t time.Time, key string) (estimate uint32, first bool) {
-	return s.observe(s.h.str(key), s.clk.advance(tickOf(t.UnixNano(), s.tick)), 1)
+// ObserveN is the explicit form of Observe: n occurrences of key (a weight:
+// tokens, bytes, cost units) at time t, in one compare-and-swap. The zero t
+// means the sketch's clock, so ObserveN(time.Time{}, key, 1) is Observe(key).
+//
+// A non-zero t is for replaying timestamped records: a t later than any time
+// seen so far advances the sketch's tick for every caller; a t earlier than
+// that counts at the latest tick instead, so a late record never rewinds
+// state.
+//
+// Counts saturate at MaxCount; n above MaxCount counts as MaxCount. A new key
+// in a full bucket draws the lottery once per unit of weight, at most 64
+// times (bounded work), each win taking one count from the weakest slot; the
+// win that empties it claims the slot with the units not yet drawn. With
+// n <= 64 that is exactly n calls of Observe in one (the same draws, words
+// and Stats; tested). An untracked key reads (min(n, MaxCount), true). n == 0
+// records nothing and returns (EstimateAt(t, key), false).
+func (s *Sketch) ObserveN(t time.Time, key string, n uint32) (estimate uint32, first bool) {
+	return s.observeN(t, s.h.str(key), n)
+}
+
+// ObserveBytesN is ObserveN for a key held in a byte slice.
+func (s *Sketch) ObserveBytesN(t time.Time, key []byte, n uint32) (estimate uint32, first bool) {
+	return s.observeN(t, s.h.bytes(key), n)
+}
+
+// observeN is ObserveN for a hashed key.
+func (s *Sketch) observeN(t time.Time, h uint64, n uint32) (uint32, bool) {
+	if n == 0 {
+		if t.IsZero() {
+			return s.estimate(h, s.peekNow()), false
+		}
+		return s.estimate(h, max(tickOf(t.UnixNano(), s.tick), s.clk.hw.Load())), false
+	}
+	if t.IsZero() {
+		return s.observe(h, s.now(), min(n, countMax))
+	}
+	return s.observe(h, s.clk.advance(tickOf(t.UnixNano(), s.tick)), min(n, countMax))
 }
 
 // Estimate returns key's current estimated frequency without recording an
@@ -183,7 +180,7 @@ func (s *Sketch) EstimateBytes(key []byte) uint32 {
 	return s.estimate(s.h.bytes(key), s.peekNow())
 }
 
-// EstimateAt is Estimate at time t; like ObserveAt, a t older than the latest
+// EstimateAt is Estimate at time t; like ObserveN, a t older than the latest
 // tick reads at the latest tick.
 func (s *Sketch) EstimateAt(t time.Time, key string) uint32 {
 	return s.estimate(s.h.str(key), max(tickOf(t.UnixNano(), s.tick), s.clk.hw.Load()))

@@ -396,11 +396,11 @@ func TestStragglers(t *testing.T) {
 			t.Fatalf("epoch rewound from %d to %d", epochsketch.EpochOf(before), got)
 		}
 	})
-	t.Run("late ObserveAt", func(t *testing.T) {
+	t.Run("late ObserveN", func(t *testing.T) {
 		sk, _ := newManual(t, epochsketch.Config{NumBuckets: 8})
-		sk.ObserveAt(t0.Add(100*time.Second), "k")
-		sk.ObserveAt(t0.Add(100*time.Second), "k")
-		if est, first := sk.ObserveAt(t0.Add(10*time.Second), "k"); est != 3 || first {
+		sk.ObserveN(t0.Add(100*time.Second), "k", 1)
+		sk.ObserveN(t0.Add(100*time.Second), "k", 1)
+		if est, first := sk.ObserveN(t0.Add(10*time.Second), "k", 1); est != 3 || first {
 			t.Fatalf("late record: (%d, %v), want (3, false)", est, first)
 		}
 		if got := sk.EstimateAt(t0, "k"); got != 3 {
@@ -770,30 +770,60 @@ func TestLocateAndSlots(t *testing.T) {
 
 func TestObserveN(t *testing.T) {
 	sk, clk := newManual(t, epochsketch.Config{NumBuckets: 64})
-	if e, f := sk.ObserveN("k", 5); e != 5 || !f {
+	if e, f := sk.ObserveN(time.Time{}, "k", 5); e != 5 || !f {
 		t.Fatalf("new key weighted 5: (%d, %v)", e, f)
 	}
-	if e, f := sk.ObserveN("k", 3); e != 8 || f {
+	if e, f := sk.ObserveN(time.Time{}, "k", 3); e != 8 || f {
 		t.Fatalf("plus 3: (%d, %v), want (8, false)", e, f)
 	}
-	if e, f := sk.ObserveN("k", 0); e != 8 || f || sk.Estimate("k") != 8 {
+	if e, f := sk.ObserveN(time.Time{}, "k", 0); e != 8 || f || sk.Estimate("k") != 8 {
 		t.Fatalf("weight 0 must only read: (%d, %v)", e, f)
 	}
 	clk.Advance(time.Second)
-	if e, f := sk.ObserveN("k", 10); e != 8>>1+10 || !f {
+	if e, f := sk.ObserveN(time.Time{}, "k", 10); e != 8>>1+10 || !f {
 		t.Fatalf("after a tick: (%d, %v), want (14, true)", e, f)
 	}
-	if e, _ := sk.ObserveN("k", 1<<31); e != epochsketch.MaxCount {
+	if e, _ := sk.ObserveN(time.Time{}, "k", 1<<31); e != epochsketch.MaxCount {
 		t.Fatalf("a huge weight reads %d, want MaxCount", e)
 	}
-	if e, _ := sk.ObserveN("k", epochsketch.MaxCount); e != epochsketch.MaxCount {
+	if e, _ := sk.ObserveN(time.Time{}, "k", epochsketch.MaxCount); e != epochsketch.MaxCount {
 		t.Fatalf("saturation: %d", e)
 	}
-	if e, _ := sk.ObserveBytesN([]byte("b"), 7); e != 7 || sk.Estimate("b") != 7 {
+	if e, _ := sk.ObserveBytesN(time.Time{}, []byte("b"), 7); e != 7 || sk.Estimate("b") != 7 {
 		t.Fatalf("ObserveBytesN: %d", e)
 	}
-	if e, _ := sk.ObserveAtN(clk.Now().Add(2*time.Second), "k", 1); e != epochsketch.MaxCount>>2+1 {
-		t.Fatalf("ObserveAtN two ticks on: %d", e)
+	if e, _ := sk.ObserveN(clk.Now().Add(2*time.Second), "k", 1); e != epochsketch.MaxCount>>2+1 {
+		t.Fatalf("ObserveN two ticks on: %d", e)
+	}
+}
+
+// The short and the explicit forms are one operation: ObserveN with the zero
+// time and n = 1 leaves the same words as Observe, and a read (n = 0) at a
+// later time does not move the sketch's clock.
+func TestObserveNIsTheExplicitObserve(t *testing.T) {
+	a, _ := newManual(t, epochsketch.Config{NumBuckets: 16, Seed: 3})
+	b, _ := newManual(t, epochsketch.Config{NumBuckets: 16, Seed: 3})
+	for i := range 2000 {
+		k := fmt.Sprint("k", i%300)
+		ea, fa := a.Observe(k)
+		eb, fb := b.ObserveN(time.Time{}, k, 1)
+		if ea != eb || fa != fb {
+			t.Fatalf("op %d key %s: Observe (%d, %v), ObserveN(zero, k, 1) (%d, %v)", i, k, ea, fa, eb, fb)
+		}
+	}
+	sk, clk := newManual(t, epochsketch.Config{NumBuckets: 64})
+	sk.ObserveN(time.Time{}, "k", 8)
+	if e, f := sk.ObserveN(clk.Now().Add(time.Hour), "k", 0); e != 0 || f {
+		t.Fatalf("a read an hour on: (%d, %v), want (0, false)", e, f)
+	}
+	if e := sk.Estimate("k"); e != 8 {
+		t.Fatalf("the read moved the clock: Estimate %d, want 8", e)
+	}
+	top := epochsketch.NewTopKFor(sk, 4)
+	top.ObserveBytesN(time.Time{}, []byte("bytes"), 40)
+	top.ObserveN(time.Time{}, "string", 30)
+	if l := top.List(); len(l) != 2 || l[0].Key != "bytes" || l[0].Estimate != 40 || l[1].Key != "string" {
+		t.Fatalf("TopK after ObserveBytesN and ObserveN: %+v", l)
 	}
 }
 
@@ -803,10 +833,10 @@ func TestObserveN(t *testing.T) {
 func TestObserveNProtectsElephants(t *testing.T) {
 	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1})
 	for i := range 8 {
-		sk.ObserveN(fmt.Sprint("elephant", i), 2000)
+		sk.ObserveN(time.Time{}, fmt.Sprint("elephant", i), 2000)
 	}
 	for i := range 100 {
-		sk.ObserveN(fmt.Sprint("whale", i), 1_000_000)
+		sk.ObserveN(time.Time{}, fmt.Sprint("whale", i), 1_000_000)
 	}
 	for i := range 8 {
 		if e := sk.Estimate(fmt.Sprint("elephant", i)); e < 1990 {
@@ -819,12 +849,12 @@ func TestObserveNProtectsElephants(t *testing.T) {
 	for i := range 8 {
 		light.Observe(fmt.Sprint("mouse", i))
 	}
-	if e, f := light.ObserveN("newcomer", 50); e != 50 || !f || light.Estimate("newcomer") != 50 {
+	if e, f := light.ObserveN(time.Time{}, "newcomer", 50); e != 50 || !f || light.Estimate("newcomer") != 50 {
 		t.Fatalf("weighted newcomer against a count of 1: (%d, %v), reads %d; want the slot with all 50", e, f, light.Estimate("newcomer"))
 	}
 }
 
-// ObserveN(key, w) with w <= 64 is w calls of Observe in one: the same
+// ObserveN(t, key, w) with w <= 64 is w calls of Observe in one: the same
 // draws in the same order (a seeded lottery), the same words, the same
 // stats, from any state, for both lotteries and both layouts.
 func TestObserveNEqualsRepeatedObserve(t *testing.T) {
@@ -841,7 +871,7 @@ func TestObserveNEqualsRepeatedObserve(t *testing.T) {
 					if i%3 == 0 {
 						w = 1
 					}
-					ea, fa := a.ObserveN(key, w)
+					ea, fa := a.ObserveN(time.Time{}, key, w)
 					var eb uint32
 					var fb bool
 					for j := range w {

@@ -308,7 +308,7 @@ func TestSaveFileSurvivesAKilledWriter(t *testing.T) {
 	p := filepath.Join(dir, "state.snap")
 	cfg := epochsketch.Config{NumBuckets: 1 << 20, Hash: epochsketch.HashWyhash, Seed: 2, TickDuration: time.Second, Clock: epochsketch.NewManualClock(t0)}
 	old := epochsketch.New(cfg)
-	old.ObserveN("the old one", 1234)
+	old.ObserveN(time.Time{}, "the old one", 1234)
 	if err := old.SaveFile(p); err != nil {
 		t.Fatal(err)
 	}

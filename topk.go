@@ -120,28 +120,38 @@ func (t *TopK) ObserveBytes(key []byte) (estimate uint32, first bool) {
 	return estimate, first
 }
 
-// ObserveN observes n occurrences of key at once (Sketch.ObserveN) and
-// offers the estimate.
-func (t *TopK) ObserveN(key string, n uint32) (estimate uint32, first bool) {
-	s := t.bound()
-	if n == 0 {
-		return s.Estimate(key), false
-	}
-	now := s.now()
-	estimate, first = s.observe(s.h.str(key), now, min(n, countMax))
-	if !skipCrossing(estimate, n, t.floorAt(now)) {
-		t.offer(key, nil, estimate, now)
-	}
-	return estimate, first
+// ObserveN is the explicit form of Observe, as Sketch.ObserveN is of
+// Sketch.Observe: n occurrences of key at time t (the zero t means the
+// sketch's clock), then the offer. n == 0 records and offers nothing.
+func (t *TopK) ObserveN(tm time.Time, key string, n uint32) (estimate uint32, first bool) {
+	return t.observeN(tm, key, nil, n)
 }
 
-// ObserveAt is Observe at time t (Sketch.ObserveAt), for replays.
-func (t *TopK) ObserveAt(tm time.Time, key string) (estimate uint32, first bool) {
+// ObserveBytesN is ObserveN for a key held in a byte slice; the key is copied
+// only when it enters.
+func (t *TopK) ObserveBytesN(tm time.Time, key []byte, n uint32) (estimate uint32, first bool) {
+	return t.observeN(tm, "", key, n)
+}
+
+// observeN observes key (the string, or b when b is not nil) n times at tm.
+func (t *TopK) observeN(tm time.Time, key string, b []byte, n uint32) (uint32, bool) {
 	s := t.bound()
-	now := s.clk.advance(tickOf(tm.UnixNano(), s.tick))
-	estimate, first = s.observe(s.h.str(key), now, 1)
-	if !skipCrossing(estimate, 1, t.floorAt(now)) {
-		t.offer(key, nil, estimate, now)
+	h := s.h.str(key)
+	if b != nil {
+		h = s.h.bytes(b)
+	}
+	if n == 0 {
+		return s.observeN(tm, h, 0)
+	}
+	var now int64
+	if tm.IsZero() {
+		now = s.now()
+	} else {
+		now = s.clk.advance(tickOf(tm.UnixNano(), s.tick))
+	}
+	estimate, first := s.observe(h, now, min(n, countMax))
+	if !skipCrossing(estimate, n, t.floorAt(now)) {
+		t.offer(key, b, estimate, now)
 	}
 	return estimate, first
 }

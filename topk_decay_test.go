@@ -59,9 +59,9 @@ func TestTopKDecays(t *testing.T) {
 func TestTopKWeightedEnters(t *testing.T) {
 	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 64})
 	top := epochsketch.NewTopKFor(sk, 1)
-	top.ObserveN("a", 33) // 33, 37, 41, ...: never a multiple of 4 beyond 32
+	top.ObserveN(time.Time{}, "a", 33) // 33, 37, 41, ...: never a multiple of 4 beyond 32
 	for range 50 {
-		top.ObserveN("b", 4)
+		top.ObserveN(time.Time{}, "b", 4)
 	}
 	if l := top.List(); len(l) != 1 || l[0].Key != "b" {
 		t.Errorf("a weighted key never entered: %v", l)
@@ -350,7 +350,7 @@ func TestTopKBoundConcurrent(t *testing.T) {
 				if r.IntN(4) == 0 {
 					top.Observe("heavy")
 				} else {
-					top.ObserveN(fmt.Sprint("k", r.IntN(500)), uint32(1+r.IntN(3)))
+					top.ObserveN(time.Time{}, fmt.Sprint("k", r.IntN(500)), uint32(1+r.IntN(3)))
 				}
 			}
 		}()

@@ -593,7 +593,7 @@ func (m *Middleware) isNewKey(st *state, ru *rule, rq *request, key string, now 
 	// Marked for between one and two windows (a count of 2 halves to 0 at
 	// the second window boundary).
 	rq.buf = skey(rq.buf, ru.cfg.Name, tagNew, key)
-	st.newKeys.ObserveBytesN(rq.buf, 2)
+	st.newKeys.ObserveBytesN(time.Time{}, rq.buf, 2)
 	m.lastNew.Store(now.UnixNano())
 	return true
 }
@@ -709,7 +709,7 @@ func (m *Middleware) commit(st *state, v *verdict, rq *request) {
 	}
 	if v.setBan {
 		rq.buf = skey(rq.buf, ru.cfg.Name, tagBan, v.key)
-		st.bans.ObserveBytesN(rq.buf, 16) // 16 >> 4 ticks of ban_for/4: about ban_for
+		st.bans.ObserveBytesN(time.Time{}, rq.buf, 16) // 16 >> 4 ticks of ban_for/4: about ban_for
 		m.lastBan.Store(m.now().UnixNano())
 	}
 }
@@ -758,7 +758,7 @@ func (m *Middleware) checkBudget(st *state, v *verdict, rq *request, now time.Ti
 func (m *Middleware) charge(ru *rule, rq *request, key string) bool {
 	b := ru.budget
 	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
-	b.sk.ObserveBytesN(rq.buf, b.cost)
+	b.sk.ObserveBytesN(time.Time{}, rq.buf, b.cost)
 	if m.fleet != nil {
 		m.fleet.add(rq.buf, b.cost)
 	}

@@ -88,7 +88,7 @@ func (s *settlement) settle(h http.Header, trailer bool) bool {
 	extra := uint32(min(usedC-uint64(b.cost), math.MaxUint32))
 	buf := skey(nil, s.ru.cfg.Name, "$"+b.cfg.Name, s.key)
 	before := b.sk.EstimateBytes(buf)
-	after, _ := b.sk.ObserveBytesN(buf, extra)
+	after, _ := b.sk.ObserveBytesN(time.Time{}, buf, extra)
 	if m.fleet != nil {
 		m.fleet.add(buf, extra)
 	}

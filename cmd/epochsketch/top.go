@@ -119,7 +119,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	switch {
 	case timed:
 		// Records carry their own times: the sketch's time follows them
-		// (ObserveAt), so a replayed log decays as it happened.
+		// (ObserveN with the record's time), so a replayed log decays as it happened.
 		cfg.Clock = epochsketch.NewManualClock(time.Unix(0, 0))
 	case o.linesPerTick > 0:
 		clk = epochsketch.NewManualClock(start)
@@ -415,7 +415,7 @@ func (st *topState) line(name string, line []byte, clk *epochsketch.ManualClock)
 		var est uint32
 		var first bool
 		if st.timed && !r.when.IsZero() {
-			est, first = st.sk.ObserveAt(r.when, string(r.key))
+			est, first = st.sk.ObserveN(r.when, string(r.key), 1)
 			if r.when.After(st.now) {
 				st.now = r.when
 			}

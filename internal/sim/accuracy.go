@@ -240,7 +240,7 @@ func runFlag(o Options, w io.Writer) error {
 			if i%perTick == 0 {
 				clear(seen)
 			}
-			_, first := sk.Sk.ObserveAt(at(tick), key)
+			_, first := sk.Sk.ObserveN(at(tick), key, 1)
 			truth := !seen[key]
 			seen[key] = true
 			if truth {

@@ -27,7 +27,10 @@ func NewES(buckets int, lot epochsketch.Lottery, two bool, seed uint64) *ES {
 }
 
 // Observe records key at tick.
-func (e *ES) Observe(key string, tick int64) uint32 { n, _ := e.Sk.ObserveAt(at(tick), key); return n }
+func (e *ES) Observe(key string, tick int64) uint32 {
+	n, _ := e.Sk.ObserveN(at(tick), key, 1)
+	return n
+}
 
 // Estimate reads key at tick.
 func (e *ES) Estimate(key string, tick int64) uint32 { return e.Sk.EstimateAt(at(tick), key) }

@@ -22,7 +22,7 @@ func runWeighted(o Options, w io.Writer) error {
 	}
 	counts := []uint32{5, 20, 50, 100, 200}
 	weights := []uint32{1, 10, 64, 1000, 1_000_000}
-	fmt.Fprintf(w, "One bucket of 8 residents at count C (HeavyKeeper lottery), one newcomer ObserveN(key, w); %d trials per cell, fresh seeds.\n", trials)
+	fmt.Fprintf(w, "One bucket of 8 residents at count C (HeavyKeeper lottery), one newcomer ObserveN(t, key, w); %d trials per cell, fresh seeds.\n", trials)
 	fmt.Fprintln(w, "Each cell: counts taken from the residents per call (measured / analysis), and the share of calls that admitted the newcomer.")
 	fmt.Fprintln(w)
 	head := []string{"C"}
@@ -50,13 +50,13 @@ func runWeighted(o Options, w io.Writer) error {
 					return
 				}
 				for r := range 8 {
-					es.Sk.ObserveAtN(at(0), fmt.Sprint("resident", r), c)
+					es.Sk.ObserveN(at(0), fmt.Sprint("resident", r), c)
 				}
 				before := 0
 				for r := range 8 {
 					before += int(es.Estimate(fmt.Sprint("resident", r), 0))
 				}
-				es.Sk.ObserveAtN(at(0), "newcomer", wt)
+				es.Sk.ObserveN(at(0), "newcomer", wt)
 				after := 0
 				for r := range 8 {
 					after += int(es.Estimate(fmt.Sprint("resident", r), 0))
