@@ -187,7 +187,7 @@ func BenchmarkSnapshot(b *testing.B) {
 	for i := range 1 << 21 {
 		sk.Observe(w.String(i))
 	}
-	data, err := sk.MarshalBinary()
+	data, err := marshal(sk)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"hash/maphash"
+	"io"
 	"math"
 	"math/bits"
 	"runtime"
@@ -707,6 +708,10 @@ func init() {
 		func(sk any, i int) [8]uint64 { return sk.(*Sketch).slots(i) },
 		func(w uint64, now int64) uint32 { return effective(w, epoch24(now)) },
 	)
+	inspect.RegisterRead(func(sk any, r io.Reader) (inspect.Restored, error) {
+		info, _, err := sk.(*Sketch).restore(r)
+		return inspect.Restored{Saved: info.Saved, Live: info.Live, Expired: info.Expired}, err
+	})
 }
 
 // casChip passes a chip's CAS result through, reporting it in trace builds.

@@ -1,7 +1,6 @@
 package epochsketch
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,8 +13,7 @@ import (
 )
 
 // A snapshot is a versioned, checksummed image of a Sketch, written by
-// WriteTo (or MarshalBinary) and read back by ReadFrom (or UnmarshalBinary,
-// LoadFile):
+// WriteTo (or SaveFile) and read back by ReadFrom (or LoadFile):
 //
 //	header  96 bytes: magic "EPOCHSKT", version, flags, hash kind, lottery,
 //	        NumBuckets, TickDuration, the tick and the wall time when taken,
@@ -248,13 +246,6 @@ func (s *Sketch) ReadFrom(r io.Reader) (int64, error) {
 	return n, err
 }
 
-// Restore is ReadFrom that also says what the snapshot held: when it was
-// taken, and how many slots were restored or had expired over the downtime.
-func (s *Sketch) Restore(r io.Reader) (SnapshotInfo, error) {
-	info, _, err := s.restore(r)
-	return info, err
-}
-
 func (s *Sketch) restore(r io.Reader) (SnapshotInfo, int64, error) {
 	var info SnapshotInfo
 	hb := make([]byte, snapHeaderSize)
@@ -359,30 +350,6 @@ func (s *Sketch) clear() {
 			s.table[i].s[j].Store(0)
 		}
 	}
-}
-
-// MarshalBinary returns a snapshot of s (see WriteTo), in memory.
-func (s *Sketch) MarshalBinary() ([]byte, error) {
-	var b bytes.Buffer
-	b.Grow(int(SnapshotSize(int(s.nb))))
-	if _, err := s.WriteTo(&b); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
-}
-
-// UnmarshalBinary restores a snapshot (see ReadFrom); trailing bytes are
-// an error.
-func (s *Sketch) UnmarshalBinary(data []byte) error {
-	r := bytes.NewReader(data)
-	if _, err := s.ReadFrom(r); err != nil {
-		return err
-	}
-	if r.Len() != 0 {
-		s.clear()
-		return snapErr("%d bytes after the end of the snapshot", r.Len())
-	}
-	return nil
 }
 
 // SaveFile writes a snapshot to path crash-safely (a temporary file, synced,

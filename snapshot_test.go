@@ -39,7 +39,7 @@ func TestSnapshotRoundTripAndDowntimeDecay(t *testing.T) {
 		cfg.Clock = clk
 		a := epochsketch.New(cfg)
 		fill(a, 300)
-		data, err := a.MarshalBinary()
+		data, err := marshal(a)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +51,7 @@ func TestSnapshotRoundTripAndDowntimeDecay(t *testing.T) {
 			cfg2 := snapCfg(seed)
 			cfg2.Clock = clk2
 			b := epochsketch.New(cfg2)
-			if err := b.UnmarshalBinary(data); err != nil {
+			if err := unmarshal(b, data); err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
 			// The original, run through the same downtime, reads the same.
@@ -69,7 +69,7 @@ func TestSnapshotRoundTripAndDowntimeDecay(t *testing.T) {
 			clk.Set(t0)
 			a = epochsketch.New(cfg)
 			cfg.Clock = clk
-			if err := a.UnmarshalBinary(data); err != nil { // back to the snapshot's state
+			if err := unmarshal(a, data); err != nil { // back to the snapshot's state
 				t.Fatal(err)
 			}
 		}
@@ -85,12 +85,12 @@ func TestSnapshotLongDowntimeResurrectsNothing(t *testing.T) {
 	cfg.Clock = clk
 	a := epochsketch.New(cfg)
 	fill(a, 200)
-	data, _ := a.MarshalBinary()
+	data, _ := marshal(a)
 	for _, ticks := range []int64{24, 30, 1<<24 - 1, 1 << 24, 1<<24 + 1, 3 << 24} {
 		cfg2 := snapCfg(3)
 		cfg2.Clock = epochsketch.NewManualClock(t0.Add(time.Duration(ticks) * time.Second))
 		b := epochsketch.New(cfg2)
-		if err := b.UnmarshalBinary(data); err != nil {
+		if err := unmarshal(b, data); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 200 {
@@ -119,7 +119,7 @@ func TestSnapshotLongDowntimeResurrectsNothing(t *testing.T) {
 
 func TestSnapshotMismatch(t *testing.T) {
 	a := epochsketch.New(snapCfg(5))
-	data, _ := a.MarshalBinary()
+	data, _ := marshal(a)
 	for _, c := range []struct {
 		field string
 		cfg   epochsketch.Config
@@ -131,13 +131,13 @@ func TestSnapshotMismatch(t *testing.T) {
 		{"Lottery", epochsketch.Config{NumBuckets: 64, TickDuration: time.Second, Hash: epochsketch.HashSipHash13, Seed: 5, Lottery: epochsketch.LotteryChip}},
 		{"Seed", epochsketch.Config{NumBuckets: 64, TickDuration: time.Second, Hash: epochsketch.HashSipHash13, Seed: 6}},
 	} {
-		err := epochsketch.New(c.cfg).UnmarshalBinary(data)
+		err := unmarshal(epochsketch.New(c.cfg), data)
 		var se *epochsketch.SnapshotError
 		if !errors.As(err, &se) || se.Field != c.field || !strings.Contains(err.Error(), "Config."+c.field) {
 			t.Errorf("%s: %v", c.field, err)
 		}
 	}
-	if _, err := epochsketch.New(epochsketch.Config{NumBuckets: 64, Hash: epochsketch.HashMaphash}).MarshalBinary(); !errors.Is(err, epochsketch.ErrMaphashSnapshot) {
+	if _, err := marshal(epochsketch.New(epochsketch.Config{NumBuckets: 64, Hash: epochsketch.HashMaphash})); !errors.Is(err, epochsketch.ErrMaphashSnapshot) {
 		t.Errorf("a maphash sketch saved: %v", err)
 	}
 }
@@ -147,7 +147,7 @@ func TestSnapshotMismatch(t *testing.T) {
 func TestSnapshotDamage(t *testing.T) {
 	a := epochsketch.New(snapCfg(9))
 	fill(a, 300)
-	good, _ := a.MarshalBinary()
+	good, _ := marshal(a)
 	mut := func(f func([]byte)) []byte { b := bytes.Clone(good); f(b); return b }
 	for _, c := range []struct {
 		name string
@@ -162,11 +162,10 @@ func TestSnapshotDamage(t *testing.T) {
 		{"trailer damaged", mut(func(b []byte) { b[len(b)-1] = 'X' }), "body checksum mismatch"},
 		{"truncated body", good[:2000], "truncated: the body (2000 of"},
 		{"truncated trailer", good[:len(good)-3], "truncated: the trailer"},
-		{"trailing bytes", append(bytes.Clone(good), 0), "1 bytes after the end"},
 	} {
 		b := epochsketch.New(snapCfg(9))
 		b.Observe("before")
-		err := b.UnmarshalBinary(c.data)
+		err := unmarshal(b, c.data)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)
 			continue
@@ -205,12 +204,12 @@ func TestSnapshotUnderConcurrentObserve(t *testing.T) {
 		}()
 	}
 	for range 20 {
-		data, err := a.MarshalBinary()
+		data, err := marshal(a)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b := epochsketch.New(cfg)
-		if err := b.UnmarshalBinary(data); err != nil {
+		if err := unmarshal(b, data); err != nil {
 			t.Fatalf("a snapshot taken under writers does not restore: %v", err)
 		}
 		for i := range 1024 {
@@ -288,6 +287,18 @@ func TestSaveAndLoadFile(t *testing.T) {
 	if _, err := b.LoadFile(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a missing file: %v", err)
 	}
+	// A file with anything after the snapshot is not the file SaveFile wrote:
+	// refused, and the sketch left empty.
+	data, _ := os.ReadFile(p)
+	longer := filepath.Join(dir, "longer.snap")
+	os.WriteFile(longer, append(data, 0), 0o600)
+	c := epochsketch.New(cfg)
+	if _, err := c.LoadFile(longer); err == nil || !strings.Contains(err.Error(), "bytes after the end of the snapshot") {
+		t.Errorf("a file with a byte after the snapshot: %v", err)
+	}
+	if e := c.Estimate("key1"); e != 0 {
+		t.Errorf("a refused file left state: Estimate %d", e)
+	}
 }
 
 // A writer killed in the middle of SaveFile leaves the previous snapshot
@@ -355,28 +366,28 @@ func TestTopKSnapshot(t *testing.T) {
 	for i := range 20 {
 		a.Offer(fmt.Sprint("k", i), uint32(i*3))
 	}
-	data, err := a.MarshalBinary()
+	data, err := marshal(a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := epochsketch.NewTopK(5)
-	if err := b.UnmarshalBinary(data); err != nil {
+	if err := unmarshal(b, data); err != nil {
 		t.Fatal(err)
 	}
 	if fmt.Sprint(a.List()) != fmt.Sprint(b.List()) {
 		t.Fatalf("%v != %v", a.List(), b.List())
 	}
-	if err := epochsketch.NewTopK(3).UnmarshalBinary(data); err == nil || !strings.Contains(err.Error(), "do not fit a TopK of k = 3") {
+	if err := unmarshal(epochsketch.NewTopK(3), data); err == nil || !strings.Contains(err.Error(), "do not fit a TopK of k = 3") {
 		t.Errorf("a smaller TopK: %v", err)
 	}
 	for i := range len(data) {
-		if err := epochsketch.NewTopK(5).UnmarshalBinary(data[:i]); err == nil {
+		if err := unmarshal(epochsketch.NewTopK(5), data[:i]); err == nil {
 			t.Fatalf("truncated at %d accepted", i)
 		}
 	}
 	bad := bytes.Clone(data)
 	bad[len(bad)/2] ^= 0x20
-	if err := epochsketch.NewTopK(5).UnmarshalBinary(bad); err == nil {
+	if err := unmarshal(epochsketch.NewTopK(5), bad); err == nil {
 		t.Error("a damaged TopK snapshot accepted")
 	}
 	// A sketch and its TopK in one stream: each reads exactly its part.
@@ -400,21 +411,21 @@ func FuzzSnapshot(f *testing.F) {
 	a := epochsketch.New(epochsketch.Config{NumBuckets: 2, TickDuration: time.Second, Hash: epochsketch.HashWyhash, Seed: 1})
 	a.Observe("a")
 	a.Observe("b")
-	good, _ := a.MarshalBinary()
+	good, _ := marshal(a)
 	f.Add(good)
 	f.Add(good[:50])
 	f.Add([]byte("EPOCHSKT"))
 	tk := epochsketch.NewTopK(3)
 	tk.Offer("x", 5)
-	tgood, _ := tk.MarshalBinary()
+	tgood, _ := marshal(tk)
 	f.Add(tgood)
 	bt := epochsketch.NewTopKFor(a, 3)
 	bt.Observe("y")
-	bgood, _ := bt.MarshalBinary()
+	bgood, _ := marshal(bt)
 	f.Add(bgood)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := epochsketch.New(epochsketch.Config{NumBuckets: 2, TickDuration: time.Second, Hash: epochsketch.HashWyhash, Seed: 1})
-		if err := s.UnmarshalBinary(data); err != nil {
+		if _, err := s.ReadFrom(bytes.NewReader(data)); err != nil {
 			for i := range 2 {
 				if inspect.Slots(s, i) != [8]uint64{} {
 					t.Fatal("a failed restore left state")
@@ -422,9 +433,9 @@ func FuzzSnapshot(f *testing.F) {
 			}
 		}
 		s.Observe("works")
-		epochsketch.NewTopK(3).UnmarshalBinary(data)
+		epochsketch.NewTopK(3).ReadFrom(bytes.NewReader(data))
 		bt := epochsketch.NewTopKFor(s, 3)
-		if bt.UnmarshalBinary(data) == nil {
+		if _, err := bt.ReadFrom(bytes.NewReader(data)); err == nil {
 			bt.Observe("works")
 			for _, e := range bt.List() {
 				if e.Estimate == 0 || e.Estimate > epochsketch.MaxCount {
@@ -490,10 +501,10 @@ func (r *errReader) Read(p []byte) (int, error) {
 func TestSnapshotErrorsUnwrap(t *testing.T) {
 	a := epochsketch.New(snapCfg(9))
 	a.Observe("k")
-	good, _ := a.MarshalBinary()
+	good, _ := marshal(a)
 	tk := epochsketch.NewTopK(3)
 	tk.Offer("x", 5)
-	tgood, _ := tk.MarshalBinary()
+	tgood, _ := marshal(tk)
 	disk := errors.New("disk on fire")
 	for _, c := range []struct {
 		name string
@@ -515,4 +526,24 @@ func TestSnapshotErrorsUnwrap(t *testing.T) {
 			}
 		}
 	}
+}
+
+// marshal returns v's snapshot (WriteTo) in memory.
+func marshal(v io.WriterTo) ([]byte, error) {
+	var b bytes.Buffer
+	_, err := v.WriteTo(&b)
+	return b.Bytes(), err
+}
+
+// unmarshal restores data into v with ReadFrom; bytes left after the
+// snapshot are an error, as they are in a file for LoadFile.
+func unmarshal(v io.ReaderFrom, data []byte) error {
+	r := bytes.NewReader(data)
+	if _, err := v.ReadFrom(r); err != nil {
+		return err
+	}
+	if r.Len() != 0 {
+		return fmt.Errorf("%d bytes after the end of the snapshot", r.Len())
+	}
+	return nil
 }

@@ -80,12 +80,12 @@ func TestTopKSnapshotTicks(t *testing.T) {
 	for range 10 {
 		a.Observe("y")
 	}
-	data, err := a.MarshalBinary()
+	data, err := marshal(a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := epochsketch.NewTopKFor(sk, 3)
-	if err := b.UnmarshalBinary(data); err != nil {
+	if err := unmarshal(b, data); err != nil {
 		t.Fatal(err)
 	}
 	if fmt.Sprint(b.List()) != fmt.Sprint(a.List()) {
@@ -105,7 +105,7 @@ func TestTopKSnapshotTicks(t *testing.T) {
 	v1.WriteString("z")
 	binary.Write(&v1, binary.LittleEndian, crc32.Checksum(v1.Bytes(), crc32.MakeTable(crc32.Castagnoli)))
 	c := epochsketch.NewTopKFor(sk, 3)
-	if err := c.UnmarshalBinary(v1.Bytes()); err != nil {
+	if err := unmarshal(c, v1.Bytes()); err != nil {
 		t.Fatalf("a version 1 snapshot: %v", err)
 	}
 	if l := c.List(); len(l) != 1 || l[0] != (epochsketch.TopEntry{Key: "z", Estimate: 40}) {

@@ -2,7 +2,6 @@ package epochsketch
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"hash/crc32"
 	"io"
@@ -177,24 +176,4 @@ func (o oneByteAtATime) Read(p []byte) (int, error) {
 		p = p[:1]
 	}
 	return o.r.Read(p)
-}
-
-// MarshalBinary returns a snapshot of t (see WriteTo).
-func (t *TopK) MarshalBinary() ([]byte, error) {
-	var b bytes.Buffer
-	_, err := t.WriteTo(&b)
-	return b.Bytes(), err
-}
-
-// UnmarshalBinary restores a snapshot (see ReadFrom); trailing bytes are an
-// error.
-func (t *TopK) UnmarshalBinary(data []byte) error {
-	r := bytes.NewReader(data)
-	if _, err := t.ReadFrom(r); err != nil {
-		return err
-	}
-	if r.Len() != 0 {
-		return snapErr("TopK: %d bytes after the end of the snapshot", r.Len())
-	}
-	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch/internal/atomicfile"
+	"github.com/epochsketch/epochsketch/internal/inspect"
 
 	"github.com/epochsketch/epochsketch"
 )
@@ -170,7 +171,7 @@ func readState(r *bufio.Reader, st *state) (sum stateSummary, err error) {
 			sum.skipped++
 			continue
 		}
-		info, lerr := sk.Restore(r)
+		info, lerr := inspect.ReadFrom(sk, r)
 		if lerr != nil {
 			return stateSummary{}, fmt.Errorf("sketch (tick %v, %d buckets): %w", k.tick, k.buckets, lerr)
 		}

@@ -1,15 +1,36 @@
 // Package inspect reads what a Sketch holds, for the tools that show it (the
 // browser simulator, THEORY.md's experiments) and the tests: where a key
-// lives and the raw slot words of a bucket. It is not part of the library's
+// lives, the raw slot words of a bucket, and what a restored snapshot held
+// (for SketchProxy's state file, which carries several). It is not part of the library's
 // API: package epochsketch fills in its functions when it starts.
 package inspect
+
+import (
+	"io"
+	"time"
+)
 
 // The functions package epochsketch provides; sk is a *epochsketch.Sketch.
 var (
 	locate func(sk any, key string) (bucket, second int, tag uint16)
 	slots  func(sk any, i int) [8]uint64
 	decay  func(w uint64, now int64) uint32
+	read   func(sk any, r io.Reader) (Restored, error)
 )
+
+// Restored is what ReadFrom found in a snapshot.
+type Restored struct {
+	Saved   time.Time // wall-clock time of the snapshot
+	Live    int       // slots restored
+	Expired int       // slots dropped: they read 0 after the downtime
+}
+
+// RegisterRead is called once, by package epochsketch.
+func RegisterRead(f func(any, io.Reader) (Restored, error)) { read = f }
+
+// ReadFrom is sk.ReadFrom (sk is a *epochsketch.Sketch) that also says what
+// the snapshot held, as LoadFile does for a file.
+func ReadFrom(sk any, r io.Reader) (Restored, error) { return read(sk, r) }
 
 // Register is called once, by package epochsketch.
 func Register(l func(any, string) (int, int, uint16), s func(any, int) [8]uint64, d func(uint64, int64) uint32) {
