@@ -104,5 +104,9 @@ func chipDraw(h, victim, salt uint64, eff uint32) bool {
 	if k >= 64 {
 		return false
 	}
-	return ((h^victim^salt)*0x9e3779b97f4a7c15)>>(64-k) == 0
+	return ((h^victim^salt)*drawMix)>>(64-k) == 0
 }
+
+// drawMix spreads a lottery draw's input over all 64 bits before its top k
+// bits are tested: 2^64 divided by the golden ratio (Fibonacci hashing).
+const drawMix = 0x9e3779b97f4a7c15

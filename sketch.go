@@ -240,14 +240,22 @@ func (s *Sketch) viewOf(h uint64) view {
 	v := view{n: slotsPerBucket, shard: i}
 	v.b[0] = &s.table[i]
 	if s.twoChoice {
-		h2 := (h ^ h>>29) * 0xbf58476d1ce4e5b9
-		if j := (h2 >> 32) * s.nb >> 32; j != i {
+		if j := s.second(h); j != i {
 			v.b[1] = &s.table[j]
 			v.n = 2 * slotsPerBucket
 		}
 	}
 	return v
 }
+
+// secondMix re-mixes a key's hash for its second candidate bucket with
+// TwoChoice: splitmix64's first multiplier, after folding the high bits down,
+// so the two choices are independent of each other.
+const secondMix = 0xbf58476d1ce4e5b9
+
+// second is the index of h's second candidate bucket with TwoChoice
+// (docs/DESIGN.md, Buckets); it can equal the first.
+func (s *Sketch) second(h uint64) uint64 { return ((h ^ h>>29) * secondMix >> 32) * s.nb >> 32 }
 
 // tagFrom is the key's 16-bit fingerprint, hash bits 31..16. Tag 0 is read
 // as 1, so that no key's tag matches an empty slot (the word 0).
@@ -685,7 +693,7 @@ func (s *Sketch) locate(key string) (bucket, second int, tag uint16) {
 	v := s.viewOf(h)
 	second = -1
 	if v.n > slotsPerBucket {
-		second = int((h ^ h>>29) * 0xbf58476d1ce4e5b9 >> 32 * s.nb >> 32)
+		second = int(s.second(h))
 	}
 	return int(v.shard), second, tagFrom(h)
 }

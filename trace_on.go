@@ -56,7 +56,7 @@ func (s *Sketch) chipWinsTraced(h, victim uint64, eff uint32) bool {
 	} else if eff < chipStep {
 		ev.OK, ev.Sure = true, true
 	} else {
-		ev.Draw = (h ^ victim ^ s.salt()) * 0x9e3779b97f4a7c15 // one salt, as chipWins
+		ev.Draw = (h ^ victim ^ s.salt()) * drawMix // one salt, as chipWins
 		ev.Bound = ^uint64(0)
 		if k := eff / chipStep; k < 64 {
 			ev.Bound <<= 64 - k
@@ -72,7 +72,7 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	v := s.viewOf(h)
 	second := -1
 	if v.n > slotsPerBucket {
-		second = int((h ^ h>>29) * 0xbf58476d1ce4e5b9 >> 32 * s.nb >> 32)
+		second = int(s.second(h))
 	}
 	emit(traceEvent{Op: traceStart, Slot: -1, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
 	if !s.twoChoice {
