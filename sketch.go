@@ -439,34 +439,11 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			continue
 		}
 		// Phase 3: challenge the weakest, one draw per unit of weight.
-		x := w[weak]
-		wins, used := s.challenge(h, x, ageOf(x, e32), weakEff, wt)
-		if wins == 0 {
-			if traceOn {
-				emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
-			}
-			s.stats.add(shard, statLost)
-			return wt, true
-		}
-		if wins == weakEff {
-			// The win that empties the slot claims it, with the units left.
-			c := wt - used + 1
-			y := pack(uint16(tag), e32, c)
-			ok := b.s[weak].CompareAndSwap(x, y)
-			if traceOn {
-				emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
-			}
-			if ok {
-				s.stats.add(shard, statEvictions)
+		if est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, w[weak], e32, weakEff, wt, uint16(tag), now); done {
+			if took {
 				s.dedupe1(b, shard, weak, uint16(tag))
-				return c, true
 			}
-		} else if y := x - uint64(wins)<<ageOf(x, e32); s.casChip(b.s[weak].CompareAndSwap(x, y), weak, x, y, now) {
-			// count - wins·2^age reads exactly wins lower at this age and
-			// keeps the victim's epoch, so its first-sighting flag is untouched.
-			s.stats.addN(shard, statChips, wins)
-			s.stats.add(shard, statLost)
-			return wt, true
+			return est, true
 		}
 	}
 	if traceOn {
@@ -485,6 +462,45 @@ func (s *Sketch) dedupe1(b *bucket, shard uint64, i int, tag uint16) {
 func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {
 	v := view{b: [2]*bucket{b}, n: slotsPerBucket, shard: shard}
 	s.drain(&v, from, into, tag)
+}
+
+// challengeSlot is Phase 3, shared by observe1 and observeView: key h (tag)
+// challenges the weakest slot p (index weak, word x, reading weakEff at epoch
+// e) with one lottery draw per unit of wt. done is false when a CAS was lost
+// and the caller should look again; took says the key now holds the slot, so
+// the caller folds in any racing duplicate. The estimate is wt when the key
+// stays untracked (first-sighting treatment, docs/DESIGN.md, The lottery).
+func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e, weakEff, wt uint32, tag uint16, now int64) (est uint32, done, took bool) {
+	wins, used := s.challenge(h, x, ageOf(x, e), weakEff, wt)
+	if wins == 0 {
+		if traceOn {
+			emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
+		}
+		s.stats.add(shard, statLost)
+		return wt, true, false
+	}
+	if wins == weakEff {
+		// The win that empties the slot claims it, with the units left.
+		c := wt - used + 1
+		y := pack(tag, e, c)
+		ok := p.CompareAndSwap(x, y)
+		if traceOn {
+			emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
+		}
+		if ok {
+			s.stats.add(shard, statEvictions)
+			return c, true, true
+		}
+		return 0, false, false
+	}
+	// count - wins·2^age reads exactly wins lower at this age and keeps the
+	// victim's epoch, so its first-sighting flag is untouched.
+	if y := x - uint64(wins)<<ageOf(x, e); s.casChip(p.CompareAndSwap(x, y), weak, x, y, now) {
+		s.stats.addN(shard, statChips, wins)
+		s.stats.add(shard, statLost)
+		return wt, true, false
+	}
+	return 0, false, false
 }
 
 // observeView is observe over a view of one or two buckets (TwoChoice).
@@ -577,33 +593,11 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 			}
 
 		default: // Phase 3: challenge the weakest, one draw per unit of weight.
-			x := w[weak]
-			wins, used := s.challenge(h, x, ageOf(x, e), weakEff, wt)
-			if wins == 0 {
-				if traceOn {
-					emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
-				}
-				s.stats.add(v.shard, statLost)
-				return wt, true
-			}
-			if wins == weakEff {
-				c := wt - used + 1
-				y := pack(tag, e, c)
-				ok := v.at(weak).CompareAndSwap(x, y)
-				if traceOn {
-					emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
-				}
-				if ok {
-					s.stats.add(v.shard, statEvictions)
+			if est, done, took := s.challengeSlot(v.at(weak), weak, v.shard, h, w[weak], e, weakEff, wt, tag, now); done {
+				if took {
 					s.dedupe(&v, weak, tag)
-					return c, true
 				}
-			} else if y := x - uint64(wins)<<ageOf(x, e); s.casChip(v.at(weak).CompareAndSwap(x, y), weak, x, y, now) {
-				// count - wins·2^age reads exactly wins lower at this age and
-				// keeps the victim's epoch, so its first-sighting flag is untouched.
-				s.stats.addN(v.shard, statChips, wins)
-				s.stats.add(v.shard, statLost)
-				return wt, true
+				return est, true
 			}
 		}
 	}
