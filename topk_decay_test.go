@@ -7,15 +7,13 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
-	"unicode"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/sim"
 )
 
 // A bound TopK decays with its sketch: a key that went quiet sinks below a
@@ -207,16 +205,17 @@ func precisionRun(t *testing.T, stream func(tick int) []string, ticks, k, bucket
 	return sumTop / float64(ticks), sumEst / float64(ticks), sumOld / float64(ticks)
 }
 
-// kjvTokens is the King James text in order (Debian's bible-kjv).
+// kjvTokens is the King James text in order (Debian's bible-kjv), as
+// sim.KJVStream reads it. CI installs the package and must have it.
 func kjvTokens(t *testing.T) []string {
-	out, err := exec.Command("bible", "gen1:1-rev22:21").Output()
+	words, err := sim.KJVStream()
 	if err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("bible-kjv is missing in CI (.ci/run installs it): %v", err)
 		}
-		t.Skip("needs Debian's bible-kjv: apt-get install bible-kjv")
+		t.Skip(err)
 	}
-	return strings.FieldsFunc(strings.ToLower(string(out)), func(r rune) bool { return !unicode.IsLetter(r) })
+	return words
 }
 
 // The TopK a user reads is the current top k: through TopK.List(), against

@@ -14,20 +14,22 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unicode"
+
+	"github.com/epochsketch/epochsketch/internal/sim"
 )
 
-// kjvWords tokenizes the King James text in order (Debian bible-kjv). CI
-// installs the package and must have it; elsewhere the test says how to get it.
+// kjvWords is the King James text in order (Debian bible-kjv), as
+// sim.KJVStream reads it. CI installs the package and must have it;
+// elsewhere the test says how to get it.
 func kjvWords(t *testing.T) []string {
-	out, err := exec.Command("bible", "gen1:1-rev22:21").Output()
+	words, err := sim.KJVStream()
 	if err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("bible-kjv is missing in CI (.ci/run installs it): %v", err)
 		}
-		t.Skip("needs Debian's bible-kjv: apt-get install bible-kjv")
+		t.Skip(err)
 	}
-	return strings.FieldsFunc(string(bytes.ToLower(out)), func(r rune) bool { return !unicode.IsLetter(r) })
+	return words
 }
 
 // The top 20 of `epochsketch top`, replaying the King James text at 10,000
