@@ -61,14 +61,7 @@ func runOverflow(o Options, w io.Writer) error {
 						}
 					}
 				}
-				good := 0
-				for _, key := range keys {
-					exact := float64(orc.At(key, ticks-1))
-					if math.Abs(float64(sk.Estimate(key, ticks-1))-exact) <= 0.1*exact {
-						good++
-					}
-				}
-				rec[two][i] = float64(good) / float64(k)
+				rec[two][i] = float64(within10(sk, orc, keys, ticks-1)) / float64(k)
 			}
 		})
 		lambda := float64(k) / float64(buckets)
@@ -78,6 +71,19 @@ func runOverflow(o Options, w io.Writer) error {
 	}
 	table(w, rows)
 	return overflowChurn(o, w)
+}
+
+// within10 counts the keys whose estimate at tick is within 10% of the
+// exact decayed count: section 2's recall.
+func within10(sk *ES, orc *Oracle, keys []string, tick int64) int {
+	good := 0
+	for _, key := range keys {
+		exact := float64(orc.At(key, tick))
+		if math.Abs(float64(sk.Estimate(key, tick))-exact) <= 0.1*exact {
+			good++
+		}
+	}
+	return good
 }
 
 // overflowChurn is section 2 under churn: half of the heavy set is replaced
@@ -115,14 +121,7 @@ func overflowChurn(o Options, w io.Writer) error {
 						drive(sk, orc, key, tick, lo+j%span)
 					}
 				}
-				good := 0
-				for _, key := range live {
-					exact := float64(orc.At(key, ticks-1))
-					if math.Abs(float64(sk.Estimate(key, ticks-1))-exact) <= 0.1*exact {
-						good++
-					}
-				}
-				rec[two][i] = float64(good) / float64(k)
+				rec[two][i] = float64(within10(sk, orc, live, ticks-1)) / float64(k)
 			}
 		})
 		rows = append(rows, []string{fmt.Sprint(f), fmt.Sprint(buckets), fmt.Sprintf("%.4f", Mean(rec[0])), fmt.Sprintf("%.4f", Mean(rec[1]))})
