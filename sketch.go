@@ -162,12 +162,24 @@ func (s *Sketch) observeN(t time.Time, h uint64, n uint32) (uint32, bool) {
 		if t.IsZero() {
 			return s.estimate(h, s.peekNow()), false
 		}
-		return s.estimate(h, max(tickOf(t.UnixNano(), s.tick), s.clk.hw.Load())), false
+		return s.estimate(h, s.readAt(t)), false
 	}
+	return s.observe(h, s.writeAt(t), min(n, countMax))
+}
+
+// writeAt is the tick for a write at t: the clock's for the zero t, else t's,
+// raised to the latest tick already used (and advancing it), as now does.
+func (s *Sketch) writeAt(t time.Time) int64 {
 	if t.IsZero() {
-		return s.observe(h, s.now(), min(n, countMax))
+		return s.now()
 	}
-	return s.observe(h, s.clk.advance(tickOf(t.UnixNano(), s.tick)), min(n, countMax))
+	return s.clk.advance(tickOf(t.UnixNano(), s.tick))
+}
+
+// readAt is the tick for a read at t: t's, raised to the latest tick already
+// used, without advancing anything.
+func (s *Sketch) readAt(t time.Time) int64 {
+	return max(tickOf(t.UnixNano(), s.tick), s.clk.hw.Load())
 }
 
 // Estimate returns key's current estimated frequency without recording an
@@ -184,7 +196,7 @@ func (s *Sketch) EstimateBytes(key []byte) uint32 {
 // EstimateAt is Estimate at time t; like ObserveN, a t older than the latest
 // tick reads at the latest tick.
 func (s *Sketch) EstimateAt(t time.Time, key string) uint32 {
-	return s.estimate(s.h.str(key), max(tickOf(t.UnixNano(), s.tick), s.clk.hw.Load()))
+	return s.estimate(s.h.str(key), s.readAt(t))
 }
 
 // now returns the tick for a write: the clock's, raised to the latest tick

@@ -143,12 +143,7 @@ func (t *TopK) observeN(tm time.Time, key string, b []byte, n uint32) (uint32, b
 	if n == 0 {
 		return s.observeN(tm, h, 0)
 	}
-	var now int64
-	if tm.IsZero() {
-		now = s.now()
-	} else {
-		now = s.clk.advance(tickOf(tm.UnixNano(), s.tick))
-	}
+	now := s.writeAt(tm)
 	estimate, first := s.observe(h, now, min(n, countMax))
 	if !skipCrossing(estimate, n, t.floorAt(now)) {
 		t.offer(key, b, estimate, now)
