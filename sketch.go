@@ -721,11 +721,11 @@ func init() {
 		func(sk any, key string) (int, int, uint16) { return sk.(*Sketch).locate(key) },
 		func(sk any, i int) [8]uint64 { return sk.(*Sketch).slots(i) },
 		func(w uint64, now int64) uint32 { return effective(w, epoch24(now)) },
+		func(sk any, r io.Reader) (inspect.Restored, error) {
+			info, _, err := sk.(*Sketch).restore(r)
+			return inspect.Restored{Saved: info.Saved, Live: info.Live, Expired: info.Expired}, err
+		},
 	)
-	inspect.RegisterRead(func(sk any, r io.Reader) (inspect.Restored, error) {
-		info, _, err := sk.(*Sketch).restore(r)
-		return inspect.Restored{Saved: info.Saved, Live: info.Live, Expired: info.Expired}, err
-	})
 }
 
 // casChip passes a chip's CAS result through, reporting it in trace builds.

@@ -25,16 +25,13 @@ type Restored struct {
 	Expired int       // slots dropped: they read 0 after the downtime
 }
 
-// RegisterRead is called once, by package epochsketch.
-func RegisterRead(f func(any, io.Reader) (Restored, error)) { read = f }
-
 // ReadFrom is sk.ReadFrom (sk is a *epochsketch.Sketch) that also says what
 // the snapshot held, as LoadFile does for a file.
 func ReadFrom(sk any, r io.Reader) (Restored, error) { return read(sk, r) }
 
 // Register is called once, by package epochsketch.
-func Register(l func(any, string) (int, int, uint16), s func(any, int) [8]uint64, d func(uint64, int64) uint32) {
-	locate, slots, decay = l, s, d
+func Register(l func(any, string) (int, int, uint16), s func(any, int) [8]uint64, d func(uint64, int64) uint32, r func(any, io.Reader) (Restored, error)) {
+	locate, slots, decay, read = l, s, d, r
 }
 
 // Locate returns where key lives in sk (a *epochsketch.Sketch): its bucket,
