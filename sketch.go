@@ -296,24 +296,65 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	}
 	if !s.twoChoice {
 		i := (h >> 32) * s.nb >> 32
-		b := &s.table[i]
-		n, first, tried := refresh(b, h, now, wt)
-		if n != 0 {
-			return n, first
-		}
-		return s.observe1(b, i, h, now, wt, tried)
+		return s.observeBucket(&s.table[i], i, h, now, wt)
 	}
 	return s.observeView(h, now, wt)
 }
 
+// observeBucket is observe for one bucket, the default. One pass over the
+// bucket (scan) decides the common cases: a refresh of the key's one slot,
+// or, on a miss, a claim of the first free slot or a challenge of the
+// weakest. Everything else (a sibling to scrub, a duplicate, a slot ahead of
+// now, a lost CAS) goes to observe1, which makes the same decisions slowly.
+func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32) (uint32, bool) {
+	est, first, tried, miss := refresh(b, h, now, wt)
+	if est != 0 {
+		return est, first
+	}
+	if !miss {
+		return s.observe1(b, shard, h, now, wt, tried)
+	}
+	tag := tagFrom(h)
+	e := epoch24(now)
+	weakest := weakestOf(b, uint64(e))
+	weak, weakEff := int(weakest&(slotsPerBucket-1)), uint32(weakest>>3)
+	x := b.s[weak].Load()
+	if x != 0 && (tagOf(x) == tag || ageOf(x, e) >= evaporation || effective(x, e) != weakEff) {
+		return s.observe1(b, shard, h, now, wt, 0) // a racing writer changed the slot
+	}
+	if weakEff == 0 { // Phase 2: claim.
+		y := pack(tag, e, wt)
+		ok := b.s[weak].CompareAndSwap(x, y)
+		if traceOn {
+			emit(traceEvent{Op: traceClaim, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
+		}
+		if !ok {
+			return s.observe1(b, shard, h, now, wt, 1)
+		}
+		s.dedupe1(b, shard, weak, tag)
+		return wt, true
+	}
+	// Phase 3: challenge the weakest.
+	est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, x, e, weakEff, wt, tag, now)
+	if !done {
+		return s.observe1(b, shard, h, now, wt, 1)
+	}
+	if took {
+		s.dedupe1(b, shard, weak, tag)
+	}
+	return est, true
+}
+
 // refresh is Phase 1 alone, the common case: the key holds exactly one slot,
-// no sibling is 24 or more ticks old, the slot is not ahead of now, and one
-// CAS wins. It is a small leaf with conditional moves, no branches on the
-// slots' contents: bucket contents are random, and a branch that mispredicts
-// when the load returns throws away the work the CPU had started on the next
-// call. It returns the estimate (0 when it did not apply) and the attempts it
-// used: a lost CAS counts as the first of observe1's four.
-func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, tried int) {
+// no slot is 24 or more ticks old or ahead of now, and one CAS wins. It is
+// a small leaf with conditional moves, no branches on the slots' contents:
+// bucket contents are random, and a branch that mispredicts when the load
+// returns throws away the work the CPU had started on the next call. It
+// returns the estimate (0 when it did not apply), the attempts it used (a
+// lost CAS counts as the first of observe1's four), and miss: the key holds
+// no slot and nothing needs scrubbing, so a claim or challenge can follow at
+// once.
+func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, tried int, miss bool) {
 	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
 	e := uint64(epoch24(now))
 	var x uint64
@@ -333,7 +374,7 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	}
 	age := ageOf(x, uint32(e)) // old is false, so age < 24: never ahead
 	if n != 1 || old {
-		return 0, false, 0
+		return 0, false, 0, n == 0 && !old
 	}
 	c := satAdd(decay(countOf(x), age), wt)
 	y := pack(uint16(tag), uint32(e), c)
@@ -342,13 +383,36 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 	}
 	if !ok {
-		return 0, false, 1
+		return 0, false, 1, false
 	}
-	return c, age > 0, 0
+	return c, age > 0, 0, false
 }
 
-// observe1 is observe for one bucket, the default, after
-// refresh's fast path did not apply: a miss, a sibling to scrub, a duplicate,
+// weakestOf is the second pass of a miss, over words still in L1: the
+// smallest effective count at epoch e times 8 plus its slot (the lowest
+// slot among equals), where an empty slot reads 0, so a result below 8 is
+// the first free slot. Like refresh, it has no branches on the slots'
+// contents. refresh found no slot 24 or more ticks old, so the counts are
+// exact unless a racing writer changed the bucket since; the caller reloads
+// the one word it acts on and checks it still reads as here.
+func weakestOf(b *bucket, e uint64) uint64 {
+	weakest := uint64(math.MaxUint64)
+	for k := range slotsPerBucket {
+		y := b.s[k].Load()
+		t := y >> epochShift
+		if y == 0 {
+			t = e
+		}
+		age := (e - t) & epochMask
+		if c := (y&countMax)>>(age&63)<<3 | uint64(k); c < weakest {
+			weakest = c
+		}
+	}
+	return weakest
+}
+
+// observe1 is observe for one bucket, the slow path, after
+// observeBucket's one pass did not decide: a sibling to scrub, a duplicate,
 // a slot ahead of now, or a lost CAS (attempt says how many were used). It
 // makes the same decisions as observeView.
 func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, attempt int) (uint32, bool) {

@@ -76,11 +76,7 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	}
 	emit(traceEvent{Op: traceStart, Slot: -1, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
 	if !s.twoChoice {
-		b := v.b[0]
-		var tried int
-		if est, first, tried = refresh(b, h, now, wt); est == 0 {
-			est, first = s.observe1(b, v.shard, h, now, wt, tried)
-		}
+		est, first = s.observeBucket(v.b[0], v.shard, h, now, wt)
 	} else {
 		est, first = s.observeView(h, now, wt)
 	}
