@@ -256,3 +256,40 @@ func BenchmarkObserveDuringSnapshot(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkObserveMany replays a stream in batches of 64 keys: one Observe
+// per key, or the batch form that loads the buckets of 8 keys before
+// observing them. Compare with benchstat -col /impl.
+func BenchmarkObserveMany(b *testing.B) {
+	for _, w := range benchWorkloads() {
+		for _, impl := range []string{"single", "batch"} {
+			b.Run(fmt.Sprintf("workload=%s/impl=%s", w.Name, impl), func(b *testing.B) {
+				sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets})
+				defer sk.Close()
+				for i := range 1 << 20 {
+					sk.Observe(w.String(i))
+				}
+				keys := make([]string, 64)
+				est := make([]uint32, 64)
+				runtime.GC()
+				b.ReportAllocs()
+				i := 1 << 20
+				for b.Loop() {
+					for k := range keys {
+						keys[k] = w.String(i + k)
+					}
+					i += len(keys)
+					if impl == "single" {
+						for k, key := range keys {
+							est[k], _ = sk.Observe(key)
+						}
+					} else {
+						sk.ObserveMany(keys, est)
+					}
+					sink += uint64(est[0])
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(keys)), "ns/key")
+			})
+		}
+	}
+}

@@ -10,8 +10,9 @@ go install golang.org/x/perf/cmd/benchstat@latest
 bs="$(go env GOPATH)/bin/benchstat"
 mkdir -p bench/core bench/peers
 
-go test -run XXX -bench 'BenchmarkObserve$' -benchtime=300ms -count=6 . > bench/core/observe.txt
+go test -run XXX -bench 'BenchmarkObserve$/.*/.*/impl=(floor-hash-cas|floor-hash-bucket-cas|observe|observe-twochoice|estimate)$' -benchtime=300ms -count=6 . > bench/core/observe.txt
 go test -run XXX -bench 'BenchmarkObserveParallel' -benchtime=300ms -cpu 1,2 -count=6 . > bench/core/parallel.txt
+go test -run XXX -bench 'BenchmarkObserveMany' -benchtime=300ms -count=6 . > bench/core/observe-many.txt
 go test -run XXX -bench 'BenchmarkLiveHeap' -benchtime=1x -count=1 . > bench/core/liveheap.txt
 (cd bench &&
   go test -run XXX -bench 'BenchmarkPeers$' -benchtime=300ms -count=6 . > peers/single.txt &&
@@ -24,6 +25,7 @@ for f in bench/peers/plots/*.svg; do rsvg-convert -o "${f%.svg}.png" "$f"; done
 
 "$bs" -col /impl bench/core/observe.txt
 "$bs" -col /impl bench/core/parallel.txt
+"$bs" -col /impl bench/core/observe-many.txt
 "$bs" -col /impl bench/peers/single.txt
 "$bs" -col /impl bench/peers/parallel.txt
 cat bench/peers/liveheap.txt
