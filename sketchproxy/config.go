@@ -47,7 +47,11 @@ type Config struct {
 	// Fleet shares the heavy keys' counts with other replicas through
 	// Redis (nil: this proxy enforces its limits alone).
 	Fleet *FleetConfig `yaml:"fleet"`
-	Rules []Rule       `yaml:"rules"`
+	// ForwardAuth answers a gateway's decision requests (nginx
+	// auth_request, Caddy forward_auth, Traefik ForwardAuth) instead of, or
+	// beside, proxying (nil: off).
+	ForwardAuth *ForwardAuthConfig `yaml:"forward_auth"`
+	Rules       []Rule             `yaml:"rules"`
 
 	src  string     // file name, for messages
 	root *yaml.Node // the parsed document, for line numbers
@@ -460,6 +464,10 @@ func (c *Config) clone() *Config {
 	if c.Server.MaxInFlightPerClient != nil {
 		cp.Server.MaxInFlightPerClient = ptr(*c.Server.MaxInFlightPerClient)
 	}
+	if c.ForwardAuth != nil {
+		fa := *c.ForwardAuth
+		cp.ForwardAuth = &fa
+	}
 	if c.Fleet != nil {
 		f := *c.Fleet
 		cp.Fleet = &f
@@ -650,6 +658,9 @@ func (c *Config) prepare() error {
 		return c.errAt("want 0 to 24h", "new_keys", "warmup")
 	}
 	if err := c.validateFleet(); err != nil {
+		return err
+	}
+	if err := c.validateForwardAuth(); err != nil {
 		return err
 	}
 	if err := c.validateJWT(); err != nil {

@@ -4,7 +4,7 @@ package sketchproxy
 // -example` prints it, and a test keeps it valid.
 const ExampleConfig = `# SketchProxy configuration. Every field is optional unless noted.
 listen: ":8080"                    # the proxy
-upstream: "http://127.0.0.1:9000"  # required by cmd/sketchproxy
+upstream: "http://127.0.0.1:9000"  # required by cmd/sketchproxy, unless forward_auth answers a gateway alone
 admin: "127.0.0.1:9091"            # /metrics and /healthz; "off" disables
 # state_file: /var/lib/sketchproxy/state   # counts survive restarts (0600: it holds hash keys)
 # state_every: 1m                          # ...saved this often and at shutdown
@@ -25,6 +25,12 @@ client_ip:
   set_header: X-Real-IP            # tell the upstream the client address found
   ipv6_prefix: 64                  # one client per /64
   ipv4_prefix: 32
+
+# forward_auth:                    # a decision endpoint for nginx auth_request, Caddy forward_auth, Traefik ForwardAuth
+#   path: /check                   # proxies nothing: 200 to allow, else the refusal with Retry-After and RateLimit
+#   listen: "127.0.0.1:8081"       # its own address; empty: on listen, where path is never proxied
+#   refusal_status: 429            # 403 for nginx (auth_request passes only 2xx, 401, 403)
+#                                  # only callers in client_ip.trusted_proxies are answered
 
 sketch:
   buckets: 65536                   # 4 MiB per distinct tick; never grows

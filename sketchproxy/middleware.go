@@ -436,6 +436,17 @@ type request struct {
 	claims jwt.MapClaims // the verified bearer token's, once a rule needs them
 	buf    []byte
 	bp     *[]byte // buf's pool entry
+	// refusal, if not 0, is the status of every refusal: a forward-auth
+	// check's (ForwardAuthConfig.RefusalStatus).
+	refusal int
+}
+
+// code is the status a refusal is sent with: c, or the check's.
+func (rq *request) code(c int) int {
+	if rq.refusal != 0 {
+		return rq.refusal
+	}
+	return c
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
@@ -818,6 +829,13 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 // refused one is counted only by rules with refused: count, and charged to
 // no wallet.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m.serve(w, r, m.next, false)
+}
+
+// serve decides r and hands an admitted request to next. A check (the
+// forward-auth endpoint) refuses with forward_auth.refusal_status and never
+// drips.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, check bool) {
 	st := m.state.Load()
 	now := m.now()
 	begin := time.Now()
@@ -830,6 +848,9 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer rq.free()
+	if check && st.cfg.ForwardAuth != nil {
+		rq.refusal = st.cfg.ForwardAuth.RefusalStatus
+	}
 	if !m.holdClient(w, r, st, rq) {
 		return
 	}
@@ -860,7 +881,7 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.answerRefusal(w, r, st, verdicts, &a.refusal, rq, now)
 		return
 	}
-	m.forward(w, r, st, verdicts, &a, rq, now)
+	m.forward(w, r, next, st, verdicts, &a, rq, now)
 }
 
 // screen refuses what no rule can judge safely (an ambiguous path or key,
@@ -926,7 +947,7 @@ func (m *Middleware) holdClient(w http.ResponseWriter, r *http.Request, st *stat
 	closeIfBody(w, r)
 	v := verdict{out: InFlight, key: rq.client, retry: time.Second}
 	m.logDecision(r, &v, false)
-	m.refuse(w, st, &v, nil, http.StatusTooManyRequests)
+	m.refuse(w, st, &v, nil, rq.code(http.StatusTooManyRequests))
 	return false
 }
 
@@ -1065,16 +1086,16 @@ func (m *Middleware) answerRefusal(w http.ResponseWriter, r *http.Request, st *s
 	if refusal.out == BudgetUnknown {
 		code = http.StatusServiceUnavailable
 	}
-	if refusal.out == Drip {
+	if refusal.out == Drip && rq.refusal == 0 {
 		m.drip(w, r, st, refusal, verdicts)
 		return
 	}
-	m.refuse(w, st, refusal, verdicts, code)
+	m.refuse(w, st, refusal, verdicts, rq.code(code))
 }
 
 // forward sends an admitted request on: the rate-limit fields, the body's
 // deadline and buffer, the wallets' settlements, then the next handler.
-func (m *Middleware) forward(w http.ResponseWriter, r *http.Request, st *state, verdicts []verdict, a *admission, rq *request, now time.Time) {
+func (m *Middleware) forward(w http.ResponseWriter, r *http.Request, next http.Handler, st *state, verdicts []verdict, a *admission, rq *request, now time.Time) {
 	defer a.release()
 	charged := a.charged
 	for i := range verdicts {
@@ -1107,7 +1128,7 @@ func (m *Middleware) forward(w http.ResponseWriter, r *http.Request, st *state, 
 		}()
 		w = rw
 	}
-	m.next.ServeHTTP(w, r)
+	next.ServeHTTP(w, r)
 }
 
 // charge is a rule and the key a request was counted under in it.

@@ -87,33 +87,97 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if aln != nil {
 		defer aln.Close()
 	}
-	target, _ := url.Parse(cfg.Upstream)
+	var faln net.Listener // forward_auth's own listener, if it has one
+	if fa := cfg.ForwardAuth; fa != nil && fa.Listen != "" {
+		if faln, err = net.Listen("tcp", fa.Listen); err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: forward_auth listen: %v (set forward_auth.listen)\n", err)
+			return 1
+		}
+		defer faln.Close()
+	}
+	var next http.Handler = noUpstream
+	var proxy *httputil.ReverseProxy
 	var mw *sketchproxy.Middleware
-	proxy := newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) })
-	mw, err = sketchproxy.New(cfg, proxy, sketchproxy.Options{Logger: log})
+	if cfg.Upstream != "" {
+		target, _ := url.Parse(cfg.Upstream)
+		proxy = newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) })
+		next = proxy
+	}
+	mw, err = sketchproxy.New(cfg, next, sketchproxy.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
 	defer mw.Close()
-	proxy.Transport = mw.Transport(proxy.Transport) // wallets: usage in trailers, and after the client left
+	if proxy != nil {
+		proxy.Transport = mw.Transport(proxy.Transport) // wallets: usage in trailers, and after the client left
+	}
 
-	srv := &http.Server{
-		Handler:           mw,
+	var handler http.Handler = mw
+	errc := make(chan error, 3)
+	var servers []*http.Server
+	if fa := cfg.ForwardAuth; fa != nil {
+		if faln == nil {
+			handler = checkAt(fa.Path, mw.ForwardAuth(), mw)
+		} else {
+			fsrv := newServer(cfg, checkAt(fa.Path, mw.ForwardAuth(), noUpstream), lh)
+			go func() { errc <- fsrv.Serve(faln) }()
+			servers = append(servers, fsrv)
+		}
+	}
+	srv := newServer(cfg, handler, lh)
+	go func() { errc <- srv.Serve(ln) }()
+	servers = append(servers, srv)
+	if adminSrv := serveAdmin(aln, mw, errc, log); adminSrv != nil {
+		servers = append(servers, adminSrv)
+	}
+	if cfg.Upstream != "" {
+		log.Info("sketchproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream, "rules", len(cfg.Rules))
+	} else {
+		log.Info("sketchproxy listening", "addr", ln.Addr().String(), "upstream", "none: forward_auth only", "rules", len(cfg.Rules))
+	}
+	if fa := cfg.ForwardAuth; fa != nil {
+		addr := ln.Addr().String()
+		if faln != nil {
+			addr = faln.Addr().String()
+		}
+		log.Info("forward_auth listening", "addr", addr, "check", "http://"+addr+fa.Path, "refusal_status", fa.RefusalStatus)
+	}
+	if demo {
+		printDemo(stdout, ln.Addr().String())
+	}
+	return o.serve(ctx, cfg, mw, servers, errc, log)
+}
+
+// newServer is an http.Server with the config's client bounds.
+func newServer(cfg *sketchproxy.Config, h http.Handler, lh slog.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
 		ReadHeaderTimeout: time.Duration(cfg.Server.ReadHeaderTimeout), // slowloris
 		IdleTimeout:       time.Duration(cfg.Server.IdleTimeout),
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(lh, slog.LevelWarn),
 	}
-	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(ln) }()
-	adminSrv := serveAdmin(aln, mw, errc, log)
-	log.Info("sketchproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream, "rules", len(cfg.Rules))
-	if demo {
-		printDemo(stdout, ln.Addr().String())
-	}
-	return o.serve(ctx, cfg, mw, srv, adminSrv, errc, log)
 }
+
+// checkAt serves the forward-auth check at exactly path, and everything
+// else with other.
+func checkAt(path string, check, other http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == path && r.URL.RawQuery == "" {
+			check.ServeHTTP(w, r)
+			return
+		}
+		other.ServeHTTP(w, r)
+	})
+}
+
+// noUpstream answers what a forward-auth-only proxy is asked besides its check.
+var noUpstream = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(http.StatusNotFound)
+	fmt.Fprintf(w, `{"type":"about:blank","title":"Not Found","status":404,"detail":"no upstream: this sketchproxy answers only its forward_auth path"}`+"\n")
+})
 
 // options are the command's flags.
 type options struct {
@@ -170,8 +234,8 @@ func (o *options) load() (*sketchproxy.Config, error) {
 	if o.upstream != "" {
 		cfg.Upstream = o.upstream
 	}
-	if o.cfgPath != "" && cfg.Upstream == "" {
-		return nil, fmt.Errorf("%s: upstream: missing: say where to proxy, e.g. upstream: \"http://127.0.0.1:9000\" (or -upstream)", o.cfgPath)
+	if o.cfgPath != "" && cfg.Upstream == "" && cfg.ForwardAuth == nil {
+		return nil, fmt.Errorf("%s: upstream: missing: say where to proxy, e.g. upstream: \"http://127.0.0.1:9000\" (or -upstream), or add forward_auth to answer a gateway's checks only", o.cfgPath)
 	}
 	return cfg, cfg.Validate()
 }
@@ -234,7 +298,7 @@ func printDemo(stdout io.Writer, addr string) {
 
 // serve runs until SIGINT or SIGTERM (a graceful shutdown) or a server
 // error, reloading the config on SIGHUP.
-func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketchproxy.Middleware, srv, adminSrv *http.Server, errc <-chan error, log *slog.Logger) int {
+func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketchproxy.Middleware, servers []*http.Server, errc <-chan error, log *slog.Logger) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -251,9 +315,11 @@ func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketch
 			log.Info("shutting down", "grace", o.grace.String())
 			sctx, cancel := context.WithTimeout(context.Background(), o.grace)
 			defer cancel()
-			err := srv.Shutdown(sctx)
-			if adminSrv != nil {
-				adminSrv.Shutdown(sctx)
+			var err error
+			for _, srv := range servers {
+				if e := srv.Shutdown(sctx); e != nil && err == nil {
+					err = e
+				}
 			}
 			if err != nil {
 				log.Warn("shutdown: requests still running at the grace limit", "err", err.Error())
@@ -284,9 +350,17 @@ func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, lo
 		return
 	}
 	log.Info("config reloaded", "rules", rules)
-	if now, _ := o.load(); now != nil && (now.Listen != cfg.Listen || now.Admin != cfg.Admin || now.Upstream != cfg.Upstream) {
-		log.Warn("listen, admin and upstream changes take a restart; the rules were reloaded")
+	if now, _ := o.load(); now != nil && (now.Listen != cfg.Listen || now.Admin != cfg.Admin || now.Upstream != cfg.Upstream || forwardAuthWhere(now) != forwardAuthWhere(cfg)) {
+		log.Warn("listen, admin, upstream and forward_auth path and listen changes take a restart; the rules were reloaded")
 	}
+}
+
+// forwardAuthWhere is where the forward-auth check is served ("" when off).
+func forwardAuthWhere(c *sketchproxy.Config) string {
+	if c.ForwardAuth == nil {
+		return ""
+	}
+	return c.ForwardAuth.Listen + " " + c.ForwardAuth.Path
 }
 
 // newReverseProxy proxies to target, keeping the client's Host, setting the
