@@ -51,7 +51,9 @@ type Config struct {
 	// auth_request, Caddy forward_auth, Traefik ForwardAuth) instead of, or
 	// beside, proxying (nil: off).
 	ForwardAuth *ForwardAuthConfig `yaml:"forward_auth"`
-	Rules       []Rule             `yaml:"rules"`
+	// EnvoyRLS serves Envoy's rate-limit service over gRPC (nil: off).
+	EnvoyRLS *EnvoyRLSConfig `yaml:"envoy_rls"`
+	Rules    []Rule          `yaml:"rules"`
 
 	src  string     // file name, for messages
 	root *yaml.Node // the parsed document, for line numbers
@@ -468,6 +470,10 @@ func (c *Config) clone() *Config {
 		fa := *c.ForwardAuth
 		cp.ForwardAuth = &fa
 	}
+	if c.EnvoyRLS != nil {
+		r := *c.EnvoyRLS
+		cp.EnvoyRLS = &r
+	}
 	if c.Fleet != nil {
 		f := *c.Fleet
 		cp.Fleet = &f
@@ -663,10 +669,13 @@ func (c *Config) prepare() error {
 	if err := c.validateForwardAuth(); err != nil {
 		return err
 	}
+	if err := c.validateEnvoyRLS(); err != nil {
+		return err
+	}
 	if err := c.validateJWT(); err != nil {
 		return err
 	}
-	if len(c.Rules) == 0 {
+	if len(c.Rules) == 0 && c.EnvoyRLS == nil {
 		return c.errAt("no rules: add at least one (see sketchproxy -example)", "rules")
 	}
 	names := map[string]int{}

@@ -4,7 +4,7 @@ package sketchproxy
 // -example` prints it, and a test keeps it valid.
 const ExampleConfig = `# SketchProxy configuration. Every field is optional unless noted.
 listen: ":8080"                    # the proxy
-upstream: "http://127.0.0.1:9000"  # required by cmd/sketchproxy, unless forward_auth answers a gateway alone
+upstream: "http://127.0.0.1:9000"  # required by cmd/sketchproxy, unless forward_auth or envoy_rls answer a gateway alone
 admin: "127.0.0.1:9091"            # /metrics and /healthz; "off" disables
 # state_file: /var/lib/sketchproxy/state   # counts survive restarts (0600: it holds hash keys)
 # state_every: 1m                          # ...saved this often and at shutdown
@@ -31,6 +31,15 @@ client_ip:
 #   listen: "127.0.0.1:8081"       # its own address; empty: on listen, where path is never proxied
 #   refusal_status: 429            # 403 for nginx (auth_request passes only 2xx, 401, 403)
 #                                  # only callers in client_ip.trusted_proxies are answered
+
+# envoy_rls:                       # Envoy's and Istio's rate-limit service (gRPC, with gRPC health)
+#   listen: "127.0.0.1:8081"
+#   domains:                       # envoyproxy/ratelimit's format, inline...
+#     - domain: edge
+#       descriptors:
+#         - key: remote_address
+#           rate_limit: {unit: minute, requests_per_unit: 5}
+#   files: [ratelimit/api.yaml]    # ...or its files as they are (relative to this file)
 
 sketch:
   buckets: 65536                   # 4 MiB per distinct tick; never grows

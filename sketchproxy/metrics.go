@@ -42,6 +42,10 @@ type globalMetrics struct {
 	unauthorized    atomic.Uint64
 	clientCap       atomic.Uint64
 	bodyTimeouts    atomic.Uint64
+
+	rlsRequests      atomic.Uint64 // Envoy rate-limit service calls
+	rlsOverLimit     atomic.Uint64 // ...answered OVER_LIMIT
+	rlsUnknownDomain atomic.Uint64 // ...for a domain not configured (answered OK)
 }
 
 // initMetrics builds the Prometheus registry: the Go runtime's and the
@@ -103,6 +107,9 @@ var (
 	dStateSaves      = newDesc("state_saves_total", prometheus.CounterValue, "State file saves by result.", "result")
 	dStateLoads      = newDesc("state_loads_total", prometheus.CounterValue, "State file loads at start by result.", "result")
 	dGeneration      = newDesc("config_generation", prometheus.GaugeValue, "Reloads applied since start.")
+	dRLSRequests     = newDesc("envoy_rls_requests_total", prometheus.CounterValue, "ShouldRateLimit calls of Envoy's rate-limit service.")
+	dRLSOverLimit    = newDesc("envoy_rls_over_limit_total", prometheus.CounterValue, "ShouldRateLimit calls answered OVER_LIMIT.")
+	dRLSUnknown      = newDesc("envoy_rls_unknown_domain_total", prometheus.CounterValue, "ShouldRateLimit calls for a domain envoy_rls does not configure (answered OK).")
 
 	sketchStats = []struct {
 		d   desc
@@ -140,7 +147,7 @@ type collector Middleware
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dUnauthorized, dClientCap, dBodyTimeouts, dHeld, dCapacity,
 		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReported, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
-		dStateLoads, dGeneration, dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag} {
+		dStateLoads, dGeneration, dRLSRequests, dRLSOverLimit, dRLSUnknown, dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag} {
 		ch <- d.Desc
 	}
 	for _, s := range sketchStats {
@@ -164,6 +171,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dUnauthorized, float64(m.met.unauthorized.Load()))
 	emit(dClientCap, float64(m.met.clientCap.Load()))
 	emit(dBodyTimeouts, float64(m.met.bodyTimeouts.Load()))
+	emit(dRLSRequests, float64(m.met.rlsRequests.Load()))
+	emit(dRLSOverLimit, float64(m.met.rlsOverLimit.Load()))
+	emit(dRLSUnknown, float64(m.met.rlsUnknownDomain.Load()))
 
 	m.mu.Lock()
 	names := make([]string, 0, len(m.ruleMet))

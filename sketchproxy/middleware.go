@@ -76,6 +76,8 @@ type state struct {
 	cfg      *Config
 	rules    []*rule
 	sketches map[sketchKey]*epochsketch.Sketch
+	rls      map[string]*rlsNode // Envoy rate-limit domains (envoy_rls)
+	rlsRules []*rule             // their descriptors' limits
 	newKeys  *epochsketch.Sketch // keys first seen during a spike
 	known    *epochsketch.Sketch // keys seen within about new_keys.remember
 	jwt      *jwtVerifier        // nil without a jwt section
@@ -223,8 +225,7 @@ func (m *Middleware) Reload(cfg *Config) error {
 		st.sketches[k] = s
 		return s
 	}
-	for _, rc := range cfg.Rules {
-		rc := rc
+	build := func(rc Rule) *rule {
 		ru := &rule{cfg: &rc}
 		if len(rc.Match.Methods) > 0 {
 			ru.methods = map[string]bool{}
@@ -270,6 +271,11 @@ func (m *Middleware) Reload(cfg *Config) error {
 					prev = o
 				}
 			}
+			for _, o := range old.rlsRules {
+				if o.cfg.Name == rc.Name {
+					prev = o
+				}
+			}
 		}
 		// Top offenders decay with the rule's first limit: the metric shows
 		// today's, not yesterday's. Kept across a reload while that sketch is.
@@ -294,7 +300,18 @@ func (m *Middleware) Reload(cfg *Config) error {
 			m.ruleMet[rc.Name] = &ruleMetrics{latency: m.latency.WithLabelValues(rc.Name)}
 		}
 		ru.met = m.ruleMet[rc.Name]
-		st.rules = append(st.rules, ru)
+		return ru
+	}
+	for _, rc := range cfg.Rules {
+		st.rules = append(st.rules, build(rc))
+	}
+	if r := cfg.EnvoyRLS; r != nil {
+		// Envoy's descriptors: rules no HTTP request matches, one per
+		// descriptor with a limit, found through the domains' trees.
+		st.rls = r.domains
+		for _, rc := range r.rules {
+			st.rlsRules = append(st.rlsRules, build(rc))
+		}
 	}
 	if cfg.JWT != nil {
 		v, err := newJWTVerifier(cfg.JWT, func(msg string, err error) { m.log.Warn(msg, "err", err.Error()) })

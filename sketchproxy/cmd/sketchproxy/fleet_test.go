@@ -21,12 +21,12 @@ import (
 
 // redisServer runs Debian's redis-server on a free loopback port.
 type redisServer struct {
-	t    *testing.T
+	t    testing.TB
 	port int
 	cmd  *exec.Cmd
 }
 
-func startRedis(t *testing.T, port int) *redisServer {
+func startRedis(t testing.TB, port int) *redisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {

@@ -9,6 +9,10 @@
 //	                                  validate the config and exit
 //	sketchproxy -example              print a commented config with every section
 //
+// With forward_auth in the config it also answers a gateway's checks (nginx
+// auth_request, Caddy forward_auth, Traefik ForwardAuth), and with envoy_rls
+// Envoy's rate-limit service over gRPC; either can run without an upstream.
+//
 // SIGHUP reloads the config (an invalid one is logged and the running one
 // kept); SIGINT and SIGTERM shut down gracefully.
 package main
@@ -30,6 +34,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/epochsketch/epochsketch/sketchproxy"
 )
@@ -83,7 +89,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
-	defer ln.Close()
+	if ln != nil {
+		defer ln.Close()
+	}
 	if aln != nil {
 		defer aln.Close()
 	}
@@ -94,6 +102,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer faln.Close()
+	}
+	var gln net.Listener // Envoy's rate-limit service
+	if r := cfg.EnvoyRLS; r != nil {
+		if gln, err = net.Listen("tcp", r.Listen); err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: envoy_rls listen: %v (set envoy_rls.listen)\n", err)
+			return 1
+		}
+		defer gln.Close()
 	}
 	var next http.Handler = noUpstream
 	var proxy *httputil.ReverseProxy
@@ -125,19 +141,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 			servers = append(servers, fsrv)
 		}
 	}
-	srv := newServer(cfg, handler, lh)
-	go func() { errc <- srv.Serve(ln) }()
-	servers = append(servers, srv)
+	if ln != nil {
+		srv := newServer(cfg, handler, lh)
+		go func() { errc <- srv.Serve(ln) }()
+		servers = append(servers, srv)
+	}
 	if adminSrv := serveAdmin(aln, mw, errc, log); adminSrv != nil {
 		servers = append(servers, adminSrv)
 	}
-	if cfg.Upstream != "" {
+	var gs *grpc.Server
+	if gln != nil {
+		gs = grpc.NewServer(grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024))
+		mw.RegisterRateLimitService(gs)
+		go func() { errc <- gs.Serve(gln) }()
+		log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),
+			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", len(cfg.EnvoyRLS.Domains)+len(cfg.EnvoyRLS.Files))
+	}
+	switch {
+	case cfg.Upstream != "":
 		log.Info("sketchproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream, "rules", len(cfg.Rules))
-	} else {
+	case ln != nil:
 		log.Info("sketchproxy listening", "addr", ln.Addr().String(), "upstream", "none: forward_auth only", "rules", len(cfg.Rules))
 	}
 	if fa := cfg.ForwardAuth; fa != nil {
-		addr := ln.Addr().String()
+		addr := ""
+		if ln != nil {
+			addr = ln.Addr().String()
+		}
 		if faln != nil {
 			addr = faln.Addr().String()
 		}
@@ -146,7 +176,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if demo {
 		printDemo(stdout, ln.Addr().String())
 	}
-	return o.serve(ctx, cfg, mw, servers, errc, log)
+	return o.serve(ctx, cfg, mw, servers, gs, errc, log)
 }
 
 // newServer is an http.Server with the config's client bounds.
@@ -234,8 +264,8 @@ func (o *options) load() (*sketchproxy.Config, error) {
 	if o.upstream != "" {
 		cfg.Upstream = o.upstream
 	}
-	if o.cfgPath != "" && cfg.Upstream == "" && cfg.ForwardAuth == nil {
-		return nil, fmt.Errorf("%s: upstream: missing: say where to proxy, e.g. upstream: \"http://127.0.0.1:9000\" (or -upstream), or add forward_auth to answer a gateway's checks only", o.cfgPath)
+	if o.cfgPath != "" && cfg.Upstream == "" && cfg.ForwardAuth == nil && cfg.EnvoyRLS == nil {
+		return nil, fmt.Errorf("%s: upstream: missing: say where to proxy, e.g. upstream: \"http://127.0.0.1:9000\" (or -upstream), or add forward_auth or envoy_rls to answer a gateway only", o.cfgPath)
 	}
 	return cfg, cfg.Validate()
 }
@@ -260,14 +290,20 @@ func serveDemoUpstream(addr string, stdout, stderr io.Writer) int {
 
 // listenBoth binds the proxy's address and, unless "off", the admin one.
 func listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
-	if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, nil, fmt.Errorf("listen: %v (set listen: or -listen)", err)
+	// The main listener serves the proxy, or the forward-auth check when it
+	// has no address of its own; a gateway-only config may need neither.
+	if cfg.Upstream != "" || cfg.ForwardAuth != nil && cfg.ForwardAuth.Listen == "" {
+		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return nil, nil, fmt.Errorf("listen: %v (set listen: or -listen)", err)
+		}
 	}
 	if cfg.Admin == "off" {
 		return ln, nil, nil
 	}
 	if aln, err = net.Listen("tcp", cfg.Admin); err != nil {
-		ln.Close()
+		if ln != nil {
+			ln.Close()
+		}
 		return nil, nil, fmt.Errorf("admin listen: %v (set admin: or -admin, or \"off\")", err)
 	}
 	return ln, aln, nil
@@ -298,7 +334,7 @@ func printDemo(stdout io.Writer, addr string) {
 
 // serve runs until SIGINT or SIGTERM (a graceful shutdown) or a server
 // error, reloading the config on SIGHUP.
-func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketchproxy.Middleware, servers []*http.Server, errc <-chan error, log *slog.Logger) int {
+func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketchproxy.Middleware, servers []*http.Server, gs *grpc.Server, errc <-chan error, log *slog.Logger) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -307,7 +343,7 @@ func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketch
 		case <-hup:
 			o.reload(cfg, mw, log)
 		case err := <-errc:
-			if !errors.Is(err, http.ErrServerClosed) {
+			if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 				log.Error("server stopped", "err", err.Error())
 				return 1
 			}
@@ -316,6 +352,15 @@ func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketch
 			sctx, cancel := context.WithTimeout(context.Background(), o.grace)
 			defer cancel()
 			var err error
+			if gs != nil {
+				stopped := make(chan struct{})
+				go func() { gs.GracefulStop(); close(stopped) }()
+				select {
+				case <-stopped:
+				case <-sctx.Done():
+					gs.Stop()
+				}
+			}
 			for _, srv := range servers {
 				if e := srv.Shutdown(sctx); e != nil && err == nil {
 					err = e

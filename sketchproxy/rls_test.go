@@ -1,0 +1,45 @@
+package sketchproxy
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestEnvoyRLSConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(body), 0o644)
+		return p
+	}
+	write("typo.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      request_per_unit: 5\n")
+	write("ok.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: SECOND, requests_per_unit: 5}\n")
+	write("empty.yaml", "")
+	for _, c := range []struct{ yaml, want string }{
+		{"envoy_rls: {domains: [{domain: a, descriptors: [{key: k}]}]}\n", `main.yaml:1: envoy_rls.listen: missing`},
+		{"envoy_rls: {listen: x}\n", "no domains"},
+		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: fortnight, requests_per_unit: 1}\n", `main.yaml:7: envoy_rls.domains[0].descriptors[0].rate_limit.unit: "fortnight"`},
+		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second, requests_per_unit: 2.5}\n", "want a whole number"},
+		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: v}\n        - {key: k, value: v}\n", "k=v is given twice"},
+		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, replaces: [{name: x}]}\n", "main.yaml:6"},
+		{"envoy_rls:\n  listen: x\n  domains:\n    - {domain: a}\n    - {domain: a}\n", `"a" is given twice`},
+		{"envoy_rls:\n  listen: x\n  files: [typo.yaml]\n", "typo.yaml:6"},
+		{"envoy_rls:\n  listen: x\n  files: [empty.yaml]\n", "empty.yaml: the file is empty"},
+		{"envoy_rls:\n  listen: x\n  files: [missing.yaml]\n", "missing.yaml: no such file"},
+		{"envoy_rls:\n  listen: x\n  files: [ok.yaml, ok.yaml]\n", `"api" is given twice`},
+	} {
+		_, err := LoadConfig(write("main.yaml", c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q:\n got %v\nwant %q", c.yaml, err, c.want)
+		}
+	}
+	cfg, err := LoadConfig(write("main.yaml", "envoy_rls:\n  listen: x\n  files: [ok.yaml]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := cfg.EnvoyRLS.domains["api"].any["user"]; n == nil || n.requests != 5 || len(cfg.EnvoyRLS.rules) != 1 {
+		t.Errorf("compiled: %+v", n)
+	}
+}
