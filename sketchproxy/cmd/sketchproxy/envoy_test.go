@@ -219,3 +219,50 @@ func TestBinaryEnvoyRLS(t *testing.T) {
 		t.Errorf("errors logged:\n%s", out)
 	}
 }
+
+// Counts survive a restart through the state file, as the rules' do.
+func TestBinaryEnvoyRLSRestart(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "rls.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`admin: "off"
+state_file: %q
+envoy_rls:
+  listen: "127.0.0.1:0"
+  domains:
+    - domain: edge
+      descriptors:
+        - key: remote_address
+          rate_limit: {unit: minute, requests_per_unit: 5}
+`, filepath.Join(dir, "state"))), 0o644)
+	call := func(addr string) rlsv3.RateLimitResponse_Code {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(),
+			&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", "203.0.113.3")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetOverallCode()
+	}
+	re := regexp.MustCompile(`msg="envoy rate limit service listening" protocol=grpc addr=(\S+)`)
+	awayFromTickEdge(30 * time.Second)
+	cmd, out := start(t, bin, "-config", cfg)
+	addr := waitFor(t, out, re)[1]
+	for i := range 5 {
+		if c := call(addr); c != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("call %d: %v", i+1, c)
+		}
+	}
+	cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("shutdown: %v\n%s", err, out)
+	}
+	_, out = start(t, bin, "-config", cfg)
+	if c := call(waitFor(t, out, re)[1]); c != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the 6th call, after a restart: %v, want OVER_LIMIT\n%s", c, out)
+	}
+}

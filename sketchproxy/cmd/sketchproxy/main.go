@@ -396,16 +396,21 @@ func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, lo
 	}
 	log.Info("config reloaded", "rules", rules)
 	if now, _ := o.load(); now != nil && (now.Listen != cfg.Listen || now.Admin != cfg.Admin || now.Upstream != cfg.Upstream || forwardAuthWhere(now) != forwardAuthWhere(cfg)) {
-		log.Warn("listen, admin, upstream and forward_auth path and listen changes take a restart; the rules were reloaded")
+		log.Warn("listen, admin, upstream, forward_auth.path, forward_auth.listen and envoy_rls.listen changes take a restart; the rules were reloaded")
 	}
 }
 
-// forwardAuthWhere is where the forward-auth check is served ("" when off).
+// forwardAuthWhere is where the gateways are answered: the forward-auth
+// check's address and path, and the rate-limit service's address.
 func forwardAuthWhere(c *sketchproxy.Config) string {
-	if c.ForwardAuth == nil {
-		return ""
+	w := ""
+	if c.ForwardAuth != nil {
+		w = c.ForwardAuth.Listen + " " + c.ForwardAuth.Path
 	}
-	return c.ForwardAuth.Listen + " " + c.ForwardAuth.Path
+	if c.EnvoyRLS != nil {
+		w += " grpc " + c.EnvoyRLS.Listen
+	}
+	return w
 }
 
 // newReverseProxy proxies to target, keeping the client's Host, setting the
