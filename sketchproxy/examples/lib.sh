@@ -41,14 +41,42 @@ wait_for() {
   die "timed out waiting for /$2/ in $1"
 }
 
-# free_port: a loopback port in 20000-59999 that nothing answers on now.
-# (A server that loses the race to it fails to start and says so.)
+# free_port: a loopback port below the kernel's ephemeral range (where
+# outgoing connections take their local ports) that nothing answers on now.
 free_port() {
-  local p
+  local p low=32768
+  [ -r /proc/sys/net/ipv4/ip_local_port_range ] && read -r low _ < /proc/sys/net/ipv4/ip_local_port_range
   while :; do
-    p=$((20000 + RANDOM % 40000))
+    p=$((10000 + RANDOM % (low - 10000)))
     if ! (: < "/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
   done
+}
+
+# start_on_free_port NAME WRITE CMD...: picks a free port into $port, calls
+# WRITE (which writes the server's config for it) and starts CMD, until the
+# server answers on the port; another process can take a port between the
+# check and the bind, so up to 5 tries, each on a new port.
+start_on_free_port() {
+  local name=$1 write=$2 try pid
+  shift 2
+  for try in 1 2 3 4 5; do
+    port=$(free_port)
+    "$write"
+    "$@" > "$tmp/$name.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do
+      if (: < "/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        pids+=("$pid")
+        return 0
+      fi
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  cat "$tmp/$name.log" >&2
+  die "$name did not start"
 }
 
 # start_sketchproxy CONFIG: builds sketchproxy, starts the demo upstream and

@@ -48,15 +48,23 @@ func TestGatewayExamples(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
 			var url string
 			re := regexp.MustCompile(`(?m)^open (http://127\.0\.0\.1:\d+/)$`)
 			for deadline := time.Now().Add(2 * time.Minute); url == ""; {
 				if m := re.FindStringSubmatch(out.String()); m != nil {
 					url = m[1]
-				} else if time.Now().After(deadline) {
+					break
+				}
+				select {
+				case err := <-done:
+					t.Fatalf("run.sh stopped (%v) before printing its open line:\n%s", err, out)
+				case <-time.After(50 * time.Millisecond):
+				}
+				if time.Now().After(deadline) {
 					t.Fatalf("run.sh printed no open line:\n%s", out)
 				}
-				time.Sleep(50 * time.Millisecond)
 			}
 			if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 1 {
 				t.Errorf("run.sh printed more than the open line:\n%s", out)
@@ -98,8 +106,6 @@ func TestGatewayExamples(t *testing.T) {
 
 			// Interrupted, it stops everything it started and leaves nothing.
 			syscall.Kill(cmd.Process.Pid, syscall.SIGINT)
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
 			select {
 			case <-done:
 			case <-time.After(30 * time.Second):

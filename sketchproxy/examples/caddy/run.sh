@@ -12,16 +12,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
 caddy=$(need caddy caddy)
 start_sketchproxy "$here/sketchproxy.yaml"
-port=$(free_port)
-sed -e "s|@PORT@|$port|g" -e "s|@APP@|$upstream|g" -e "s|@CHECK@|$check|g" \
-  "$here/Caddyfile" > "$tmp/Caddyfile"
+write_conf() {
+  sed -e "s|@PORT@|$port|g" -e "s|@APP@|$upstream|g" -e "s|@CHECK@|$check|g" \
+    "$here/Caddyfile" > "$tmp/Caddyfile"
+}
 # Caddy keeps its state under HOME and XDG directories: point them at tmp.
 HOME=$tmp XDG_DATA_HOME=$tmp XDG_CONFIG_HOME=$tmp \
-  "$caddy" run --config "$tmp/Caddyfile" --adapter caddyfile > "$tmp/caddy.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do
-  (: < "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-  kill -0 "${pids[-1]}" 2>/dev/null || { cat "$tmp/caddy.log" >&2; die "caddy did not start"; }
-  sleep 0.1
-done
+  start_on_free_port caddy write_conf "$caddy" run --config "$tmp/Caddyfile" --adapter caddyfile
 serve "http://127.0.0.1:$port/"

@@ -12,15 +12,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
 nginx=$(need nginx nginx)
 start_sketchproxy "$here/sketchproxy.yaml"
-port=$(free_port)
 mkdir -p "$tmp/body" "$tmp/proxy" "$tmp/fastcgi" "$tmp/uwsgi" "$tmp/scgi"
-sed -e "s|@TMP@|$tmp|g" -e "s|@PORT@|$port|g" -e "s|@APP@|$upstream|g" -e "s|@CHECK@|$check|g" \
-  "$here/nginx.conf" > "$tmp/nginx.conf"
-"$nginx" -q -p "$tmp" -c "$tmp/nginx.conf" -g 'daemon off;' > "$tmp/nginx.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do
-  (: < "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-  kill -0 "${pids[-1]}" 2>/dev/null || { cat "$tmp"/nginx*.log >&2; die "nginx did not start"; }
-  sleep 0.1
-done
+write_conf() {
+  sed -e "s|@TMP@|$tmp|g" -e "s|@PORT@|$port|g" -e "s|@APP@|$upstream|g" -e "s|@CHECK@|$check|g" \
+    "$here/nginx.conf" > "$tmp/nginx.conf"
+}
+start_on_free_port nginx write_conf "$nginx" -q -p "$tmp" -c "$tmp/nginx.conf" -g 'daemon off;'
 serve "http://127.0.0.1:$port/"
