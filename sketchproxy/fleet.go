@@ -16,18 +16,36 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
 // FleetConfig makes N SketchProxy replicas enforce one limit through Redis
 // (or Valkey), sharing only the elephants. See the README's "Fleets".
 type FleetConfig struct {
-	// Redis is host:port (required).
-	Redis    string `yaml:"redis"`
-	Password string `yaml:"password"` // or the environment variable named by PasswordEnv
-	// PasswordEnv names an environment variable holding the password.
-	PasswordEnv string `yaml:"password_env"`
-	DB          int    `yaml:"db"`
+	// Redis is one server: host:port, or a redis:// or rediss:// (TLS) URL
+	// with an optional user, password and database, e.g.
+	// rediss://sketchproxy@redis.internal:6380/2. Give Redis, Cluster or
+	// Sentinel.
+	Redis string `yaml:"redis"`
+	// Cluster lists seed nodes (host:port) of a Redis Cluster.
+	Cluster []string `yaml:"cluster"`
+	// Sentinel finds the master through Redis Sentinel.
+	Sentinel *SentinelConfig `yaml:"sentinel"`
+	// Username is the ACL user (Redis 6 and later; default: the URL's, or
+	// "default").
+	Username string `yaml:"username"`
+	// The password: from a file (PasswordFile, e.g. a mounted secret), an
+	// environment variable (PasswordEnv), the URL, or Password in this
+	// file; give at most one.
+	Password     string `yaml:"password"`
+	PasswordEnv  string `yaml:"password_env"`
+	PasswordFile string `yaml:"password_file"`
+	DB           int    `yaml:"db"`
+	// TLS: a CA to verify the server with, a client certificate, and the
+	// name to verify (default: the host). A rediss:// URL turns TLS on with
+	// the system's CAs.
+	TLS *FleetTLS `yaml:"tls"`
 	// Secret keys the HMAC that hashes every key before it leaves the
 	// process: Redis never sees a client address or an API key. At least 16
 	// bytes, the same on every replica; or SecretFile.
@@ -53,18 +71,32 @@ type FleetConfig struct {
 	WalletOnFailure string `yaml:"wallet_on_failure"`
 
 	secret []byte
+	opts   *redis.UniversalOptions // built by validateFleet
+}
+
+// SentinelConfig is a Redis Sentinel deployment: the master's name and the
+// sentinels' addresses.
+type SentinelConfig struct {
+	Master string   `yaml:"master"`
+	Addrs  []string `yaml:"addrs"`
+	// Password of the sentinels themselves, if they require one (or
+	// PasswordEnv).
+	Password    string `yaml:"password"`
+	PasswordEnv string `yaml:"password_env"`
+}
+
+// FleetTLS is the TLS of the connection to Redis.
+type FleetTLS struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
 }
 
 func (c *Config) validateFleet() error {
 	f := c.Fleet
 	if f == nil {
 		return nil
-	}
-	if f.Redis == "" {
-		return c.errAt("redis: missing: say where Redis is, e.g. redis: 127.0.0.1:6379", "fleet")
-	}
-	if f.PasswordEnv != "" && f.Password == "" {
-		f.Password = os.Getenv(f.PasswordEnv)
 	}
 	switch {
 	case f.Secret != "" && f.SecretFile != "":
@@ -115,6 +147,9 @@ func (c *Config) validateFleet() error {
 	if f.Prefix == "" {
 		f.Prefix = "sketchproxy:"
 	}
+	if strings.ContainsAny(f.Prefix, "{}") {
+		return c.errAt(fmt.Sprintf("%q: no { or }: the keys' hash tags follow the prefix", f.Prefix), "fleet", "prefix")
+	}
 	switch f.WalletOnFailure {
 	case "":
 		f.WalletOnFailure = "closed"
@@ -122,7 +157,7 @@ func (c *Config) validateFleet() error {
 	default:
 		return c.errAt(fmt.Sprintf("%q: want closed or local", f.WalletOnFailure), "fleet", "wallet_on_failure")
 	}
-	return nil
+	return c.fleetOptions()
 }
 
 // syncScript applies the sketch's halving to a key's fleet count with
@@ -148,7 +183,7 @@ return {c, tick}
 // fleet is the shared state of one Middleware's replica.
 type fleet struct {
 	cfg    *FleetConfig
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	script *redis.Script
 	log    *slog.Logger
 	now    func() time.Time
@@ -160,11 +195,12 @@ type fleet struct {
 	count  atomic.Int64
 
 	rounds, roundErrors, keySyncs, commands atomic.Uint64
-	promotions, demotions, hotFull          atomic.Uint64
+	promotions, demotions, hotFull, resends atomic.Uint64
 	rttNs, lastOK                           atomic.Int64
+	roundTime                               prometheus.Histogram
 
-	run   string // the Redis run marker last seen (sync goroutine only)
-	runID string // this replica\'s candidate marker
+	run   map[string]string // the run marker last seen per hash tag (sync goroutine only)
+	runID string            // this replica\'s candidate marker
 
 	stop chan struct{}
 	done chan struct{}
@@ -177,14 +213,18 @@ type hotShard struct {
 
 // hotEntry is one promoted key of one limit or budget.
 type hotEntry struct {
-	rkey    string // prefix + HMAC(secret, sketch key)
-	skey    []byte // the local sketch key
-	sk      *epochsketch.Sketch
-	tick    time.Duration
-	theta   uint32
-	delta   atomic.Int64 // local units not yet sent
-	sent    int64        // units sent in the last good round (sync goroutine only)
-	reseed  atomic.Bool  // Redis lost its state: send the local history again
+	rkey  string // prefix + {tag} + HMAC(secret, sketch key)
+	tag   string // the hash tag: its run marker lives in the same slot
+	skey  []byte // the local sketch key
+	sk    *epochsketch.Sketch
+	tick  time.Duration
+	theta uint32
+	// base is the part of the local estimate Redis holds, at the tick it
+	// was taken (packBase): what a round sends is the local estimate now
+	// less base decayed to now, so units counted while Redis was away are
+	// sent halved as the sketch halved them, never as they were.
+	base    atomic.Uint64
+	reseed  atomic.Bool  // Redis lost its state: the other replicas' histories are on their way
 	val     atomic.Int64 // the fleet count at valTick
 	valTick atomic.Int64
 	synced  atomic.Bool
@@ -193,15 +233,17 @@ type hotEntry struct {
 func newFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) *fleet {
 	f := &fleet{
 		cfg: cfg, log: log, now: now,
-		rdb: redis.NewClient(&redis.Options{
-			Addr: cfg.Redis, Password: cfg.Password, DB: cfg.DB,
-			DialTimeout: time.Duration(cfg.Timeout), ReadTimeout: time.Duration(cfg.Timeout),
-			WriteTimeout: time.Duration(cfg.Timeout), MaxRetries: -1, PoolSize: 4,
-		}),
+		rdb:    redis.NewUniversalClient(cfg.opts),
 		script: redis.NewScript(syncScript),
 		runID:  cfg.ID,
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		run:    map[string]string{},
+		roundTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sketchproxy_fleet_round_duration_seconds",
+			Help:    "Time of each sync round with Redis (one pipeline per node), failed rounds included.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 0.1 ms to 0.8 s
+		}),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
 	for i := range f.shards {
 		f.shards[i].m = map[string]*hotEntry{}
@@ -240,11 +282,8 @@ func (f *fleet) promoteAt(theta uint32) uint32 {
 func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local, w uint32, now time.Time) uint32 {
 	p := f.promoteAt(theta)
 	if !f.up.Load() {
-		// Local at θ/N; a hot key's units still count toward its delta, to
-		// be sent when Redis answers again.
-		if local >= max(1, p/4) {
-			f.add(skey, w)
-		}
+		// Local at θ/N. A hot key's units are in the local sketch, sent
+		// (decayed) when Redis answers again.
 		return uint32(min(uint64(local)*uint64(f.replicas()), math.MaxUint32))
 	}
 	if local < max(1, p/4) {
@@ -263,8 +302,9 @@ func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration
 			f.hotFull.Add(1)
 			return local
 		}
-		e = &hotEntry{rkey: f.redisKey(skey), skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta}
-		e.delta.Store(int64(local)) // the history this replica saw
+		// base 0: the first round sends the history this replica saw.
+		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta}
+		e.rkey, e.tag = f.redisKey(skey)
 		s.m[string(e.skey)] = e
 		f.count.Add(1)
 		f.promotions.Add(1)
@@ -272,11 +312,12 @@ func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration
 		return local
 	}
 	s.mu.Unlock()
-	d := e.delta.Add(int64(w))
 	if !e.synced.Load() {
 		return local
 	}
-	age := now.UnixNano()/int64(tick) - e.valTick.Load()
+	tk := now.UnixNano() / int64(tick)
+	d := max(0, int64(local)-int64(e.baseAt(tk))) // counted here, not yet in Redis
+	age := tk - e.valTick.Load()
 	v := e.val.Load()
 	if age >= 63 {
 		v = 0
@@ -292,21 +333,35 @@ func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration
 	return uint32(min(est, math.MaxUint32))
 }
 
-// add charges w more units to a hot key (a wallet's reconciliation).
-func (f *fleet) add(skey []byte, w uint32) {
-	s := f.shard(skey)
-	s.mu.Lock()
-	e := s.m[string(skey)]
-	s.mu.Unlock()
-	if e != nil {
-		e.delta.Add(int64(w))
-	}
+// Packing of hotEntry.base: the tick (mod 2^40) above a 24-bit estimate.
+const (
+	baseBits  = 24
+	baseTicks = 1<<40 - 1
+)
+
+func packBase(est uint32, tick int64) uint64 {
+	return uint64(tick)&baseTicks<<baseBits | uint64(min(est, 1<<baseBits-1))
 }
 
-func (f *fleet) redisKey(skey []byte) string {
+// baseAt is base decayed to tick tk, as the local sketch decays.
+func (e *hotEntry) baseAt(tk int64) uint32 {
+	b := e.base.Load()
+	age := (uint64(tk) - b>>baseBits) & baseTicks
+	return uint32(b&(1<<baseBits-1)) >> min(age, 31)
+}
+
+// fleetTags is how many hash tags spread the hot keys over a Redis
+// Cluster's nodes; each tag's keys and run marker share a slot.
+const fleetTags = 16
+
+// redisKey is the key's name in Redis and its hash tag: the keyed hash of
+// the sketch key, so Redis never sees a client address or an API key.
+func (f *fleet) redisKey(skey []byte) (key, tag string) {
 	m := hmac.New(sha256.New, f.cfg.secret)
 	m.Write(skey)
-	return f.cfg.Prefix + "k:" + hex.EncodeToString(m.Sum(nil)[:16])
+	sum := m.Sum(nil)
+	tag = "t" + strconv.Itoa(int(sum[16])%fleetTags)
+	return f.cfg.Prefix + "{" + tag + "}k:" + hex.EncodeToString(sum[:16]), tag
 }
 
 // loop syncs every interval; after a failure it waits longer, up to 1 s or
@@ -341,29 +396,35 @@ func (f *fleet) round() bool {
 		}
 		s.mu.Unlock()
 	}
+	// What Redis lacks of each key: the local estimate now less what it
+	// holds of it, both decayed to now. A round that fails changes
+	// nothing, so the next good one sends everything since the last.
+	now := f.now()
 	ds := make([]int64, len(es))
+	locals := make([]uint32, len(es))
 	for i, e := range es {
-		ds[i] = e.delta.Swap(0)
-		if e.reseed.Load() {
-			// Redis restarted empty: every replica sends its whole local
-			// history once, less what it already sent since the restart.
-			ds[i] += max(0, int64(e.sk.EstimateBytes(e.skey))-ds[i]-e.sent)
-		}
+		locals[i] = e.sk.EstimateBytes(e.skey)
+		ds[i] = max(0, int64(locals[i])-int64(e.baseAt(now.UnixNano()/int64(e.tick))))
 	}
-	ok := f.send(es, ds)
-	if !ok {
-		for i, e := range es {
-			e.delta.Add(ds[i]) // sent at the next good round
-		}
-	}
-	return ok
+	return f.send(es, ds, locals, now)
 }
 
-func (f *fleet) send(es []*hotEntry, ds []int64) bool {
+func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
 	defer cancel()
 	start := time.Now()
-	var runCmd *redis.StringCmd
+	// One marker per hash tag, in the tag's slot: only the first replica
+	// after a restart can set it, so a changed marker says that the node
+	// holding the tag's keys lost them (with Redis Cluster, one node can).
+	var tags []string
+	seen := map[string]bool{}
+	for _, e := range es {
+		if t := e.tag; !seen[t] {
+			seen[t] = true
+			tags = append(tags, t)
+		}
+	}
+	runs := map[string]*redis.StringCmd{}
 	exec := func() ([]*redis.Cmd, *redis.IntCmd, error) {
 		pipe := f.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(es))
@@ -371,11 +432,14 @@ func (f *fleet) send(es []*hotEntry, ds []int64) bool {
 			ttl := max(4*e.tick, 2*time.Duration(f.cfg.Interval))
 			cmds[i] = f.script.EvalSha(ctx, pipe, []string{e.rkey}, e.tick.Milliseconds(), ds[i], ttl.Milliseconds())
 		}
-		// A marker only the first replica after a Redis restart can set:
-		// when it changes, Redis lost the fleet's counts.
-		pipe.SetNX(ctx, f.cfg.Prefix+"run", fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), 0)
-		run := pipe.Get(ctx, f.cfg.Prefix+"run")
-		runCmd = run
+		for _, t := range tags {
+			marker := f.cfg.Prefix + "{" + t + "}run"
+			pipe.SetNX(ctx, marker, fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), 0)
+			runs[t] = pipe.Get(ctx, marker)
+		}
+		if len(tags) == 0 {
+			pipe.Ping(ctx) // no hot keys: still learn whether Redis answers
+		}
 		var card *redis.IntCmd
 		if f.cfg.Replicas == 0 {
 			nowMs := float64(f.now().UnixMilli())
@@ -391,12 +455,53 @@ func (f *fleet) send(es []*hotEntry, ds []int64) bool {
 	}
 	cmds, card, err := exec()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A restarted or promoted node has no scripts: load on every node.
 		if lerr := f.script.Load(ctx, f.rdb).Err(); lerr == nil {
 			f.commands.Add(1)
 			cmds, card, err = exec()
 		}
 	}
 	f.rounds.Add(1)
+	f.roundTime.Observe(time.Since(start).Seconds())
+	// Keys whose node answered are synced even when another node did not
+	// (Redis Cluster): what they sent is not sent again.
+	lostTags := map[string]bool{}
+	for _, t := range tags {
+		r, rerr := runs[t].Result()
+		if rerr != nil {
+			continue
+		}
+		if old, ok := f.run[t]; ok && old != r {
+			lostTags[t] = true
+		}
+		f.run[t] = r
+	}
+	if len(lostTags) > 0 {
+		f.resends.Add(1)
+		f.log.Warn("fleet: Redis lost the shared counts (restarted empty): resending local histories, decayed", "tags", len(lostTags), "of", len(tags))
+	}
+	synced := 0
+	for i, e := range es {
+		res, cerr := cmds[i].Int64Slice()
+		if _, rerr := runs[e.tag].Result(); cerr != nil || rerr != nil || len(res) != 2 {
+			continue
+		}
+		synced++
+		// Redis now holds this replica's estimate, or, if the node had
+		// lost everything, only what this round sent: the next round sends
+		// the rest of the local history, decayed.
+		lost := lostTags[e.tag]
+		held := locals[i]
+		if lost {
+			held = uint32(ds[i])
+		}
+		e.base.Store(packBase(held, now.UnixNano()/int64(e.tick)))
+		e.reseed.Store(lost)
+		e.valTick.Store(res[1])
+		e.val.Store(res[0])
+		e.synced.Store(true)
+	}
+	f.keySyncs.Add(uint64(synced))
 	if err != nil {
 		f.roundErrors.Add(1)
 		if f.up.Swap(false) || f.lastOK.Load() == 0 {
@@ -406,28 +511,8 @@ func (f *fleet) send(es []*hotEntry, ds []int64) bool {
 	}
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
-	f.keySyncs.Add(uint64(len(es)))
 	if card != nil {
 		f.n.Store(max(1, card.Val()))
-	}
-	lost := false
-	if r := runCmd.Val(); r != f.run {
-		lost = f.run != "" // the first round only learns the marker
-		f.run = r
-		if lost {
-			f.log.Warn("fleet: Redis lost the shared counts (restarted empty): resending local histories")
-		}
-	}
-	for i, e := range es {
-		e.sent = ds[i]
-		e.reseed.Store(lost)
-		res, err := cmds[i].Int64Slice()
-		if err != nil || len(res) != 2 {
-			continue
-		}
-		e.valTick.Store(res[1])
-		e.val.Store(res[0])
-		e.synced.Store(true)
 	}
 	if !f.up.Swap(true) {
 		f.log.Info("fleet: Redis reachable: enforcing fleet-wide limits", "replicas", f.replicas(), "hot_keys", f.count.Load())
@@ -442,7 +527,8 @@ func (f *fleet) demote(es []*hotEntry) {
 	for _, e := range es {
 		p := f.promoteAt(e.theta)
 		local := e.sk.EstimateBytes(e.skey)
-		if local >= max(1, p/4) || e.val.Load() >= int64(p) || e.delta.Load() != 0 || e.reseed.Load() {
+		unsent := local > e.baseAt(f.now().UnixNano()/int64(e.tick))
+		if local >= max(1, p/4) || e.val.Load() >= int64(p) || e.reseed.Load() || unsent {
 			continue
 		}
 		s := f.shard(e.skey)

@@ -47,7 +47,18 @@ rules:
 
 func TestFleetConfigErrors(t *testing.T) {
 	for _, c := range []struct{ src, want string }{
-		{"fleet: {secret: 0123456789abcdef}\n", "fleet: redis: missing"},
+		{"fleet: {secret: 0123456789abcdef}\n", "fleet: say where Redis is with exactly one of redis"},
+		{"fleet: {redis: x:1, cluster: [y:1], secret: 0123456789abcdef}\n", "exactly one of redis"},
+		{"fleet: {redis: nohost, secret: 0123456789abcdef}\n", `fleet.redis: "nohost": want host:port or a redis:// URL`},
+		{"fleet: {redis: \"http://x:1\", secret: 0123456789abcdef}\n", "fleet.redis: redis: invalid URL scheme"},
+		{"fleet: {redis: \"redis://:pw@x:1\", password: pw2, secret: 0123456789abcdef}\n", "the password is given more than once"},
+		{"fleet: {redis: x:1, password_env: SKETCHPROXY_TEST_UNSET, secret: 0123456789abcdef}\n", "SKETCHPROXY_TEST_UNSET is empty or unset"},
+		{"fleet: {redis: x:1, password_file: /nonexistent/pw, secret: 0123456789abcdef}\n", "fleet.password_file: open /nonexistent/pw"},
+		{"fleet: {redis: x:1, tls: {ca_file: /nonexistent/ca}, secret: 0123456789abcdef}\n", "fleet.tls.ca_file: open /nonexistent/ca"},
+		{"fleet: {redis: x:1, tls: {cert_file: a.pem}, secret: 0123456789abcdef}\n", "cert_file and key_file together"},
+		{"fleet: {cluster: [x:1], db: 2, secret: 0123456789abcdef}\n", "fleet.db: Redis Cluster has only database 0"},
+		{"fleet: {sentinel: {addrs: [x:1]}, secret: 0123456789abcdef}\n", "fleet.sentinel: want master"},
+		{"fleet: {redis: x:1, prefix: \"a{b}\", secret: 0123456789abcdef}\n", "fleet.prefix"},
 		{"fleet: {redis: x:1, secret: short}\n", "fleet.secret: a per-deployment secret of at least 16 bytes"},
 		{"fleet: {redis: x:1, secret: 0123456789abcdef, wallet_on_failure: maybe}\n", `fleet.wallet_on_failure: "maybe": want closed or local`},
 		{"fleet: {redis: x:1, secret: 0123456789abcdef, interval: 1ms}\n", "fleet.interval: want 10ms to 1m"},

@@ -161,6 +161,7 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 	}
 	if cfg.Fleet != nil {
 		m.fleet = newFleet(cfg.Fleet, m.log, m.now)
+		m.reg.MustRegister(m.fleet.roundTime)
 	}
 	return m, nil
 }
@@ -724,9 +725,6 @@ func (m *Middleware) commit(st *state, v *verdict, rq *request) {
 		}
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
 		_, f := l.sk.ObserveBytes(rq.buf)
-		if m.fleet != nil {
-			m.fleet.add(rq.buf, 1)
-		}
 		first = first || i == 0 && f
 	}
 	if first && len(ru.limits) > 0 && !st.cfg.NewKeys.Disabled {
@@ -787,9 +785,6 @@ func (m *Middleware) charge(ru *rule, rq *request, key string) bool {
 	b := ru.budget
 	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
 	b.sk.ObserveBytesN(time.Time{}, rq.buf, b.cost)
-	if m.fleet != nil {
-		m.fleet.add(rq.buf, b.cost)
-	}
 	if b.sk.EstimateBytes(rq.buf) == 0 && !b.cfg.FailOpen {
 		return false
 	}

@@ -404,9 +404,6 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		if allowed && !h.negative && h.hits > 0 {
 			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
 			l.sk.ObserveBytesN(time.Time{}, buf, uint32(min(h.hits, maxThreshold+1)))
-			if m.fleet != nil {
-				m.fleet.add(buf, uint32(min(h.hits, maxThreshold+1)))
-			}
 			est += uint64(h.hits)
 		}
 		dst := resp.Statuses[i]

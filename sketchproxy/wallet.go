@@ -89,9 +89,6 @@ func (s *settlement) settle(h http.Header, trailer bool) bool {
 	buf := skey(nil, s.ru.cfg.Name, "$"+b.cfg.Name, s.key)
 	before := b.sk.EstimateBytes(buf)
 	after, _ := b.sk.ObserveBytesN(time.Time{}, buf, extra)
-	if m.fleet != nil {
-		m.fleet.add(buf, extra)
-	}
 	if after > before {
 		m.met.reconciled.Add(uint64(after-before) * b.cfg.Unit)
 	}

@@ -132,7 +132,7 @@ func (e *exactGlobal) observe(key string, now time.Time) bool {
 
 type phaseStats struct {
 	requests, wrongAllowed, wrongLimited, failed atomic.Int64
-	heavyAllowed, heavySent                      atomic.Int64
+	heavyAllowed, heavySent, heavyWant           atomic.Int64
 }
 
 // TestFleetThroughRedis runs three sketchproxy processes sharing one limit
@@ -150,13 +150,14 @@ func TestFleetThroughRedis(t *testing.T) {
 	}
 }
 
-func fleetThroughRedis(t *testing.T, refused string) {
-	rs := startRedis(t, 0)
-	bin := build(t)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
-	defer up.Close()
+// fleetLimit is the test fleets' limit: 40 per 2 s with burst 40, so
+// tick 1 s and threshold 40.
+const fleetLimit = 40
 
-	const limit = 40 // per 2 s with burst 40: tick 1 s, threshold 40
+// startFleet starts three replicas sharing fleetLimit through rs, keyed on
+// X-Key, and waits until each counts three.
+func startFleet(t *testing.T, rs *redisServer, bin, upstream, refused string) []*replica {
+	t.Helper()
 	dir := t.TempDir()
 	var reps []*replica
 	for i := range 3 {
@@ -176,20 +177,30 @@ rules:
     key: ["header:X-Key"]
     refused: %s
     limits: [{name: rate, requests: %d, per: 2s}]
-`, up.URL, rs.addr(), i, refused, limit)), 0o644)
+`, upstream, rs.addr(), i, refused, fleetLimit)), 0o644)
 		rep := &replica{}
 		rep.cmd, rep.out = start(t, bin, "-config", cfg)
 		rep.url = "http://" + waitFor(t, rep.out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
 		rep.admin = "http://" + waitFor(t, rep.out, regexp.MustCompile(`msg="admin listening" addr=(\S+)`))[1]
 		reps = append(reps, rep)
 	}
-	// Wait until every replica counts three.
 	deadline := time.Now().Add(10 * time.Second)
 	for _, r := range reps {
 		for metricValue(t, r.admin, "sketchproxy_fleet_replicas") != 3 && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	return reps
+}
+
+func fleetThroughRedis(t *testing.T, refused string) {
+	rs := startRedis(t, 0)
+	bin := build(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
+	defer up.Close()
+
+	const limit = fleetLimit
+	reps := startFleet(t, rs, bin, up.URL, refused)
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 5 * time.Second}
 	ex := &exactGlobal{tick: time.Second, theta: limit, free: refused == "free", m: map[string][2]int64{}}
@@ -218,6 +229,9 @@ rules:
 			ps.heavySent.Add(1)
 			if got {
 				ps.heavyAllowed.Add(1)
+			}
+			if want {
+				ps.heavyWant.Add(1)
 			}
 		}
 		if got && !want {
@@ -282,7 +296,7 @@ rules:
 	upDuring := sum("sketchproxy_fleet_up")
 	rs2 := startRedis(t, rs.port)
 	_ = rs2
-	deadline = time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for sum("sketchproxy_fleet_up") != 3 && time.Now().Before(deadline) {
 		run(&back, 500*time.Millisecond, true, true)
 	}
@@ -293,9 +307,9 @@ rules:
 	cmds := sum("sketchproxy_fleet_redis_commands_total")
 	report := func(name string, p *phaseStats) {
 		n := float64(p.requests.Load())
-		t.Logf("%-22s %6d requests: %.3f%% wrongly allowed, %.3f%% wrongly limited against an exact global limiter; heavy keys passed %d of %d; %d failed",
+		t.Logf("%-22s %6d requests: %.3f%% wrongly allowed, %.3f%% wrongly limited against an exact global limiter; heavy keys passed %d of %d (the exact limiter: %d); %d failed",
 			name, p.requests.Load(), 100*float64(p.wrongAllowed.Load())/n, 100*float64(p.wrongLimited.Load())/n,
-			p.heavyAllowed.Load(), p.heavySent.Load(), p.failed.Load())
+			p.heavyAllowed.Load(), p.heavySent.Load(), p.heavyWant.Load(), p.failed.Load())
 	}
 	report("fleet, Redis up", &normal)
 	report("mice only", &miceOnly)
@@ -321,9 +335,136 @@ rules:
 	if n := normal.requests.Load(); float64(normal.wrongAllowed.Load()+normal.wrongLimited.Load())/float64(n) > 0.05 {
 		t.Errorf("more than 5%% wrong decisions with the fleet up")
 	}
-	// At 3x the limit a heavy key gets a third of its requests through when
-	// refusals are free, far fewer when they count.
-	if h := float64(normal.heavyAllowed.Load()) / float64(normal.heavySent.Load()); h > 0.5 {
-		t.Errorf("heavy keys passed %.0f%% of their requests at 3x the limit: the fleet did not share their counts", 100*h)
+	// At 3x the limit, three replicas without the fleet would each pass
+	// their third of a heavy key at their own limit: nearly all of it, 2.5x
+	// or more what the exact limiter passes. With the fleet they pass
+	// close to the exact limiter's count; the sync lag (one interval) lets
+	// a little more through.
+	if h, want := normal.heavyAllowed.Load(), normal.heavyWant.Load(); float64(h) > 1.4*float64(want) {
+		t.Errorf("heavy keys passed %d requests at 3x the limit, the exact limiter %d: the fleet did not share their counts", h, want)
+	}
+}
+
+// TestFleetRedisRestart kills Redis under a fleet for 10 s and brings it
+// back empty, with keys at 0.85x the limit and one at 3x, each sent round
+// robin over three replicas. It measures decisions against an exact global
+// limiter in every second, from the moment Redis answers again: the
+// replicas resend what their sketches hold now, decayed, so no key under
+// its limit is refused.
+func TestFleetRedisRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the fleet restart test runs about 30 s")
+	}
+	rs := startRedis(t, 0)
+	bin := build(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
+	defer up.Close()
+	reps := startFleet(t, rs, bin, up.URL, "free")
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 5 * time.Second}
+	ex := &exactGlobal{tick: time.Second, theta: fleetLimit, free: true, m: map[string][2]int64{}}
+
+	type second struct{ sent, wrongLimited, steadyLimited, wrongAllowed, failed atomic.Int64 }
+	var mu sync.Mutex
+	var phase string
+	var start time.Time
+	stats := map[string][]*second{}
+	bucket := func() *second {
+		mu.Lock()
+		defer mu.Unlock()
+		i := int(time.Since(start) / time.Second)
+		for len(stats[phase]) <= i {
+			stats[phase] = append(stats[phase], &second{})
+		}
+		return stats[phase][i]
+	}
+	setPhase := func(p string) {
+		mu.Lock()
+		phase, start = p, time.Now()
+		mu.Unlock()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	key := func(name string, perSecond float64, steady bool) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tk := time.NewTicker(time.Duration(float64(time.Second) / perSecond))
+			defer tk.Stop()
+			for i := 0; ; i++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tk.C:
+				}
+				b := bucket()
+				want := ex.observe(name, time.Now())
+				req, _ := http.NewRequest("GET", reps[i%3].url, nil)
+				req.Header.Set("X-Key", name)
+				resp, err := client.Do(req)
+				b.sent.Add(1)
+				if err != nil {
+					b.failed.Add(1)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				switch got := resp.StatusCode == 200; {
+				case resp.StatusCode != 200 && resp.StatusCode != 429:
+					b.failed.Add(1)
+				case got && !want:
+					b.wrongAllowed.Add(1)
+				case !got && want:
+					b.wrongLimited.Add(1)
+					if steady {
+						b.steadyLimited.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	setPhase("up")
+	for k := range 6 {
+		key(fmt.Sprint("steady", k), 0.85*fleetLimit/2, true) // 17 a second: 0.85x
+	}
+	key("heavy", 3*fleetLimit/2, false) // 60 a second: 3x
+	time.Sleep(5 * time.Second)
+	rs.kill()
+	setPhase("down")
+	time.Sleep(10 * time.Second)
+	startRedis(t, rs.port) // empty: nothing persisted
+	setPhase("back")
+	time.Sleep(10 * time.Second)
+	cancel()
+	wg.Wait()
+
+	var limitedBack, limitedDown, failed int64
+	for _, p := range []string{"up", "down", "back"} {
+		var line []string
+		for i, s := range stats[p] {
+			line = append(line, fmt.Sprintf("%d:%d/%d/%d/%d", i, s.steadyLimited.Load(), s.wrongLimited.Load(), s.wrongAllowed.Load(), s.sent.Load()))
+			failed += s.failed.Load()
+			switch p {
+			case "back":
+				limitedBack += s.steadyLimited.Load()
+			case "down":
+				limitedDown += s.steadyLimited.Load()
+			}
+		}
+		t.Logf("%-4s second:steady keys refused/all wrongly limited/wrongly allowed/sent  %s", p, strings.Join(line, " "))
+	}
+	var resends float64
+	for _, r := range reps {
+		resends += metricValue(t, r.admin, "sketchproxy_fleet_resends_total")
+	}
+	t.Logf("resends after Redis came back empty, summed over the replicas: %.0f", resends)
+	if failed != 0 {
+		t.Errorf("%d requests failed", failed)
+	}
+	if limitedBack != 0 {
+		t.Errorf("%d requests of keys at 0.85x their limit refused after Redis came back", limitedBack)
+	}
+	t.Logf("keys at 0.85x their limit: %d requests refused while Redis was down, %d after it came back", limitedDown, limitedBack)
+	if resends != 3 {
+		t.Errorf("sketchproxy_fleet_resends_total summed %.0f, want 3 (one per replica)", resends)
 	}
 }
