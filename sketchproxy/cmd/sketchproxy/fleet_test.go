@@ -28,6 +28,14 @@ type redisServer struct {
 
 func startRedis(t testing.TB, port int) *redisServer {
 	t.Helper()
+	return startRedisWith(t, port, true)
+}
+
+// startRedisWith starts redis-server on 127.0.0.1:port (a free one if 0)
+// with the extra arguments; with ping it waits for PONG on the port, else
+// for the port to accept (a TLS-only server).
+func startRedisWith(t testing.TB, port int, ping bool, extra ...string) *redisServer {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -36,21 +44,23 @@ func startRedis(t testing.TB, port int) *redisServer {
 		t.Skip("no redis-server (Debian: redis-server): the fleet test did not run")
 	}
 	if port == 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port = l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		port = freePort(t)
 	}
 	r := &redisServer{t: t, port: port}
-	r.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no")
+	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"}
+	r.cmd = exec.Command(bin, append(args, extra...)...)
+	out := new(lockedBuffer)
+	r.cmd.Stdout, r.cmd.Stderr = out, out
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := net.Dial("tcp", r.addr())
+		if err == nil && !ping {
+			c.Close()
+			break
+		}
 		if err == nil {
 			fmt.Fprint(c, "PING\r\n")
 			buf := make([]byte, 7)
@@ -62,12 +72,22 @@ func startRedis(t testing.TB, port int) *redisServer {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("redis-server did not answer on %s", r.addr())
+			t.Fatalf("redis-server did not answer on %s:\n%s", r.addr(), out)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Cleanup(r.kill)
 	return r
+}
+
+// freePort is a loopback port nothing listens on now.
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 func (r *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
