@@ -164,7 +164,13 @@ func (c *Config) validateFleet() error {
 // Redis's own clock (no skew between replicas), adds a replica's delta, sets
 // a TTL of a few half-lives, and returns the count and its tick.
 //
-// KEYS[1] the hashed key; ARGV: tick in ms, delta, TTL in ms.
+// It also keeps the run marker of the key's hash tag (KEYS[2], in the same
+// slot): set only if absent, so only the first replica after a restart sets
+// it, and returned, so a changed marker tells that Redis lost the tag's
+// counts. No command beyond one per hot key.
+//
+// KEYS[1] the hashed key, KEYS[2] its tag's marker; ARGV: tick in ms,
+// delta, TTL in ms, this replica's candidate marker.
 const syncScript = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -177,7 +183,8 @@ if age >= 53 then c = 0 elseif age > 0 then c = math.floor(c / 2 ^ age) end
 c = c + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'c', c, 't', tick)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {c, tick}
+redis.call('SET', KEYS[2], ARGV[4], 'NX')
+return {c, tick, redis.call('GET', KEYS[2])}
 `
 
 // fleet is the shared state of one Middleware's replica.
@@ -413,31 +420,16 @@ func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
 	defer cancel()
 	start := time.Now()
-	// One marker per hash tag, in the tag's slot: only the first replica
-	// after a restart can set it, so a changed marker says that the node
-	// holding the tag's keys lost them (with Redis Cluster, one node can).
-	var tags []string
-	seen := map[string]bool{}
-	for _, e := range es {
-		if t := e.tag; !seen[t] {
-			seen[t] = true
-			tags = append(tags, t)
-		}
-	}
-	runs := map[string]*redis.StringCmd{}
+	candidate := fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano())
 	exec := func() ([]*redis.Cmd, *redis.IntCmd, error) {
 		pipe := f.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(es))
 		for i, e := range es {
 			ttl := max(4*e.tick, 2*time.Duration(f.cfg.Interval))
-			cmds[i] = f.script.EvalSha(ctx, pipe, []string{e.rkey}, e.tick.Milliseconds(), ds[i], ttl.Milliseconds())
+			marker := f.cfg.Prefix + "{" + e.tag + "}run"
+			cmds[i] = f.script.EvalSha(ctx, pipe, []string{e.rkey, marker}, e.tick.Milliseconds(), ds[i], ttl.Milliseconds(), candidate)
 		}
-		for _, t := range tags {
-			marker := f.cfg.Prefix + "{" + t + "}run"
-			pipe.SetNX(ctx, marker, fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), 0)
-			runs[t] = pipe.Get(ctx, marker)
-		}
-		if len(tags) == 0 {
+		if len(es) == 0 {
 			pipe.Ping(ctx) // no hot keys: still learn whether Redis answers
 		}
 		var card *redis.IntCmd
@@ -464,26 +456,38 @@ func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time)
 	f.rounds.Add(1)
 	f.roundTime.Observe(time.Since(start).Seconds())
 	// Keys whose node answered are synced even when another node did not
-	// (Redis Cluster): what they sent is not sent again.
+	// (Redis Cluster): what they sent is not sent again. A tag whose marker
+	// changed lost its counts (with Redis Cluster, one node can).
+	type result struct {
+		c, tick int64
+		ok      bool
+	}
+	res := make([]result, len(es))
 	lostTags := map[string]bool{}
-	for _, t := range tags {
-		r, rerr := runs[t].Result()
-		if rerr != nil {
+	for i, e := range es {
+		v, cerr := cmds[i].Slice()
+		if cerr != nil || len(v) != 3 {
 			continue
 		}
-		if old, ok := f.run[t]; ok && old != r {
-			lostTags[t] = true
+		c, ok1 := v[0].(int64)
+		tk, ok2 := v[1].(int64)
+		run, ok3 := v[2].(string)
+		if !ok1 || !ok2 || !ok3 {
+			continue
 		}
-		f.run[t] = r
+		res[i] = result{c, tk, true}
+		if old, seen := f.run[e.tag]; seen && old != run {
+			lostTags[e.tag] = true
+		}
+		f.run[e.tag] = run
 	}
 	if len(lostTags) > 0 {
 		f.resends.Add(1)
-		f.log.Warn("fleet: Redis lost the shared counts (restarted empty): resending local histories, decayed", "tags", len(lostTags), "of", len(tags))
+		f.log.Warn("fleet: Redis lost the shared counts (restarted empty): resending local histories, decayed", "hash_tags", len(lostTags))
 	}
 	synced := 0
 	for i, e := range es {
-		res, cerr := cmds[i].Int64Slice()
-		if _, rerr := runs[e.tag].Result(); cerr != nil || rerr != nil || len(res) != 2 {
+		if !res[i].ok {
 			continue
 		}
 		synced++
@@ -497,8 +501,8 @@ func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time)
 		}
 		e.base.Store(packBase(held, now.UnixNano()/int64(e.tick)))
 		e.reseed.Store(lost)
-		e.valTick.Store(res[1])
-		e.val.Store(res[0])
+		e.valTick.Store(res[i].tick)
+		e.val.Store(res[i].c)
 		e.synced.Store(true)
 	}
 	f.keySyncs.Add(uint64(synced))
