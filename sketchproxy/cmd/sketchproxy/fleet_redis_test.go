@@ -312,3 +312,83 @@ rules:
 		}
 	}
 }
+
+// TestFleetRedisSentinel runs a replica against a master found through
+// Redis Sentinel, kills the master, and checks that the sentinel's failover
+// to the replica brings the fleet back, with no failed request.
+func TestFleetRedisSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the sentinel test runs about 15 s")
+	}
+	master := startRedis(t, 0)
+	startRedisWith(t, 0, true, "--replicaof", "127.0.0.1", strconv.Itoa(master.port))
+	dir := t.TempDir()
+	sport := freePort(t)
+	conf := filepath.Join(dir, "sentinel.conf")
+	os.WriteFile(conf, []byte(fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor fleetmaster 127.0.0.1 %d 1\nsentinel down-after-milliseconds fleetmaster 1000\nsentinel failover-timeout fleetmaster 5000\n", sport, master.port)), 0o644)
+	bin, _ := exec.LookPath("redis-server")
+	sentinel := exec.Command(bin, conf, "--sentinel")
+	sout := new(lockedBuffer)
+	sentinel.Stdout, sentinel.Stderr = sout, sout
+	if err := sentinel.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sentinel.Process.Kill(); sentinel.Wait() })
+
+	sp := build(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
+	defer up.Close()
+	cfg := filepath.Join(dir, "r.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstream: %q
+fleet:
+  sentinel: {master: fleetmaster, addrs: ["127.0.0.1:%d"]}
+  secret: "test-secret-0123456789"
+  interval: 100ms
+  timeout: 200ms
+rules:
+  - name: api
+    key: ["header:X-Key"]
+    limits: [{requests: 40, per: 2s}]
+`, up.URL, sport)), 0o644)
+	_, out := start(t, sp, "-config", cfg)
+	url := "http://" + waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
+	admin := "http://" + waitFor(t, out, regexp.MustCompile(`msg="admin listening" addr=(\S+)`))[1]
+	waitFor(t, out, regexp.MustCompile(`fleet: Redis reachable`))
+	var failed atomic.Int64
+	send := func(n int) {
+		for range n {
+			req, _ := http.NewRequest("GET", url, nil)
+			req.Header.Set("X-Key", "heavy")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil || resp.StatusCode != 200 && resp.StatusCode != 429 {
+				failed.Add(1)
+			}
+			if resp != nil {
+				resp.Body.Close()
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	send(30)
+	syncsBefore := metricValue(t, admin, "sketchproxy_fleet_key_syncs_total")
+	master.kill()
+	// Requests go on through the outage and the failover.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		send(10)
+		if metricValue(t, admin, "sketchproxy_fleet_up") == 1 && metricValue(t, admin, "sketchproxy_fleet_key_syncs_total") > syncsBefore+5 &&
+			strings.Contains(sout.String(), "+switch-master") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no failover: fleet_up %v, key syncs %v (before %v)\nsentinel:\n%s\nsketchproxy:\n%s", metricValue(t, admin, "sketchproxy_fleet_up"),
+				metricValue(t, admin, "sketchproxy_fleet_key_syncs_total"), syncsBefore, sout, out)
+		}
+	}
+	if failed.Load() != 0 {
+		t.Errorf("%d requests failed", failed.Load())
+	}
+	t.Logf("the sentinel switched the master; the fleet syncs again (%v key syncs before the kill, %v now)", syncsBefore, metricValue(t, admin, "sketchproxy_fleet_key_syncs_total"))
+}
