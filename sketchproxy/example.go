@@ -33,13 +33,22 @@ client_ip:
 #                                  # only callers in client_ip.trusted_proxies are answered
 
 # envoy_rls:                       # Envoy's and Istio's rate-limit service (gRPC, with gRPC health)
-#   listen: "127.0.0.1:8081"
+#   listen: "127.0.0.1:8082"
 #   domains:                       # envoyproxy/ratelimit's format, inline...
 #     - domain: edge
 #       descriptors:
 #         - key: remote_address
 #           rate_limit: {unit: minute, requests_per_unit: 5}
 #   files: [ratelimit/api.yaml]    # ...or its files as they are (relative to this file)
+
+# fleet:                           # N replicas enforce one limit through Redis (or Valkey): only hot keys sync
+#   redis: "rediss://sketchproxy@redis.internal:6380/0"   # or host:port; or cluster: [seeds] or sentinel: {master, addrs}
+#   password_file: /run/secrets/redis-password            # or password_env, the URL, or password: at most one
+#   tls: {ca_file: /etc/sketchproxy/redis-ca.pem}         # cert_file and key_file for a client certificate
+#   secret_file: /etc/sketchproxy/fleet-secret            # HMAC key for keys sent to Redis, the same everywhere
+#   replicas: 0                    # N; 0 counts the replicas that heartbeat
+#   interval: 500ms
+#   wallet_on_failure: closed      # budget routes while Redis is away: closed (503) or local (θ/N)
 
 sketch:
   buckets: 65536                   # 4 MiB per distinct tick; never grows
