@@ -79,36 +79,12 @@ func TestFleetRedisTLSAndACL(t *testing.T) {
 		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "yes",
 		"--user", "default", "off", "--user", "fleet"}
 	startRedisWith(t, port, false, append(args, strings.Fields(fmt.Sprintf(fleetACL, "fleet-pw-0123"))...)...)
-	bin := build(t)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
-	defer up.Close()
-	cfg := filepath.Join(dir, "r.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstream: %q
-fleet:
-  redis: "rediss://fleet@127.0.0.1:%d/0"
+	url, admin, out, cfg := oneReplica(t, dir, fmt.Sprintf(`  redis: "rediss://fleet@127.0.0.1:%d/0"
   password_file: %q
-  tls: {ca_file: %q, cert_file: %q, key_file: %q}
-  secret: "test-secret-0123456789"
-  interval: 100ms
-rules:
-  - name: api
-    key: ["header:X-Key"]
-    limits: [{requests: 40, per: 2s}]
-`, up.URL, port, filepath.Join(dir, "password"), filepath.Join(dir, "ca.pem"), filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))), 0o644)
-	_, out := start(t, bin, "-config", cfg)
-	url := "http://" + waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
-	admin := "http://" + waitFor(t, out, regexp.MustCompile(`msg="admin listening" addr=(\S+)`))[1]
-	waitFor(t, out, regexp.MustCompile(`fleet: Redis reachable`)) // keys are promoted only while it is
-	for range 30 {
-		req, _ := http.NewRequest("GET", url, nil)
-		req.Header.Set("X-Key", "heavy")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+  tls: {ca_file: %q, cert_file: %q, key_file: %q}`,
+		port, filepath.Join(dir, "password"), filepath.Join(dir, "ca.pem"), filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key")))
+	if n := sendHeavy(url, 30); n != 0 {
+		t.Fatalf("%d requests failed", n)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for metricValue(t, admin, "sketchproxy_fleet_key_syncs_total") == 0 && time.Now().Before(deadline) {
@@ -119,8 +95,55 @@ rules:
 	}
 	// The same server refuses a replica without the client certificate.
 	os.WriteFile(cfg, []byte(strings.Replace(mustRead(t, cfg), fmt.Sprintf(", cert_file: %q, key_file: %q", filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key")), "", 1)), 0o644)
-	_, out2 := start(t, bin, "-config", cfg)
+	_, out2 := start(t, build(t), "-config", cfg)
 	waitFor(t, out2, regexp.MustCompile(`fleet: Redis unreachable`))
+}
+
+// oneReplica starts one sketchproxy with fleet (YAML lines indented by two
+// spaces) and a 40-per-2s rule keyed on X-Key in front of an "ok" upstream,
+// and waits until Redis is reachable. It returns the proxy's URL, its admin
+// URL, its output and its config file.
+func oneReplica(t *testing.T, dir, fleet string) (url, admin string, out *lockedBuffer, cfg string) {
+	t.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
+	t.Cleanup(up.Close)
+	cfg = filepath.Join(dir, "r.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+upstream: %q
+fleet:
+%s
+  secret: "test-secret-0123456789"
+  interval: 100ms
+  timeout: 200ms
+rules:
+  - name: api
+    key: ["header:X-Key"]
+    limits: [{requests: 40, per: 2s}]
+`, up.URL, fleet)), 0o644)
+	_, out = start(t, build(t), "-config", cfg)
+	url = "http://" + waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
+	admin = "http://" + waitFor(t, out, regexp.MustCompile(`msg="admin listening" addr=(\S+)`))[1]
+	waitFor(t, out, regexp.MustCompile(`fleet: Redis reachable`)) // keys are promoted only while it is
+	return url, admin, out, cfg
+}
+
+// sendHeavy sends n requests of key "heavy" to url, 10 ms apart, and
+// returns how many failed (neither 200 nor 429).
+func sendHeavy(url string, n int) (failed int) {
+	for range n {
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("X-Key", "heavy")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 && resp.StatusCode != 429 {
+			failed++
+		}
+		if resp != nil {
+			resp.Body.Close()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return failed
 }
 
 func mustRead(t *testing.T, path string) string {
@@ -335,42 +358,9 @@ func TestFleetRedisSentinel(t *testing.T) {
 	}
 	t.Cleanup(func() { sentinel.Process.Kill(); sentinel.Wait() })
 
-	sp := build(t)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") }))
-	defer up.Close()
-	cfg := filepath.Join(dir, "r.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
-admin: 127.0.0.1:0
-upstream: %q
-fleet:
-  sentinel: {master: fleetmaster, addrs: ["127.0.0.1:%d"]}
-  secret: "test-secret-0123456789"
-  interval: 100ms
-  timeout: 200ms
-rules:
-  - name: api
-    key: ["header:X-Key"]
-    limits: [{requests: 40, per: 2s}]
-`, up.URL, sport)), 0o644)
-	_, out := start(t, sp, "-config", cfg)
-	url := "http://" + waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1] + "/"
-	admin := "http://" + waitFor(t, out, regexp.MustCompile(`msg="admin listening" addr=(\S+)`))[1]
-	waitFor(t, out, regexp.MustCompile(`fleet: Redis reachable`))
+	url, admin, out, _ := oneReplica(t, dir, fmt.Sprintf(`  sentinel: {master: fleetmaster, addrs: ["127.0.0.1:%d"]}`, sport))
 	var failed atomic.Int64
-	send := func(n int) {
-		for range n {
-			req, _ := http.NewRequest("GET", url, nil)
-			req.Header.Set("X-Key", "heavy")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil || resp.StatusCode != 200 && resp.StatusCode != 429 {
-				failed.Add(1)
-			}
-			if resp != nil {
-				resp.Body.Close()
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	send := func(n int) { failed.Add(int64(sendHeavy(url, n))) }
 	send(30)
 	syncsBefore := metricValue(t, admin, "sketchproxy_fleet_key_syncs_total")
 	master.kill()
