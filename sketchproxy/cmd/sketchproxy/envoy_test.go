@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -264,5 +265,51 @@ envoy_rls:
 	_, out = start(t, bin, "-config", cfg)
 	if c := call(waitFor(t, out, re)[1]); c != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("the 6th call, after a restart: %v, want OVER_LIMIT\n%s", c, out)
+	}
+}
+
+// SIGHUP reloads envoy_rls's domains, files included; an invalid file keeps
+// the running ones.
+func TestBinaryEnvoyRLSReload(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "rls.yaml")
+	os.WriteFile(cfg, []byte("admin: \"off\"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  files: [edge.yaml]\n"), 0o644)
+	domain := func(n int) {
+		os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(fmt.Sprintf("domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: %d}\n", n)), 0o644)
+	}
+	domain(100)
+	cmd, out := start(t, bin, "-config", cfg)
+	addr := waitFor(t, out, regexp.MustCompile(`msg="envoy rate limit service listening" protocol=grpc addr=(\S+)`))[1]
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	limit := func() uint32 {
+		resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "ann")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+	}
+	if got := limit(); got != 100 {
+		t.Fatalf("limit %d, want 100", got)
+	}
+	domain(7)
+	cmd.Process.Signal(syscall.SIGHUP)
+	waitFor(t, out, regexp.MustCompile(`msg="config reloaded"`))
+	if got := limit(); got != 7 {
+		t.Errorf("after a reload: limit %d, want 7", got)
+	}
+	os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte("domain: edge\ndescriptors:\n  - key: user\n    rate_limt: {}\n"), 0o644)
+	cmd.Process.Signal(syscall.SIGHUP)
+	m := waitFor(t, out, regexp.MustCompile(`msg="reload failed: keeping the running config" err="([^"]*)"`))
+	if !strings.Contains(m[1], "edge.yaml:4") {
+		t.Errorf("the reload error %q does not name edge.yaml:4", m[1])
+	}
+	if got := limit(); got != 7 {
+		t.Errorf("after an invalid reload: limit %d, want the running 7", got)
 	}
 }
