@@ -316,7 +316,10 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 	}
 	tag := tagFrom(h)
 	e := epoch24(now)
-	weakest := weakestOf(b, uint64(e))
+	weakest, old := weakestOf(b, uint64(e))
+	if old {
+		return s.observe1(b, shard, h, now, wt, 0) // a slot to scrub, or one ahead of now
+	}
 	weak, weakEff := int(weakest&(slotsPerBucket-1)), uint32(weakest>>3)
 	x := b.s[weak].Load()
 	if x != 0 && (tagOf(x) == tag || ageOf(x, e) >= evaporation || effective(x, e) != weakEff) {
@@ -346,35 +349,48 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 }
 
 // refresh is Phase 1 alone, the common case: the key holds exactly one slot,
-// no slot is 24 or more ticks old or ahead of now, and one CAS wins. It is
-// a small leaf with conditional moves, no branches on the slots' contents:
-// bucket contents are random, and a branch that mispredicts when the load
-// returns throws away the work the CPU had started on the next call. It
-// returns the estimate (0 when it did not apply), the attempts it used (a
-// lost CAS counts as the first of observe1's four), and miss: the key holds
-// no slot and nothing needs scrubbing, so a claim or challenge can follow at
-// once.
+// no slot is 24 or more ticks old or ahead of now, and one CAS wins. When
+// the key's slot was written this tick already, the ages are not checked:
+// that write scrubbed the bucket, and no slot turns 24 ticks old within a
+// tick (docs/DESIGN.md, Scrub-on-write). It is a small leaf with
+// conditional moves, no branches on the slots' contents: bucket contents
+// are random, and a branch that mispredicts when the load returns throws
+// away the work the CPU had started on the next call. It returns the
+// estimate (0 when it did not apply), the attempts it used (a lost CAS
+// counts as the first of observe1's four), and miss: the key holds no slot,
+// so a claim or challenge may follow (weakestOf checks the ages).
 func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, tried int, miss bool) {
 	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
 	e := uint64(epoch24(now))
 	var x uint64
-	j, n, old := 0, 0, false
+	j, n := 0, 0
 	for k := slotsPerBucket - 1; k >= 0; k-- {
-		y := b.s[k].Load()
-		if y>>tagShift == tag {
+		if y := b.s[k].Load(); y>>tagShift == tag {
 			x, j, n = y, k, n+1
 		}
-		t := y >> epochShift
-		if y == 0 {
-			t = e // an empty slot is never old
-		}
-		if (e-t)&epochMask >= evaporation {
-			old = true
+	}
+	// The key's slot written this tick already: that write scrubbed the
+	// bucket, and no slot turns 24 ticks old within a tick, so there is
+	// nothing to scrub (docs/DESIGN.md, Scrub-on-write).
+	if n == 0 {
+		return 0, false, 0, true // a miss: weakestOf checks the ages
+	}
+	old := false
+	if n != 1 || epochOf(x) != uint32(e) {
+		for k := range slotsPerBucket {
+			y := b.s[k].Load()
+			t := y >> epochShift
+			if y == 0 {
+				t = e // an empty slot is never old
+			}
+			if (e-t)&epochMask >= evaporation {
+				old = true
+			}
 		}
 	}
 	age := ageOf(x, uint32(e)) // old is false, so age < 24: never ahead
 	if n != 1 || old {
-		return 0, false, 0, n == 0 && !old
+		return 0, false, 0, false
 	}
 	c := satAdd(decay(countOf(x), age), wt)
 	y := pack(uint16(tag), uint32(e), c)
@@ -391,12 +407,13 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 // weakestOf is the second pass of a miss, over words still in L1: the
 // smallest effective count at epoch e times 8 plus its slot (the lowest
 // slot among equals), where an empty slot reads 0, so a result below 8 is
-// the first free slot. Like refresh, it has no branches on the slots'
-// contents. refresh found no slot 24 or more ticks old, so the counts are
+// the first free slot; and old, whether a slot is 24 or more ticks old (to
+// scrub) or ahead of e, which the caller leaves to observe1. Like refresh,
+// it has no branches on the slots' contents. Without old the counts are
 // exact unless a racing writer changed the bucket since; the caller reloads
 // the one word it acts on and checks it still reads as here.
-func weakestOf(b *bucket, e uint64) uint64 {
-	weakest := uint64(math.MaxUint64)
+func weakestOf(b *bucket, e uint64) (weakest uint64, old bool) {
+	weakest = math.MaxUint64
 	for k := range slotsPerBucket {
 		y := b.s[k].Load()
 		t := y >> epochShift
@@ -404,11 +421,14 @@ func weakestOf(b *bucket, e uint64) uint64 {
 			t = e
 		}
 		age := (e - t) & epochMask
+		if age >= evaporation {
+			old = true
+		}
 		if c := (y&countMax)>>(age&63)<<3 | uint64(k); c < weakest {
 			weakest = c
 		}
 	}
-	return weakest
+	return weakest, old
 }
 
 // observe1 is observe for one bucket, the slow path, after

@@ -113,11 +113,22 @@ func (m *Model) ObserveN(h uint64, tick int64, w uint32) (uint32, bool) {
 	tag := keyTag(h)
 	slots := m.slots(h)
 
-	// Scrub every other slot silent for 24 ticks or more (scrub-on-write).
+	// Scrub every other slot silent for 24 ticks or more (scrub-on-write),
+	// unless (one bucket) the key's slot was written this tick already: that
+	// write scrubbed, and no slot turns 24 ticks old within a tick.
+	own, held := 0, (*Slot)(nil)
 	for _, s := range slots {
-		if !s.empty() && s.Tag != tag && s.age(now) >= 24 {
-			*s = Slot{}
-			m.Stats[Scrubbed]++
+		if !s.empty() && s.Tag == tag {
+			own++
+			held = s
+		}
+	}
+	if m.TwoChoice || own != 1 || held.age(now) != 0 {
+		for _, s := range slots {
+			if !s.empty() && s.Tag != tag && s.age(now) >= 24 {
+				*s = Slot{}
+				m.Stats[Scrubbed]++
+			}
 		}
 	}
 
