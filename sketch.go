@@ -301,11 +301,12 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	return s.observeView(h, now, wt)
 }
 
-// observeBucket is observe for one bucket, the default. One pass over the
-// bucket (scan) decides the common cases: a refresh of the key's one slot,
-// or, on a miss, a claim of the first free slot or a challenge of the
-// weakest. Everything else (a sibling to scrub, a duplicate, a slot ahead of
-// now, a lost CAS) goes to observe1, which makes the same decisions slowly.
+// observeBucket is observe for one bucket, the default. Branch-free passes
+// over the bucket decide the common cases: refresh, a refresh of the key's
+// one slot; on a miss, weakestOf, then a claim of the first free slot or a
+// challenge of the weakest. Everything else (a sibling to scrub, a
+// duplicate, a slot ahead of now, a lost CAS) goes to observe1, which makes
+// the same decisions slowly.
 func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32) (uint32, bool) {
 	est, first, tried, miss := refresh(b, h, now, wt)
 	if est != 0 {
@@ -369,21 +370,16 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 			x, j, n = y, k, n+1
 		}
 	}
-	// The key's slot written this tick already: that write scrubbed the
-	// bucket, and no slot turns 24 ticks old within a tick, so there is
-	// nothing to scrub (docs/DESIGN.md, Scrub-on-write).
 	if n == 0 {
 		return 0, false, 0, true // a miss: weakestOf checks the ages
 	}
+	// The key's slot written this tick already: that write scrubbed the
+	// bucket, and no slot turns 24 ticks old within a tick, so there is
+	// nothing to scrub (docs/DESIGN.md, Scrub-on-write).
 	old := false
 	if n != 1 || epochOf(x) != uint32(e) {
 		for k := range slotsPerBucket {
-			y := b.s[k].Load()
-			t := y >> epochShift
-			if y == 0 {
-				t = e // an empty slot is never old
-			}
-			if (e-t)&epochMask >= evaporation {
+			if slotAge(b.s[k].Load(), e) >= evaporation {
 				old = true
 			}
 		}
@@ -404,6 +400,17 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	return c, age > 0, 0, false
 }
 
+// slotAge is the apparent age of word y at epoch e, as refresh and
+// weakestOf read it: an empty slot is never old (age 0), and a slot ahead of
+// e reads 2^23 or more.
+func slotAge(y, e uint64) uint64 {
+	t := y >> epochShift
+	if y == 0 {
+		t = e
+	}
+	return (e - t) & epochMask
+}
+
 // weakestOf is the second pass of a miss, over words still in L1: the
 // smallest effective count at epoch e times 8 plus its slot (the lowest
 // slot among equals), where an empty slot reads 0, so a result below 8 is
@@ -416,11 +423,7 @@ func weakestOf(b *bucket, e uint64) (weakest uint64, old bool) {
 	weakest = math.MaxUint64
 	for k := range slotsPerBucket {
 		y := b.s[k].Load()
-		t := y >> epochShift
-		if y == 0 {
-			t = e
-		}
-		age := (e - t) & epochMask
+		age := slotAge(y, e)
 		if age >= evaporation {
 			old = true
 		}
