@@ -206,7 +206,7 @@ type fleet struct {
 	rttNs, lastOK                           atomic.Int64
 	roundTime                               prometheus.Histogram
 
-	run   map[string]string // the run marker last seen per hash tag (sync goroutine only)
+	run   map[string]string // each hash tag's run marker as last seen, by marker key (sync goroutine only)
 	runID string            // this replica\'s candidate marker
 
 	stop chan struct{}
@@ -220,12 +220,12 @@ type hotShard struct {
 
 // hotEntry is one promoted key of one limit or budget.
 type hotEntry struct {
-	rkey  string // prefix + {tag} + HMAC(secret, sketch key)
-	tag   string // the hash tag: its run marker lives in the same slot
-	skey  []byte // the local sketch key
-	sk    *epochsketch.Sketch
-	tick  time.Duration
-	theta uint32
+	rkey   string // prefix + {tag} + HMAC(secret, sketch key)
+	marker string // prefix + {tag} + run: the tag's run marker, in the same slot
+	skey   []byte // the local sketch key
+	sk     *epochsketch.Sketch
+	tick   time.Duration
+	theta  uint32
 	// base is the part of the local estimate Redis holds, at the tick it
 	// was taken (packBase): what a round sends is the local estimate now
 	// less base decayed to now, so units counted while Redis was away are
@@ -282,11 +282,11 @@ func (f *fleet) promoteAt(theta uint32) uint32 {
 }
 
 // estimate is the fleet-wide estimate for a limit whose local estimate is
-// local (after adding w units of this request), adding w to the key's
-// unsynced delta if it is hot. While Redis is down it is local × N: the
+// local: for a hot key, the fleet count decayed to now plus what the local
+// sketch counted since the last round. While Redis is down it is local × N: the
 // limit is enforced at θ/N per replica. Mice (below a quarter of the
 // promotion point) cost one comparison: no map, no Redis.
-func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local, w uint32, now time.Time) uint32 {
+func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local uint32, now time.Time) uint32 {
 	p := f.promoteAt(theta)
 	if !f.up.Load() {
 		// Local at θ/N. A hot key's units are in the local sketch, sent
@@ -311,7 +311,7 @@ func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration
 		}
 		// base 0: the first round sends the history this replica saw.
 		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta}
-		e.rkey, e.tag = f.redisKey(skey)
+		e.rkey, e.marker = f.redisKeys(skey)
 		s.m[string(e.skey)] = e
 		f.count.Add(1)
 		f.promotions.Add(1)
@@ -361,14 +361,15 @@ func (e *hotEntry) baseAt(tk int64) uint32 {
 // Cluster's nodes; each tag's keys and run marker share a slot.
 const fleetTags = 16
 
-// redisKey is the key's name in Redis and its hash tag: the keyed hash of
-// the sketch key, so Redis never sees a client address or an API key.
-func (f *fleet) redisKey(skey []byte) (key, tag string) {
+// redisKeys are the key's name in Redis, the keyed hash of the sketch key
+// (Redis never sees a client address or an API key), and the run marker of
+// its hash tag.
+func (f *fleet) redisKeys(skey []byte) (key, marker string) {
 	m := hmac.New(sha256.New, f.cfg.secret)
 	m.Write(skey)
 	sum := m.Sum(nil)
-	tag = "t" + strconv.Itoa(int(sum[16])%fleetTags)
-	return f.cfg.Prefix + "{" + tag + "}k:" + hex.EncodeToString(sum[:16]), tag
+	tag := f.cfg.Prefix + "{t" + strconv.Itoa(int(sum[16])%fleetTags) + "}"
+	return tag + "k:" + hex.EncodeToString(sum[:16]), tag + "run"
 }
 
 // loop syncs every interval; after a failure it waits longer, up to 1 s or
@@ -426,8 +427,7 @@ func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time)
 		cmds := make([]*redis.Cmd, len(es))
 		for i, e := range es {
 			ttl := max(4*e.tick, 2*time.Duration(f.cfg.Interval))
-			marker := f.cfg.Prefix + "{" + e.tag + "}run"
-			cmds[i] = f.script.EvalSha(ctx, pipe, []string{e.rkey, marker}, e.tick.Milliseconds(), ds[i], ttl.Milliseconds(), candidate)
+			cmds[i] = f.script.EvalSha(ctx, pipe, []string{e.rkey, e.marker}, e.tick.Milliseconds(), ds[i], ttl.Milliseconds(), candidate)
 		}
 		if len(es) == 0 {
 			pipe.Ping(ctx) // no hot keys: still learn whether Redis answers
@@ -476,10 +476,10 @@ func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time)
 			continue
 		}
 		res[i] = result{c, tk, true}
-		if old, seen := f.run[e.tag]; seen && old != run {
-			lostTags[e.tag] = true
+		if old, seen := f.run[e.marker]; seen && old != run {
+			lostTags[e.marker] = true
 		}
-		f.run[e.tag] = run
+		f.run[e.marker] = run
 	}
 	if len(lostTags) > 0 {
 		f.resends.Add(1)
@@ -494,7 +494,7 @@ func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time)
 		// Redis now holds this replica's estimate, or, if the node had
 		// lost everything, only what this round sent: the next round sends
 		// the rest of the local history, decayed.
-		lost := lostTags[e.tag]
+		lost := lostTags[e.marker]
 		held := locals[i]
 		if lost {
 			held = uint32(ds[i])
@@ -528,10 +528,11 @@ func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time)
 // demote drops hot keys that fell well below the promotion point, here and
 // fleet-wide.
 func (f *fleet) demote(es []*hotEntry) {
+	now := f.now().UnixNano()
 	for _, e := range es {
 		p := f.promoteAt(e.theta)
 		local := e.sk.EstimateBytes(e.skey)
-		unsent := local > e.baseAt(f.now().UnixNano()/int64(e.tick))
+		unsent := local > e.baseAt(now/int64(e.tick))
 		if local >= max(1, p/4) || e.val.Load() >= int64(p) || e.reseed.Load() || unsent {
 			continue
 		}

@@ -658,7 +658,7 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		if v.counted {
 			after, first := l.sk.ObserveBytes(rq.buf)
 			if m.fleet != nil {
-				after = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, after, 1, now)
+				after = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, after, now)
 			}
 			est = max(after, 1) - 1
 			if i == 0 {
@@ -667,7 +667,7 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		} else {
 			est = l.sk.EstimateBytes(rq.buf)
 			if m.fleet != nil {
-				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 0, now)
+				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
 			}
 		}
 		v.ests[i] = est
@@ -746,7 +746,7 @@ func (m *Middleware) budgetEstimate(st *state, ru *rule, rq *request, key string
 	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
 	est = b.sk.EstimateBytes(rq.buf)
 	if m.fleet != nil {
-		est = m.fleet.estimate(rq.buf, b.sk, b.tick, b.theta, est, 0, now)
+		est = m.fleet.estimate(rq.buf, b.sk, b.tick, b.theta, est, now)
 	}
 	theta = b.theta
 	if newKey {
@@ -809,7 +809,7 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 			rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
 			est := l.sk.EstimateBytes(rq.buf)
 			if m.fleet != nil {
-				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, 0, now)
+				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
 			}
 			if uint64(est)+1 > uint64(v.thetas[j]) {
 				d = max(d, retryAfter(est, 1, v.thetas[j], now, l.tick))

@@ -91,8 +91,7 @@ type rlsNode struct {
 	exact    map[[2]string]*rlsNode
 	prefix   []rlsPrefix
 	any      map[string]*rlsNode
-	rule     int // index in the rules (and state.rlsRules); -1: no limit
-	unlimit  bool
+	rule     int    // index in the rules (and state.rlsRules); -1: no limit
 	name     string // rate_limit.name
 	unit     rlsv3.RateLimitResponse_RateLimit_Unit
 	requests uint32
@@ -216,37 +215,34 @@ func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
 				label += "=" + dd.Value
 			}
 			names := append(append([]string(nil), names...), label)
-			if rl := dd.RateLimit; rl != nil {
-				if rl.Unlimited {
-					child.unlimit = true
-				} else {
-					u, ok := rlsUnits[strings.ToLower(rl.Unit)]
-					if !ok {
-						return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "rate_limit", "unit")...)
-					}
-					if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 1 || rl.RequestsPerUnit > maxThreshold {
-						return c.errAt(fmt.Sprintf("%g: want a whole number from 1 to %d", rl.RequestsPerUnit, maxThreshold), append(p, "rate_limit", "requests_per_unit")...)
-					}
-					if tickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
-						return c.errAt(fmt.Sprintf("%g per %s needs a tick under 1ms", rl.RequestsPerUnit, rl.Unit), append(p, "rate_limit")...)
-					}
-					child.rule, child.name, child.unit, child.requests = len(r.rules), rl.Name, u.u, uint32(rl.RequestsPerUnit)
-					// The rule's name keys its counts and metrics: unique,
-					// even where printable folded two names into one.
-					name := printable("envoy:" + d.Domain + ":" + strings.Join(names, ":"))
-					for _, o := range r.rules {
-						if o.Name == name {
-							name += "#" + strconv.Itoa(len(r.rules))
-							break
-						}
-					}
-					r.rules = append(r.rules, Rule{
-						Name:    name,
-						Limits:  []Limit{{Name: "limit", Requests: rl.RequestsPerUnit, Per: Duration(u.d), Burst: rl.RequestsPerUnit}},
-						Shadow:  dd.ShadowMode,
-						Refused: "free",
-					})
+			// unlimited: no rule, so always OK
+			if rl := dd.RateLimit; rl != nil && !rl.Unlimited {
+				u, ok := rlsUnits[strings.ToLower(rl.Unit)]
+				if !ok {
+					return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "rate_limit", "unit")...)
 				}
+				if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 1 || rl.RequestsPerUnit > maxThreshold {
+					return c.errAt(fmt.Sprintf("%g: want a whole number from 1 to %d", rl.RequestsPerUnit, maxThreshold), append(p, "rate_limit", "requests_per_unit")...)
+				}
+				if tickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
+					return c.errAt(fmt.Sprintf("%g per %s needs a tick under 1ms", rl.RequestsPerUnit, rl.Unit), append(p, "rate_limit")...)
+				}
+				child.rule, child.name, child.unit, child.requests = len(r.rules), rl.Name, u.u, uint32(rl.RequestsPerUnit)
+				// The rule's name keys its counts and metrics: unique,
+				// even where printable folded two names into one.
+				name := printable("envoy:" + d.Domain + ":" + strings.Join(names, ":"))
+				for _, o := range r.rules {
+					if o.Name == name {
+						name += "#" + strconv.Itoa(len(r.rules))
+						break
+					}
+				}
+				r.rules = append(r.rules, Rule{
+					Name:    name,
+					Limits:  []Limit{{Name: "limit", Requests: rl.RequestsPerUnit, Per: Duration(u.d), Burst: rl.RequestsPerUnit}},
+					Shadow:  dd.ShadowMode,
+					Refused: "free",
+				})
 			}
 			if err := walk(child, dd.Descriptors, names, p); err != nil {
 				return err
@@ -304,7 +300,6 @@ type rlsHit struct {
 	est      uint32
 	theta    uint32
 	over     bool
-	counted  bool
 	negative bool
 }
 
@@ -378,7 +373,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
 		h.est = l.sk.EstimateBytes(buf)
 		if m.fleet != nil {
-			h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, 0, now)
+			h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, now)
 		}
 		h.theta = l.theta
 		h.over = !h.negative && uint64(h.est)+uint64(h.hits) > uint64(h.theta)

@@ -130,7 +130,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	var handler http.Handler = mw
-	errc := make(chan error, 3)
+	errc := make(chan error, 4) // one per server: forward_auth, main, admin, gRPC
 	var servers []*http.Server
 	if fa := cfg.ForwardAuth; fa != nil {
 		if faln == nil {
