@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/epochsketch/epochsketch"
-	"github.com/epochsketch/epochsketch/internal/sim"
+	"github.com/epochsketch/epochsketch/internal/kjvtest"
 )
 
 // A bound TopK decays with its sketch: a key that went quiet sinks below a
@@ -205,25 +204,12 @@ func precisionRun(t *testing.T, stream func(tick int) []string, ticks, k, bucket
 	return sumTop / float64(ticks), sumEst / float64(ticks), sumOld / float64(ticks)
 }
 
-// kjvTokens is the King James text in order (Debian's bible-kjv), as
-// sim.KJVStream reads it. CI installs the package and must have it.
-func kjvTokens(t *testing.T) []string {
-	words, err := sim.KJVStream()
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("bible-kjv is missing in CI (.ci/run installs it): %v", err)
-		}
-		t.Skip(err)
-	}
-	return words
-}
-
 // The TopK a user reads is the current top k: through TopK.List(), against
 // the exact decayed top k, on the King James text with a tick every 10,000
 // words, on a rotating hot set over a Zipf background, and at HeavyKeeper's
 // own scale without decay. THEORY.md section 7 reports the same runs.
 func TestTopKPrecision(t *testing.T) {
-	words := kjvTokens(t)
+	words := kjvtest.Words(t)
 	chunk := func(n int) func(int) []string {
 		return func(i int) []string { return words[min(i*n, len(words)):min((i+1)*n, len(words))] }
 	}

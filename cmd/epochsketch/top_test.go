@@ -15,28 +15,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/sim"
+	"github.com/epochsketch/epochsketch/internal/kjvtest"
 )
-
-// kjvWords is the King James text in order (Debian bible-kjv), as
-// sim.KJVStream reads it. CI installs the package and must have it;
-// elsewhere the test says how to get it.
-func kjvWords(t *testing.T) []string {
-	words, err := sim.KJVStream()
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("bible-kjv is missing in CI (.ci/run installs it): %v", err)
-		}
-		t.Skip(err)
-	}
-	return words
-}
 
 // The top 20 of `epochsketch top`, replaying the King James text at 10,000
 // words per tick, equals the exact decayed top 20 (c = (c >> age) + 1 per
 // arrival) at every checkpoint.
 func TestTopMatchesExactOnKingJames(t *testing.T) {
-	words := kjvWords(t)
+	words := kjvtest.Words(t)
 	const perTick, every, k = 10_000, 100_000, 20
 	var out bytes.Buffer
 	in := strings.NewReader(strings.Join(words, "\n") + "\n")
