@@ -353,31 +353,39 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 // no slot is 24 or more ticks old or ahead of now, and one CAS wins. When
 // the key's slot was written this tick already, the ages are not checked:
 // that write scrubbed the bucket, and no slot turns 24 ticks old within a
-// tick (docs/DESIGN.md, Scrub-on-write). It is a small leaf with
-// conditional moves, no branches on the slots' contents: bucket contents
-// are random, and a branch that mispredicts when the load returns throws
-// away the work the CPU had started on the next call. It returns the
+// tick (docs/DESIGN.md, Scrub-on-write). It is a small frameless leaf: the
+// key's slot is found by eight independent compares joined into a mask, with
+// no loop and no branch per slot (bucket contents are random, and a branch
+// that mispredicts when the load returns throws away the work the CPU had
+// started on the next call), then one branch on the mask. It returns the
 // estimate (0 when it did not apply), the attempts it used (a lost CAS
 // counts as the first of observe1's four), and miss: the key holds no slot,
 // so a claim or challenge may follow (weakestOf checks the ages).
 func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, tried int, miss bool) {
 	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
 	e := uint64(epoch24(now))
-	var x uint64
-	j, n := 0, 0
-	for k := slotsPerBucket - 1; k >= 0; k-- {
-		if y := b.s[k].Load(); y>>tagShift == tag {
-			x, j, n = y, k, n+1
-		}
-	}
-	if n == 0 {
+	// Eight independent compares, joined as a tree: no loop, no branches,
+	// and a dependency chain three ORs long.
+	m := (b2u(b.s[0].Load()>>tagShift == tag) | b2u(b.s[1].Load()>>tagShift == tag)<<1 |
+		(b2u(b.s[2].Load()>>tagShift == tag)<<2 | b2u(b.s[3].Load()>>tagShift == tag)<<3)) |
+		((b2u(b.s[4].Load()>>tagShift == tag)<<4 | b2u(b.s[5].Load()>>tagShift == tag)<<5) |
+			(b2u(b.s[6].Load()>>tagShift == tag)<<6 | b2u(b.s[7].Load()>>tagShift == tag)<<7))
+	if m == 0 {
 		return 0, false, 0, true // a miss: weakestOf checks the ages
+	}
+	if m&(m-1) != 0 {
+		return 0, false, 0, false // a duplicate: observe1 drains it
+	}
+	j := bits.TrailingZeros8(m)
+	x := b.s[j].Load()
+	if x>>tagShift != tag {
+		return 0, false, 0, false // a racing writer changed the slot
 	}
 	// The key's slot written this tick already: that write scrubbed the
 	// bucket, and no slot turns 24 ticks old within a tick, so there is
 	// nothing to scrub (docs/DESIGN.md, Scrub-on-write).
 	old := false
-	if n != 1 || epochOf(x) != uint32(e) {
+	if epochOf(x) != uint32(e) {
 		for k := range slotsPerBucket {
 			if slotAge(b.s[k].Load(), e) >= evaporation {
 				old = true
@@ -385,10 +393,10 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		}
 	}
 	age := ageOf(x, uint32(e)) // old is false, so age < 24: never ahead
-	if n != 1 || old {
+	if old {
 		return 0, false, 0, false
 	}
-	c := satAdd(decay(countOf(x), age), wt)
+	c := satAdd(countOf(x)>>(age&31), wt) // decay, for an age below 24
 	y := pack(uint16(tag), uint32(e), c)
 	ok := b.s[j].CompareAndSwap(x, y)
 	if traceOn {
@@ -398,6 +406,15 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		return 0, false, 1, false
 	}
 	return c, age > 0, 0, false
+}
+
+// b2u is 1 for true and 0 for false, as one SETcc.
+func b2u(c bool) uint8 {
+	var u uint8
+	if c {
+		u = 1
+	}
+	return u
 }
 
 // slotAge is the apparent age of word y at epoch e, as refresh and
