@@ -364,8 +364,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, tried int, miss bool) {
 	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
 	e := uint64(epoch24(now))
-	// Eight independent compares, joined as a tree: no loop, no branches,
-	// and a dependency chain three ORs long.
+	// matchMask, written out: the call would cost refresh a stack frame.
 	m := (b2u(b.s[0].Load()>>tagShift == tag) | b2u(b.s[1].Load()>>tagShift == tag)<<1 |
 		(b2u(b.s[2].Load()>>tagShift == tag)<<2 | b2u(b.s[3].Load()>>tagShift == tag)<<3)) |
 		((b2u(b.s[4].Load()>>tagShift == tag)<<4 | b2u(b.s[5].Load()>>tagShift == tag)<<5) |
@@ -406,6 +405,16 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		return 0, false, 1, false
 	}
 	return c, age > 0, 0, false
+}
+
+// matchMask has bit k set when slot k of b holds tag: eight independent
+// compares joined as a tree, with no loop, no branches, and a dependency
+// chain three ORs long.
+func matchMask(b *bucket, tag uint64) uint8 {
+	return (b2u(b.s[0].Load()>>tagShift == tag) | b2u(b.s[1].Load()>>tagShift == tag)<<1 |
+		(b2u(b.s[2].Load()>>tagShift == tag)<<2 | b2u(b.s[3].Load()>>tagShift == tag)<<3)) |
+		((b2u(b.s[4].Load()>>tagShift == tag)<<4 | b2u(b.s[5].Load()>>tagShift == tag)<<5) |
+			(b2u(b.s[6].Load()>>tagShift == tag)<<6 | b2u(b.s[7].Load()>>tagShift == tag)<<7))
 }
 
 // b2u is 1 for true and 0 for false, as one SETcc.
@@ -569,12 +578,16 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 	return readEst, true
 }
 
-// dedupe1 and drainIn run dedupe and drain on one bucket.
+// dedupe1 is dedupe on one bucket, with the match mask in place of the
+// loop: the first other slot holding tag, if any, is folded in slot order.
 func (s *Sketch) dedupe1(b *bucket, shard uint64, i int, tag uint16) {
-	v := view{b: [2]*bucket{b}, n: slotsPerBucket, shard: shard}
-	s.dedupe(&v, i, tag)
+	if m := matchMask(b, uint64(tag)) &^ (1 << i); m != 0 {
+		j := bits.TrailingZeros8(m)
+		s.drainIn(b, shard, max(i, j), min(i, j), tag)
+	}
 }
 
+// drainIn is drain on one bucket.
 func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {
 	v := view{b: [2]*bucket{b}, n: slotsPerBucket, shard: shard}
 	s.drain(&v, from, into, tag)
