@@ -446,18 +446,27 @@ func slotAge(y, e uint64) uint64 {
 // exact unless a racing writer changed the bucket since; the caller reloads
 // the one word it acts on and checks it still reads as here.
 func weakestOf(b *bucket, e uint64) (weakest uint64, old bool) {
-	weakest = math.MaxUint64
-	for k := range slotsPerBucket {
-		y := b.s[k].Load()
-		age := slotAge(y, e)
-		if age >= evaporation {
-			old = true
-		}
-		if c := (y&countMax)>>(age&63)<<3 | uint64(k); c < weakest {
-			weakest = c
-		}
+	// Two accumulators, even and odd slots, halve the chain of minimums.
+	// An age of 24 or more carries into bit 24 when 2^24-24 is added, so
+	// the ages need no compare each.
+	const carry = 1<<epochBits - evaporation
+	w0, a0 := weakKey(b.s[0].Load(), e, 0)
+	w1, a1 := weakKey(b.s[1].Load(), e, 1)
+	a0, a1 = a0+carry, a1+carry
+	for k := 2; k+1 < len(b.s); k += 2 {
+		c0, x0 := weakKey(b.s[k].Load(), e, uint64(k))
+		c1, x1 := weakKey(b.s[k+1].Load(), e, uint64(k+1))
+		w0, w1 = min(w0, c0), min(w1, c1)
+		a0, a1 = a0|(x0+carry), a1|(x1+carry)
 	}
-	return weakest, old
+	return min(w0, w1), (a0|a1)>>epochBits != 0
+}
+
+// weakKey is weakestOf's view of word y in slot k at epoch e: its effective
+// count times 8 plus k, and its age as slotAge reads it.
+func weakKey(y, e uint64, k uint64) (key, age uint64) {
+	age = slotAge(y, e)
+	return (y&countMax)>>(age&63)<<3 | k, age
 }
 
 // observe1 is observe for one bucket, the slow path, after
