@@ -800,22 +800,38 @@ func (s *Sketch) merge(v *view, into int, tag uint16, x uint64) {
 }
 
 // estimate is the read path: the first slot holding the key's tag, decayed.
+// With one bucket per key the slot is found by matchMask, without a branch
+// per slot.
 func (s *Sketch) estimate(h uint64, now int64) uint32 {
-	v := s.viewOf(h)
 	tag := tagFrom(h)
-	e := epoch24(now)
+	if !s.twoChoice {
+		b := &s.table[(h>>32)*s.nb>>32]
+		m := matchMask(b, uint64(tag))
+		if m == 0 {
+			return 0
+		}
+		if x := b.s[bits.TrailingZeros8(m)].Load(); tagOf(x) == tag {
+			return s.read(x, now)
+		}
+		// A racing writer changed the slot: look again, slot by slot.
+	}
+	v := s.viewOf(h)
 	for i := 0; i < v.n; i++ {
-		x := v.at(i).Load()
-		if x == 0 || tagOf(x) != tag {
-			continue
+		if x := v.at(i).Load(); x != 0 && tagOf(x) == tag {
+			return s.read(x, now)
 		}
-		age := ageOf(x, e)
-		if age >= aheadAge {
-			age = ageOf(x, epoch24(max(now, s.clk.hw.Load())))
-		}
-		return decay(countOf(x), age)
 	}
 	return 0
+}
+
+// read is word x's decayed count at tick now, for the read path: a slot
+// written at a tick this caller has not seen yet is read at the shared tick.
+func (s *Sketch) read(x uint64, now int64) uint32 {
+	age := ageOf(x, epoch24(now))
+	if age >= aheadAge {
+		age = ageOf(x, epoch24(max(now, s.clk.hw.Load())))
+	}
+	return decay(countOf(x), age)
 }
 
 // locate returns where key lives: its bucket, its second candidate bucket
