@@ -85,15 +85,17 @@ func (h *hasher) bytes(b []byte) uint64 {
 // Observe(s) and ObserveBytes([]byte(s)) hash identically without converting.
 type key interface{ ~string | ~[]byte }
 
+// le64 and le32 slice first, so that the compiler checks the bounds once
+// and reads the bytes as one load.
 func le64[K key](p K, i int) uint64 {
-	_ = p[i+7]
-	return uint64(p[i]) | uint64(p[i+1])<<8 | uint64(p[i+2])<<16 | uint64(p[i+3])<<24 |
-		uint64(p[i+4])<<32 | uint64(p[i+5])<<40 | uint64(p[i+6])<<48 | uint64(p[i+7])<<56
+	b := p[i : i+8]
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
 
 func le32[K key](p K, i int) uint64 {
-	_ = p[i+3]
-	return uint64(p[i]) | uint64(p[i+1])<<8 | uint64(p[i+2])<<16 | uint64(p[i+3])<<24
+	b := p[i : i+4]
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24
 }
 
 // wyhash constants: the published wyhash secret.
