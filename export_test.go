@@ -58,6 +58,13 @@ func (s *Sketch) EstimateHashAt(h uint64, now int64) uint32        { return s.es
 func (s *Sketch) HighWater() int64                                 { return s.clk.hw.Load() }
 func (s *Sketch) WallTicking() bool                                { return s.clk.wall.Load() }
 
+// Retry runs refresh's retry on slot j of bucket b for hash h at the
+// current tick, as a caller whose CAS there just lost would.
+func (s *Sketch) Retry(b, j int, h uint64, wt uint32) (est uint32, tried int) {
+	now := s.clk.hw.Load()
+	return retry(&s.table[b].s[j], j, uint64(tagFrom(h)), uint64(epoch24(now)), wt, now)
+}
+
 // Dedupe runs the post-claim check as a claimer of slot j of bucket b would.
 func (s *Sketch) Dedupe(h uint64, j int) {
 	v := s.viewOf(h)

@@ -308,12 +308,19 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 // duplicate, a slot ahead of now, a lost CAS) goes to observe1, which makes
 // the same decisions slowly.
 func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32) (uint32, bool) {
-	est, first, tried, miss := refresh(b, h, now, wt)
+	est, first, lost, miss := refresh(b, h, now, wt)
 	if est != 0 {
 		return est, first
 	}
-	if !miss {
+	if lost != 0 {
+		est, tried := retry(&b.s[lost-1], lost-1, uint64(tagFrom(h)), uint64(epoch24(now)), wt, now)
+		if est != 0 {
+			return est, false
+		}
 		return s.observe1(b, shard, h, now, wt, tried)
+	}
+	if !miss {
+		return s.observe1(b, shard, h, now, wt, 0)
 	}
 	tag := tagFrom(h)
 	e := epoch24(now)
@@ -358,10 +365,11 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 // no loop and no branch per slot (bucket contents are random, and a branch
 // that mispredicts when the load returns throws away the work the CPU had
 // started on the next call), then one branch on the mask. It returns the
-// estimate (0 when it did not apply), the attempts it used (a lost CAS
-// counts as the first of observe1's four), and miss: the key holds no slot,
-// so a claim or challenge may follow (weakestOf checks the ages).
-func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, tried int, miss bool) {
+// estimate (0 when it did not apply), lost: the key's slot plus 1 when its
+// CAS lost to another writer (retry takes it from there), and miss: the key
+// holds no slot, so a claim or challenge may follow (weakestOf checks the
+// ages).
+func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, lost int, miss bool) {
 	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
 	e := uint64(epoch24(now))
 	// matchMask, written out: the call would cost refresh a stack frame.
@@ -402,9 +410,36 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 	}
 	if !ok {
-		return 0, false, 1, false
+		return 0, false, j + 1, false
 	}
 	return c, age > 0, 0, false
+}
+
+// retry is refresh after its CAS on the key's slot p (index j) lost to
+// another writer, the common case when goroutines share a hot key. It does
+// not read and classify the bucket again: a locked add of 0 reads the word
+// back and takes its cache line for writing in one step, so the next CAS
+// rarely loses; if the slot still holds the key, written this tick (so
+// nothing to scrub: docs/DESIGN.md, Scrub-on-write), it adds to that word.
+// It returns the estimate, or 0 and the attempts used (the lost CAS is the
+// first of observe1's four) for observe1 to go on.
+func retry(p *atomic.Uint64, j int, tag, e uint64, wt uint32, now int64) (est uint32, tried int) {
+	for tried = 1; tried < maxAttempts; tried++ {
+		x := p.Add(0)
+		if x>>tagShift != tag || x>>epochShift&epochMask != e {
+			return 0, tried
+		}
+		c := satAdd(countOf(x), wt)
+		y := pack(uint16(tag), uint32(e), c)
+		ok := p.CompareAndSwap(x, y)
+		if traceOn {
+			emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+		}
+		if ok {
+			return c, 0
+		}
+	}
+	return 0, tried
 }
 
 // matchMask has bit k set when slot k of b holds tag: eight independent

@@ -719,6 +719,46 @@ func TestDuplicateHealed(t *testing.T) {
 	}
 }
 
+// A refresh whose CAS lost retries on the slot's word as it reads now, and
+// only while the slot still holds the key written this tick; anything else
+// goes back to the full path, with the lost CAS counted as one attempt.
+func TestRetryAfterLostCAS(t *testing.T) {
+	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 8})
+	for range 5 {
+		sk.Observe("k")
+	}
+	b, j := slotOf(sk, "k")
+	h := sk.HashString("k")
+	w := sk.Word(b, j)
+	tag, e := epochsketch.TagOf(w), epochsketch.EpochOf(w)
+	if est, tried := sk.Retry(b, j, h, 2); est != 7 || tried != 0 {
+		t.Fatalf("retry on the key's word = (%d, %d), want (7, 0)", est, tried)
+	}
+	if got := sk.Word(b, j); got != epochsketch.Pack(tag, e, 7) {
+		t.Fatalf("word after the retry %#x, want count 7 at the same epoch", got)
+	}
+	sk.SetWord(b, j, epochsketch.Pack(tag, e, epochsketch.CountMax))
+	if est, _ := sk.Retry(b, j, h, 1); est != epochsketch.CountMax {
+		t.Fatalf("retry at MaxCount = %d, want it parked at %d", est, epochsketch.CountMax)
+	}
+	for _, c := range []struct {
+		name string
+		w    uint64
+	}{
+		{"another key took the slot", epochsketch.Pack(tag^1, e, 3)},
+		{"the slot was emptied", 0},
+		{"the key's slot is from an earlier tick", epochsketch.Pack(tag, e-1, 3)},
+	} {
+		sk.SetWord(b, j, c.w)
+		if est, tried := sk.Retry(b, j, h, 1); est != 0 || tried != 1 {
+			t.Errorf("%s: retry = (%d, %d), want (0, 1): back to the full path", c.name, est, tried)
+		}
+		if got := sk.Word(b, j); got != c.w {
+			t.Errorf("%s: the retry wrote %#x over %#x", c.name, got, c.w)
+		}
+	}
+}
+
 // Two claimers of one new key that read the bucket on either side of a tick
 // boundary can claim different slots: the stale one an empty slot, the fresh
 // one a slot that died at the boundary. Whichever claimed second finds the
