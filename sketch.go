@@ -314,8 +314,11 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 	}
 	if lost != 0 {
 		est, tried := retry(&b.s[lost-1], lost-1, uint64(tagFrom(h)), uint64(epoch24(now)), wt, now)
-		if est != 0 {
+		switch tried {
+		case 0:
 			return est, false
+		case maxAttempts:
+			return s.dropped(shard, est, now)
 		}
 		return s.observe1(b, shard, h, now, wt, tried)
 	}
@@ -421,15 +424,18 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 // back and takes its cache line for writing in one step, so the next CAS
 // rarely loses; if the slot still holds the key, written this tick (so
 // nothing to scrub: docs/DESIGN.md, Scrub-on-write), it adds to that word.
-// It returns the estimate, or 0 and the attempts used (the lost CAS is the
-// first of observe1's four) for observe1 to go on.
+// It returns tried 0 and the estimate on success; maxAttempts and the
+// estimate it read when every attempt lost (the update is dropped); else
+// the attempts used, the lost CAS being the first of observe1's four, for
+// observe1 to go on.
 func retry(p *atomic.Uint64, j int, tag, e uint64, wt uint32, now int64) (est uint32, tried int) {
 	for tried = 1; tried < maxAttempts; tried++ {
 		x := p.Add(0)
 		if x>>tagShift != tag || x>>epochShift&epochMask != e {
 			return 0, tried
 		}
-		c := satAdd(countOf(x), wt)
+		est = countOf(x)
+		c := satAdd(est, wt)
 		y := pack(uint16(tag), uint32(e), c)
 		ok := p.CompareAndSwap(x, y)
 		if traceOn {
@@ -439,7 +445,7 @@ func retry(p *atomic.Uint64, j int, tag, e uint64, wt uint32, now int64) (est ui
 			return c, 0
 		}
 	}
-	return 0, tried
+	return est, tried
 }
 
 // matchMask has bit k set when slot k of b holds tag: eight independent
@@ -615,11 +621,18 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			return est, true
 		}
 	}
+	return s.dropped(shard, readEst, now)
+}
+
+// dropped ends a call whose every attempt lost its CAS (docs/DESIGN.md,
+// Dropped updates): the increment is dropped and counted, and the call
+// returns the estimate it read, est, with the flag true.
+func (s *Sketch) dropped(shard uint64, est uint32, now int64) (uint32, bool) {
 	if traceOn {
 		emit(traceEvent{Op: traceExhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(shard, statCAS)
-	return readEst, true
+	return est, true
 }
 
 // dedupe1 is dedupe on one bucket, with the match mask in place of the
