@@ -467,6 +467,11 @@ func b2u(c bool) uint8 {
 	return u
 }
 
+// ageCarry finds old slots without a compare each: an age (below 2^24) of
+// 24 or more, plus ageCarry, carries into bit 24, so ORing age+ageCarry
+// over the slots and testing bit 24 says whether any is 24 or more.
+const ageCarry = 1<<epochBits - evaporation
+
 // slotAge is the apparent age of word y at epoch e, as refresh and
 // weakestOf read it: an empty slot is never old (age 0), and a slot ahead of
 // e reads 2^23 or more.
@@ -488,17 +493,14 @@ func slotAge(y, e uint64) uint64 {
 // the one word it acts on and checks it still reads as here.
 func weakestOf(b *bucket, e uint64) (weakest uint64, old bool) {
 	// Two accumulators, even and odd slots, halve the chain of minimums.
-	// An age of 24 or more carries into bit 24 when 2^24-24 is added, so
-	// the ages need no compare each.
-	const carry = 1<<epochBits - evaporation
 	w0, a0 := weakKey(b.s[0].Load(), e, 0)
 	w1, a1 := weakKey(b.s[1].Load(), e, 1)
-	a0, a1 = a0+carry, a1+carry
+	a0, a1 = a0+ageCarry, a1+ageCarry
 	for k := 2; k+1 < len(b.s); k += 2 {
 		c0, x0 := weakKey(b.s[k].Load(), e, uint64(k))
 		c1, x1 := weakKey(b.s[k+1].Load(), e, uint64(k+1))
 		w0, w1 = min(w0, c0), min(w1, c1)
-		a0, a1 = a0|(x0+carry), a1|(x1+carry)
+		a0, a1 = a0|(x0+ageCarry), a1|(x1+ageCarry)
 	}
 	return min(w0, w1), (a0|a1)>>epochBits != 0
 }
@@ -693,9 +695,13 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 	v := s.viewOf(h)
 	tag := tagFrom(h)
+	est, first, attempt := refreshView(&v, uint64(tag), uint64(epoch24(now)), wt, now)
+	if est != 0 {
+		return est, first
+	}
 	var readEst uint32 = 1 // what a call that exhausts its retries returns
 	var w [2 * slotsPerBucket]uint64
-	for range maxAttempts {
+	for ; attempt < maxAttempts; attempt++ {
 		v.load(&w)
 		now = s.fresh(now, &w, v.n)
 		e := epoch24(now)
@@ -792,6 +798,42 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 	}
 	s.stats.add(v.shard, statCAS)
 	return readEst, true
+}
+
+// refreshView is observeView's Phase 1 alone, for the common case, with
+// the match masks of the view's buckets instead of its loop: the key holds
+// exactly one slot, no slot of the view is 24 or more ticks old or ahead of
+// now (every age is checked: with TwoChoice a write always scrubs), and one
+// CAS wins. It returns the estimate, or 0 and the attempts used (1 when its
+// CAS lost) for observeView's loop to go on.
+func refreshView(v *view, tag, e uint64, wt uint32, now int64) (est uint32, first bool, tried int) {
+	m := uint(matchMask(v.b[0], tag))
+	if v.n > slotsPerBucket {
+		m |= uint(matchMask(v.b[1], tag)) << slotsPerBucket
+	}
+	if m == 0 || m&(m-1) != 0 {
+		return 0, false, 0 // a miss or a duplicate
+	}
+	var ages uint64
+	for i := 0; i < v.n; i++ {
+		ages |= slotAge(v.at(i).Load(), e) + ageCarry
+	}
+	j := bits.TrailingZeros(m)
+	x := v.at(j).Load()
+	age := ageOf(x, uint32(e))
+	if ages>>epochBits != 0 || x>>tagShift != tag || age >= evaporation {
+		return 0, false, 0 // a slot to scrub or ahead of now, or a racing writer
+	}
+	c := satAdd(countOf(x)>>(age&31), wt) // decay, for an age below 24
+	y := pack(uint16(tag), uint32(e), c)
+	ok := v.at(j).CompareAndSwap(x, y)
+	if traceOn {
+		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+	}
+	if !ok {
+		return 0, false, 1
+	}
+	return c, age > 0, 0
 }
 
 // dedupe runs after a claim at slot i. Racing claimers of one new key agree on

@@ -11,7 +11,7 @@ type traceOp uint8
 
 const (
 	traceStart     traceOp = iota // the call: hash, tag, bucket(s), tick
-	traceFast                     // Phase 1 on the fast path: one load of the bucket (after a lost CAS, of the slot), one CAS
+	traceFast                     // Phase 1 on the fast path: one load of the bucket(s) (after a lost CAS, of the slot), one CAS
 	traceReload                   // a slot ahead of the caller's tick: reload the shared tick
 	traceScrub                    // a slot silent for 24+ ticks zeroed (scrub-on-write)
 	traceRefresh                  // Phase 1: the key's slot decayed and incremented

@@ -138,7 +138,7 @@ func TestTraceOffAndTwoChoice(t *testing.T) {
 	r := traced(t)
 	r.observe(sk, "x")
 	b, b2, _ := inspect.Locate(sk, "x")
-	if got := r.ops(); got != "start,refresh,result" || r.evs[0].Bucket != b || r.evs[0].Second != b2 {
+	if got := r.ops(); got != "start,fast-refresh,result" || r.evs[0].Bucket != b || r.evs[0].Second != b2 {
 		t.Fatalf("two-choice: %s, start %+v, want buckets %d and %d", got, r.evs[0], b, b2)
 	}
 }
