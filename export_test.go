@@ -84,7 +84,7 @@ func (s *Sketch) ObserveMany(keys []string, est []uint32) {
 			h := s.h.str(keys[i])
 			hs[i] = h
 			if !s.twoChoice {
-				s.table[(h>>32)*s.nb>>32].s[0].Load()
+				s.table[s.first(h)].s[0].Load()
 			}
 		}
 		now := s.now()

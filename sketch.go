@@ -248,7 +248,7 @@ func (v *view) load(w *[2 * slotsPerBucket]uint64) {
 // multiply-shift (no division, any NumBuckets), bits 31..16 are the tag, and
 // the whole hash feeds the lottery.
 func (s *Sketch) viewOf(h uint64) view {
-	i := (h >> 32) * s.nb >> 32
+	i := s.first(h)
 	v := view{n: slotsPerBucket, shard: i}
 	v.b[0] = &s.table[i]
 	if s.twoChoice {
@@ -264,6 +264,10 @@ func (s *Sketch) viewOf(h uint64) view {
 // TwoChoice: splitmix64's first multiplier, after folding the high bits down,
 // so the two choices are independent of each other.
 const secondMix = 0xbf58476d1ce4e5b9
+
+// first is the index of h's bucket: bits 63..32 scaled to NumBuckets by
+// multiply-shift.
+func (s *Sketch) first(h uint64) uint64 { return (h >> 32) * s.nb >> 32 }
 
 // second is the index of h's second candidate bucket with TwoChoice
 // (docs/DESIGN.md, Buckets); it can equal the first.
@@ -295,7 +299,7 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 		return s.observeTraced(h, now, wt)
 	}
 	if !s.twoChoice {
-		i := (h >> 32) * s.nb >> 32
+		i := s.first(h)
 		return s.observeBucket(&s.table[i], i, h, now, wt)
 	}
 	return s.observeView(h, now, wt)
@@ -394,18 +398,10 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	// The key's slot written this tick already: that write scrubbed the
 	// bucket, and no slot turns 24 ticks old within a tick, so there is
 	// nothing to scrub (docs/DESIGN.md, Scrub-on-write).
-	old := false
-	if epochOf(x) != uint32(e) {
-		for k := range slotsPerBucket {
-			if slotAge(b.s[k].Load(), e) >= evaporation {
-				old = true
-			}
-		}
-	}
-	age := ageOf(x, uint32(e)) // old is false, so age < 24: never ahead
-	if old {
+	if epochOf(x) != uint32(e) && anyOld(b, e) {
 		return 0, false, 0, false
 	}
+	age := ageOf(x, uint32(e))            // no slot is old, so age < 24: never ahead
 	c := satAdd(countOf(x)>>(age&31), wt) // decay, for an age below 24
 	y := pack(uint16(tag), uint32(e), c)
 	ok := b.s[j].CompareAndSwap(x, y)
@@ -471,6 +467,16 @@ func b2u(c bool) uint8 {
 // 24 or more, plus ageCarry, carries into bit 24, so ORing age+ageCarry
 // over the slots and testing bit 24 says whether any is 24 or more.
 const ageCarry = 1<<epochBits - evaporation
+
+// anyOld says whether a slot of b is 24 or more ticks old (to scrub) or
+// ahead of e, with the ages folded by ageCarry: no branch per slot.
+func anyOld(b *bucket, e uint64) bool {
+	var ages uint64
+	for k := range slotsPerBucket {
+		ages |= slotAge(b.s[k].Load(), e) + ageCarry
+	}
+	return ages>>epochBits != 0
+}
 
 // slotAge is the apparent age of word y at epoch e, as refresh and
 // weakestOf read it: an empty slot is never old (age 0), and a slot ahead of
@@ -814,14 +820,11 @@ func refreshView(v *view, tag, e uint64, wt uint32, now int64) (est uint32, firs
 	if m == 0 || m&(m-1) != 0 {
 		return 0, false, 0 // a miss or a duplicate
 	}
-	var ages uint64
-	for i := 0; i < v.n; i++ {
-		ages |= slotAge(v.at(i).Load(), e) + ageCarry
-	}
+	old := anyOld(v.b[0], e) || v.n > slotsPerBucket && anyOld(v.b[1], e)
 	j := bits.TrailingZeros(m)
 	x := v.at(j).Load()
 	age := ageOf(x, uint32(e))
-	if ages>>epochBits != 0 || x>>tagShift != tag || age >= evaporation {
+	if old || x>>tagShift != tag || age >= evaporation {
 		return 0, false, 0 // a slot to scrub or ahead of now, or a racing writer
 	}
 	c := satAdd(countOf(x)>>(age&31), wt) // decay, for an age below 24
@@ -895,7 +898,7 @@ func (s *Sketch) merge(v *view, into int, tag uint16, x uint64) {
 func (s *Sketch) estimate(h uint64, now int64) uint32 {
 	tag := tagFrom(h)
 	if !s.twoChoice {
-		b := &s.table[(h>>32)*s.nb>>32]
+		b := &s.table[s.first(h)]
 		m := matchMask(b, uint64(tag))
 		if m == 0 {
 			return 0
