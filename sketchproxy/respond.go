@@ -69,16 +69,10 @@ func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *requ
 			}
 			r = max(r, 0)
 			if !refused || over {
-				if len(cur) > 0 {
-					cur = append(cur, ", "...)
-				} else {
+				if cur == nil {
 					cur = make([]byte, 0, 48*len(v.ru.limits))
 				}
-				cur = append(cur, l.quoted...)
-				cur = append(cur, ";r="...)
-				cur = strconv.AppendInt(cur, r, 10)
-				cur = append(cur, ";t="...)
-				cur = strconv.AppendInt(cur, t, 10)
+				cur = appendItem(cur, l.quoted, r, t)
 			}
 			if lv := float64(est) / float64(theta); !legacy.set || lv > legacy.level {
 				legacy.q, legacy.r, legacy.t, legacy.level, legacy.set = l.q, r, t, lv, true
@@ -97,6 +91,21 @@ func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *requ
 		h.Set("X-RateLimit-Remaining", strconv.FormatInt(legacy.r, 10))
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(legacy.t, 10))
 	}
+}
+
+// appendItem appends one item of the RateLimit field to b, after a comma
+// if b has items already: the policy's quoted name, its remaining quota r
+// and the seconds t until more. The HTTP responses and Envoy's rate-limit
+// service write the field through it.
+func appendItem(b []byte, quoted string, r, t int64) []byte {
+	if len(b) > 0 {
+		b = append(b, ", "...)
+	}
+	b = append(b, quoted...)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, r, 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, t, 10)
 }
 
 // The fields' canonical keys (http.CanonicalHeaderKey), set directly.

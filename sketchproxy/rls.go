@@ -383,7 +383,8 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	}
 	allowed := resp.OverallCode == rlsv3.RateLimitResponse_OK
 	var retry time.Duration
-	var policies, fields []string
+	var policies []string
+	var field []byte // the RateLimit field
 	for i := range decided {
 		h := &decided[i]
 		if h.ru == nil {
@@ -420,7 +421,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		}
 		policies = append(policies, l.item)
 		if allowed || h.over {
-			fields = append(fields, fmt.Sprintf("%s;r=%d;t=%d", l.quoted, dst.LimitRemaining, seconds(reset)))
+			field = appendItem(field, l.quoted, int64(dst.LimitRemaining), seconds(reset))
 		}
 	}
 	if len(policies) > 0 && !st.cfg.Headers.Off {
@@ -428,7 +429,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: k, Value: v})
 		}
 		add("RateLimit-Policy", strings.Join(policies, ", "))
-		add("RateLimit", strings.Join(fields, ", "))
+		add("RateLimit", string(field))
 		if !allowed {
 			add("Retry-After", strconv.FormatInt(seconds(retry), 10))
 		}
