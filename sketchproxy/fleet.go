@@ -285,8 +285,17 @@ func (f *fleet) promoteAt(theta uint32) uint32 {
 // local: for a hot key, the fleet count decayed to now plus what the local
 // sketch counted since the last round. While Redis is down it is local × N: the
 // limit is enforced at θ/N per replica. Mice (below a quarter of the
-// promotion point) cost one comparison: no map, no Redis.
+// promotion point) cost one comparison: no map, no Redis. Without a fleet
+// (f nil) it is local, so callers need not check; that case inlines.
 func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local uint32, now time.Time) uint32 {
+	if f == nil {
+		return local
+	}
+	return f.fleetwide(skey, sk, tick, theta, local, now)
+}
+
+// fleetwide is estimate with a fleet.
+func (f *fleet) fleetwide(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local uint32, now time.Time) uint32 {
 	p := f.promoteAt(theta)
 	if !f.up.Load() {
 		// Local at θ/N. A hot key's units are in the local sketch, sent

@@ -657,18 +657,14 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		var est uint32
 		if v.counted {
 			after, first := l.sk.ObserveBytes(rq.buf)
-			if m.fleet != nil {
-				after = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, after, now)
-			}
+			after = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, after, now)
 			est = max(after, 1) - 1
 			if i == 0 {
 				v.first = first
 			}
 		} else {
 			est = l.sk.EstimateBytes(rq.buf)
-			if m.fleet != nil {
-				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
-			}
+			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
 		}
 		v.ests[i] = est
 		active = active || est > 0
@@ -745,9 +741,7 @@ func (m *Middleware) budgetEstimate(st *state, ru *rule, rq *request, key string
 	b := ru.budget
 	rq.buf = skey(rq.buf, ru.cfg.Name, "$"+b.cfg.Name, key)
 	est = b.sk.EstimateBytes(rq.buf)
-	if m.fleet != nil {
-		est = m.fleet.estimate(rq.buf, b.sk, b.tick, b.theta, est, now)
-	}
+	est = m.fleet.estimate(rq.buf, b.sk, b.tick, b.theta, est, now)
 	theta = b.theta
 	if newKey {
 		theta = max(b.reserve, uint32(float64(theta)*st.cfg.NewKeys.BudgetFactor))
@@ -808,9 +802,7 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 		for j, l := range ru.limits {
 			rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
 			est := l.sk.EstimateBytes(rq.buf)
-			if m.fleet != nil {
-				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
-			}
+			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
 			if uint64(est)+1 > uint64(v.thetas[j]) {
 				d = max(d, retryAfter(est, 1, v.thetas[j], now, l.tick))
 			}

@@ -53,9 +53,7 @@ func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *requ
 			if refused {
 				rq.buf = skey(rq.buf, v.ru.cfg.Name, l.name, v.key)
 				est = l.sk.EstimateBytes(rq.buf)
-				if m.fleet != nil {
-					est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
-				}
+				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
 			} else if !v.banned {
 				est++ // this request, counted
 			}

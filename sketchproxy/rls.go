@@ -372,9 +372,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		l := h.ru.limits[0]
 		buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
 		h.est = l.sk.EstimateBytes(buf)
-		if m.fleet != nil {
-			h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, now)
-		}
+		h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, now)
 		h.theta = l.theta
 		h.over = !h.negative && uint64(h.est)+uint64(h.hits) > uint64(h.theta)
 		if h.over && !h.ru.cfg.Shadow {
