@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/internal/floor"
@@ -156,6 +158,47 @@ func BenchmarkObserveParallel(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkObserveContended times single calls while b.RunParallel's
+// goroutines share one hot key (run it with -cpu 2 or more): what a call
+// that loses its CAS and backs off costs the caller. About 2^17 calls,
+// spread evenly over the run, are timed with time.Now, whose own cost
+// (tens of ns) is in every figure; it reports the median, the 99th and the
+// 99.9th percentile and the slowest timed call, in ns.
+func BenchmarkObserveContended(b *testing.B) {
+	sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets})
+	defer sk.Close()
+	key := benchWorkloads()[2].String(0)
+	b.ResetTimer()
+	stride := max(1, b.N>>17)
+	var mu sync.Mutex
+	var all []int64
+	b.RunParallel(func(pb *testing.PB) {
+		lat := make([]int64, 0, 1<<17)
+		for i := 0; pb.Next(); i++ {
+			if i%stride != 0 || len(lat) == cap(lat) {
+				sk.Observe(key)
+				continue
+			}
+			t := time.Now()
+			sk.Observe(key)
+			lat = append(lat, int64(time.Since(t)))
+		}
+		mu.Lock()
+		all = append(all, lat...)
+		mu.Unlock()
+	})
+	b.StopTimer()
+	if len(all) == 0 {
+		return
+	}
+	slices.Sort(all)
+	q := func(p float64) float64 { return float64(all[int(p*float64(len(all)-1))]) }
+	b.ReportMetric(q(0.5), "p50-ns")
+	b.ReportMetric(q(0.99), "p99-ns")
+	b.ReportMetric(q(0.999), "p99.9-ns")
+	b.ReportMetric(q(1), "max-ns")
 }
 
 // BenchmarkLiveHeap reports the live heap after observing n distinct keys:
