@@ -20,6 +20,8 @@ run)
   nproc > "$out/nproc.txt"
   ./scaling-bin/core.test -test.run XXX -test.bench 'BenchmarkObserveParallel' -test.benchtime 200ms \
     -test.cpu "$cpus" -test.count 6 > "$out/core.txt"
+  ./scaling-bin/core.test -test.run XXX -test.bench 'BenchmarkObserveContended' -test.benchtime 200ms \
+    -test.cpu "$cpus" -test.count 6 > "$out/contended.txt"
   (cd bench && ../scaling-bin/peers.test -test.run XXX -test.bench 'BenchmarkPeersParallel' -test.benchtime 100ms \
     -test.cpu "$cpus" -test.count 6) > "$out/peers.txt"
   ;;
@@ -31,6 +33,8 @@ report)
   # ns/op per workload (rows) and GOMAXPROCS (columns), one table per implementation.
   "$bs" -row /workload -col /gomaxprocs -table /impl "$out/core.txt"
   "$bs" -row /workload -col /gomaxprocs -table /impl "$out/peers.txt"
+  # one hot key shared by every goroutine: time per call and the tail of single calls.
+  "$bs" -col /gomaxprocs "$out/contended.txt"
   ;;
 *)
   echo "usage: scripts/scaling.sh build | run [OUT] | report [OUT]" >&2
