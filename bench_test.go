@@ -127,16 +127,16 @@ func BenchmarkObserveParallel(b *testing.B) {
 		{"hot", func(g, i int) string { return ws[2].String(0) }},
 	}
 	for _, c := range cases {
-		for _, impl := range []string{"floor-hash-cas", "observe"} {
+		for _, impl := range []string{"floor-hash-cas", "observe", "observe-twochoice"} {
 			b.Run(fmt.Sprintf("workload=%s/impl=%s", c.name, impl), func(b *testing.B) {
 				var f func(string) uint64
 				var sk *epochsketch.Sketch
-				if impl == "observe" {
-					sk = epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets})
+				if impl == "floor-hash-cas" {
+					f = floor.New(floor.HashCAS, tableBuckets).Observe
+				} else {
+					sk = epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets, TwoChoice: impl == "observe-twochoice"})
 					defer sk.Close()
 					f = func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
-				} else {
-					f = floor.New(floor.HashCAS, tableBuckets).Observe
 				}
 				var next atomic.Int64
 				b.ReportAllocs()
