@@ -448,12 +448,14 @@ func retry(p *atomic.Uint64, j int, tag, e uint64, wt uint32, now int64) (est ui
 	return est, tried
 }
 
-// backoffRounds is retry's first wait, in rounds of an empty loop: about
+// backoffRounds is the first wait after a lost refresh, in rounds of an empty loop: about
 // 0.5 µs on the Intel host of BENCHMARKS.md. Each further lost CAS of the
 // same call doubles it, so the wait is bounded (C4) and at most 7 times this.
 const backoffRounds = 4096
 
-// backoff waits before attempt tried (1 to 3) of retry, touching no memory:
+// backoff waits before attempt tried (1 to 3) after a refresh's CAS on the
+// key's slot lost (retry, and observeView with TwoChoice), touching no
+// memory:
 // a loop the compiler keeps, with nothing to schedule and no instruction
 // that a platform lacks.
 func backoff(tried int) {
@@ -722,6 +724,9 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 	if est != 0 {
 		return est, first
 	}
+	if attempt > 0 {
+		backoff(attempt) // its CAS lost: as in retry, the writer that won keeps the line
+	}
 	var readEst uint32 = 1 // what a call that exhausts its retries returns
 	var w [2 * slotsPerBucket]uint64
 	for ; attempt < maxAttempts; attempt++ {
@@ -790,6 +795,9 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 					s.drain(&v, dup, match, tag)
 				}
 				return n, age > 0
+			}
+			if attempt+1 < maxAttempts {
+				backoff(attempt + 1)
 			}
 
 		case free[0] >= 0 || free[1] >= 0: // Phase 2: claim.
