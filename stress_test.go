@@ -46,44 +46,52 @@ func parallel(goroutines int, f func(g int)) {
 // of an untracked key: a hot key under contention must not look new to a
 // rate limiter.
 func TestDroppedReturnsEstimate(t *testing.T) {
-	sweep(t, func(t *testing.T, goroutines int) {
-		const warm, each = 10_000, 2000
-		sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1024})
-		for range warm {
-			sk.Observe("hot")
-		}
-		low := make([]uint32, goroutines)
-		parallel(goroutines, func(g int) {
-			low[g] = epochsketch.MaxCount
-			for range each {
-				est, _ := sk.Observe("hot")
-				low[g] = min(low[g], est)
-			}
+	for _, two := range []bool{false, true} {
+		t.Run(fmt.Sprint("two=", two), func(t *testing.T) {
+			sweep(t, func(t *testing.T, goroutines int) {
+				const warm, each = 10_000, 2000
+				sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1024, TwoChoice: two})
+				for range warm {
+					sk.Observe("hot")
+				}
+				low := make([]uint32, goroutines)
+				parallel(goroutines, func(g int) {
+					low[g] = epochsketch.MaxCount
+					for range each {
+						est, _ := sk.Observe("hot")
+						low[g] = min(low[g], est)
+					}
+				})
+				for g, l := range low {
+					if l < warm {
+						t.Fatalf("goroutine %d got estimate %d, below the %d the key held before (dropped: %d)", g, l, warm, sk.Stats().CASRetriesExhausted)
+					}
+				}
+			})
 		})
-		for g, l := range low {
-			if l < warm {
-				t.Fatalf("goroutine %d got estimate %d, below the %d the key held before (dropped: %d)", g, l, warm, sk.Stats().CASRetriesExhausted)
-			}
-		}
-	})
+	}
 }
 
 // For one key within one tick, every Observe either lands or is counted as
 // dropped: Estimate + CASRetriesExhausted == Observes, exactly.
 func TestAccountingIdentity(t *testing.T) {
-	sweep(t, func(t *testing.T, goroutines int) {
-		const each = 2000
-		sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1024})
-		parallel(goroutines, func(int) {
-			for range each {
-				sk.Observe("hot")
-			}
+	for _, two := range []bool{false, true} {
+		t.Run(fmt.Sprint("two=", two), func(t *testing.T) {
+			sweep(t, func(t *testing.T, goroutines int) {
+				const each = 2000
+				sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1024, TwoChoice: two})
+				parallel(goroutines, func(int) {
+					for range each {
+						sk.Observe("hot")
+					}
+				})
+				est, dropped := uint64(sk.Estimate("hot")), sk.Stats().CASRetriesExhausted
+				if est+dropped != uint64(goroutines*each) {
+					t.Fatalf("Estimate %d + dropped %d = %d, want %d Observes", est, dropped, est+dropped, goroutines*each)
+				}
+			})
 		})
-		est, dropped := uint64(sk.Estimate("hot")), sk.Stats().CASRetriesExhausted
-		if est+dropped != uint64(goroutines*each) {
-			t.Fatalf("Estimate %d + dropped %d = %d, want %d Observes", est, dropped, est+dropped, goroutines*each)
-		}
-	})
+	}
 }
 
 // Many keys, many goroutines, disjoint and shared: no key ever reads more
