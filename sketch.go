@@ -448,16 +448,17 @@ func retry(p *atomic.Uint64, j int, tag, e uint64, wt uint32, now int64) (est ui
 	return est, tried
 }
 
-// backoffRounds is the first wait after a lost refresh, in rounds of an empty loop: about
-// 0.5 µs on the Intel host of BENCHMARKS.md. Each further lost CAS of the
-// same call doubles it, so the wait is bounded (C4) and at most 7 times this.
+// backoffRounds is the first wait after a lost refresh, in rounds of an
+// empty loop: about 0.5 µs on the Intel host of BENCHMARKS.md. Each further
+// lost CAS of the same call doubles it, so the wait is bounded (C4) and at
+// most 7 times this.
 const backoffRounds = 4096
 
 // backoff waits before attempt tried (1 to 3) after a refresh's CAS on the
-// key's slot lost (retry, and observeView with TwoChoice), touching no
-// memory:
-// a loop the compiler keeps, with nothing to schedule and no instruction
-// that a platform lacks.
+// key's slot lost (retry, and observeView with TwoChoice). It touches no
+// memory, schedules nothing and needs no instruction a platform lacks: an
+// empty counting loop, which the Go compiler keeps (a DECQ/JGT pair in
+// retry's assembly on amd64).
 func backoff(tried int) {
 	for i := backoffRounds << (tried - 1); i > 0; i-- {
 	}
