@@ -201,6 +201,14 @@ func BenchmarkObserveContended(b *testing.B) {
 	b.ReportMetric(q(1), "max-ns")
 }
 
+// BenchmarkBackoff is the first wait after a lost CAS on a key's slot
+// (docs/DESIGN.md, Dropped updates): about 0.75 µs on the Intel host.
+func BenchmarkBackoff(b *testing.B) {
+	for b.Loop() {
+		epochsketch.Backoff(1)
+	}
+}
+
 // BenchmarkLiveHeap reports the live heap after observing n distinct keys:
 // NumBuckets × 64 B plus a constant, whatever n.
 func BenchmarkLiveHeap(b *testing.B) {

@@ -94,3 +94,6 @@ func (s *Sketch) ObserveMany(keys []string, est []uint32) {
 		keys, est = keys[n:], est[n:]
 	}
 }
+
+// Backoff is the wait after a lost CAS, for BenchmarkBackoff.
+var Backoff = backoff

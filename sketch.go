@@ -449,10 +449,10 @@ func retry(p *atomic.Uint64, j int, tag, e uint64, wt uint32, now int64) (est ui
 }
 
 // backoffRounds is the first wait after a lost refresh, in rounds of an
-// empty loop: about 0.5 µs on the Intel host of BENCHMARKS.md. Each further
+// empty loop: about 0.75 µs on the Intel host of BENCHMARKS.md. Each further
 // lost CAS of the same call doubles it, so the wait is bounded (C4) and at
 // most 7 times this.
-const backoffRounds = 4096
+const backoffRounds = 6144
 
 // backoff waits before attempt tried (1 to 3) after a refresh's CAS on the
 // key's slot lost (retry, and observeView with TwoChoice). It touches no
