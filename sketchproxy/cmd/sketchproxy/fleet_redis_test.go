@@ -132,14 +132,8 @@ rules:
 // returns how many failed (neither 200 nor 429).
 func sendHeavy(url string, n int) (failed int) {
 	for range n {
-		req, _ := http.NewRequest("GET", url, nil)
-		req.Header.Set("X-Key", "heavy")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode != 200 && resp.StatusCode != 429 {
+		if _, ok := ask(http.DefaultClient, url, "heavy"); !ok {
 			failed++
-		}
-		if resp != nil {
-			resp.Body.Close()
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -106,6 +106,21 @@ type replica struct {
 	admin string
 }
 
+// ask sends one request keyed key (header X-Key) to the replica at url:
+// allowed is a 200; ok is false when the request failed or the answer was
+// neither 200 nor 429.
+func ask(client *http.Client, url, key string) (allowed, ok bool) {
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("X-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		return false, false
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == 200, resp.StatusCode == 200 || resp.StatusCode == 429
+}
+
 func metricValue(t *testing.T, admin, name string) float64 {
 	t.Helper()
 	resp, err := http.Get(admin + "/metrics")
@@ -229,19 +244,9 @@ func fleetThroughRedis(t *testing.T, refused string) {
 	send := func(ps *phaseStats, key string, heavy bool) {
 		now := time.Now()
 		want := ex.observe(key, now)
-		rep := reps[rr.Add(1)%3]
-		req, _ := http.NewRequest("GET", rep.url, nil)
-		req.Header.Set("X-Key", key)
-		resp, err := client.Do(req)
+		got, ok := ask(client, reps[rr.Add(1)%3].url, key)
 		ps.requests.Add(1)
-		if err != nil {
-			ps.failed.Add(1)
-			return
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		got := resp.StatusCode == 200
-		if resp.StatusCode != 200 && resp.StatusCode != 429 {
+		if !ok {
 			ps.failed.Add(1)
 			return
 		}
@@ -418,18 +423,10 @@ func TestFleetRedisRestart(t *testing.T) {
 				}
 				b := bucket()
 				want := ex.observe(name, time.Now())
-				req, _ := http.NewRequest("GET", reps[i%3].url, nil)
-				req.Header.Set("X-Key", name)
-				resp, err := client.Do(req)
+				got, ok := ask(client, reps[i%3].url, name)
 				b.sent.Add(1)
-				if err != nil {
-					b.failed.Add(1)
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				switch got := resp.StatusCode == 200; {
-				case resp.StatusCode != 200 && resp.StatusCode != 429:
+				switch {
+				case !ok:
 					b.failed.Add(1)
 				case got && !want:
 					b.wrongAllowed.Add(1)
