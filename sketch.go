@@ -245,8 +245,8 @@ func (v *view) load(w *[2 * slotsPerBucket]uint64) {
 }
 
 // viewOf maps hash h to its bucket(s). Bits 63..32 pick the bucket by
-// multiply-shift (no division, any NumBuckets), bits 31..16 are the tag, and
-// the whole hash feeds the lottery.
+// multiply-shift (no division, any NumBuckets), bits 31..16 are the tag,
+// bits 15..13 the home slot (homeOf), and the whole hash feeds the lottery.
 func (s *Sketch) viewOf(h uint64) view {
 	i := s.first(h)
 	v := view{n: slotsPerBucket, shard: i}
@@ -272,6 +272,22 @@ func (s *Sketch) first(h uint64) uint64 { return (h >> 32) * s.nb >> 32 }
 // second is the index of h's second candidate bucket with TwoChoice
 // (docs/DESIGN.md, Buckets); it can equal the first.
 func (s *Sketch) second(h uint64) uint64 { return ((h ^ h>>29) * secondMix >> 32) * s.nb >> 32 }
+
+// homeOf is the key's home slot in its bucket, hash bits 15..13. Without
+// TwoChoice a key claims its home slot when it is free, and otherwise the
+// first claimable slot after it (cyclically), so nearly every key lives at
+// home and refresh finds its word with one load that waits for no other:
+// docs/DESIGN.md, Buckets.
+func homeOf(h uint64) int { return int(h>>homeShift) & (slotsPerBucket - 1) }
+
+const homeShift = 13
+
+// fromHome is the first slot of mask m (bit k for slot k) counting
+// cyclically from slot home: the order of claims and of ties between
+// weakest slots without TwoChoice. m must not be 0.
+func fromHome(m uint8, home int) int {
+	return (bits.TrailingZeros8(bits.RotateLeft8(m, -home)) + home) & (slotsPerBucket - 1)
+}
 
 // tagFrom is the key's 16-bit fingerprint, hash bits 31..16. Tag 0 is read
 // as 1, so that no key's tag matches an empty slot (the word 0).
@@ -308,7 +324,7 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 // observeBucket is observe for one bucket, the default. Branch-free passes
 // over the bucket decide the common cases: refresh, a refresh of the key's
 // one slot, and retry if its CAS lost; on a miss, weakestOf, then a claim
-// of the first free slot or a challenge of the weakest. Everything else (a
+// of the first free slot from the key's home or a challenge of the weakest. Everything else (a
 // sibling to scrub, a duplicate, a slot ahead of now, any other lost CAS)
 // goes to observe1, which makes the same decisions slowly.
 func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32) (uint32, bool) {
@@ -331,11 +347,12 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 	}
 	tag := tagFrom(h)
 	e := epoch24(now)
-	weakest, old := weakestOf(b, uint64(e))
+	home := homeOf(h)
+	weakest, old := weakestOf(b, uint64(e), uint64(home))
 	if old {
 		return s.observe1(b, shard, h, now, wt, 0) // a slot to scrub, or one ahead of now
 	}
-	weak, weakEff := int(weakest&(slotsPerBucket-1)), uint32(weakest>>3)
+	weak, weakEff := (int(weakest)+home)&(slotsPerBucket-1), uint32(weakest>>3)
 	x := b.s[weak].Load()
 	if x != 0 && (tagOf(x) == tag || ageOf(x, e) >= evaporation || effective(x, e) != weakEff) {
 		return s.observe1(b, shard, h, now, wt, 0) // a racing writer changed the slot
@@ -367,31 +384,42 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 // no slot is 24 or more ticks old or ahead of now, and one CAS wins. When
 // the key's slot was written this tick already, the ages are not checked:
 // that write scrubbed the bucket, and no slot turns 24 ticks old within a
-// tick (docs/DESIGN.md, Scrub-on-write). It is a small frameless leaf: the
-// key's slot is found by eight independent compares joined into a mask, with
-// no loop and no branch per slot (bucket contents are random, and a branch
-// that mispredicts when the load returns throws away the work the CPU had
-// started on the next call), then one branch on the mask. It returns the
-// estimate (0 when it did not apply), lost: the key's slot plus 1 when its
-// CAS lost to another writer (retry takes it from there), and miss: the key
-// holds no slot, so a claim or challenge may follow (weakestOf checks the
-// ages).
+// tick (docs/DESIGN.md, Scrub-on-write).
+//
+// The key's word is read from its home slot (homeOf), where nearly every
+// key lives, so the estimate waits for that one load and not for a search.
+// The search runs beside it: eight independent compares joined into a mask,
+// with no loop and no branch per slot (bucket contents are random, and a
+// branch that mispredicts when the load returns throws away the work the
+// CPU had started on the next call), then one branch on the mask confirms
+// that the key holds its home slot and no other. refresh is a small leaf
+// with an 8-byte frame: the home word costs it three spills (it was
+// frameless before; BENCHMARKS.md, The home slot).
+//
+// It returns the estimate (0 when it did not apply), lost: the key's slot
+// plus 1 when its CAS lost to another writer (retry takes it from there),
+// and miss: the key holds no slot, so a claim or challenge may follow
+// (weakestOf checks the ages).
 func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool, lost int, miss bool) {
 	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
 	e := uint64(epoch24(now))
-	// matchMask, written out: the call would cost refresh a stack frame.
+	j := homeOf(h)
+	x := b.s[j].Load()
+	// matchMask, written out: the call would cost refresh more spills.
 	m := (b2u(b.s[0].Load()>>tagShift == tag) | b2u(b.s[1].Load()>>tagShift == tag)<<1 |
 		(b2u(b.s[2].Load()>>tagShift == tag)<<2 | b2u(b.s[3].Load()>>tagShift == tag)<<3)) |
 		((b2u(b.s[4].Load()>>tagShift == tag)<<4 | b2u(b.s[5].Load()>>tagShift == tag)<<5) |
 			(b2u(b.s[6].Load()>>tagShift == tag)<<6 | b2u(b.s[7].Load()>>tagShift == tag)<<7))
-	if m == 0 {
-		return 0, false, 0, true // a miss: weakestOf checks the ages
+	if m != 1<<j { // not at home alone: search the mask
+		if m == 0 {
+			return 0, false, 0, true // a miss: weakestOf checks the ages
+		}
+		if m&(m-1) != 0 {
+			return 0, false, 0, false // a duplicate: observe1 drains it
+		}
+		j = bits.TrailingZeros8(m)
+		x = b.s[j].Load()
 	}
-	if m&(m-1) != 0 {
-		return 0, false, 0, false // a duplicate: observe1 drains it
-	}
-	j := bits.TrailingZeros8(m)
-	x := b.s[j].Load()
 	if x>>tagShift != tag {
 		return 0, false, 0, false // a racing writer changed the slot
 	}
@@ -510,32 +538,35 @@ func slotAge(y, e uint64) uint64 {
 }
 
 // weakestOf is the second pass of a miss, over words still in L1: the
-// smallest effective count at epoch e times 8 plus its slot (the lowest
-// slot among equals), where an empty slot reads 0, so a result below 8 is
-// the first free slot; and old, whether a slot is 24 or more ticks old (to
+// smallest effective count at epoch e times 8 plus its slot's distance
+// from slot home (cyclically: the first from home among equals), where an
+// empty slot reads 0, so a result below 8 is the first free slot from
+// home; and old, whether a slot is 24 or more ticks old (to
 // scrub) or ahead of e, which the caller leaves to observe1. Like refresh,
 // it has no branches on the slots' contents. Without old the counts are
 // exact unless a racing writer changed the bucket since; the caller reloads
 // the one word it acts on and checks it still reads as here.
-func weakestOf(b *bucket, e uint64) (weakest uint64, old bool) {
+func weakestOf(b *bucket, e, home uint64) (weakest uint64, old bool) {
+	const last = slotsPerBucket - 1
 	// Two accumulators, even and odd slots, halve the chain of minimums.
-	w0, a0 := weakKey(b.s[0].Load(), e, 0)
-	w1, a1 := weakKey(b.s[1].Load(), e, 1)
+	w0, a0 := weakKey(b.s[0].Load(), e, -home&last)
+	w1, a1 := weakKey(b.s[1].Load(), e, (1-home)&last)
 	a0, a1 = a0+ageCarry, a1+ageCarry
-	for k := 2; k+1 < len(b.s); k += 2 {
-		c0, x0 := weakKey(b.s[k].Load(), e, uint64(k))
-		c1, x1 := weakKey(b.s[k+1].Load(), e, uint64(k+1))
+	for k := uint64(2); k+1 < slotsPerBucket; k += 2 {
+		c0, x0 := weakKey(b.s[k].Load(), e, (k-home)&last)
+		c1, x1 := weakKey(b.s[k+1].Load(), e, (k+1-home)&last)
 		w0, w1 = min(w0, c0), min(w1, c1)
 		a0, a1 = a0|(x0+ageCarry), a1|(x1+ageCarry)
 	}
 	return min(w0, w1), (a0|a1)>>epochBits != 0
 }
 
-// weakKey is weakestOf's view of word y in slot k at epoch e: its effective
-// count times 8 plus k, and its age as slotAge reads it.
-func weakKey(y, e uint64, k uint64) (key, age uint64) {
+// weakKey is weakestOf's view of word y at epoch e, in the slot d places
+// after home: its effective count times 8 plus d, and its age as slotAge
+// reads it.
+func weakKey(y, e uint64, d uint64) (key, age uint64) {
 	age = slotAge(y, e)
-	return (y&countMax)>>(age&63)<<3 | k, age
+	return (y&countMax)>>(age&63)<<3 | d, age
 }
 
 // observe1 is observe for one bucket, the slow path, after
@@ -616,11 +647,13 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			}
 			continue
 		}
-		// The miss path: the first claimable slot, else the weakest.
+		// The miss path: the first claimable slot from the key's home,
+		// else the weakest (the first from home among equals).
 		free := zero | stale&other
+		home := homeOf(h)
 		weak, weakEff := -1, uint32(math.MaxUint32)
-		for m := other &^ stale; m != 0; m &= m - 1 {
-			i := bits.TrailingZeros(m)
+		for m := bits.RotateLeft8(uint8(other&^stale), -home); m != 0; m &= m - 1 {
+			i := (bits.TrailingZeros8(m) + home) & (slotsPerBucket - 1)
 			eff := effective(w[i], e32)
 			if eff == 0 {
 				free |= 1 << i
@@ -629,7 +662,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			}
 		}
 		if free != 0 { // Phase 2: claim.
-			i := bits.TrailingZeros(free)
+			i := fromHome(uint8(free), home)
 			y := pack(uint16(tag), e32, wt)
 			ok := b.s[i].CompareAndSwap(w[i], y)
 			if traceOn {
@@ -919,17 +952,22 @@ func (s *Sketch) merge(v *view, into int, tag uint16, x uint64) {
 }
 
 // estimate is the read path: the first slot holding the key's tag, decayed.
-// With one bucket per key the slot is found by matchMask, without a branch
-// per slot.
+// With one bucket per key it reads the home slot beside matchMask, as
+// refresh does, and the mask's first slot when that is not home.
 func (s *Sketch) estimate(h uint64, now int64) uint32 {
 	tag := tagFrom(h)
 	if !s.twoChoice {
 		b := &s.table[s.first(h)]
-		m := matchMask(b, uint64(tag))
+		j := homeOf(h)
+		x := b.s[j].Load()
+		m := uint(matchMask(b, uint64(tag)))
 		if m == 0 {
 			return 0
 		}
-		if x := b.s[bits.TrailingZeros8(m)].Load(); tagOf(x) == tag {
+		if m&(2<<j-1) != 1<<j { // home is not the first slot holding the tag
+			x = b.s[bits.TrailingZeros(m)].Load()
+		}
+		if tagOf(x) == tag {
 			return s.read(x, now)
 		}
 		// A racing writer changed the slot: look again, slot by slot.

@@ -1,8 +1,8 @@
 // Package refmodel is the reference model of EpochSketch: a single-threaded,
-// deliberately plain transcription of spec section 6 (with the decisions the
-// library made where the design left a choice). It has no atomics, no packing
-// tricks and no shortcuts; the fuzz test demands that the fast code return the
-// same answers and store the same slot words as this model.
+// deliberately plain transcription of Observe as docs/DESIGN.md describes
+// it. It has no atomics, no packing tricks and no shortcuts; the fuzz test
+// demands that the fast code return the same answers and store the same
+// slot words as this model.
 package refmodel
 
 import "math"
@@ -80,12 +80,18 @@ func (m *Model) buckets(h uint64) []int {
 	return out
 }
 
-// slots lists pointers to the key's candidate slots in search order.
+// slots lists pointers to the key's candidate slots in search order: with
+// one bucket, from the key's home slot (hash bits 15..13) round to the slot
+// before it; with TwoChoice, both buckets in slot order.
 func (m *Model) slots(h uint64) []*Slot {
 	var out []*Slot
+	home := 0
+	if !m.TwoChoice {
+		home = int(h>>13) % Slots
+	}
 	for _, b := range m.buckets(h) {
-		for j := range m.B[b] {
-			out = append(out, &m.B[b][j])
+		for k := range Slots {
+			out = append(out, &m.B[b][(home+k)%Slots])
 		}
 	}
 	return out
