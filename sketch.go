@@ -423,14 +423,21 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	if x>>tagShift != tag {
 		return 0, false, 0, false // a racing writer changed the slot
 	}
-	// The key's slot written this tick already: that write scrubbed the
-	// bucket, and no slot turns 24 ticks old within a tick, so there is
-	// nothing to scrub (docs/DESIGN.md, Scrub-on-write).
-	if epochOf(x) != uint32(e) && anyOld(b, e) {
-		return 0, false, 0, false
+	var c uint32
+	first = epochOf(x) != uint32(e)
+	if !first {
+		// The key's slot written this tick already: that write scrubbed
+		// the bucket, and no slot turns 24 ticks old within a tick, so
+		// there is nothing to scrub (docs/DESIGN.md, Scrub-on-write); the
+		// age is 0, so the new count waits for nothing but the count.
+		c = satAdd(countOf(x), wt)
+	} else {
+		if anyOld(b, e) {
+			return 0, false, 0, false
+		}
+		age := ageOf(x, uint32(e))           // no slot is old, so 0 < age < 24: never ahead
+		c = satAdd(countOf(x)>>(age&31), wt) // decay
 	}
-	age := ageOf(x, uint32(e))            // no slot is old, so age < 24: never ahead
-	c := satAdd(countOf(x)>>(age&31), wt) // decay, for an age below 24
 	y := pack(uint16(tag), uint32(e), c)
 	ok := b.s[j].CompareAndSwap(x, y)
 	if traceOn {
@@ -439,7 +446,7 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	if !ok {
 		return 0, false, j + 1, false
 	}
-	return c, age > 0, 0, false
+	return c, first, 0, false
 }
 
 // retry is refresh after its CAS on the key's slot p (index j) lost to
