@@ -381,9 +381,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 }
 
 // refresh is Phase 1 alone, the common case: the key holds exactly one slot,
-// no slot is 24 or more ticks old or ahead of now, the new count stays
-// below MaxCount, and one CAS wins. (A count that would saturate goes to
-// observe1, so that the estimate waits on one add and not on the clamp.) When
+// no slot is 24 or more ticks old or ahead of now, and one CAS wins. When
 // the key's slot was written this tick already, the ages are not checked:
 // that write scrubbed the bucket, and no slot turns 24 ticks old within a
 // tick (docs/DESIGN.md, Scrub-on-write).
@@ -432,16 +430,13 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		// the bucket, and no slot turns 24 ticks old within a tick, so
 		// there is nothing to scrub (docs/DESIGN.md, Scrub-on-write); the
 		// age is 0, so the new count waits for nothing but the count.
-		c = countOf(x) + wt
+		c = satAdd(countOf(x), wt)
 	} else {
 		if anyOld(b, e) {
 			return 0, false, 0, false
 		}
-		age := ageOf(x, uint32(e))    // no slot is old, so 0 < age < 24: never ahead
-		c = countOf(x)>>(age&31) + wt // decay
-	}
-	if c > countMax {
-		return 0, false, 0, false // observe1 parks the count at MaxCount
+		age := ageOf(x, uint32(e))           // no slot is old, so 0 < age < 24: never ahead
+		c = satAdd(countOf(x)>>(age&31), wt) // decay
 	}
 	y := pack(uint16(tag), uint32(e), c)
 	ok := b.s[j].CompareAndSwap(x, y)
