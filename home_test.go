@@ -36,3 +36,38 @@ func TestKeysLiveAtHome(t *testing.T) {
 		t.Fatalf("%.2f%% of hits at home, want at least 95%%", 100*share)
 	}
 }
+
+// For a power-of-two table, first's shift picks exactly the bucket that
+// multiply-shift picks, so tables of every size keep one placement
+// (snapshots included).
+func TestFirstShiftIsMultiplyShift(t *testing.T) {
+	x := uint64(1)
+	for k := 0; k <= 16; k++ {
+		nb := 1 << k
+		sk := New(Config{NumBuckets: nb, Seed: 1, Clock: NewManualClock(time.Unix(1_700_000_000, 0))})
+		if !sk.pow2 {
+			t.Fatalf("NumBuckets %d: not taken as a power of two", nb)
+		}
+		for range 10_000 {
+			x = splitmix64(x)
+			if got, want := sk.first(x), (x>>32)*uint64(nb)>>32; got != want {
+				t.Fatalf("NumBuckets %d, h %#x: bucket %d, multiply-shift %d", nb, x, got, want)
+			}
+		}
+		sk.Close()
+	}
+	for _, nb := range []int{3, 1000, 65535} {
+		if sk := New(Config{NumBuckets: nb, Seed: 1}); sk.pow2 {
+			t.Fatalf("NumBuckets %d taken as a power of two", nb)
+		} else {
+			sk.Close()
+		}
+	}
+	// The largest table's shift, 2^32 buckets, checked without allocating it.
+	for range 10_000 {
+		x = splitmix64(x)
+		if got, want := x>>(64-32), (x>>32)*(1<<32)>>32; got != want {
+			t.Fatalf("2^32 buckets, h %#x: %d, want %d", x, got, want)
+		}
+	}
+}

@@ -32,6 +32,8 @@ type Sketch struct {
 
 	table     []bucket
 	nb        uint64
+	pow2      bool // nb is a power of two: first shifts instead of multiplying
+	nbShift   uint // 64 - log2(nb) when pow2
 	h         hasher
 	tick      int64 // tick duration in nanoseconds
 	twoChoice bool
@@ -57,6 +59,8 @@ func New(cfg Config) *Sketch {
 	s := &Sketch{
 		table:     newTable(cfg.NumBuckets),
 		nb:        uint64(cfg.NumBuckets),
+		pow2:      bits.OnesCount64(uint64(cfg.NumBuckets)) == 1,
+		nbShift:   uint(64 - bits.TrailingZeros64(uint64(cfg.NumBuckets))),
 		tick:      int64(cfg.TickDuration),
 		twoChoice: cfg.TwoChoice,
 		lottery:   cfg.Lottery,
@@ -266,8 +270,15 @@ func (s *Sketch) viewOf(h uint64) view {
 const secondMix = 0xbf58476d1ce4e5b9
 
 // first is the index of h's bucket: bits 63..32 scaled to NumBuckets by
-// multiply-shift.
-func (s *Sketch) first(h uint64) uint64 { return (h >> 32) * s.nb >> 32 }
+// multiply-shift. For a power of two, 2^k buckets, that is exactly h's top
+// k bits, taken with one shift: the same bucket a cycle or two sooner, on
+// the path every estimate waits on.
+func (s *Sketch) first(h uint64) uint64 {
+	if s.pow2 {
+		return h >> s.nbShift
+	}
+	return (h >> 32) * s.nb >> 32
+}
 
 // second is the index of h's second candidate bucket with TwoChoice
 // (docs/DESIGN.md, Buckets); it can equal the first.
