@@ -335,9 +335,10 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 // observeBucket is observe for one bucket, the default. Branch-free passes
 // over the bucket decide the common cases: refresh, a refresh of the key's
 // one slot, and retry if its CAS lost; on a miss, weakestOf, then a claim
-// of the first free slot from the key's home or a challenge of the weakest. Everything else (a
-// sibling to scrub, a duplicate, a slot ahead of now, any other lost CAS)
-// goes to observe1, which makes the same decisions slowly.
+// of the first free slot from the key's home or a challenge of the
+// weakest. Everything else (a sibling to scrub, a duplicate, a slot ahead
+// of now, any other lost CAS) goes to observe1, which makes the same
+// decisions slowly.
 func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32) (uint32, bool) {
 	est, first, lost, miss := refresh(b, h, now, wt)
 	if est != 0 {

@@ -152,8 +152,8 @@ func (m *Model) ObserveN(h uint64, tick int64, w uint32) (uint32, bool) {
 		}
 	}
 
-	// Phase 2: the first empty or decayed-to-zero slot of the less loaded
-	// bucket (the first bucket on a tie).
+	// Phase 2: the first empty or decayed-to-zero slot, in search order, of
+	// the less loaded bucket (the first bucket on a tie).
 	var claim *Slot
 	bestLive := math.MaxInt
 	for b := 0; b*Slots < len(slots); b++ {
@@ -177,7 +177,7 @@ func (m *Model) ObserveN(h uint64, tick int64, w uint32) (uint32, bool) {
 		return w, true
 	}
 
-	// Phase 3: challenge the weakest slot (the first on a tie).
+	// Phase 3: challenge the weakest slot (the first in search order on a tie).
 	victim := slots[0]
 	for _, s := range slots {
 		if s.eff(now) < victim.eff(now) {
