@@ -705,25 +705,69 @@ func TestDuplicateHealed(t *testing.T) {
 	for _, two := range []bool{false, true} {
 		t.Run(fmt.Sprint("two=", two), func(t *testing.T) {
 			sk, _ := newManual(t, epochsketch.Config{NumBuckets: 8, TwoChoice: two})
-			for range 5 {
-				sk.Observe("k")
+			// A key whose slot is not the last of its last bucket, so that
+			// the copy planted there comes after it in slot order (a key
+			// claims its home slot, which the hash picks).
+			var k string
+			for i := 0; k == ""; i++ {
+				c := fmt.Sprint("k", i)
+				sk.Observe(c)
+				bs := sk.Buckets(sk.HashString(c))
+				if b, j := slotOf(sk, c); b != bs[len(bs)-1] || j != 7 {
+					k = c
+				}
 			}
-			b, j := slotOf(sk, "k")
+			for range 4 {
+				sk.Observe(k)
+			}
+			b, j := slotOf(sk, k)
 			w := sk.Word(b, j)
 			// Plant a copy with count 3 in the last slot of the key's last bucket.
-			bs := sk.Buckets(sk.HashString("k"))
+			bs := sk.Buckets(sk.HashString(k))
 			last := bs[len(bs)-1]
 			sk.SetWord(last, 7, w&^uint64(epochsketch.CountMax)|3)
-			if est, _ := sk.Observe("k"); est != 6 {
+			if est, _ := sk.Observe(k); est != 6 {
 				t.Fatalf("refresh of the first copy = %d, want 6", est)
 			}
 			if got := sk.Word(last, 7); got != 0 {
 				t.Fatalf("duplicate still there: %#x", got)
 			}
-			if got := sk.Estimate("k"); got != 9 {
+			if got := sk.Estimate(k); got != 9 {
 				t.Fatalf("merged estimate %d, want 6 + 3 = 9", got)
 			}
 		})
+	}
+}
+
+// A copy before the key's home slot is the first copy: the next write
+// refreshes it and folds the home slot into it, and reads take it.
+func TestDuplicateBeforeHome(t *testing.T) {
+	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 8})
+	var k string
+	for i := 0; k == ""; i++ {
+		c := fmt.Sprint("k", i)
+		sk.Observe(c)
+		if _, j := slotOf(sk, c); j != 0 {
+			k = c
+		}
+	}
+	for range 4 {
+		sk.Observe(k)
+	}
+	b, j := slotOf(sk, k)
+	w := sk.Word(b, j)
+	sk.SetWord(b, 0, w&^uint64(epochsketch.CountMax)|3)
+	if got := sk.Estimate(k); got != 3 {
+		t.Fatalf("Estimate = %d, want the first copy's 3", got)
+	}
+	if est, _ := sk.Observe(k); est != 4 {
+		t.Fatalf("refresh of the first copy = %d, want 3 + 1", est)
+	}
+	if got := sk.Word(b, j); got != 0 {
+		t.Fatalf("home copy still there: %#x", got)
+	}
+	if got := sk.Estimate(k); got != 9 {
+		t.Fatalf("merged estimate %d, want 4 + 5 = 9", got)
 	}
 }
 
