@@ -50,6 +50,8 @@ func (op traceOp) String() string {
 
 // traceEvent is one step. Slot is an index into the key's view: 0-7 its
 // bucket, 8-15 its second bucket with TwoChoice; -1 when no slot applies.
+// A start's slot is the key's home slot (docs/DESIGN.md, Buckets), -1 with
+// TwoChoice.
 type traceEvent struct {
 	Op     traceOp
 	Slot   int

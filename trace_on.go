@@ -74,7 +74,11 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	if v.n > slotsPerBucket {
 		second = int(s.second(h))
 	}
-	emit(traceEvent{Op: traceStart, Slot: -1, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
+	home := -1 // the start's slot is the key's home slot, which TwoChoice has not
+	if !s.twoChoice {
+		home = homeOf(h)
+	}
+	emit(traceEvent{Op: traceStart, Slot: home, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
 	if !s.twoChoice {
 		est, first = s.observeBucket(v.b[0], v.shard, h, now, wt)
 	} else {

@@ -52,6 +52,11 @@ func TestTracePhases(t *testing.T) {
 	if start.Tag != tag || start.Bucket != 0 || start.Second != -1 {
 		t.Errorf("start %+v: want tag %04x in bucket 0", start, tag)
 	}
+	// The start names the key's home slot, hash bits 15..13, and a new key
+	// in an empty bucket claims it.
+	if home := int(sk.HashString("a")>>13) % 8; start.Slot != home || claim.Slot != home {
+		t.Errorf("start slot %d, claim slot %d: want the home slot %d for both", start.Slot, claim.Slot, home)
+	}
 	if !claim.OK || claim.Old != 0 || claim.New != inspect.Slots(sk, 0)[claim.Slot] {
 		t.Errorf("claim %+v: want 0 -> the slot's word %016x", claim, inspect.Slots(sk, 0)[claim.Slot])
 	}
@@ -140,5 +145,8 @@ func TestTraceOffAndTwoChoice(t *testing.T) {
 	b, b2, _ := inspect.Locate(sk, "x")
 	if got := r.ops(); got != "start,fast-refresh,result" || r.evs[0].Bucket != b || r.evs[0].Second != b2 {
 		t.Fatalf("two-choice: %s, start %+v, want buckets %d and %d", got, r.evs[0], b, b2)
+	}
+	if r.evs[0].Slot != -1 {
+		t.Errorf("two-choice start slot %d: want -1, TwoChoice has no home slot", r.evs[0].Slot)
 	}
 }

@@ -175,6 +175,21 @@ func TestSimulatorInChromium(t *testing.T) {
 	if got := ops(); got != "start,claim,result" {
 		t.Errorf("a new key's trace is %s, want start,claim,result", got)
 	}
+	// The start names alice's home slot; her claim landed there, in the
+	// page's trace and in Go's copy of the sketch.
+	var home int
+	start := text("#trace li:first-child")
+	if i := strings.Index(start, "home slot "); i < 0 {
+		t.Errorf("the start reads %q: it names no home slot", start)
+	} else if _, err := fmt.Sscanf(start[i:], "home slot %d", &home); err != nil {
+		t.Errorf("the start reads %q: %v", start, err)
+	}
+	if got, want := text("#trace li:nth-child(2)"), fmt.Sprintf("slot %d ", home); !strings.Contains(got, want) {
+		t.Errorf("the claim reads %q, want it at %q", got, strings.TrimSpace(want))
+	}
+	if b, _, tag := inspect.Locate(sk, "alice"); inspect.Slots(sk, b)[home]>>48 != uint64(tag) {
+		t.Errorf("Go's sketch holds %016x in alice's home slot %d, want her fingerprint %04x", inspect.Slots(sk, b)[home], home, tag)
+	}
 	observe("alice")
 	if got := ops(); got != "start,fast-refresh,result" {
 		t.Errorf("a tracked key's trace is %s, want start,fast-refresh,result", got)
