@@ -1,0 +1,108 @@
+package epochsketch
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/epochsketch/epochsketch/internal/floor"
+	"github.com/epochsketch/epochsketch/internal/keystream"
+)
+
+var partsSink uint64
+
+// BenchmarkObserveParts takes Observe's latency apart (each call waits for
+// the previous answer, as in BenchmarkObserve's latency mode), one step at
+// a time on the default 4 MiB table, beside the hash+CAS floor:
+//
+//   - home-load: the key's hash, its bucket and the word in its home slot,
+//     returned as it is: what any design of this shape reads;
+//   - home-tag: that word's count plus one when its tag is the key's, else
+//     0: a design that tells keys apart, and so takes a branch the CPU
+//     mispredicts on every key the table does not hold;
+//   - home-tag-cas: home-tag, and the CAS of the new count into the word;
+//   - home-tag-mask: home-tag, confirmed by the match mask of all 8 slots
+//     (the key there alone), without the CAS;
+//   - refresh: the whole fast path (the mask, the age, the CAS), 0 for any
+//     call it leaves to the rest of Observe;
+//   - observe: Observe.
+//
+// The parts write nothing but what refresh and Observe write, so every
+// variant runs on a table warmed by Observe alone.
+func BenchmarkObserveParts(b *testing.B) {
+	for _, w := range []*keystream.Stream{keystream.Zipf(1), keystream.Hot()} {
+		for _, part := range []string{"floor-hash-cas", "home-load", "home-tag", "home-tag-cas", "home-tag-mask", "refresh", "observe"} {
+			b.Run(fmt.Sprintf("workload=%s/part=%s", w.Name, part), func(b *testing.B) {
+				sk := New(Config{NumBuckets: 1 << 16})
+				defer sk.Close()
+				for i := range 1 << 20 {
+					sk.Observe(w.String(i))
+				}
+				var f func(string) uint64
+				switch part {
+				case "floor-hash-cas":
+					fl := floor.New(floor.HashCAS, 1<<16)
+					for i := range 1 << 20 {
+						fl.Observe(w.String(i))
+					}
+					f = fl.Observe
+				case "home-load":
+					f = func(k string) uint64 {
+						h := sk.h.str(k)
+						return sk.table[sk.first(h)].s[homeOf(h)].Load()
+					}
+				case "home-tag":
+					f = func(k string) uint64 {
+						h := sk.h.str(k)
+						x := sk.table[sk.first(h)].s[homeOf(h)].Load()
+						if x>>tagShift != uint64(tagFrom(h)) {
+							return 0
+						}
+						return uint64(satAdd(countOf(x), 1))
+					}
+				case "home-tag-cas":
+					f = func(k string) uint64 {
+						h := sk.h.str(k)
+						p := &sk.table[sk.first(h)].s[homeOf(h)]
+						x := p.Load()
+						if x>>tagShift != uint64(tagFrom(h)) {
+							return 0
+						}
+						c := satAdd(countOf(x), 1)
+						p.CompareAndSwap(x, x&^countMax|uint64(c))
+						return uint64(c)
+					}
+				case "home-tag-mask":
+					f = func(k string) uint64 {
+						h := sk.h.str(k)
+						b := &sk.table[sk.first(h)]
+						j := homeOf(h)
+						x := b.s[j].Load()
+						tag := uint64(tagFrom(h))
+						if x>>tagShift != tag || matchMask(b, tag) != 1<<j {
+							return 0
+						}
+						return uint64(satAdd(countOf(x), 1))
+					}
+				case "refresh":
+					f = func(k string) uint64 {
+						h := sk.h.str(k)
+						c, _, _, _ := refresh(&sk.table[sk.first(h)], h, sk.now(), 1)
+						return uint64(c)
+					}
+				case "observe":
+					f = func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
+				}
+				runtime.GC()
+				var s uint64
+				i := 1 << 20
+				for b.Loop() {
+					r := f(w.String(i))
+					s += r
+					i += 1 + int(r>>63)
+				}
+				partsSink += s
+			})
+		}
+	}
+}
