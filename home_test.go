@@ -1,6 +1,7 @@
 package epochsketch
 
 import (
+	"math/bits"
 	"testing"
 	"time"
 
@@ -72,6 +73,75 @@ func TestFirstShiftIsMultiplyShift(t *testing.T) {
 		x = splitmix64(x)
 		if got, want := x>>(64-32), (x>>32)*(1<<32)>>32; got != want {
 			t.Fatalf("2^32 buckets, h %#x: %d, want %d", x, got, want)
+		}
+	}
+}
+
+// refresh tells its cases apart with one SWAR test over the packed tags
+// (another slot holds the tag?) and the home word's tag. On random buckets
+// of a few tags chosen to provoke borrows between lanes (0x7fff, 0x8000,
+// 0xffff, neighbours), each call must do what a plain loop over the slots
+// says: refresh the key's only slot, report a miss, or leave a duplicate.
+func TestRefreshCases(t *testing.T) {
+	tags := []uint16{1, 2, 0x00ff, 0x0100, 0x1234, 0x7fff, 0x8000, 0x8001, 0xfffe, 0xffff}
+	const now = int64(1000)
+	e := epoch24(now)
+	x := uint64(1)
+	seen := map[string]int{}
+	for range 200_000 {
+		var b bucket
+		for k := range slotsPerBucket {
+			x = splitmix64(x)
+			if x%3 != 0 {
+				b.s[k].Store(pack(tags[x>>8%uint64(len(tags))], e, uint32(x>>32)%100+1))
+			}
+		}
+		x = splitmix64(x)
+		tag := tags[x%uint64(len(tags))]
+		home := int(x>>8) & 7
+		h := uint64(tag)<<16 | uint64(home)<<homeShift
+		var words [slotsPerBucket]uint64
+		var m uint8
+		for k := range words {
+			words[k] = b.s[k].Load()
+			if words[k] != 0 && tagOf(words[k]) == tag {
+				m |= 1 << k
+			}
+		}
+		est, first, lost, miss := refresh(&b, h, now, 1)
+		want := words
+		switch {
+		case m == 0:
+			seen["miss"]++
+			if est != 0 || !miss || lost != 0 {
+				t.Fatalf("tag %04x, home %d, bucket %x: (%d, %v, %d, %v), want a miss", tag, home, words, est, first, lost, miss)
+			}
+		case m&(m-1) != 0:
+			seen["duplicate"]++
+			if est != 0 || miss || lost != 0 {
+				t.Fatalf("tag %04x, home %d, bucket %x: (%d, %v, %d, %v), want a duplicate left to observe1", tag, home, words, est, first, lost, miss)
+			}
+		default:
+			k := bits.TrailingZeros8(m)
+			if k == home {
+				seen["home"]++
+			} else {
+				seen["away"]++
+			}
+			want[k]++
+			if est != countOf(words[k])+1 || first || lost != 0 || miss {
+				t.Fatalf("tag %04x, home %d, bucket %x: (%d, %v, %d, %v), want slot %d refreshed", tag, home, words, est, first, lost, miss, k)
+			}
+		}
+		for k := range want {
+			if got := b.s[k].Load(); got != want[k] {
+				t.Fatalf("tag %04x, home %d: slot %d holds %x, want %x", tag, home, k, got, want[k])
+			}
+		}
+	}
+	for _, c := range []string{"miss", "duplicate", "home", "away"} {
+		if seen[c] < 1000 {
+			t.Errorf("only %d trials of case %s", seen[c], c)
 		}
 	}
 }

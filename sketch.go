@@ -400,12 +400,13 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 //
 // The key's word is read from its home slot (homeOf), where nearly every
 // key lives, so the estimate waits for that one load and not for a search.
-// The search runs beside it: eight independent compares joined into a mask,
-// with no loop and no branch per slot (bucket contents are random, and a
-// branch that mispredicts when the load returns throws away the work the
-// CPU had started on the next call), then one branch on the mask confirms
-// that the key holds its home slot and no other. refresh is a small leaf
-// with an 8-byte frame: the home word costs it three spills (it was
+// Beside it runs one test of all the other slots at once (SWAR over the
+// packed tags, no loop and no branch per slot: bucket contents are random,
+// and a branch that mispredicts when the load returns throws away the work
+// the CPU had started on the next call), and one branch on it and on the
+// home word's tag tells the three common cases apart: at home alone, a
+// miss, or (for the mask and a second load) the key elsewhere. refresh is
+// a small leaf with a frame: the home word costs it spills (it was
 // frameless before; BENCHMARKS.md, The home slot).
 //
 // It returns the estimate (0 when it did not apply), lost: the key's slot
@@ -417,20 +418,33 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	e := uint64(epoch24(now))
 	j := homeOf(h)
 	x := b.s[j].Load()
-	// matchMask, written out: the call would cost refresh more spills.
-	m := (b2u(b.s[0].Load()>>tagShift == tag) | b2u(b.s[1].Load()>>tagShift == tag)<<1 |
-		(b2u(b.s[2].Load()>>tagShift == tag)<<2 | b2u(b.s[3].Load()>>tagShift == tag)<<3)) |
-		((b2u(b.s[4].Load()>>tagShift == tag)<<4 | b2u(b.s[5].Load()>>tagShift == tag)<<5) |
-			(b2u(b.s[6].Load()>>tagShift == tag)<<6 | b2u(b.s[7].Load()>>tagShift == tag)<<7))
-	if m != 1<<j { // not at home alone: search the mask
-		if m == 0 {
-			return 0, false, 0, true // a miss: weakestOf checks the ages
-		}
+	// Does another slot hold the tag? The 8 tags packed as 16-bit lanes
+	// of two words, XORed with the tag in every lane so that a match is a
+	// zero lane, with a bit set in the home slot's lane; a zero lane is
+	// found by the borrow it leaves (v - 1 per lane, AND NOT v, the lanes'
+	// high bits), exactly when there is one.
+	const hi = 0xffff << 48
+	t := tag * lane1s
+	v0 := (b.s[0].Load()>>48 | b.s[1].Load()>>32&(hi>>32) | b.s[2].Load()>>16&(hi>>16) | b.s[3].Load()&hi) ^ t
+	v1 := (b.s[4].Load()>>48 | b.s[5].Load()>>32&(hi>>32) | b.s[6].Load()>>16&(hi>>16) | b.s[7].Load()&hi) ^ t
+	mark := uint64(1) << (16 * (j & 3))
+	upper := -uint64(j >> 2)
+	v0 |= mark &^ upper
+	v1 |= mark & upper
+	if ((v0-lane1s)&^v0|(v1-lane1s)&^v1)&laneHigh != 0 {
+		// Another slot holds the tag: the key away from home, or a
+		// duplicate. Search the mask.
+		m := matchMask(b, tag)
 		if m&(m-1) != 0 {
 			return 0, false, 0, false // a duplicate: observe1 drains it
 		}
+		if m == 0 {
+			return 0, false, 0, false // a racing writer changed the bucket
+		}
 		j = bits.TrailingZeros8(m)
 		x = b.s[j].Load()
+	} else if x>>tagShift != tag {
+		return 0, false, 0, true // a miss: weakestOf checks the ages
 	}
 	if x>>tagShift != tag {
 		return 0, false, 0, false // a racing writer changed the slot
@@ -510,6 +524,13 @@ func backoff(tried int) {
 	for i := backoffRounds << (tried - 1); i > 0; i-- {
 	}
 }
+
+// lane1s and laneHigh are the lowest and the highest bit of each 16-bit
+// lane of a word: refresh's test for a tag in another slot (a zero lane).
+const (
+	lane1s   = 0x0001_0001_0001_0001
+	laneHigh = 0x8000_8000_8000_8000
+)
 
 // matchMask has bit k set when slot k of b holds tag: eight independent
 // compares joined as a tree, with no loop, no branches, and a dependency

@@ -261,7 +261,7 @@ func TestChipKeepsVictimEpoch(t *testing.T) {
 	if st := sk.Stats(); st.Chips != 1 {
 		t.Fatalf("Stats = %+v, want one chip", st)
 	}
-	j := int(sk.HashString(mouse)>>13) % epochsketch.SlotsPerBucket
+	j := int(sk.HashString(mouse) >> 13 & (epochsketch.SlotsPerBucket - 1))
 	w := sk.Word(0, j)
 	if epochsketch.CountOf(w) != 2 || epochsketch.EpochOf(w) != epochsketch.EpochOf(sk.Word(0, (j+1)%8)) {
 		t.Fatalf("chipped slot %d = count %d epoch %d: want count 4-2^1 = 2 at the old epoch", j, epochsketch.CountOf(w), epochsketch.EpochOf(w))

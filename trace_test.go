@@ -54,7 +54,7 @@ func TestTracePhases(t *testing.T) {
 	}
 	// The start names the key's home slot, hash bits 15..13, and a new key
 	// in an empty bucket claims it.
-	if home := int(sk.HashString("a")>>13) % 8; start.Slot != home || claim.Slot != home {
+	if home := int(sk.HashString("a") >> 13 & 7); start.Slot != home || claim.Slot != home {
 		t.Errorf("start slot %d, claim slot %d: want the home slot %d for both", start.Slot, claim.Slot, home)
 	}
 	if !claim.OK || claim.Old != 0 || claim.New != inspect.Slots(sk, 0)[claim.Slot] {

@@ -87,7 +87,7 @@ func (m *Model) slots(h uint64) []*Slot {
 	var out []*Slot
 	home := 0
 	if !m.TwoChoice {
-		home = int(h>>13) % Slots
+		home = int(h >> 13 & (Slots - 1))
 	}
 	for _, b := range m.buckets(h) {
 		for k := range Slots {
