@@ -405,9 +405,9 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32)
 // and a branch that mispredicts when the load returns throws away the work
 // the CPU had started on the next call), and one branch on it and on the
 // home word's tag tells the three common cases apart: at home alone, a
-// miss, or (for the mask and a second load) the key elsewhere. refresh is
-// a small leaf with a frame: the home word costs it spills (it was
-// frameless before; BENCHMARKS.md, The home slot).
+// miss, or (for the mask and a second load) the key elsewhere. refresh was
+// a frameless leaf before the home slot; it now has a 32-byte frame and
+// calls matchMask only in that last case (BENCHMARKS.md, The home slot).
 //
 // It returns the estimate (0 when it did not apply), lost: the key's slot
 // plus 1 when its CAS lost to another writer (retry takes it from there),
