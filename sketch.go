@@ -443,11 +443,11 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		}
 		j = bits.TrailingZeros8(m)
 		x = b.s[j].Load()
+		if x>>tagShift != tag {
+			return 0, false, 0, false // a racing writer changed the slot
+		}
 	} else if x>>tagShift != tag {
 		return 0, false, 0, true // a miss: weakestOf checks the ages
-	}
-	if x>>tagShift != tag {
-		return 0, false, 0, false // a racing writer changed the slot
 	}
 	var c uint32
 	first = epochOf(x) != uint32(e)
@@ -992,8 +992,8 @@ func (s *Sketch) merge(v *view, into int, tag uint16, x uint64) {
 }
 
 // estimate is the read path: the first slot holding the key's tag, decayed.
-// With one bucket per key it reads the home slot beside matchMask, as
-// refresh does, and the mask's first slot when that is not home.
+// With one bucket per key it reads the key's home slot, as refresh does,
+// beside matchMask, and the mask's first slot when that is not home.
 func (s *Sketch) estimate(h uint64, now int64) uint32 {
 	tag := tagFrom(h)
 	if !s.twoChoice {
