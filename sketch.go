@@ -319,31 +319,35 @@ func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
 	return now
 }
 
-// observe is Observe (docs/DESIGN.md, Observe): scrub, refresh, claim, or challenge, adding weight wt
-// (1 to countMax).
+// observe is Observe (docs/DESIGN.md, Observe): scrub, refresh, claim, or
+// challenge, adding weight wt (1 to countMax). Without TwoChoice it calls
+// refresh itself, so the common case returns through one call less
+// (BENCHMARKS.md, The home slot), and leaves the rest to observeBucket.
 func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	if traceOn {
 		return s.observeTraced(h, now, wt)
 	}
-	if !s.twoChoice {
-		i := s.first(h)
-		return s.observeBucket(&s.table[i], i, h, now, wt)
+	if s.twoChoice {
+		return s.observeView(h, now, wt)
 	}
-	return s.observeView(h, now, wt)
-}
-
-// observeBucket is observe for one bucket, the default. Branch-free passes
-// over the bucket decide the common cases: refresh, a refresh of the key's
-// one slot, and retry if its CAS lost; on a miss, weakestOf, then a claim
-// of the first free slot from the key's home or a challenge of the
-// weakest. Everything else (a sibling to scrub, a duplicate, a slot ahead
-// of now, any other lost CAS) goes to observe1, which makes the same
-// decisions slowly.
-func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32) (uint32, bool) {
+	i := s.first(h)
+	b := &s.table[i]
 	est, first, lost, miss := refresh(b, h, now, wt)
 	if est != 0 {
 		return est, first
 	}
+	return s.observeBucket(b, i, h, now, wt, lost, miss)
+}
+
+// observeBucket is observe for one bucket, the default, after refresh did
+// not apply: lost and miss are what refresh returned. Branch-free passes
+// over the bucket decide the common cases: retry if refresh's CAS on the
+// key's one slot lost; on a miss, weakestOf, then a claim
+// of the first free slot from the key's home or a challenge of the
+// weakest. Everything else (a sibling to scrub, a duplicate, a slot ahead
+// of now, any other lost CAS) goes to observe1, which makes the same
+// decisions slowly.
+func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32, lost int, miss bool) (uint32, bool) {
 	if lost != 0 {
 		est, tried := retry(&b.s[lost-1], lost-1, uint64(tagFrom(h)), uint64(epoch24(now)), wt, now)
 		switch tried {

@@ -80,7 +80,11 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	}
 	emit(traceEvent{Op: traceStart, Slot: home, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
 	if !s.twoChoice {
-		est, first = s.observeBucket(v.b[0], v.shard, h, now, wt)
+		var lost int
+		var miss bool
+		if est, first, lost, miss = refresh(v.b[0], h, now, wt); est == 0 {
+			est, first = s.observeBucket(v.b[0], v.shard, h, now, wt, lost, miss)
+		}
 	} else {
 		est, first = s.observeView(h, now, wt)
 	}
