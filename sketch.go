@@ -454,21 +454,31 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		return 0, false, 0, true // a miss: weakestOf checks the ages
 	}
 	var c uint32
+	var y uint64
 	first = epochOf(x) != uint32(e)
 	if !first {
 		// The key's slot written this tick already: that write scrubbed
 		// the bucket, and no slot turns 24 ticks old within a tick, so
-		// there is nothing to scrub (docs/DESIGN.md, Scrub-on-write); the
-		// age is 0, so the new count waits for nothing but the count.
-		c = satAdd(countOf(x), wt)
+		// there is nothing to scrub (docs/DESIGN.md, Scrub-on-write). The
+		// age is 0 and the tag and epoch stay, so the new word is the old
+		// one plus wt: one add between the load and the CAS. A count that
+		// would pass countMax (it cannot carry into the epoch: both are
+		// below 2^24, and the test below catches it) is left to
+		// refreshSaturated, behind a branch the CPU predicts, where a
+		// conditional move clamping every count made each CAS wait for it.
+		c = countOf(x) + wt
+		y = x + uint64(wt)
 	} else {
 		if anyOld(b, e) {
 			return 0, false, 0, false
 		}
-		age := ageOf(x, uint32(e))           // no slot is old, so 0 < age < 24: never ahead
-		c = satAdd(countOf(x)>>(age&31), wt) // decay
+		age := ageOf(x, uint32(e))    // no slot is old, so 0 < age < 24: never ahead
+		c = countOf(x)>>(age&31) + wt // decay
+		y = pack(uint16(tag), uint32(e), c)
 	}
-	y := pack(uint16(tag), uint32(e), c)
+	if c > countMax {
+		return refreshSaturated(&b.s[j], j, x, tag, e, first, now)
+	}
 	ok := b.s[j].CompareAndSwap(x, y)
 	if traceOn {
 		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
@@ -477,6 +487,24 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		return 0, false, j + 1, false
 	}
 	return c, first, 0, false
+}
+
+// refreshSaturated is the end of refresh for a count that would pass
+// countMax: the slot is written at countMax. It is its own function so that
+// the compiler keeps refresh's test a branch, which the CPU predicts,
+// instead of a conditional move that every estimate would wait on.
+//
+//go:noinline
+func refreshSaturated(p *atomic.Uint64, j int, x, tag, e uint64, first bool, now int64) (est uint32, fst bool, lost int, miss bool) {
+	y := pack(uint16(tag), uint32(e), countMax)
+	ok := p.CompareAndSwap(x, y)
+	if traceOn {
+		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+	}
+	if !ok {
+		return 0, false, j + 1, false
+	}
+	return countMax, first, 0, false
 }
 
 // retry is refresh after its CAS on the key's slot p (index j) lost to
