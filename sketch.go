@@ -450,23 +450,31 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 		if x>>tagShift != tag {
 			return 0, false, 0, false // a racing writer changed the slot
 		}
+	} else if x>>epochShift == tag<<epochBits|e {
+		// At home alone, and written this tick already (tag and epoch in
+		// one compare): that write scrubbed the bucket, and no slot turns
+		// 24 ticks old within a tick, so there is nothing to scrub
+		// (docs/DESIGN.md, Scrub-on-write). The age is 0 and the tag and
+		// epoch stay, so the new word is the old one plus wt: one add
+		// between the load and the CAS. A count that would pass countMax
+		// (it cannot carry into the epoch: both are below 2^24, and the
+		// test catches it) is left to refreshSaturated, behind a branch the
+		// CPU predicts, where a conditional move clamping every count made
+		// each CAS wait for it.
+		c := countOf(x) + wt
+		if c > countMax {
+			return refreshSaturated(&b.s[j], j, x, tag, e, false, now)
+		}
+		return refreshCAS(&b.s[j], j, x, x+uint64(wt), c, false, now)
 	} else if x>>tagShift != tag {
 		return 0, false, 0, true // a miss: weakestOf checks the ages
 	}
+	// The key at home, first written this tick, or away from home.
 	var c uint32
 	var y uint64
 	first = epochOf(x) != uint32(e)
 	if !first {
-		// The key's slot written this tick already: that write scrubbed
-		// the bucket, and no slot turns 24 ticks old within a tick, so
-		// there is nothing to scrub (docs/DESIGN.md, Scrub-on-write). The
-		// age is 0 and the tag and epoch stay, so the new word is the old
-		// one plus wt: one add between the load and the CAS. A count that
-		// would pass countMax (it cannot carry into the epoch: both are
-		// below 2^24, and the test below catches it) is left to
-		// refreshSaturated, behind a branch the CPU predicts, where a
-		// conditional move clamping every count made each CAS wait for it.
-		c = countOf(x) + wt
+		c = countOf(x) + wt // as above
 		y = x + uint64(wt)
 	} else {
 		if anyOld(b, e) {
@@ -479,7 +487,13 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	if c > countMax {
 		return refreshSaturated(&b.s[j], j, x, tag, e, first, now)
 	}
-	ok := b.s[j].CompareAndSwap(x, y)
+	return refreshCAS(&b.s[j], j, x, y, c, first, now)
+}
+
+// refreshCAS is refresh's last step: the CAS of the key's slot p (index j)
+// from x to y, whose count is c.
+func refreshCAS(p *atomic.Uint64, j int, x, y uint64, c uint32, first bool, now int64) (est uint32, fst bool, lost int, miss bool) {
+	ok := p.CompareAndSwap(x, y)
 	if traceOn {
 		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 	}
@@ -496,15 +510,7 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 //
 //go:noinline
 func refreshSaturated(p *atomic.Uint64, j int, x, tag, e uint64, first bool, now int64) (est uint32, fst bool, lost int, miss bool) {
-	y := pack(uint16(tag), uint32(e), countMax)
-	ok := p.CompareAndSwap(x, y)
-	if traceOn {
-		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
-	}
-	if !ok {
-		return 0, false, j + 1, false
-	}
-	return countMax, first, 0, false
+	return refreshCAS(p, j, x, pack(uint16(tag), uint32(e), countMax), countMax, first, now)
 }
 
 // retry is refresh after its CAS on the key's slot p (index j) lost to
