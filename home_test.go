@@ -78,12 +78,16 @@ func TestFirstShiftIsMultiplyShift(t *testing.T) {
 }
 
 // refresh tells its cases apart with one SWAR test over the packed tags
-// (another slot holds the tag?) and the home word's tag. On random buckets
-// of a few tags chosen to provoke borrows between lanes (0x7fff, 0x8000,
-// 0xffff, neighbours), each call must do what a plain loop over the slots
-// says: refresh the key's only slot, report a miss, or leave a duplicate.
+// (another slot holds the tag?) and the home word's tag and epoch. On
+// random buckets of a few tags chosen to provoke borrows between lanes
+// (0x7fff, 0x8000, 0xffff, neighbours), written this tick or a few ticks
+// ago, with counts and weights that sometimes pass MaxCount, each call
+// must do what a plain loop over the slots says: refresh the key's only
+// slot (decayed, plus the weight, saturated), report a miss, or leave a
+// duplicate.
 func TestRefreshCases(t *testing.T) {
 	tags := []uint16{1, 2, 0x00ff, 0x0100, 0x1234, 0x7fff, 0x8000, 0x8001, 0xfffe, 0xffff}
+	ages := []uint32{0, 0, 0, 1, 2, 5}
 	const now = int64(1000)
 	e := epoch24(now)
 	x := uint64(1)
@@ -93,13 +97,21 @@ func TestRefreshCases(t *testing.T) {
 		for k := range slotsPerBucket {
 			x = splitmix64(x)
 			if x%3 != 0 {
-				b.s[k].Store(pack(tags[x>>8%uint64(len(tags))], e, uint32(x>>32)%100+1))
+				c := uint32(x>>32)%100 + 1
+				if x>>20%8 == 0 {
+					c = countMax - uint32(x>>40)%4
+				}
+				b.s[k].Store(pack(tags[x>>8%uint64(len(tags))], e-ages[x>>16%uint64(len(ages))], c))
 			}
 		}
 		x = splitmix64(x)
 		tag := tags[x%uint64(len(tags))]
 		home := int(x>>8) & 7
 		h := uint64(tag)<<16 | uint64(home)<<homeShift
+		wt := uint32(1)
+		if x>>24%4 == 0 {
+			wt = uint32(x>>32)%countMax + 1
+		}
 		var words [slotsPerBucket]uint64
 		var m uint8
 		for k := range words {
@@ -108,7 +120,7 @@ func TestRefreshCases(t *testing.T) {
 				m |= 1 << k
 			}
 		}
-		est, first, lost, miss := refresh(&b, h, now, 1)
+		est, first, lost, miss := refresh(&b, h, now, wt)
 		want := words
 		switch {
 		case m == 0:
@@ -128,9 +140,17 @@ func TestRefreshCases(t *testing.T) {
 			} else {
 				seen["away"]++
 			}
-			want[k]++
-			if est != countOf(words[k])+1 || first || lost != 0 || miss {
-				t.Fatalf("tag %04x, home %d, bucket %x: (%d, %v, %d, %v), want slot %d refreshed", tag, home, words, est, first, lost, miss, k)
+			age := e - epochOf(words[k])
+			c := min(countOf(words[k])>>age+wt, countMax)
+			if c == countMax {
+				seen["saturated"]++
+			}
+			if age != 0 {
+				seen["first this tick"]++
+			}
+			want[k] = pack(tag, e, c)
+			if est != c || first != (age != 0) || lost != 0 || miss {
+				t.Fatalf("tag %04x, home %d, weight %d, bucket %x: (%d, %v, %d, %v), want slot %d refreshed to %d", tag, home, wt, words, est, first, lost, miss, k, c)
 			}
 		}
 		for k := range want {
@@ -139,7 +159,7 @@ func TestRefreshCases(t *testing.T) {
 			}
 		}
 	}
-	for _, c := range []string{"miss", "duplicate", "home", "away"} {
+	for _, c := range []string{"miss", "duplicate", "home", "away", "saturated", "first this tick"} {
 		if seen[c] < 1000 {
 			t.Errorf("only %d trials of case %s", seen[c], c)
 		}
