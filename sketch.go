@@ -407,11 +407,14 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 // Beside it runs one test of all the other slots at once (SWAR over the
 // packed tags, no loop and no branch per slot: bucket contents are random,
 // and a branch that mispredicts when the load returns throws away the work
-// the CPU had started on the next call), and one branch on it and on the
-// home word's tag tells the three common cases apart: at home alone, a
-// miss, or (for the mask and a second load) the key elsewhere. refresh was
-// a frameless leaf before the home slot; it now has a 32-byte frame and
-// calls matchMask only in that last case (BENCHMARKS.md, The home slot).
+// the CPU had started on the next call), and a branch on it, then one on
+// the home word's tag and epoch, tell the common cases apart: at home
+// alone and written this tick (the new word is the old one plus wt), a
+// miss, at home and first written this tick, or (for the mask and a second
+// load) the key elsewhere. refresh was a frameless leaf before the home
+// slot; it now has a 32-byte frame and calls matchMask only in that last
+// case, and refreshSaturated only for a count that would pass countMax
+// (BENCHMARKS.md, The home slot).
 //
 // It returns the estimate (0 when it did not apply), lost: the key's slot
 // plus 1 when its CAS lost to another writer (retry takes it from there),
@@ -469,7 +472,7 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 	} else if x>>tagShift != tag {
 		return 0, false, 0, true // a miss: weakestOf checks the ages
 	}
-	// The key at home, first written this tick, or away from home.
+	// The key at home and first written this tick, or away from home.
 	var c uint32
 	var y uint64
 	first = epochOf(x) != uint32(e)
