@@ -156,7 +156,11 @@ func BenchmarkObserveParallel(b *testing.B) {
 				if impl == "floor-hash-cas" {
 					f = floor.New(floor.HashCAS, tableBuckets).Observe
 				} else {
-					sk = epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets, TwoChoice: impl == "observe-twochoice"})
+					cfg := epochsketch.Config{NumBuckets: tableBuckets, TwoChoice: impl == "observe-twochoice"}
+					if c.name == "hot" {
+						cfg.TickDuration = 100 * time.Millisecond // as configFor: no saturated key
+					}
+					sk = epochsketch.New(cfg)
 					defer sk.Close()
 					f = func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
 				}
