@@ -1034,7 +1034,9 @@ func (s *Sketch) merge(v *view, into int, tag uint16, x uint64) {
 
 // estimate is the read path: the first slot holding the key's tag, decayed.
 // With one bucket per key it reads the key's home slot, as refresh does,
-// beside matchMask, and the mask's first slot when that is not home.
+// beside matchMask, and the mask's first slot when that is not home. A word
+// written this tick reads its count as it is, decided by one compare of tag
+// and epoch, so the answer does not wait for the decay's shift.
 func (s *Sketch) estimate(h uint64, now int64) uint32 {
 	tag := tagFrom(h)
 	if !s.twoChoice {
@@ -1047,6 +1049,9 @@ func (s *Sketch) estimate(h uint64, now int64) uint32 {
 		}
 		if m&(2<<j-1) != 1<<j { // home is not the first slot holding the tag
 			x = b.s[bits.TrailingZeros(m)].Load()
+		}
+		if x>>epochShift == uint64(tag)<<epochBits|uint64(epoch24(now)) {
+			return countOf(x) // written this tick: age 0
 		}
 		if tagOf(x) == tag {
 			return s.read(x, now)
