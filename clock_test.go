@@ -29,8 +29,15 @@ func TestCloseStopsClockGoroutine(t *testing.T) {
 	for range 10 {
 		sks = append(sks, epochsketch.New(epochsketch.Config{NumBuckets: 4}))
 	}
-	if got := runtime.NumGoroutine(); got < base+10 {
-		t.Fatalf("%d goroutines, want one clock goroutine per sketch (%d)", got, base+10)
+	// Clock goroutines only, and at least the 10: a ticker of an earlier
+	// test's unreachable Sketch may still be exiting (tickerGoroutines).
+	if got := tickerGoroutines(); got < 10 {
+		t.Fatalf("%d clock goroutines, want one per sketch (10)", got)
+	}
+	for i, sk := range sks {
+		if !sk.WallTicking() {
+			t.Fatalf("sketch %d: its clock goroutine is not running", i)
+		}
 	}
 	for _, sk := range sks {
 		if err := sk.Close(); err != nil {
