@@ -85,7 +85,9 @@ func tickerGoroutines() int {
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "epochsketch.(*ticker).run(")
+			// The creator line is there whether or not the goroutine has
+			// run yet; its first frame is not always.
+			return strings.Count(string(buf[:n]), "created by github.com/epochsketch/epochsketch.startTicker")
 		}
 		buf = make([]byte, 2*len(buf))
 	}
