@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"math"
+	"math/bits"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -46,6 +47,7 @@ type Middleware struct {
 
 	held     atomic.Int64 // tarpitted requests held now
 	heldKeys *countMin    // the same, per key
+	wallets  walletLocks  // a wallet's check and its charge, as one step per key
 	clients  *countMin    // requests in progress per client address
 	spike    spikeMeter
 	logs     logLimiter
@@ -1023,6 +1025,13 @@ func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, wor
 			}
 		}
 	}
+	if a.admitted {
+		// From a wallet's check to its charge, no other request may check
+		// the same wallet: two that both saw room for one more reservation
+		// would both take it, past the budget.
+		locked := m.wallets.lock(verdicts)
+		defer m.wallets.unlock(locked)
+	}
 	for i := 0; a.admitted && i < len(verdicts); i++ {
 		v := &verdicts[i]
 		ru := v.ru
@@ -1074,6 +1083,46 @@ func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, wor
 		a.release()
 	}
 	return a, true
+}
+
+// walletLocks makes a wallet's check and its charge one step for each
+// (rule, key): 64 mutexes, a wallet's chosen by a hash of its rule and key.
+// A request locks the stripes of all its wallets at once, in ascending
+// order, so two requests with wallets in common cannot deadlock.
+type walletLocks [64]sync.Mutex
+
+// lock locks the stripes of the wallets among vs and returns them as a
+// mask, for unlock.
+func (l *walletLocks) lock(vs []verdict) uint64 {
+	var mask uint64
+	for i := range vs {
+		if v := &vs[i]; v.ru != nil && v.ru.budget != nil && v.out != Allowlisted {
+			mask |= 1 << walletStripe(v.ru.cfg.Name, v.key)
+		}
+	}
+	for m := mask; m != 0; m &= m - 1 {
+		l[bits.TrailingZeros64(m)].Lock()
+	}
+	return mask
+}
+
+func (l *walletLocks) unlock(mask uint64) {
+	for m := mask; m != 0; m &= m - 1 {
+		l[bits.TrailingZeros64(m)].Unlock()
+	}
+}
+
+// walletStripe is FNV-1a over rule, a zero byte and key, folded to 0..63.
+func walletStripe(rule, key string) uint {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(rule); i++ {
+		h = (h ^ uint64(rule[i])) * 1099511628211
+	}
+	h *= 1099511628211 // the zero byte between them
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * 1099511628211
+	}
+	return uint(h>>58) & 63
 }
 
 // answerRefusal writes a refusal with a Retry-After that covers every
