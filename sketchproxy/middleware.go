@@ -1086,9 +1086,10 @@ func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, wor
 }
 
 // walletLocks makes a wallet's check and its charge one step for each
-// (rule, key): 64 mutexes, a wallet's chosen by a hash of its rule and key.
-// A request locks the stripes of all its wallets at once, in ascending
-// order, so two requests with wallets in common cannot deadlock.
+// (rule, key): 64 mutexes, a wallet's chosen by its cell in the budget's
+// held counts (the seeded hash of its rule and key). A request locks the
+// stripes of all its wallets at once, in ascending order, so two requests
+// with wallets in common cannot deadlock.
 type walletLocks [64]sync.Mutex
 
 // lock locks the stripes of the wallets among vs and returns them as a
@@ -1097,7 +1098,8 @@ func (l *walletLocks) lock(vs []verdict) uint64 {
 	var mask uint64
 	for i := range vs {
 		if v := &vs[i]; v.ru != nil && v.ru.budget != nil && v.out != Allowlisted {
-			mask |= 1 << walletStripe(v.ru.cfg.Name, v.key)
+			cell, _ := v.ru.budget.held.idx(v.ru.cfg.Name, v.key)
+			mask |= 1 << (cell & 63)
 		}
 	}
 	for m := mask; m != 0; m &= m - 1 {
@@ -1110,19 +1112,6 @@ func (l *walletLocks) unlock(mask uint64) {
 	for m := mask; m != 0; m &= m - 1 {
 		l[bits.TrailingZeros64(m)].Unlock()
 	}
-}
-
-// walletStripe is FNV-1a over rule, a zero byte and key, folded to 0..63.
-func walletStripe(rule, key string) uint {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(rule); i++ {
-		h = (h ^ uint64(rule[i])) * 1099511628211
-	}
-	h *= 1099511628211 // the zero byte between them
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint64(key[i])) * 1099511628211
-	}
-	return uint(h>>58) & 63
 }
 
 // answerRefusal writes a refusal with a Retry-After that covers every
