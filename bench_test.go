@@ -36,13 +36,15 @@ func benchWorkloads() []*workload {
 
 const tableBuckets = 1 << 16 // 4 MiB
 
-// configFor is Config c for a sketch on workload w. The hot key ticks
-// every 100 ms: at 15 to 20 ns a call, 300 ms of one 1 s tick would take it
-// to MaxCount, where a refresh returns the same count whatever the word
-// held, so in latency mode the next call would no longer wait for the
-// load and the row would not time what it says.
-func configFor(w *workload, c epochsketch.Config) epochsketch.Config {
-	if w.Name == "hot" {
+// configFor is Config c for a sketch on the workload named workload. The
+// hot key ticks every 100 ms: at 15 to 20 ns a call, 300 ms of one 1 s tick
+// would take it to MaxCount, where a refresh returns the same count
+// whatever the word held, so in latency mode the next call would no longer
+// wait for the load and the row would not time what it says; and where
+// goroutines share it, a CAS that rewrites MaxCount with the same word
+// cannot lose, so contention would not show.
+func configFor(workload string, c epochsketch.Config) epochsketch.Config {
+	if workload == "hot" {
 		c.TickDuration = 100 * time.Millisecond
 	}
 	return c
@@ -62,27 +64,27 @@ func BenchmarkObserve(b *testing.B) {
 			{"floor-hash-cas", func() func(string) uint64 { return floor.New(floor.HashCAS, tableBuckets).Observe }},
 			{"floor-hash-bucket-cas", func() func(string) uint64 { return floor.New(floor.HashBucketCAS, tableBuckets).Observe }},
 			{"observe", func() func(string) uint64 {
-				sk := epochsketch.New(configFor(w, epochsketch.Config{NumBuckets: tableBuckets}))
+				sk := epochsketch.New(configFor(w.Name, epochsketch.Config{NumBuckets: tableBuckets}))
 				b.Cleanup(func() { sk.Close() })
 				return func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
 			}},
 			{"observe-maphash", func() func(string) uint64 {
-				sk := epochsketch.New(configFor(w, epochsketch.Config{NumBuckets: tableBuckets, Hash: epochsketch.HashMaphash}))
+				sk := epochsketch.New(configFor(w.Name, epochsketch.Config{NumBuckets: tableBuckets, Hash: epochsketch.HashMaphash}))
 				b.Cleanup(func() { sk.Close() })
 				return func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
 			}},
 			{"observe-siphash13", func() func(string) uint64 {
-				sk := epochsketch.New(configFor(w, epochsketch.Config{NumBuckets: tableBuckets, Hash: epochsketch.HashSipHash13}))
+				sk := epochsketch.New(configFor(w.Name, epochsketch.Config{NumBuckets: tableBuckets, Hash: epochsketch.HashSipHash13}))
 				b.Cleanup(func() { sk.Close() })
 				return func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
 			}},
 			{"observe-twochoice", func() func(string) uint64 {
-				sk := epochsketch.New(configFor(w, epochsketch.Config{NumBuckets: tableBuckets, TwoChoice: true}))
+				sk := epochsketch.New(configFor(w.Name, epochsketch.Config{NumBuckets: tableBuckets, TwoChoice: true}))
 				b.Cleanup(func() { sk.Close() })
 				return func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
 			}},
 			{"estimate", func() func(string) uint64 {
-				sk := epochsketch.New(configFor(w, epochsketch.Config{NumBuckets: tableBuckets}))
+				sk := epochsketch.New(configFor(w.Name, epochsketch.Config{NumBuckets: tableBuckets}))
 				b.Cleanup(func() { sk.Close() })
 				for i := range 1 << 20 {
 					sk.Observe(w.String(i))
@@ -156,11 +158,7 @@ func BenchmarkObserveParallel(b *testing.B) {
 				if impl == "floor-hash-cas" {
 					f = floor.New(floor.HashCAS, tableBuckets).Observe
 				} else {
-					cfg := epochsketch.Config{NumBuckets: tableBuckets, TwoChoice: impl == "observe-twochoice"}
-					if c.name == "hot" {
-						cfg.TickDuration = 100 * time.Millisecond // as configFor: no saturated key
-					}
-					sk = epochsketch.New(cfg)
+					sk = epochsketch.New(configFor(c.name, epochsketch.Config{NumBuckets: tableBuckets, TwoChoice: impl == "observe-twochoice"}))
 					defer sk.Close()
 					f = func(k string) uint64 { e, _ := sk.Observe(k); return uint64(e) }
 				}
@@ -193,9 +191,7 @@ func BenchmarkObserveParallel(b *testing.B) {
 // (tens of ns) is in every figure; it reports the median, the 99th and the
 // 99.9th percentile and the slowest timed call, in ns.
 func BenchmarkObserveContended(b *testing.B) {
-	// 100 ms ticks, as configFor: a key at MaxCount is rewritten with the
-	// same word, and such a CAS cannot lose.
-	sk := epochsketch.New(epochsketch.Config{NumBuckets: tableBuckets, TickDuration: 100 * time.Millisecond})
+	sk := epochsketch.New(configFor("hot", epochsketch.Config{NumBuckets: tableBuckets}))
 	defer sk.Close()
 	key := benchWorkloads()[2].String(0)
 	b.ResetTimer()
