@@ -4,7 +4,7 @@ GO ?= go
 
 .DEFAULT_GOAL := help
 .PHONY: help test test-core test-bench test-e2e test-sketchproxy test-readme \
-	fuzz bench sketchproxy-bench theory simulator scaling
+	fuzz bench sketchproxy-bench rls-compare theory simulator scaling
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -45,6 +45,9 @@ bench: ## the core benchmarks and the peers, as BENCHMARKS.md reports them (minu
 
 sketchproxy-bench: ## SketchProxy's overhead against a plain reverse proxy, and wrk
 	bash scripts/sketchproxy-bench.sh
+
+rls-compare: ## SketchProxy's envoy_rls beside envoyproxy/ratelimit and Redis, one client's load (about 2 minutes; builds ratelimit once)
+	bash scripts/rls-compare.sh
 
 theory: ## regenerate THEORY.md's figures (docs/theory, about 7 minutes)
 	bash scripts/theory.sh
