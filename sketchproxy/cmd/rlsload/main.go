@@ -2,7 +2,7 @@
 // envoy_rls or envoyproxy/ratelimit) with ShouldRateLimit calls for a fixed
 // time, as Envoy's ratelimit filter would, and prints one line of results:
 //
-//	calls=N calls_per_s=X p50_us=X p99_us=X ok=N over_limit=N errors=N
+//	calls=N calls_per_s=X ok_per_s=X p50_us=X p99_us=X ok=N over_limit=N errors=N
 //
 // Each call carries one descriptor, key=value; -values 1 sends one hot value,
 // -values N cycles through N distinct ones. Before the load it waits until
@@ -48,8 +48,9 @@ type result struct {
 }
 
 func (r result) String() string {
-	return fmt.Sprintf("calls=%d calls_per_s=%.0f p50_us=%d p99_us=%d ok=%d over_limit=%d errors=%d",
-		r.Calls, float64(r.Calls)/r.Elapsed.Seconds(), r.P50.Microseconds(), r.P99.Microseconds(), r.OK, r.Over, r.Errors)
+	s := r.Elapsed.Seconds()
+	return fmt.Sprintf("calls=%d calls_per_s=%.0f ok_per_s=%.0f p50_us=%d p99_us=%d ok=%d over_limit=%d errors=%d",
+		r.Calls, float64(r.Calls)/s, float64(r.OK)/s, r.P50.Microseconds(), r.P99.Microseconds(), r.OK, r.Over, r.Errors)
 }
 
 // requests builds every request once, so the client's own allocations stay
