@@ -4,14 +4,13 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"hash/maphash"
-	"io"
 	"math"
 	"math/bits"
 	"runtime"
 	"sync/atomic"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
+	"github.com/epochsketch/epochsketch/internal/lab"
 )
 
 // maxAttempts is the first try plus 3 retries (docs/DESIGN.md, Dropped updates); then the increment
@@ -37,7 +36,7 @@ type Sketch struct {
 	h         hasher
 	tick      int64 // tick duration in nanoseconds
 	twoChoice bool
-	lottery   Lottery
+	lottery   lottery
 
 	clk    *clockState
 	manual *ManualClock // exact clock, read on every call
@@ -63,7 +62,7 @@ func New(cfg Config) *Sketch {
 		nbShift:   uint(64 - bits.TrailingZeros64(uint64(cfg.NumBuckets))),
 		tick:      int64(cfg.TickDuration),
 		twoChoice: cfg.TwoChoice,
-		lottery:   cfg.Lottery,
+		lottery:   lotteryHeavyKeeper,
 		clk:       new(clockState),
 		stats:     new(statTable),
 	}
@@ -201,6 +200,11 @@ func (s *Sketch) EstimateBytes(key []byte) uint32 {
 // tick reads at the latest tick.
 func (s *Sketch) EstimateAt(t time.Time, key string) uint32 {
 	return s.estimate(s.h.str(key), s.readAt(t))
+}
+
+// EstimateBytesAt is EstimateAt for a key held in a byte slice.
+func (s *Sketch) EstimateBytesAt(t time.Time, key []byte) uint32 {
+	return s.estimate(s.h.bytes(key), s.readAt(t))
 }
 
 // now returns the tick for a write: the clock's, raised to the latest tick
@@ -1078,7 +1082,7 @@ func (s *Sketch) read(x uint64, now int64) uint32 {
 }
 
 // locate returns where key lives: its bucket, its second candidate bucket
-// with TwoChoice (else -1), and its fingerprint (internal/inspect).
+// with TwoChoice (else -1), and its fingerprint (internal/lab).
 func (s *Sketch) locate(key string) (bucket, second int, tag uint16) {
 	h := s.h.str(key)
 	v := s.viewOf(h)
@@ -1090,7 +1094,7 @@ func (s *Sketch) locate(key string) (bucket, second int, tag uint16) {
 }
 
 // slots returns the 8 slot words of bucket i, each read atomically
-// (internal/inspect).
+// (internal/lab).
 func (s *Sketch) slots(i int) [slotsPerBucket]uint64 {
 	var w [slotsPerBucket]uint64
 	for j := range w {
@@ -1099,17 +1103,15 @@ func (s *Sketch) slots(i int) [slotsPerBucket]uint64 {
 	return w
 }
 
-// The tools that show what a sketch holds reach it through internal/inspect,
-// outside the library's API.
+// The tools of this module that show what a sketch holds, and the
+// experiments that run the retired chip lottery, reach it through
+// internal/lab, outside the library's API.
 func init() {
-	inspect.Register(
+	lab.Register(
 		func(sk any, key string) (int, int, uint16) { return sk.(*Sketch).locate(key) },
 		func(sk any, i int) [8]uint64 { return sk.(*Sketch).slots(i) },
 		func(w uint64, now int64) uint32 { return effective(w, epoch24(now)) },
-		func(sk any, r io.Reader) (inspect.Restored, error) {
-			info, _, err := sk.(*Sketch).restore(r)
-			return inspect.Restored{Saved: info.Saved, Live: info.Live, Expired: info.Expired}, err
-		},
+		func(sk any) { sk.(*Sketch).lottery = lotteryChip },
 	)
 }
 
