@@ -326,7 +326,7 @@ func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
 // observe is Observe (docs/DESIGN.md, Observe): scrub, refresh, claim, or
 // challenge, adding weight wt (1 to countMax). Without TwoChoice it calls
 // refresh itself, so the common case returns through one call less
-// (BENCHMARKS.md, The home slot), and leaves the rest to observeBucket.
+// (docs/EXPERIMENTS.md, The home slot), and leaves the rest to observeBucket.
 func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	if traceOn {
 		return s.observeTraced(h, now, wt)
@@ -418,7 +418,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 // load) the key elsewhere. refresh was a frameless leaf before the home
 // slot; it now has a 32-byte frame and calls matchMask only in that last
 // case, and refreshSaturated only for a count that would pass countMax
-// (BENCHMARKS.md, The home slot).
+// (docs/EXPERIMENTS.md, The home slot).
 //
 // It returns the estimate (0 when it did not apply), lost: the key's slot
 // plus 1 when its CAS lost to another writer (retry takes it from there),
