@@ -381,7 +381,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 		y := pack(tag, e, wt)
 		ok := b.s[weak].CompareAndSwap(x, y)
 		if traceOn {
-			emit(traceEvent{Op: traceClaim, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
+			emit(traceEvent{Op: lab.Claim, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
 		}
 		if !ok {
 			return s.observe1(b, shard, h, now, wt, 1)
@@ -502,7 +502,7 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 func refreshCAS(p *atomic.Uint64, j int, x, y uint64, c uint32, first bool, now int64) (est uint32, fst bool, lost int, miss bool) {
 	ok := p.CompareAndSwap(x, y)
 	if traceOn {
-		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+		emit(traceEvent{Op: lab.Fast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 	}
 	if !ok {
 		return 0, false, j + 1, false
@@ -545,7 +545,7 @@ func retry(p *atomic.Uint64, j int, tag, e uint64, wt uint32, now int64) (est ui
 		y := pack(uint16(tag), uint32(e), c)
 		ok := p.CompareAndSwap(x, y)
 		if traceOn {
-			emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+			emit(traceEvent{Op: lab.Fast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 		}
 		if ok {
 			return c, 0
@@ -693,7 +693,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			// shared tick once and look again (see fresh).
 			now, reloaded = max(now, s.clk.hw.Load()), true
 			if traceOn {
-				emit(traceEvent{Op: traceReload, Slot: bits.TrailingZeros(ahead), Tick: now})
+				emit(traceEvent{Op: lab.Reload, Slot: bits.TrailingZeros(ahead), Tick: now})
 			}
 			continue
 		}
@@ -705,7 +705,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			i := bits.TrailingZeros(m)
 			ok := b.s[i].CompareAndSwap(w[i], 0)
 			if traceOn {
-				emit(traceEvent{Op: traceScrub, Slot: i, Old: w[i], OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Scrub, Slot: i, Old: w[i], OK: ok, Tick: now})
 			}
 			if ok {
 				s.stats.add(shard, statScrubbed)
@@ -722,7 +722,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			y := pack(uint16(tag), e32, n)
 			ok := b.s[i].CompareAndSwap(x, y)
 			if traceOn {
-				emit(traceEvent{Op: traceRefresh, Slot: i, Old: x, New: y, OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Refresh, Slot: i, Old: x, New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				if dup := match & (match - 1); dup != 0 {
@@ -751,7 +751,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			y := pack(uint16(tag), e32, wt)
 			ok := b.s[i].CompareAndSwap(w[i], y)
 			if traceOn {
-				emit(traceEvent{Op: traceClaim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Claim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				s.dedupe1(b, shard, i, uint16(tag))
@@ -775,7 +775,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 // returns the estimate it read, est, with the flag true.
 func (s *Sketch) dropped(shard uint64, est uint32, now int64) (uint32, bool) {
 	if traceOn {
-		emit(traceEvent{Op: traceExhausted, Slot: -1, Tick: now})
+		emit(traceEvent{Op: lab.Exhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(shard, statCAS)
 	return est, true
@@ -806,7 +806,7 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 	wins, used := s.challenge(h, x, ageOf(x, e), weakEff, wt)
 	if wins == 0 {
 		if traceOn {
-			emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
+			emit(traceEvent{Op: lab.Bounce, Slot: weak, Old: x, Tick: now})
 		}
 		s.stats.add(shard, statLost)
 		return wt, true, false
@@ -817,7 +817,7 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 		y := pack(tag, e, c)
 		ok := p.CompareAndSwap(x, y)
 		if traceOn {
-			emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
+			emit(traceEvent{Op: lab.Takeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
 		}
 		if ok {
 			s.stats.add(shard, statEvictions)
@@ -876,7 +876,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 					// resurrect. A failed CAS means a writer got there first.
 					ok := v.at(i).CompareAndSwap(x, 0)
 					if traceOn {
-						emit(traceEvent{Op: traceScrub, Slot: i, Old: x, OK: ok, Tick: now})
+						emit(traceEvent{Op: lab.Scrub, Slot: i, Old: x, OK: ok, Tick: now})
 					}
 					if ok {
 						s.stats.add(v.shard, statScrubbed)
@@ -907,7 +907,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 			y := pack(tag, e, n)
 			ok := v.at(match).CompareAndSwap(x, y)
 			if traceOn {
-				emit(traceEvent{Op: traceRefresh, Slot: match, Old: x, New: y, OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Refresh, Slot: match, Old: x, New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				if dup >= 0 {
@@ -927,7 +927,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 			y := pack(tag, e, wt)
 			ok := v.at(i).CompareAndSwap(w[i], y)
 			if traceOn {
-				emit(traceEvent{Op: traceClaim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Claim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				s.dedupe(&v, i, tag)
@@ -944,7 +944,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 		}
 	}
 	if traceOn {
-		emit(traceEvent{Op: traceExhausted, Slot: -1, Tick: now})
+		emit(traceEvent{Op: lab.Exhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(v.shard, statCAS)
 	return readEst, true
@@ -975,7 +975,7 @@ func refreshView(v *view, tag, e uint64, wt uint32, now int64) (est uint32, firs
 	y := pack(uint16(tag), uint32(e), c)
 	ok := v.at(j).CompareAndSwap(x, y)
 	if traceOn {
-		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+		emit(traceEvent{Op: lab.Fast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 	}
 	if !ok {
 		return 0, false, 1
@@ -1012,7 +1012,7 @@ func (s *Sketch) drain(v *view, from, into int, tag uint16) {
 		}
 		ok := v.at(from).CompareAndSwap(x, 0)
 		if traceOn {
-			emit(traceEvent{Op: traceDrain, Slot: from, Old: x, OK: ok, Est: uint32(into)})
+			emit(traceEvent{Op: lab.Drain, Slot: from, Old: x, OK: ok, Est: uint32(into)})
 		}
 		if ok {
 			s.merge(v, into, tag, x)
@@ -1118,7 +1118,7 @@ func init() {
 // casChip passes a chip's CAS result through, reporting it in trace builds.
 func (s *Sketch) casChip(ok bool, slot int, old, new uint64, now int64) bool {
 	if traceOn {
-		emit(traceEvent{Op: traceChip, Slot: slot, Old: old, New: new, OK: ok, Tick: now})
+		emit(traceEvent{Op: lab.Chip, Slot: slot, Old: old, New: new, OK: ok, Tick: now})
 	}
 	return ok
 }

@@ -10,23 +10,6 @@ import "github.com/epochsketch/epochsketch/internal/lab"
 // (BENCHMARKS.md, "Trace hooks"). The trace's types live in internal/lab, so
 // that a trace build does not widen the package's API.
 
-type (
-	traceEvent = lab.Event
-	traceOp    = lab.Op
-)
-
-const (
-	traceStart     = lab.Start
-	traceFast      = lab.Fast
-	traceReload    = lab.Reload
-	traceScrub     = lab.Scrub
-	traceRefresh   = lab.Refresh
-	traceClaim     = lab.Claim
-	traceLottery   = lab.Lottery
-	traceBounce    = lab.Bounce
-	traceTakeover  = lab.Takeover
-	traceChip      = lab.Chip
-	traceDrain     = lab.Drain
-	traceExhausted = lab.Exhausted
-	traceResult    = lab.Result
-)
+// traceEvent is one step, as internal/lab defines it; the steps are lab's
+// Op constants.
+type traceEvent = lab.Event

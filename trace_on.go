@@ -14,7 +14,7 @@ func emit(ev traceEvent) { lab.Emit(ev) }
 
 // chipWinsTraced is chipWins, reporting the draw.
 func (s *Sketch) chipWinsTraced(h, victim uint64, eff uint32) bool {
-	ev := traceEvent{Op: traceLottery, Slot: -1, Old: victim, Est: eff}
+	ev := traceEvent{Op: lab.Lottery, Slot: -1, Old: victim, Est: eff}
 	if s.lottery == lotteryHeavyKeeper {
 		if int(eff) < len(hkThreshold) {
 			ev.Draw, ev.Bound = s.salt(), hkThreshold[eff]
@@ -45,7 +45,7 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	if !s.twoChoice {
 		home = homeOf(h)
 	}
-	emit(traceEvent{Op: traceStart, Slot: home, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
+	emit(traceEvent{Op: lab.Start, Slot: home, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
 	if !s.twoChoice {
 		var lost int
 		var miss bool
@@ -55,6 +55,6 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	} else {
 		est, first = s.observeView(h, now, wt)
 	}
-	emit(traceEvent{Op: traceResult, Slot: -1, Tick: s.clk.hw.Load(), Est: est, First: first})
+	emit(traceEvent{Op: lab.Result, Slot: -1, Tick: s.clk.hw.Load(), Est: est, First: first})
 	return est, first
 }
