@@ -44,6 +44,9 @@ type Middleware struct {
 	opts  Options
 	log   *slog.Logger
 	state atomic.Pointer[state]
+	// startCheck is the forward-auth check the proxy's listener answered at
+	// the start, if any: its path stays the check's there (checkHere).
+	startCheck *ForwardAuthConfig
 
 	held     atomic.Int64 // tarpitted requests held now
 	heldKeys *countMin    // the same, per key
@@ -157,6 +160,9 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		return nil, err
 	}
 	cfg = m.state.Load().cfg // the prepared copy
+	if fa := cfg.ForwardAuth; fa != nil && fa.Listen == "" {
+		m.startCheck = fa
+	}
 	if cfg.StateFile != "" {
 		m.loadState()
 		m.saverStop, m.saverDone = make(chan struct{}), make(chan struct{})
@@ -859,11 +865,23 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 // refused one is counted only by rules with refused: count, and charged to
 // no wallet.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if fa := m.state.Load().cfg.ForwardAuth; fa != nil && fa.Listen == "" && fa.isCheck(r.URL.Path) {
+	if m.checkHere(r.URL.Path) {
 		m.forwardAuth(w, r) // the check's path, in any spelling, is never proxied
 		return
 	}
 	m.serve(w, r, m.next, nil)
+}
+
+// checkHere reports whether p is the forward-auth check's path on the
+// proxy's own listener: under the running config, or under the config the
+// Middleware started with (a reload that moves the check to a listener of
+// its own, or removes it, takes a restart to free the path here: until
+// then it is answered by the check, never proxied).
+func (m *Middleware) checkHere(p string) bool {
+	if fa := m.state.Load().cfg.ForwardAuth; fa != nil && fa.Listen == "" && fa.isCheck(p) {
+		return true
+	}
+	return m.startCheck != nil && m.startCheck.isCheck(p)
 }
 
 // check is what a forward-auth check adds to the request it judges.
@@ -932,10 +950,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // the client into rq, and appends the rules that match to matched. It
 // returns false when it has answered the request.
 func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, rq *request, alt []string, matched []*rule) ([]*rule, bool) {
-	if r.Method == http.MethodConnect {
+	switch {
+	case r.Method == http.MethodConnect || r.Method == http.MethodTrace:
+		// CONNECT opens a tunnel no rule can judge; TRACE echoes a
+		// request's headers, cookies included, back to a script (nginx
+		// refuses both).
 		m.met.badRequests.Add(1)
 		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
-		writeProblem(w, http.StatusMethodNotAllowed, "CONNECT: this is a reverse proxy, not a forward proxy")
+		writeProblem(w, http.StatusMethodNotAllowed, r.Method+": this is a reverse proxy; it forwards neither tunnels nor traces")
+		return nil, false
+	case strings.ToUpper(r.Method) != r.Method:
+		// Methods are case-sensitive, but some upstreams (Werkzeug, for
+		// one) serve "get" as GET: no rule could tell. nginx answers 400 too.
+		m.badRequest(w, r, fmt.Sprintf("the method %.32q is not in upper case", r.Method))
 		return nil, false
 	}
 	if why := pathProblem(r); why != "" {
