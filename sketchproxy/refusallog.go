@@ -25,6 +25,7 @@ type refusalLog struct {
 	mu     sync.Mutex
 	timers map[*ruleLog]*time.Timer // open intervals, to flush at Close
 	closed bool
+	firing sync.WaitGroup // timers scheduled and not yet summarized
 }
 
 type ruleLogKey struct {
@@ -65,7 +66,9 @@ func (l *refusalLog) first(rule string, shadow bool, every time.Duration, log *s
 	if l.timers == nil {
 		l.timers = map[*ruleLog]*time.Timer{}
 	}
+	l.firing.Add(1)
 	l.timers[rl] = time.AfterFunc(every, func() {
+		defer l.firing.Done()
 		l.mu.Lock()
 		delete(l.timers, rl)
 		l.mu.Unlock()
@@ -87,8 +90,8 @@ func (l *refusalLog) summarize(rl *ruleLog, log *slog.Logger) {
 		"more_refusals", n, "since", since.UTC().Format(time.RFC3339), "seconds", time.Since(since).Round(time.Millisecond).Seconds())
 }
 
-// flush ends every open interval now (Close): no count is lost at a
-// shutdown.
+// flush ends every open interval now (Close) and returns when every
+// summary line is written: no count is lost at a shutdown.
 func (l *refusalLog) flush(log *slog.Logger) {
 	l.mu.Lock()
 	l.closed = true
@@ -96,8 +99,10 @@ func (l *refusalLog) flush(log *slog.Logger) {
 	l.timers = nil
 	l.mu.Unlock()
 	for rl, t := range open {
-		if t.Stop() {
+		if t.Stop() { // not fired: summarize here
 			l.summarize(rl, log)
+			l.firing.Done()
 		}
 	}
+	l.firing.Wait() // timers that fired before Stop
 }
