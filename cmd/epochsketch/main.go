@@ -9,6 +9,7 @@
 //	epochsketch top [FILE...]       the heaviest recent keys of a stream, one key per line
 //	epochsketch sim [-quick]        THEORY.md's experiments, as markdown tables
 //	epochsketch simulator           the browser simulator on localhost (the real package as WebAssembly)
+//	epochsketch help [COMMAND]      the commands and their flags (also -h, --help)
 package main
 
 import (

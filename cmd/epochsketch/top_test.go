@@ -213,20 +213,7 @@ func TestTopMalformedAndUsage(t *testing.T) {
 // Ctrl-C on a live tail ends the run with the final summary, exit 0; the
 // refresh ticker redraws while input is idle.
 func TestBinaryInterruptAndRefresh(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "epochsketch")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "top", "-k", "1", "-refresh", "20ms")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := new(lockedBuffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin, out := startPiped(t, buildBin(t), "top", "-k", "1", "-refresh", "20ms")
 	fmt.Fprint(stdin, "k\nk\nk\n") // the pipe stays open, as with tail -f
 	deadline := time.Now().Add(10 * time.Second)
 	for strings.Count(out.String(), "checkpoint") < 2 {

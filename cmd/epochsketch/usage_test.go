@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,6 +89,25 @@ func TestBinaryTopResumesAtAnotherK(t *testing.T) {
 	}
 }
 
+// startPiped starts the binary with a standard input the test writes (and
+// keeps open, as tail -f does) and both outputs collected; the test's end
+// kills it.
+func startPiped(t *testing.T, bin string, args ...string) (*exec.Cmd, io.Writer, *lockedBuffer) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := new(lockedBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, stdin, out
+}
+
 // Reports say "1 line" and "1 first sighting".
 func TestBinaryTopGrammar(t *testing.T) {
 	bin := buildBin(t)
@@ -104,18 +124,7 @@ func TestBinaryTopGrammar(t *testing.T) {
 // appends a report every second without -refresh, as it goes, not only at
 // Ctrl-C; -json makes each report one line.
 func TestBinaryTopLiveToPipe(t *testing.T) {
-	bin := buildBin(t)
-	cmd := exec.Command(bin, "top", "-live", "-json")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := new(lockedBuffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	cmd, stdin, out := startPiped(t, buildBin(t), "top", "-live", "-json")
 	fmt.Fprint(stdin, "k\nk\n") // the pipe stays open, as with tail -f
 	deadline := time.Now().Add(20 * time.Second)
 	for strings.Count(out.String(), `"final":false`) < 2 {
