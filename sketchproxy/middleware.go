@@ -240,6 +240,9 @@ func (m *Middleware) Reload(cfg *Config) error {
 			for _, mt := range rc.Match.Methods {
 				ru.methods[mt] = true
 			}
+			// A HEAD is a GET without the body: upstreams (Go's, nginx's
+			// limit_except) serve it with the GET handler.
+			ru.methods[http.MethodHead] = ru.methods[http.MethodHead] || ru.methods[http.MethodGet]
 		}
 		for _, k := range rc.Key {
 			if name, ok := strings.CutPrefix(k, "header:"); ok {
@@ -322,7 +325,11 @@ func (m *Middleware) Reload(cfg *Config) error {
 		}
 	}
 	if cfg.JWT != nil {
-		v, err := newJWTVerifier(cfg.JWT, func(msg string, err error) { m.log.Warn(msg, "err", err.Error()) })
+		var prev *jwtVerifier
+		if old != nil {
+			prev = old.jwt
+		}
+		v, err := newJWTVerifier(cfg.JWT, prev, m.log)
 		if err != nil {
 			m.met.reloads[1].Add(1)
 			return &ConfigError{File: cfg.src, Field: "jwt", Msg: err.Error()}
@@ -342,7 +349,7 @@ func (m *Middleware) Reload(cfg *Config) error {
 			}
 		}
 		if old.jwt != nil {
-			old.jwt.stop()
+			old.jwt.stop(st.jwt)
 		}
 	}
 	m.met.reloads[0].Add(1)
@@ -388,7 +395,7 @@ func (m *Middleware) close() error {
 			s.Close()
 		}
 		if st.jwt != nil {
-			st.jwt.stop()
+			st.jwt.stop(nil)
 		}
 	}
 	return err
@@ -454,14 +461,20 @@ func (v *verdict) worse(o *verdict) bool {
 
 // request holds what one request needs across rules.
 type request struct {
-	r      *http.Request
-	addr   netip.Addr
-	client string // addr grouped by prefix: the per-client cap's key
-	ip     string
-	query  url.Values
-	claims jwt.MapClaims // the verified bearer token's, once a rule needs them
-	buf    []byte
-	bp     *[]byte // buf's pool entry
+	r *http.Request
+	// host is the canonical Host without its port ("" when the request
+	// has none); alt, for a forward-auth check whose gateway is not named,
+	// the other hosts its headers give. path is the cleaned path rules
+	// match ("/" for "OPTIONS *"), loose its folded form (loosePath).
+	host, path, loose string
+	alt               []string
+	addr              netip.Addr
+	client            string // addr grouped by prefix: the per-client cap's key
+	ip                string
+	query             url.Values
+	claims            jwt.MapClaims // the verified bearer token's, once a rule needs them
+	buf               []byte
+	bp                *[]byte // buf's pool entry
 	// refusal, if not 0, is the status of every refusal: a forward-auth
 	// check's (ForwardAuthConfig.RefusalStatus).
 	refusal int
@@ -503,22 +516,31 @@ func (rq *request) part(ci *ClientIPConfig, k string) string {
 	return "-"
 }
 
-func (ru *rule) matches(r *http.Request) bool {
+func (ru *rule) matches(rq *request) bool {
 	mt := ru.cfg.Match
-	if mt.Host != "" {
-		h := r.Host
-		if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.HasSuffix(h, "]") {
-			h = h[:i]
-		}
-		h = strings.TrimSuffix(strings.Trim(h, "[]"), ".")
-		if !strings.EqualFold(h, mt.Host) {
-			return false
-		}
-	}
-	if mt.PathPrefix != "" && !pathMatch(r.URL.Path, mt.PathPrefix, mt.CaseSensitive) {
+	if mt.Host != "" && !rq.hostIs(mt.Host) {
 		return false
 	}
-	return ru.methods == nil || ru.methods[r.Method]
+	if p := mt.PathPrefix; p != "" && !pathMatch(rq.path, p, mt.CaseSensitive) &&
+		(rq.loose == rq.path || !pathMatch(rq.loose, p, mt.CaseSensitive)) {
+		return false
+	}
+	return ru.methods == nil || ru.methods[rq.r.Method]
+}
+
+// hostIs reports whether a host rule for h applies: the request names h,
+// or names no host at all (an HTTP/1.0 request without Host reaches the
+// upstream's default host, which may be h).
+func (rq *request) hostIs(h string) bool {
+	if rq.host == h || rq.host == "" && len(rq.alt) == 0 {
+		return true
+	}
+	for _, a := range rq.alt {
+		if a == h {
+			return true
+		}
+	}
+	return false
 }
 
 // ambiguous says why a request's key cannot be read the way every upstream
@@ -841,13 +863,22 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 // refused one is counted only by rules with refused: count, and charged to
 // no wallet.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	m.serve(w, r, m.next, false)
+	if fa := m.state.Load().cfg.ForwardAuth; fa != nil && fa.Listen == "" && fa.isCheck(r.URL.Path) {
+		m.forwardAuth(w, r) // the check's path, in any spelling, is never proxied
+		return
+	}
+	m.serve(w, r, m.next, nil)
+}
+
+// check is what a forward-auth check adds to the request it judges.
+type check struct {
+	alt []string // hosts besides Host that a gateway not named may route on
 }
 
 // serve decides r and hands an admitted request to next. A check (the
 // forward-auth endpoint) refuses with forward_auth.refusal_status and never
 // drips.
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, check bool) {
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, chk *check) {
 	st := m.state.Load()
 	now := m.now()
 	begin := time.Now()
@@ -855,12 +886,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	var req request // on the stack, with room for the matched rules
 	var room [8]*rule
 	rq := &req
-	matched, ok := m.screen(w, r, st, rq, room[:0])
+	var alt []string
+	if chk != nil {
+		alt = chk.alt
+	}
+	matched, ok := m.screen(w, r, st, rq, alt, room[:0])
 	if !ok {
 		return
 	}
 	defer rq.free()
-	if check && st.cfg.ForwardAuth != nil {
+	if chk != nil && st.cfg.ForwardAuth != nil {
 		rq.refusal = st.cfg.ForwardAuth.RefusalStatus
 	}
 	if !m.holdClient(w, r, st, rq) {
@@ -900,13 +935,29 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // 400; a key that needs a valid bearer token, 401), cleans the path, finds
 // the client into rq, and appends the rules that match to matched. It
 // returns false when it has answered the request.
-func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, rq *request, matched []*rule) ([]*rule, bool) {
+func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, rq *request, alt []string, matched []*rule) ([]*rule, bool) {
+	if r.Method == http.MethodConnect {
+		m.met.badRequests.Add(1)
+		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		writeProblem(w, http.StatusMethodNotAllowed, "CONNECT: this is a reverse proxy, not a forward proxy")
+		return nil, false
+	}
 	if why := pathProblem(r); why != "" {
 		m.badRequest(w, r, why)
 		return nil, false
 	}
+	host, name, ok := canonicalHost(r.Host)
+	if !ok {
+		m.badRequest(w, r, fmt.Sprintf("the Host %.64q is not a host name or address with at most one port", r.Host))
+		return nil, false
+	}
 	normalizePath(r)
-	*rq = request{r: r, addr: st.cfg.ClientIP.clientAddr(r)}
+	r.Host = host // what rules judged is what the upstream is sent
+	*rq = request{r: r, addr: st.cfg.ClientIP.clientAddr(r), host: name, path: r.URL.Path, alt: alt}
+	if rq.path == "*" {
+		rq.path = "/" // OPTIONS *: the server as a whole
+	}
+	rq.loose = loosePath(rq.path)
 	rq.bp = bufPool.Get().(*[]byte)
 	rq.buf = (*rq.bp)[:0]
 	query := func() url.Values {
@@ -916,7 +967,7 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		return rq.query
 	}
 	for _, ru := range st.rules {
-		if !ru.matches(r) {
+		if !ru.matches(rq) {
 			continue
 		}
 		if why := ru.ambiguous(r, query); why != "" {
