@@ -122,7 +122,8 @@ type limit struct {
 	quoted   string // "rule-limit", for RateLimit items
 	sk       *epochsketch.Sketch
 	tick     time.Duration
-	theta    uint32
+	theta    uint32 // the threshold, in counts: burst x unit
+	unit     uint32 // counts per request (LimitMath: 2 for an odd burst)
 	requests float64
 	per      time.Duration
 }
@@ -256,9 +257,10 @@ func (m *Middleware) Reload(cfg *Config) error {
 		for i := range rc.Limits {
 			l := &rc.Limits[i]
 			tick := tickFor(l.Requests, time.Duration(l.Per), l.Burst)
+			theta, unit := countsFor(l.Burst)
 			lim := &limit{
 				name: l.Name, policy: rc.Name + "-" + l.Name, tick: tick,
-				theta: thresholdFor(l.Burst), requests: l.Requests, per: time.Duration(l.Per),
+				theta: theta, unit: unit, requests: l.Requests, per: time.Duration(l.Per),
 				sk: sketch(tick, cfg.Sketch.Buckets),
 			}
 			lim.q, lim.w = wholePolicy(l.Requests, time.Duration(l.Per))
@@ -686,9 +688,9 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, key)
 		var est uint32
 		if v.counted {
-			after, first := l.sk.ObserveBytes(rq.buf)
+			after, first := l.sk.ObserveBytesN(time.Time{}, rq.buf, l.unit)
 			after = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, after, now)
-			est = max(after, 1) - 1
+			est = max(after, l.unit) - l.unit
 			if i == 0 {
 				v.first = first
 			}
@@ -706,10 +708,10 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		est := v.ests[i]
 		theta := l.theta
 		if v.newKey {
-			theta = max(1, uint32(float64(theta)*cfg.NewKeys.BudgetFactor))
+			theta = max(l.unit, uint32(float64(theta)*cfg.NewKeys.BudgetFactor))
 		}
 		v.thetas[i] = theta
-		after := uint64(est) + 1
+		after := uint64(est) + uint64(l.unit)
 		lv := float64(after) / float64(theta)
 		if v.lim == nil || lv > v.level {
 			v.level, v.lim, v.est, v.theta = lv, l, uint32(min(after, math.MaxUint32)), theta
@@ -750,7 +752,7 @@ func (m *Middleware) commit(st *state, v *verdict, rq *request) {
 			break // evaluate observed already
 		}
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
-		_, f := l.sk.ObserveBytes(rq.buf)
+		_, f := l.sk.ObserveBytesN(time.Time{}, rq.buf, l.unit)
 		first = first || i == 0 && f
 	}
 	if first && len(ru.limits) > 0 && !st.cfg.NewKeys.Disabled {
@@ -833,8 +835,8 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 			rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
 			est := l.sk.EstimateBytes(rq.buf)
 			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
-			if uint64(est)+1 > uint64(v.thetas[j]) {
-				d = max(d, retryAfter(est, 1, v.thetas[j], now, l.tick))
+			if uint64(est)+uint64(l.unit) > uint64(v.thetas[j]) {
+				d = max(d, retryAfter(est, l.unit, v.thetas[j], now, l.tick))
 			}
 		}
 		if len(ru.limits) > 0 {
@@ -1027,8 +1029,10 @@ func (m *Middleware) decideAll(r *http.Request, st *state, matched []*rule, rq *
 			continue
 		}
 		v := m.evaluate(st, ru, rq, key, now)
-		if len(v.ests) > 0 && 2*(uint64(v.ests[0])+1) > uint64(v.thetas[0]) {
-			ru.top.Offer(key, v.ests[0]+1) // the first limit's: the TopK's clock
+		if len(v.ests) > 0 {
+			if u := ru.limits[0].unit; 2*(uint64(v.ests[0])+uint64(u)) > uint64(v.thetas[0]) {
+				ru.top.Offer(key, v.ests[0]+u) // the first limit's: the TopK's clock
+			}
 		}
 		if ru.cfg.Shadow {
 			v.shadow = true

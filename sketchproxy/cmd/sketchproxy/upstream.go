@@ -31,6 +31,13 @@ func (t *silenceTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		cancel(nil)
 		return nil, err
 	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// An upgraded stream (WebSocket) is the client's and the
+		// upstream's: silence is normal there, and the proxy needs the
+		// body's io.ReadWriteCloser. The request's context ends with it.
+		timer.Stop()
+		return resp, nil
+	}
 	timer.Reset(t.limit)
 	resp.Body = &silenceBody{ReadCloser: resp.Body, ctx: ctx, cancel: cancel, timer: timer, limit: t.limit}
 	return resp, nil
