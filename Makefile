@@ -10,7 +10,7 @@ help: ## list the targets
 	@echo "usage: make TARGET"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-test: test-core test-bench test-e2e test-sketchproxy test-readme ## every module's vet and tests, and the README's commands, as CI runs them
+test: test-readme test-core test-bench test-e2e test-sketchproxy ## the README's commands first (seconds), then every module's vet and tests, as CI runs them
 
 test-core: ## the library and the epochsketch command: vet, race tests, the trace build, the library's tests on 386, wasm builds
 	$(GO) vet ./...

@@ -6,26 +6,28 @@ import (
 )
 
 // Stats are the sketch's self-metrics. Every field is a count since
-// New, exact, monotonic; take differences for rates.
+// New, exact, monotonic; take differences for rates. Encoded as JSON, the
+// fields are snake_case (cas_retries_exhausted), like the fields around
+// them in `epochsketch top -json`.
 type Stats struct {
 	// CASRetriesExhausted counts calls that lost the compare-and-swap race
 	// four times (the first try and 3 retries) and dropped their increment
 	// (docs/DESIGN.md, Dropped updates): the key reads one lower than the number of its Observes.
-	CASRetriesExhausted uint64
+	CASRetriesExhausted uint64 `json:"cas_retries_exhausted"`
 	// Evictions counts slots won from a live occupant: a chip that took the
 	// occupant's last count, so the challenger claimed the slot.
-	Evictions uint64
+	Evictions uint64 `json:"evictions"`
 	// Chips counts the counts taken from the weakest occupant by lottery
 	// wins that did not evict it (one per win; a weighted ObserveN can win
 	// several draws).
-	Chips uint64
+	Chips uint64 `json:"chips"`
 	// ScrubbedZombies counts slots zeroed by scrub-on-write (docs/DESIGN.md): slots
 	// silent for 24 ticks or more, cleared before they can wrap.
-	ScrubbedZombies uint64
+	ScrubbedZombies uint64 `json:"scrubbed_zombies"`
 	// ChallengesLost counts calls whose key stayed untracked in a full bucket
 	// (bounced or chipped without a takeover): the bucket overflow pressure.
 	// Such calls return (1, true).
-	ChallengesLost uint64
+	ChallengesLost uint64 `json:"challenges_lost"`
 }
 
 const (

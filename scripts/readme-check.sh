@@ -9,6 +9,13 @@ tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 step() { echo "== $*"; }
 
+step 'scripts/deps.sh -check, and the README names each package it installs'
+bash scripts/deps.sh -check
+setup=$(sed -n '/^### Setting up a machine/,/^### /p' README.md)
+for pkg in $(sed -n 's/^  [a-z0-9-]*:\([a-z0-9-]*\) .*/\1/p' scripts/deps.sh); do
+  grep -q "\`$pkg\`" <<<"$setup" || { echo "README, Setting up a machine, does not name $pkg (scripts/deps.sh installs it)"; exit 1; }
+done
+
 step 'go run ./cmd/epochsketch'
 go run ./cmd/epochsketch > "$tmp/demo.txt"
 grep -q "attacker:10.6.6.6" "$tmp/demo.txt"
@@ -22,6 +29,7 @@ go run ./cmd/epochsketch top -format combined -key ip -k 1 cmd/epochsketch/testd
 step 'go install ./cmd/epochsketch'
 GOBIN="$tmp/bin" go install ./cmd/epochsketch
 "$tmp/bin/epochsketch" help | grep "epochsketch top" >/dev/null
+"$tmp/bin/epochsketch" -h | grep "epochsketch simulator" >/dev/null
 
 step 'the library from a clone, with the README'"'"'s replace line'
 mkdir -p "$tmp/app"

@@ -23,9 +23,13 @@ import (
 const Page = "epochsketch-simulator.html"
 
 // Files are the files the page needs.
-var Files = []string{Page, "wasm_exec.js", "epochsketch.wasm"}
+var Files = []string{Page, "wasm_exec.js", "epochsketch.wasm", favicon}
 
-//go:embed epochsketch-simulator.html wasm_exec.js epochsketch.wasm
+// favicon is the page's icon (its <link rel="icon">); Handler also serves
+// it at /favicon.ico, where browsers and tools look without a link.
+const favicon = "favicon.svg"
+
+//go:embed epochsketch-simulator.html wasm_exec.js epochsketch.wasm favicon.svg
 var files embed.FS
 
 // FS returns the embedded simulator folder.
@@ -42,8 +46,12 @@ func Handler(fsys fs.FS) http.Handler {
 			return
 		}
 		w.Header().Set("Cache-Control", "no-store")
-		if r.URL.Path == "/" {
+		switch r.URL.Path {
+		case "/":
 			http.ServeFileFS(w, r, fsys, Page)
+			return
+		case "/favicon.ico":
+			http.ServeFileFS(w, r, fsys, favicon)
 			return
 		}
 		fileServer.ServeHTTP(w, r)

@@ -85,6 +85,9 @@ func TestHandler(t *testing.T) {
 	if resp, _ := get("/epochsketch.wasm"); resp.Header.Get("Content-Type") != "application/wasm" {
 		t.Errorf("the WebAssembly is served as %q: instantiateStreaming needs application/wasm", resp.Header.Get("Content-Type"))
 	}
+	if resp, _ := get("/favicon.ico"); resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "image/svg+xml" {
+		t.Errorf("GET /favicon.ico: %d %q, want the page's SVG icon", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
 	if resp, _ := get("/nope.js"); resp.StatusCode != 404 {
 		t.Errorf("GET a missing file: %d", resp.StatusCode)
 	}

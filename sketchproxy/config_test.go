@@ -11,7 +11,7 @@ import (
 )
 
 func TestExampleAndDemoConfigsAreValid(t *testing.T) {
-	for name, src := range map[string]string{"example": ExampleConfig, "demo": DemoConfig} {
+	for name, src := range map[string]string{"example": ExampleConfig, "minimal": MinimalConfig, "demo": DemoConfig} {
 		c, err := ParseConfig(name, []byte(src))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)

@@ -3,6 +3,9 @@ package sketchproxy
 // ExampleConfig is a commented configuration with every section; `sketchproxy
 // -example` prints it, and a test keeps it valid.
 const ExampleConfig = `# SketchProxy configuration. Every field is optional unless noted.
+# A tour of every section, not a deployment: the per-ip rule is in shadow
+# mode and the api rule matches one host. sketchproxy -example minimal
+# prints a config to start from.
 listen: ":8080"                    # the proxy
 upstream: "http://127.0.0.1:9000"  # required by cmd/sketchproxy, unless forward_auth or envoy_rls answer a gateway alone
 admin: "127.0.0.1:9091"            # /metrics and /healthz; "off" disables
@@ -116,6 +119,23 @@ rules:
   - name: per-ip
     key: [ip]
     shadow: true                   # decide, log, count; let through
+    limits:
+      - {name: per-minute, requests: 600, per: 1m, burst: 100}
+`
+
+// MinimalConfig is the smallest configuration worth deploying: the
+// proxy, its upstream, the load balancers trusted to name the client, and
+// one limit per client address. `sketchproxy -example minimal` prints it,
+// and a test runs it.
+const MinimalConfig = `# SketchProxy: one limit per client address (sketchproxy -example: every option)
+listen: ":8080"
+upstream: "http://127.0.0.1:9000"     # your application
+admin: "127.0.0.1:9091"               # /metrics and /healthz
+client_ip:
+  trusted_proxies: ["127.0.0.1/32"]   # your load balancers' addresses: only they may set X-Forwarded-For
+rules:
+  - name: per-ip
+    key: [ip]
     limits:
       - {name: per-minute, requests: 600, per: 1m, burst: 100}
 `

@@ -34,6 +34,10 @@ type Options struct {
 	Seed uint64
 	// Sleep waits for d or until ctx ends (nil: a timer). Tests inject it.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// RefusalLogInterval is how often each rule's refusals are logged:
+	// the first of an interval whole, the rest counted on one line at its
+	// end (0: DefaultRefusalLogInterval; refusallog.go).
+	RefusalLogInterval time.Duration
 }
 
 // Middleware is SketchProxy as an http.Handler around any handler: it
@@ -54,6 +58,7 @@ type Middleware struct {
 	clients  *countMin    // requests in progress per client address
 	spike    spikeMeter
 	logs     logLimiter
+	refusals refusalLog // the decision log, aggregated by rule
 	billLogs logLimiter // reconcile errors: a flood of refusals never hides them
 	redact   [32]byte   // the key of the hash that stands for keys in logs and metrics
 
@@ -381,6 +386,7 @@ func (m *Middleware) Close() error {
 
 func (m *Middleware) close() error {
 	var err error
+	m.refusals.flush(m.log)
 	if m.saverStop != nil {
 		close(m.saverStop)
 		<-m.saverDone

@@ -244,16 +244,20 @@ func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, v *
 	w.Write(body[i:])
 }
 
-// logDecision logs a refusal (or a shadow one), at most logsPerSecond a
-// second; the next line says how many were left out.
+// logDecision logs a refusal (or a shadow one): the first of its rule's
+// interval (refusallog.go), at most logsPerSecond a second in all; the
+// next line says how many were left out.
 func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
-	ok, skipped := m.logs.allow(m.now())
-	if !ok {
-		return
-	}
 	rule := ""
 	if v.ru != nil {
 		rule = v.ru.cfg.Name
+	}
+	if !m.refusals.first(rule, shadow, m.opts.RefusalLogInterval, m.log) {
+		return
+	}
+	ok, skipped := m.logs.allow(m.now())
+	if !ok {
+		return
 	}
 	attrs := []any{
 		"rule", rule, "outcome", v.out.String(), "shadow", shadow,

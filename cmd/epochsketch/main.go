@@ -9,6 +9,7 @@
 //	epochsketch top [FILE...]       the heaviest recent keys of a stream, one key per line
 //	epochsketch sim [-quick]        THEORY.md's experiments, as markdown tables
 //	epochsketch simulator           the browser simulator on localhost (the real package as WebAssembly)
+//	epochsketch help [COMMAND]      the commands and their flags (also -h, --help)
 package main
 
 import (
@@ -22,19 +23,29 @@ import (
 	"time"
 )
 
-const usage = `usage:
+const usage = `usage: epochsketch [COMMAND] [FLAGS]
+
+commands:
   epochsketch                   run the built-in demo stream
-  epochsketch demo [-seed N]    the same, with a seed
+  epochsketch demo [-seed N] [-buckets N]
+                                the same, with a seed
   epochsketch size -heavy N [-factor F]
                                 buckets and bytes for N concurrent heavy hitters
   epochsketch ticks [-tick D]   the Tick Table (docs/DESIGN.md), or one row for tick D
-  epochsketch top [-k N] [-lines-per-tick N] [-every N] [-json] [-state FILE] [FILE...]
-                                the heaviest recent keys of a stream, one key per line
-                                (files, gzip or standard input)
-  epochsketch sim [-quick] [-out DIR] [-section N,M]
+  epochsketch top [-k N] [-format lines|clf|combined|json] [-key K] [-field F]
+                  [-time-field F] [-time-format LAYOUT] [-tick D] [-lines-per-tick N]
+                  [-live] [-refresh D] [-every N] [-json] [-state FILE] [-firsts]
+                  [-show-malformed] [-progress auto|on|off] [-buckets N] [-seed N]
+                  [FILE...]
+                                the heaviest recent keys of a stream (files, gzip or
+                                standard input): one key per line, access logs or JSON lines
+  epochsketch sim [-quick] [-out DIR] [-section N,M] [-subtlex FILE]
                                 run THEORY.md's experiments; prints markdown tables
   epochsketch simulator [-addr HOST:PORT] [-dir DIR] [-export DIR]
                                 serve the browser simulator on localhost, offline
+  epochsketch help [COMMAND]    this list, or a command's flags
+
+'epochsketch COMMAND -h' describes a command's flags.
 `
 
 func main() {
@@ -48,7 +59,9 @@ func (e *usageError) Error() string { return e.msg }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cmd := "demo"
-	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		cmd = "help" // the tool's help lists its commands, not the demo's flags
+	} else if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
 	var err error
@@ -66,6 +79,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "simulator":
 		err = runSimulator(args, stdout, stderr)
 	case "help":
+		if len(args) > 0 && args[0] != "help" && args[0] != "" && args[0][0] != '-' {
+			return run([]string{args[0], "-h"}, stdin, stdout, stdout) // epochsketch help top
+		}
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"os"
 	"time"
 
@@ -129,18 +130,18 @@ func saveState(path string, st *topState, clk *epochsketch.ManualClock) error {
 	})
 }
 
-// loadState restores a state file into st; a missing file is not an error
-// (the first run creates it).
-func loadState(path string, st *topState, clk *epochsketch.ManualClock) (bool, error) {
+// readState reads a state file's header, and returns it with the
+// snapshots that follow it; a missing file is found false, not an error.
+func readState(path string) (m topMeta, body []byte, found bool, err error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
+		return m, nil, false, nil
 	}
 	if err != nil {
-		return false, err
+		return m, nil, false, err
 	}
-	bad := func(format string, a ...any) (bool, error) {
-		return false, fmt.Errorf("-state %s: "+format+" (delete the file to start empty)", append([]any{path}, a...)...)
+	bad := func(format string, a ...any) (topMeta, []byte, bool, error) {
+		return m, nil, false, stateErr(path, format, a...)
 	}
 	if len(data) < 14 || string(data[:8]) != stateMagic {
 		return bad("not an epochsketch top state file")
@@ -152,10 +153,36 @@ func loadState(path string, st *topState, clk *epochsketch.ManualClock) (bool, e
 	if n > len(data)-14 {
 		return bad("truncated")
 	}
-	var m topMeta
 	if err := json.Unmarshal(data[14:14+n], &m); err != nil {
 		return bad("damaged header: %v", err)
 	}
+	return m, data[14+n:], true, nil
+}
+
+// stateErr is a state file that cannot be resumed.
+func stateErr(path, format string, a ...any) error {
+	return fmt.Errorf("-state %s: "+format+" (delete the file to start empty)", append([]any{path}, a...)...)
+}
+
+// savedMeta is the header of the state file at path, if there is a
+// readable one (a bad one is reported when the run loads it).
+func savedMeta(path string) (topMeta, bool) {
+	if path == "" {
+		return topMeta{}, false
+	}
+	m, _, found, err := readState(path)
+	return m, found && err == nil
+}
+
+// loadState restores a state file into st; a missing file is not an error
+// (the first run creates it). A state saved at another -k resumes: its
+// tracked keys are kept up to this run's 4k, the heaviest first.
+func loadState(path string, st *topState, clk *epochsketch.ManualClock) (bool, error) {
+	m, body, found, err := readState(path)
+	if !found || err != nil {
+		return false, err
+	}
+	bad := func(format string, a ...any) (bool, error) { return false, stateErr(path, format, a...) }
 	if m.Format != st.o.format || m.Key != st.o.key || m.Buckets != st.o.buckets || m.Tick != st.o.tick {
 		return bad("saved with -format %s -key %s -buckets %d -tick %v; this run has -format %s -key %s -buckets %d -tick %v",
 			m.Format, m.Key, m.Buckets, m.Tick, st.o.format, st.o.key, st.o.buckets, st.o.tick)
@@ -163,21 +190,53 @@ func loadState(path string, st *topState, clk *epochsketch.ManualClock) (bool, e
 	if clk != nil && !m.Clock.IsZero() {
 		clk.Set(m.Clock) // the replay clock goes on from where it stopped
 	}
-	r := bytes.NewReader(data[14+n:])
+	r := bytes.NewReader(body)
 	if _, err := st.sk.ReadFrom(r); err != nil {
 		return bad("%v", err)
 	}
-	if _, err := st.top.ReadFrom(r); err != nil {
+	top := st.top
+	if k := savedTopK(body[len(body)-r.Len():]); k > st.o.k*4 {
+		top = epochsketch.NewTopK(k) // a larger -k before: read it whole, keep the heaviest
+	}
+	if _, err := top.ReadFrom(r); err != nil {
 		return bad("%v", err)
+	}
+	if top != st.top {
+		// Largest first, each estimate rounded down to a multiple of the
+		// TopK's sampling step (topk.go, skip), so that no offer is sampled
+		// away and ties keep the first, heavier keys. The entries lag by
+		// under 1/16, as any TopK entry may; reports read the sketch.
+		for _, e := range top.List() {
+			est := e.Estimate
+			if n := bits.Len32(est); n > 5 {
+				est &^= 1<<(n-5) - 1
+			}
+			st.top.Offer(e.Key, est)
+		}
 	}
 	if r.Len() != 0 {
 		return bad("%d bytes after the end", r.Len())
 	}
 	st.lines, st.empty, st.malformed, st.firsts, st.now = m.Lines, m.Empty, m.Malformed, m.Firsts, m.Now
+	st.span.add(m.Now)
 	for i := range m.Files {
 		f := m.Files[i]
 		st.marks[f.Name] = &f
 		st.order = append(st.order, f.Name)
 	}
 	return true, nil
+}
+
+// savedTopK is the k of the TopK snapshot that begins b (its header:
+// magic, version, then k as a uvarint), or 0 when b is too short to say;
+// TopK.ReadFrom then reports the damage.
+func savedTopK(b []byte) int {
+	if len(b) < 11 {
+		return 0
+	}
+	k, n := binary.Uvarint(b[10:])
+	if n <= 0 || k > 4*maxK {
+		return 0
+	}
+	return int(k)
 }

@@ -54,7 +54,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.k, "k", 20, "how many keys to report")
 	fs.Uint64Var(&o.seed, "seed", 0, "seed of the sketch's hash and lottery (0: random; a seed makes runs at tiny -buckets repeatable)")
 	fs.IntVar(&o.buckets, "buckets", epochsketch.DefaultNumBuckets, "sketch size in 64-byte buckets")
-	fs.DurationVar(&o.tick, "tick", time.Second, "tick (half-life)")
+	fs.DurationVar(&o.tick, "tick", time.Second, "tick (half-life): a count halves every tick and reads 0 after about 24 silent ticks. Records with times and no -tick: the span of the files' times, rounded up (1h, 6h, 24h, 7 days...), said on standard error")
 	fs.IntVar(&o.linesPerTick, "lines-per-tick", 0, "replay: advance one tick every N lines (0: the wall clock)")
 	fs.IntVar(&o.every, "every", 0, "report a checkpoint every N lines (0: only at the end)")
 	fs.StringVar(&o.format, "format", "lines", "input format: lines (one key per line), clf or combined (access logs), json (JSON lines)")
@@ -68,11 +68,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.firsts, "firsts", false, "print each first sighting (key and line) to standard error")
 	fs.StringVar(&o.state, "state", "", "resume from this state `file` if it exists, and save to it at the end (and on Ctrl-C, SIGTERM or a closed output); a file read before goes on from where it was left, and one that changed otherwise is refused")
 	fs.StringVar(&o.progress, "progress", "auto", "progress line with rate and ETA when reading files: auto (when standard error is a terminal), on, off")
-	refreshDefault := time.Duration(0)
-	if isTerminal(os.Stdout) {
-		refreshDefault = time.Second
-	}
-	fs.DurationVar(&o.refresh, "refresh", refreshDefault, "redraw the table this often (default 1s when standard output is a terminal, else 0: off)")
+	fs.DurationVar(&o.refresh, "refresh", 0, "report this often: redrawn in place on a terminal, else appended (one JSON line each with -json) (default 1s on a terminal or with -live, else 0: only -every and the end)")
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -83,7 +79,9 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	// A flag the format ignores is a mistake, not a no-op.
 	var misplaced error
+	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
+		set[f.Name] = true
 		switch {
 		case misplaced != nil:
 		case (f.Name == "field" || f.Name == "time-field") && o.format != "json":
@@ -102,6 +100,11 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return err
 	}
 	timed := (o.format == "clf" || o.format == "combined" || o.timeField != "") && !o.live
+	if !set["refresh"] && (o.live || isTerminal(os.Stdout)) {
+		// A live tail reports as it goes, to a terminal or a pipe
+		// (tail -f access.log | epochsketch top -live | tee top.log).
+		o.refresh = time.Second
+	}
 	switch {
 	case o.k < 1 || o.k > maxK:
 		return usageErr("-k %d: want 1 to %d (the report keeps 4k keys of up to %d bytes each)", o.k, maxK, maxKeyLen)
@@ -110,7 +113,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	case o.progress != "auto" && o.progress != "on" && o.progress != "off":
 		return usageErr("-progress %q: want auto, on or off", o.progress)
 	}
-	cfg := epochsketch.Config{NumBuckets: o.buckets, TickDuration: o.tick, Seed: o.seed}
+	cfg := epochsketch.Config{NumBuckets: o.buckets, Seed: o.seed}
 	if o.state != "" {
 		cfg.Hash = epochsketch.HashSipHash13 // a key that can be saved (maphash's cannot)
 	}
@@ -129,6 +132,21 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		// gives the same answer, whatever the machine's speed. No decay.
 		cfg.Clock = epochsketch.NewManualClock(start)
 	}
+	files := fs.Args()
+	if len(files) == 0 {
+		files = []string{"-"}
+	}
+	var chosen bool // the tick was chosen from the records' span
+	if timed && !set["tick"] {
+		if m, ok := savedMeta(o.state); ok {
+			o.tick = m.Tick // resumed: the state's own tick
+		} else if span, ok := filesSpan(files, parse); ok {
+			o.tick, chosen = spanTick(span.span()), true
+			fmt.Fprintf(stderr, "epochsketch top: the records span %s: -tick %s, so that every record counts at least half (give a shorter -tick to weigh the latest more)\n",
+				span, tickFlag(o.tick))
+		}
+	}
+	cfg.TickDuration = o.tick
 	if err := cfg.Validate(); err != nil {
 		return usageErr("%v", err)
 	}
@@ -146,12 +164,8 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			return err
 		}
 		if resumed {
-			fmt.Fprintf(stderr, "resumed from %s after %d lines\n", o.state, st.lines)
+			fmt.Fprintf(stderr, "resumed from %s after %s\n", o.state, plural(st.lines, "line"))
 		}
-	}
-	files := fs.Args()
-	if len(files) == 0 {
-		files = []string{"-"}
 	}
 	if o.progress == "on" || o.progress == "auto" && isTerminal(os.Stderr) {
 		st.prog = newProgress(files, stderr)
@@ -176,6 +190,12 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		st.prog.done()
 	}
 	st.report(true)
+	if timed && !set["tick"] && !chosen && st.span.span() > 16*o.tick {
+		// Standard input cannot be scanned ahead for its span: say what
+		// the report covers and which flag covers the whole input.
+		fmt.Fprintf(stderr, "epochsketch top: the records span %s, but with -tick %s a count halves every %s and reads 0 after about 24 of them: the report shows the last %s or so. For the whole span, run again with -tick %s\n",
+			st.span, tickFlag(o.tick), tickFlag(o.tick), formatDuration(24*o.tick), tickFlag(spanTick(st.span.span())))
+	}
 	if o.state != "" {
 		if err := saveState(o.state, st, clk); err != nil {
 			return fmt.Errorf("saving -state %s: %w", o.state, err)
@@ -185,7 +205,11 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%d of %d inputs could not be read to the end: %s", len(failed), len(files), strings.Join(failed, ", "))
 	}
 	if st.malformed > 0 && st.malformed == st.lines-st.empty {
-		return fmt.Errorf("all %d non-empty lines were malformed; the first, %s: check -format and -key, -time-format for its times, or see each with -show-malformed", st.malformed, st.firstBad)
+		which := fmt.Sprintf("all %d non-empty lines were malformed; the first", st.malformed)
+		if st.malformed == 1 {
+			which = "the only non-empty line was malformed"
+		}
+		return fmt.Errorf("%s, %s: check -format and -key, -time-format for its times, or see each with -show-malformed", which, st.firstBad)
 	}
 	return nil
 }
@@ -237,6 +261,26 @@ func trend(prev, now uint32) string {
 	return "="
 }
 
+// plural writes a count of things: "1 line", "2 lines".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
+}
+
+// tickFlag writes a tick as -tick takes it, without zero units: 24h, 10m.
+func tickFlag(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 // isTerminal reports whether f is a character device (a terminal).
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
@@ -254,6 +298,8 @@ type topState struct {
 	firstBad                        string // the first malformed line's place and reason
 	prog                            *progress
 	now                             time.Time // the latest record's time, or the wall clock's
+	span                            timeSpan  // the records' earliest and latest times
+	reports                         int       // reports written so far
 	seen                            map[string]time.Time
 	prev                            map[string]uint32
 	marks                           map[string]*fileMark // where each file read stands, for -state
@@ -419,6 +465,7 @@ func (st *topState) line(name string, line []byte, clk *epochsketch.ManualClock)
 			if r.when.After(st.now) {
 				st.now = r.when
 			}
+			st.span.add(r.when)
 		} else {
 			est, first = st.sk.ObserveBytes(r.key)
 		}
@@ -449,12 +496,14 @@ func (st *topState) redraw() {
 // Entry is one reported key: its estimate now, since when it has been in the
 // reported top (record time in replays; the tool keeps no per-key history
 // beyond the reported keys, so this is not the key's first sighting), and its
-// estimate at the previous report.
+// estimate at the previous report (0: not in it). A one-shot report (the
+// final report of a run that wrote no other) has neither: there is no
+// earlier report to compare with.
 type Entry struct {
 	Key        string    `json:"key"`
 	Estimate   uint32    `json:"estimate"`
 	InTopSince time.Time `json:"in_top_since,omitzero"` // absent without record or wall times
-	Previous   uint32    `json:"previous"`
+	Previous   *uint32   `json:"previous,omitempty"`
 }
 
 // Report is one checkpoint, as -json writes it.
@@ -491,13 +540,19 @@ func (st *topState) report(final bool) {
 			now = time.Now()
 		}
 	}
+	oneShot := final && st.reports == 0
+	st.reports++
 	top := make([]Entry, len(entries))
 	prev := map[string]uint32{}
 	for i, e := range entries {
 		if _, ok := st.seen[e.Key]; !ok {
 			st.seen[e.Key] = now
 		}
-		top[i] = Entry{e.Key, e.Estimate, st.seen[e.Key], st.prev[e.Key]}
+		top[i] = Entry{Key: e.Key, Estimate: e.Estimate}
+		if !oneShot {
+			p := st.prev[e.Key]
+			top[i].InTopSince, top[i].Previous = st.seen[e.Key], &p
+		}
 		prev[e.Key] = e.Estimate
 	}
 	st.prev = prev
@@ -518,15 +573,23 @@ func (st *topState) report(final bool) {
 	if final {
 		label = "final"
 	}
-	fmt.Fprintf(st.out, "%s after %d lines (%d empty, %d malformed, %d first sightings), %s of sketch\n", label, r.Lines, r.Empty, r.Malformed, r.Firsts, formatBytes(r.MemBytes))
+	fmt.Fprintf(st.out, "%s after %s (%d empty, %d malformed, %s), %s of sketch\n", label, plural(r.Lines, "line"), r.Empty, r.Malformed, plural(r.Firsts, "first sighting"), formatBytes(r.MemBytes))
 	w := tabwriter.NewWriter(st.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "rank\tkey\testimate\ttrend\tin top since")
+	if oneShot {
+		fmt.Fprintln(w, "rank\tkey\testimate")
+	} else {
+		fmt.Fprintln(w, "rank\tkey\testimate\ttrend\tin top since")
+	}
 	for i, e := range top {
+		if oneShot {
+			fmt.Fprintf(w, "%d\t%s\t%d\n", i+1, displayKey(e.Key), e.Estimate)
+			continue
+		}
 		seen := "-"
 		if !e.InTopSince.IsZero() {
 			seen = e.InTopSince.Format("2006-01-02 15:04:05")
 		}
-		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\n", i+1, displayKey(e.Key), e.Estimate, trend(e.Previous, e.Estimate), seen)
+		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\n", i+1, displayKey(e.Key), e.Estimate, trend(*e.Previous, e.Estimate), seen)
 	}
 	w.Flush()
 	fmt.Fprintln(st.out)

@@ -209,12 +209,7 @@ func TestTopMalformedAndUsage(t *testing.T) {
 // Ctrl-C on a live tail ends the run with the final summary, exit 0; the
 // refresh ticker redraws while input is idle.
 func TestBinaryInterruptAndRefresh(t *testing.T) {
-	cmd := exec.Command(buildBin(t), "top", "-k", "1", "-refresh", "20ms")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := watch(t, cmd)
+	cmd, stdin, out := startPiped(t, buildBin(t), "top", "-k", "1", "-refresh", "20ms")
 	fmt.Fprint(stdin, "k\nk\nk\n") // the pipe stays open, as with tail -f
 	checkpoint := regexp.MustCompile("checkpoint")
 	out.waitFor(t, checkpoint)

@@ -10,12 +10,15 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"iter"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,12 +52,18 @@ func buildFolder(t *testing.T) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building the simulator: %v\n%s", err, out)
 	}
-	page, err := os.ReadFile(filepath.Join("..", simulator.Page))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, simulator.Page), page, 0o644); err != nil {
-		t.Fatal(err)
+	// The files the build does not write (the page, its icon) as they are.
+	for _, f := range simulator.Files {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return dir
 }
@@ -77,6 +86,26 @@ func TestSimulatorInChromium(t *testing.T) {
 	defer cancel()
 	ctx, cancel := chromedp.NewContext(actx)
 	defer cancel()
+
+	// Every console message, from the first load on: an uncaught exception
+	// or a failed load (a 404) fails the test at the next checkpoint.
+	msgs := &consoleLog{}
+	cctx, stopConsole := context.WithCancel(ctx)
+	defer stopConsole()
+	messages := chromedp.Console(cctx)
+	go msgs.collect(messages)
+	checkpoint := 0
+	consoleClean := func(what string) {
+		t.Helper()
+		checkpoint++
+		mark := fmt.Sprintf("checkpoint %d", checkpoint)
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[any](fmt.Sprintf("console.log(%q)", mark))); err != nil {
+			t.Fatal(err)
+		}
+		for bad := range msgs.until(t, mark) {
+			t.Errorf("%s: the console has %s", what, bad)
+		}
+	}
 
 	const seed = 42
 	const buckets = 16
@@ -105,6 +134,7 @@ func TestSimulatorInChromium(t *testing.T) {
 	set := func(id, v string) chromedp.Action[chromedp.Void] { return chromedp.SetValue(chromedp.CSS("#"+id), v) }
 
 	do("load", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#status[data-ready="1"]`)))
+	consoleClean("load (the favicon included)")
 	do("reset with a seed", set("seed", strconv.Itoa(seed)), set("buckets", strconv.Itoa(buckets)), set("every", "0"), click("reset"))
 
 	// The same steps in Go, on the same configuration.
@@ -312,6 +342,7 @@ func TestSimulatorInChromium(t *testing.T) {
 	if w := words(); strings.Join(w, ",") != strings.Join(before, ",") {
 		t.Error("a refused reset changed the table")
 	}
+	consoleClean("a bad seed (a red message, not an exception)")
 
 	do("one more step, a frame back in its trace", set("seed", strconv.Itoa(seed)), click("step"), click("prev"))
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
@@ -326,4 +357,148 @@ func TestSimulatorInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s (%d bytes)", out, len(png))
+
+	shot := func(name string) {
+		t.Helper()
+		dir := os.Getenv("SIMULATOR_SHOTS")
+		if dir == "" {
+			return
+		}
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644)
+	}
+	// The layout at 1,400 px: no frame button wraps, and no key, however
+	// long, widens the page or reaches into the right-hand column.
+	layout := func(what string) {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`(() => {
+			const r = (sel) => document.querySelector(sel).getBoundingClientRect();
+			const lh = (sel) => parseFloat(getComputedStyle(document.querySelector(sel)).lineHeight);
+			const left = r("main > div:first-child"), right = r("main > div:last-child");
+			return [document.documentElement.scrollWidth, innerWidth, left.right, right.left,
+				r("#prev").height, r("#next").height, lh("#prev"), r("#prev").top, r("#next").top];
+		})()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if scroll, inner := v[0], v[1]; scroll > inner {
+			t.Errorf("%s: the page is %v px wide in a %v px window", what, scroll, inner)
+		}
+		if v[2] > v[3] {
+			t.Errorf("%s: the left column ends at %v px, over the right one at %v px", what, v[2], v[3])
+		}
+		if v[4] >= 2*v[6] || v[5] >= 2*v[6] || v[7] != v[8] {
+			t.Errorf("%s: the frame buttons wrap (heights %v and %v px for a %v px line, tops %v and %v)", what, v[4], v[5], v[6], v[7], v[8])
+		}
+	}
+	layout("the first screen")
+	for _, n := range []int{300, 5000} {
+		key := strings.Repeat("k", n)
+		// Typed (300) or pasted (5,000), as a user would.
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[any](`document.getElementById("key").value = ""`)); err != nil {
+			t.Fatal(err)
+		}
+		if n <= 300 {
+			do(fmt.Sprint("type a key of ", n), chromedp.SendKeys(chromedp.CSS("#key"), key), click("observe"))
+		} else {
+			do(fmt.Sprint("paste a key of ", n), set("key", key), click("observe"))
+		}
+		if est := text("#result-est"); est != "1" {
+			t.Errorf("a key of %d characters reads %s", n, est)
+		}
+		if shown := text("#result-key"); len(shown) > 200 || !strings.Contains(shown, fmt.Sprintf("(%d characters)", n)) {
+			t.Errorf("a key of %d characters is shown as %d characters: %.80q", n, len(shown), shown)
+		}
+		layout(fmt.Sprintf("a key of %d characters", n))
+		do(fmt.Sprint("watch a key of ", n), set("watch", key))
+		layout(fmt.Sprintf("watching a key of %d characters", n))
+		shot(fmt.Sprint("key-", n))
+	}
+
+	// Each pattern's plot follows a key the pattern moves: the Zipf
+	// crowd's heaviest user, the elephant, and under the attack the watched
+	// key, whose bucket it aims at and whose own traffic runs beside it.
+	for _, c := range []struct{ pattern, watch, want string }{
+		{"zipf", "", "user-0"},
+		{"elephant", "", "elephant"},
+		{"attack", "alice", "alice"},
+	} {
+		do("reset for "+c.pattern, set("seed", strconv.Itoa(seed)), click("reset"))
+		if c.watch != "" {
+			do("watch "+c.watch, set("watch", c.watch))
+		}
+		do("choose "+c.pattern, set("traffic", c.pattern))
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[any](`for (let i = 0; i < 200; i++) document.getElementById("step").click()`)); err != nil {
+			t.Fatal(err)
+		}
+		pageErr(c.pattern)
+		if got := text("#watch-now"); got == "" {
+			t.Fatalf("%s: no watched estimate", c.pattern)
+		}
+		watched, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("watch").value`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`[plot.length, Math.max(...plot.map((p) => p.estimate)), Math.max(...plot.map((p) => p.exact))]`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if watched != c.want || v[0] < 200 || v[1] < 10 || v[2] < 10 {
+			t.Errorf("%s: the plot follows %q (want %s): %v samples, estimate up to %v, exact up to %v", c.pattern, watched, c.want, v[0], v[1], v[2])
+		}
+		shot("pattern-" + c.pattern)
+	}
+	consoleClean("the long keys and the patterns")
+}
+
+// consoleLog collects the page's console messages.
+type consoleLog struct {
+	mu   sync.Mutex
+	msgs []chromedp.ConsoleMessage
+	err  error
+}
+
+func (l *consoleLog) collect(messages iter.Seq2[chromedp.ConsoleMessage, error]) {
+	for m, err := range messages {
+		l.mu.Lock()
+		if err != nil {
+			l.err = err
+			l.mu.Unlock()
+			return
+		}
+		l.msgs = append(l.msgs, m)
+		l.mu.Unlock()
+	}
+}
+
+// until waits for the log message mark and returns the exceptions and
+// errors logged before it since the last call.
+func (l *consoleLog) until(t *testing.T, mark string) iter.Seq[string] {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l.mu.Lock()
+		i := slices.IndexFunc(l.msgs, func(m chromedp.ConsoleMessage) bool { return m.Text == mark })
+		if i >= 0 {
+			before := l.msgs[:i]
+			l.msgs = l.msgs[i+1:]
+			l.mu.Unlock()
+			return func(yield func(string) bool) {
+				for _, m := range before {
+					if (m.IsException() || m.Type == chromedp.ConsoleError) && !yield(m.String()) {
+						return
+					}
+				}
+			}
+		}
+		err := l.err
+		l.mu.Unlock()
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("the console never showed %q (%v)", mark, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -8,6 +8,7 @@
 //	sketchproxy -config proxy.yaml -check
 //	                                  validate the config and exit
 //	sketchproxy -example              print a commented config with every section
+//	sketchproxy -example minimal      print the smallest deployable config
 //
 // With forward_auth in the config it also answers a gateway's checks (nginx
 // auth_request, Caddy forward_auth, Traefik ForwardAuth), and with envoy_rls
@@ -50,8 +51,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case code >= 0:
 		return code
-	case o.example:
-		fmt.Fprint(stdout, sketchproxy.ExampleConfig)
+	case o.example != "":
+		fmt.Fprint(stdout, examples[o.example])
 		return 0
 	case o.demoUpstream != "":
 		return serveDemoUpstream(o.demoUpstream, stdout, stderr)
@@ -66,9 +67,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
+	warnings := configWarnings(cfg)
 	if o.check {
-		fmt.Fprintf(stdout, "%s: ok, %d rules\n", o.cfgPath, len(cfg.Rules))
+		for _, w := range warnings {
+			fmt.Fprintf(stderr, "%s: warning: %s\n", o.cfgPath, w)
+		}
+		fmt.Fprintf(stdout, "%s: ok, %s", o.cfgPath, plural(len(cfg.Rules), "rule"))
+		if len(warnings) > 0 {
+			fmt.Fprintf(stdout, " (%s on standard error)", plural(len(warnings), "warning"))
+		}
+		fmt.Fprintln(stdout)
 		return 0
+	}
+	for _, w := range warnings {
+		log.Warn("config: " + w)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -120,7 +132,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		proxy = newReverseProxy(target, time.Duration(cfg.Server.UpstreamTimeout), log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) })
 		next = proxy
 	}
-	mw, err = sketchproxy.New(cfg, next, sketchproxy.Options{Logger: log})
+	mw, err = sketchproxy.New(cfg, next, sketchproxy.Options{Logger: log, RefusalLogInterval: o.refusalLogEvery})
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
@@ -199,8 +211,9 @@ var noUpstream = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 // options are the command's flags.
 type options struct {
 	cfgPath, listen, admin, upstream, demoUpstream string
-	check, example, jsonLogs                       bool
-	grace                                          time.Duration
+	check, jsonLogs                                bool
+	example                                        exampleFlag
+	grace, refusalLogEvery                         time.Duration
 }
 
 // parseFlags reads the flags; code >= 0 means exit with it (help, or a
@@ -210,12 +223,13 @@ func parseFlags(args []string, stderr io.Writer) (o options, code int) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.cfgPath, "config", "", "YAML config `file` (none: the demo)")
 	fs.BoolVar(&o.check, "check", false, "validate the config and exit")
-	fs.BoolVar(&o.example, "example", false, "print a commented example config and exit")
+	fs.Var(&o.example, "example", "print a commented config with every section and exit; -example minimal: the smallest deployable config")
 	fs.StringVar(&o.listen, "listen", "", "override the config's listen address")
 	fs.StringVar(&o.admin, "admin", "", "override the config's admin address (\"off\" disables)")
 	fs.StringVar(&o.upstream, "upstream", "", "override the config's upstream URL")
 	fs.BoolVar(&o.jsonLogs, "json", false, "log JSON lines instead of text")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "how long shutdown waits for requests in progress")
+	fs.DurationVar(&o.refusalLogEvery, "refusal-log-every", sketchproxy.DefaultRefusalLogInterval, "log each rule's first refusal of this interval, and one line counting the rest at its end")
 	fs.StringVar(&o.demoUpstream, "demo-upstream", "", "only serve the demo upstream on `ADDR` (for load tests)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -223,8 +237,19 @@ func parseFlags(args []string, stderr io.Writer) (o options, code int) {
 		}
 		return o, 2
 	}
+	if o.example != "" && fs.NArg() == 1 { // -example minimal
+		if err := o.example.Set(fs.Arg(0)); err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+			return o, 2
+		}
+		return o, -1
+	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "sketchproxy: unexpected argument %q\n", fs.Arg(0))
+		return o, 2
+	}
+	if o.refusalLogEvery <= 0 {
+		fmt.Fprintf(stderr, "sketchproxy: -refusal-log-every %v: want a positive interval\n", o.refusalLogEvery)
 		return o, 2
 	}
 	return o, -1
