@@ -184,7 +184,7 @@ func TestBinaryEnvoyRLS(t *testing.T) {
 		}{
 			{"no domain", &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", "x")}}},
 			{"no descriptors", &rlsv3.RateLimitRequest{Domain: "edge"}},
-			{"an empty descriptor", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{{}}}},
+			{"17 entries", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc(strings.Split(strings.Repeat("k,v,", 17), ",")...)}}},
 			{"an entry without a key", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("", "x")}}},
 			{"65 descriptors", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: many}},
 			{"a 5000-byte value", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", strings.Repeat("x", 5000))}}},
@@ -193,6 +193,11 @@ func TestBinaryEnvoyRLS(t *testing.T) {
 			if status.Code(err) != grpccodes.InvalidArgument || status.Convert(err).Message() == "" {
 				t.Errorf("%s: %v, want InvalidArgument with a reason", c.name, err)
 			}
+		}
+		// A descriptor without entries has no limit, as in
+		// envoyproxy/ratelimit: OK.
+		if resp := ask(t, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{{}}}); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+			t.Errorf("an empty descriptor: %v", resp)
 		}
 		// Control bytes, quotes and non-ASCII in a value are just bytes.
 		// (Invalid UTF-8 cannot be sent: proto3 strings refuse it.)

@@ -67,7 +67,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if o.check {
-		fmt.Fprintf(stdout, "%s: ok, %d rules\n", o.cfgPath, len(cfg.Rules))
+		rls := ""
+		if d, n, l := cfg.EnvoyRLS.Loaded(); d > 0 {
+			rls = fmt.Sprintf(", envoy_rls: %d domains, %d descriptors (%d with a rate_limit)", d, n, l)
+		}
+		fmt.Fprintf(stdout, "%s: ok, %d rules%s\n", o.cfgPath, len(cfg.Rules), rls)
 		return 0
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
