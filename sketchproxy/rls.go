@@ -81,6 +81,11 @@ type RLSDescriptor struct {
 	Descriptors []RLSDescriptor `yaml:"descriptors"`
 	// ShadowMode decides and counts but never answers OVER_LIMIT.
 	ShadowMode bool `yaml:"shadow_mode"`
+	// QuotaMode makes the limit one quota among the request's: the request
+	// is over only if every quota descriptor is (or an ordinary one). A
+	// quota it is over still reads OVER_LIMIT in its status, and does not
+	// count the request's hits.
+	QuotaMode bool `yaml:"quota_mode"`
 	// ShareThreshold makes every value a wildcard Value matches share one
 	// count, instead of one count per value. It needs a * in Value.
 	ShareThreshold bool `yaml:"share_threshold"`
@@ -136,6 +141,7 @@ type rlsNode struct {
 	replaces  []string
 	unit      rlsv3.RateLimitResponse_RateLimit_Unit
 	requests  uint32
+	quota     bool   // quota_mode
 	share     bool   // share_threshold: count every matching value as one
 	pattern   string // the wildcard value this node was declared with
 	wildParts []string
@@ -353,7 +359,7 @@ func (r *EnvoyRLSConfig) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name st
 		}
 		n.replaces = append(n.replaces, rp.Name)
 	}
-	n.name = rl.Name
+	n.name, n.quota = rl.Name, dd.QuotaMode
 	if rl.Unlimited {
 		n.limit = rlsUnlimited
 		return nil
@@ -532,6 +538,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		}
 	}
 	var buf []byte
+	var failed, quotas, quotasOver int
 	for i := range decided {
 		h := &decided[i]
 		if h.n == nil {
@@ -554,13 +561,42 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		}
 		h.over = !h.negative && uint64(h.est)+uint64(h.hits) > uint64(h.theta)
 		h.never = !h.negative && h.hits > h.theta
+		if h.n.quota {
+			quotas++
+		}
 		if h.over && !h.ru.cfg.Shadow {
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			if h.n.quota {
+				quotasOver++
+			} else {
+				failed++
+			}
 		}
 	}
+	// Over if an ordinary descriptor is, or every quota descriptor is
+	// (envoyproxy/ratelimit's quota_mode: one quota with room is enough).
+	allQuotasOver := quotas > 0 && quotasOver == quotas
+	if failed > 0 || allQuotasOver {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
 	allowed := resp.OverallCode == rlsv3.RateLimitResponse_OK
-	var retry time.Duration
-	never := false // a descriptor can never pass: no Retry-After
+	// Retry-After: the longest wait of an ordinary descriptor over, and
+	// the shortest of the quota descriptors if all are over; forever (no
+	// Retry-After) where one can never pass.
+	const forever = time.Duration(math.MaxInt64)
+	retry, quotaWait := time.Duration(0), forever
+	wait := func(h *rlsHit, d time.Duration) {
+		if !h.over || h.ru.cfg.Shadow {
+			return
+		}
+		if h.never {
+			d = forever
+		}
+		if h.n.quota {
+			quotaWait = min(quotaWait, d)
+		} else {
+			retry = max(retry, d)
+		}
+	}
 	var policies []string
 	var field []byte // the RateLimit field
 	for i := range decided {
@@ -577,14 +613,16 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		dst.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: h.n.name, RequestsPerUnit: h.n.requests, Unit: h.n.unit}
 		if h.over && !h.ru.cfg.Shadow {
 			dst.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			never = never || h.never
 		}
 		if h.n.limit == rlsBlock {
+			wait(h, forever)
 			continue // remaining 0, and no reset: it never comes
 		}
 		l := h.ru.limits[0]
 		est := uint64(h.est)
-		if allowed && !h.negative && h.hits > 0 {
+		// An allowed request counts its hits on every matched descriptor
+		// but a quota it was over.
+		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.over) {
 			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
 			l.sk.ObserveBytesN(time.Time{}, buf, uint32(min(h.hits, maxThreshold+1)))
 			est += uint64(h.hits)
@@ -599,10 +637,8 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		case h.over:
 			remaining = 0
 			reset = retryAfter(h.est, h.hits, h.theta, now, l.tick)
-			if !h.ru.cfg.Shadow {
-				retry = max(retry, reset)
-			}
 		}
+		wait(h, reset)
 		dst.LimitRemaining = uint32(max(remaining, 0))
 		if !h.never {
 			dst.DurationUntilReset = durationpb.New(reset)
@@ -615,13 +651,16 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			field = appendItem(field, l.quoted, int64(dst.LimitRemaining), seconds(reset))
 		}
 	}
+	if allQuotasOver {
+		retry = max(retry, quotaWait)
+	}
 	if len(policies) > 0 && !st.cfg.Headers.Off {
 		add := func(k, v string) {
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: k, Value: v})
 		}
 		add("RateLimit-Policy", strings.Join(policies, ", "))
 		add("RateLimit", string(field))
-		if !allowed && !never {
+		if !allowed && retry < forever {
 			add("Retry-After", strconv.FormatInt(seconds(retry), 10))
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -388,5 +389,50 @@ func TestRLSNegativeHits(t *testing.T) {
 	}
 	if got := h.passes(t, 1, "d", entries("user", "ann")); got != 0 {
 		t.Errorf("after negative hits, the 11th: passed; nothing is given back")
+	}
+}
+
+// quota_mode: the request is over only if every quota descriptor is (or an
+// ordinary one); a quota it is over reads OVER_LIMIT and is not charged.
+func TestRLSQuotaMode(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", `domain: d
+descriptors:
+  - key: daily
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: monthly
+    quota_mode: true
+    rate_limit: {unit: month, requests_per_unit: 3}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 100}
+`)
+	req := []*rlv3.RateLimitDescriptor{entries("daily", "ann"), entries("monthly", "ann"), entries("user", "ann")}
+	codes := func(resp *rlsv3.RateLimitResponse) string {
+		var s []string
+		for _, st := range resp.GetStatuses() {
+			s = append(s, st.GetCode().String())
+		}
+		return resp.GetOverallCode().String() + " " + strings.Join(s, ",")
+	}
+	for i, want := range []string{
+		"OK OK,OK,OK", "OK OK,OK,OK", // both quotas have room
+		"OK OVER_LIMIT,OK,OK", // the daily one is spent: the monthly one suffices, and alone is charged
+		"OVER_LIMIT OVER_LIMIT,OVER_LIMIT,OK",
+	} {
+		resp := h.ask(t, "d", 0, req...)
+		if got := codes(resp); got != want {
+			t.Fatalf("call %d: %s, want %s", i+1, got, want)
+		}
+		if i == 3 {
+			// Retry-After is the sooner of the two quotas' waits: the
+			// daily one frees a request at its next halving.
+			daily := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration()
+			if ra := header(resp, "Retry-After"); ra != strconv.FormatInt(int64(daily/time.Second), 10) || daily >= resp.GetStatuses()[1].GetDurationUntilReset().AsDuration() {
+				t.Errorf("Retry-After %s, daily wait %v, monthly %v", ra, daily, resp.GetStatuses()[1].GetDurationUntilReset().AsDuration())
+			}
+		}
+	}
+	if r := h.ask(t, "d", 0, entries("user", "ann")).GetStatuses()[0].GetLimitRemaining(); r != 96 {
+		t.Errorf("the ordinary limit: remaining %d, want 96 (three allowed requests and this one)", r)
 	}
 }
