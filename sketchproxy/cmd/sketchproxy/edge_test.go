@@ -261,11 +261,14 @@ rules:
 // Every refusal path, against the binary on the wall clock: waiting exactly
 // Retry-After is enough for the next request to pass.
 func TestBinaryRetryAfterIsTruthful(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestRetryAfterIsEnough (sketchproxy) checks the same on a manual clock; this waits out each Retry-After, about 15 s")
+	}
 	bin := build(t)
 	up := newFileUpstream(t)
 	px := startProxy(t, bin, fmt.Sprintf(`upstream: %q
 client_ip: {trusted_proxies: [127.0.0.1/32]}
-new_keys: {min_per_second: 20, warmup: 1s}
+new_keys: {min_per_second: 20, warmup: 0s}
 tarpit: {ban_for: 2s, max_delay: 200ms, drip_interval: 100ms}
 rules:
   - name: plain
@@ -288,7 +291,6 @@ rules:
     key: ["header:X-Key"]
     limits: [{requests: 8, per: 4s}]
 `, up.URL))
-	time.Sleep(1100 * time.Millisecond) // the new-key meter's warm-up
 	for _, c := range []struct {
 		name, target, outcome string
 		hdr                   []string
@@ -388,7 +390,13 @@ rules:
 			results <- result{resp.StatusCode, resp.Header.Get("Retry-After")}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Once the 12 over the cap are refused, the 8 others are in progress.
+	for deadline := time.Now().Add(10 * time.Second); scrapeValue(t, px.admin, "sketchproxy_client_in_flight_refused_total") < 12; {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow clients over the per-client cap were not refused")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	// Meanwhile a client on another address is served at once.
 	if r := raw(t, px.addr, "127.0.0.2", "GET", "/api/x"); r.code != 200 {
 		t.Errorf("another client during the slow bodies: %d", r.code)
@@ -428,6 +436,9 @@ rules:
 // rotation attack meets the stricter budget; a start that fails on a busy
 // port writes no state file.
 func TestBinaryRestartAndRotation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestNewKeysRestartAndRotation (sketchproxy) checks the same on a manual clock; this runs about 20 s")
+	}
 	bin := build(t)
 	up := newFileUpstream(t)
 	dir := t.TempDir()
@@ -480,20 +491,27 @@ rules:
 	if ok, sent := steady(px.addr, 3*time.Second); ok != sent {
 		t.Errorf("a fresh proxy: steady clients got %d of %d", ok, sent)
 	}
-	// The attack: 800 new addresses in two waves of 400, 6 requests each,
-	// as fast as this machine sends them. How many may pass depends on
-	// that speed, so the bound is computed from the times measured
-	// (rotationBound); a fast machine sends 400 new addresses a second.
+	// The attack: 800 new addresses, 6 requests each back to back, from 16
+	// senders, as fast as this machine sends them. How many may pass
+	// depends on that speed, so the bound is computed from the times
+	// measured (rotationBound). Few senders keep each address's requests
+	// close together (a halving between them frees one more), however
+	// slowly the machine runs; a fast one sends 700 addresses a second.
 	var rotOK, rotSent atomic.Int64
 	keys := make([]rotationKey, 800)
-	for s := range 2 {
-		var wg sync.WaitGroup
-		for a := range 400 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				k := &keys[s*400+a]
-				ip := fmt.Sprintf("10.%d.%d.%d", s, a/256, a%256)
+	next := make(chan int, len(keys))
+	for i := range keys {
+		next <- i
+	}
+	close(next)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for a := range next {
+				k := &keys[a]
+				ip := fmt.Sprintf("10.%d.%d.%d", a/400, a%400/256, a%256)
 				for i := range 6 {
 					if i == 0 {
 						k.firstSent = time.Now()
@@ -507,10 +525,10 @@ rules:
 					}
 				}
 				k.lastDone = time.Now()
-			}()
-		}
-		wg.Wait()
+			}
+		}()
 	}
+	wg.Wait()
 	bound := rotationBound(keys, 100, 50, 4, 2, 6)
 	first, last := keys[0].firstSent, keys[0].firstDone
 	for _, k := range keys {
