@@ -17,7 +17,7 @@ func TestZeroAllocs(t *testing.T) {
 	manual := epochsketch.New(epochsketch.Config{NumBuckets: 1024, Clock: epochsketch.NewManualClock(t0), Seed: 1})
 	sip := epochsketch.New(epochsketch.Config{NumBuckets: 1, Hash: epochsketch.HashSipHash13})
 	defer sip.Close()
-	two := epochsketch.New(epochsketch.Config{NumBuckets: 1024, TwoChoice: true, Lottery: epochsketch.LotteryHeavyKeeper})
+	two := epochsketch.New(epochsketch.Config{NumBuckets: 1024, TwoChoice: true})
 	defer two.Close()
 	key, kb := "api_client:192.168.1.50", []byte("api_client:10.0.0.1")
 	i := 0
@@ -28,6 +28,7 @@ func TestZeroAllocs(t *testing.T) {
 		"ObserveBytesN":        func() { wall.ObserveBytesN(time.Time{}, kb, 3) },
 		"Estimate":             func() { wall.Estimate(key) },
 		"EstimateBytes":        func() { wall.EstimateBytes(kb) },
+		"EstimateBytesAt":      func() { manual.EstimateBytesAt(t0, kb) },
 		"Observe/manual":       func() { manual.Observe(key) },
 		"Observe/siphash/full": func() { i++; sip.ObserveBytes(append(kb[:0:0], byte(i))) },
 		"ObserveN at t":        func() { manual.ObserveN(t0, key, 1) },

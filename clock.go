@@ -25,10 +25,10 @@ type ManualClock struct {
 	ns atomic.Int64 // Unix nanoseconds
 }
 
-// NewManualClock returns a ManualClock reading t0.
-func NewManualClock(t0 time.Time) *ManualClock {
+// NewManualClock returns a ManualClock reading t.
+func NewManualClock(t time.Time) *ManualClock {
 	c := new(ManualClock)
-	c.ns.Store(t0.UnixNano())
+	c.ns.Store(t.UnixNano())
 	return c
 }
 

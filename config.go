@@ -25,46 +25,30 @@ const (
 // bits, and the table must fit the platform's int (GOARCH=386 included).
 var maxBuckets = min(uint64(1)<<32, uint64(math.MaxInt)/uint64(bucketSize)-1)
 
-// Lottery selects how a challenger competes for a full bucket
-// (docs/DESIGN.md, The lottery).
-type Lottery uint8
+// lottery selects how a challenger competes for a full bucket
+// (docs/DESIGN.md, The lottery). Every Sketch runs HeavyKeeper-classic: the
+// weakest slot is chipped with probability exactly 1.08^-C from a real PRNG
+// (integer thresholds precomputed at start, no float math per call).
+// Hash-entropy chipping was to replace it only if its errors were
+// statistically indistinguishable; over 50 seeds they were not (it chips
+// every victim under 9 counts, 1.08^-C does not: THEORY.md section 1). It
+// stays for the simulator and the experiments, which choose it through
+// internal/lab. The values are the lottery's code in a snapshot header.
+type lottery uint8
 
 const (
-	// LotteryDefault is HeavyKeeper-classic. Hash-entropy chipping was to be
-	// the default only if its errors were statistically indistinguishable
-	// from HeavyKeeper-classic's; over 50 seeds they were not (it chips every
-	// victim under 9 counts, 1.08^-C does not: THEORY.md section 1). Name
-	// LotteryChip to choose it.
-	LotteryDefault Lottery = iota
-	// LotteryChip is hash-entropy chipping with chip-mask schedule M3: the
-	// weakest slot is chipped when the top k bits of a draw are zero, with
-	// k = count/9, so the chip probability is 2^-floor(C/9) ≈ 1.08^-C in steps.
-	// The draw mixes the key's hash, the victim word and a per-attempt salt.
-	LotteryChip
-	// LotteryHeavyKeeper is HeavyKeeper-classic: the weakest
-	// slot is chipped with probability exactly 1.08^-C from a real PRNG
-	// (integer thresholds precomputed at start, no float math per call).
-	LotteryHeavyKeeper
+	lotteryChip        lottery = 1
+	lotteryHeavyKeeper lottery = 2
 )
 
-var lotteryNames = [...]string{"default", "chip", "heavykeeper"}
-
-// String returns the lottery's name, as ParseLottery accepts it.
-func (l Lottery) String() string {
-	if int(l) < len(lotteryNames) {
-		return lotteryNames[l]
+func (l lottery) String() string {
+	switch l {
+	case lotteryChip:
+		return "the chip lottery"
+	case lotteryHeavyKeeper:
+		return "HeavyKeeper-classic"
 	}
-	return fmt.Sprintf("Lottery(%d)", uint8(l))
-}
-
-// ParseLottery returns the lottery named s (as String writes it).
-func ParseLottery(s string) (Lottery, error) {
-	for i, n := range lotteryNames {
-		if n == s {
-			return Lottery(i), nil
-		}
-	}
-	return 0, fmt.Errorf("epochsketch: unknown lottery %q: want default, chip or heavykeeper", s)
+	return fmt.Sprintf("lottery %d", uint8(l))
 }
 
 // Config configures a Sketch. The zero Config is valid: every zero field
@@ -99,10 +83,6 @@ type Config struct {
 	// (two cache lines per call), new keys go to the less loaded one, and the
 	// lottery picks the weakest of 16 slots.
 	TwoChoice bool
-
-	// Lottery selects the full-bucket challenge; the zero value is
-	// LotteryDefault, HeavyKeeper-classic.
-	Lottery Lottery
 }
 
 // Validate reports whether c is usable, with an error that says which field
@@ -118,11 +98,9 @@ func (c Config) Validate() error {
 	case c.TickDuration > 0 && c.TickDuration < MinTickDuration:
 		return fmt.Errorf("epochsketch: Config.TickDuration is %v: want at least %v (or 0 for %v)", c.TickDuration, MinTickDuration, DefaultTickDuration)
 	case c.Hash > HashSipHash13:
-		return fmt.Errorf("epochsketch: Config.Hash is %v: want HashDefault, HashMaphash, HashWyhash or HashSipHash13", c.Hash)
+		return fmt.Errorf("epochsketch: Config.Hash is %v: want HashWyhash (the zero value), HashMaphash or HashSipHash13", c.Hash)
 	case c.Hash == HashMaphash && c.Seed != 0:
 		return fmt.Errorf("epochsketch: Config.Hash is maphash but Config.Seed is %d: hash/maphash cannot be seeded from a number; use HashWyhash or HashSipHash13 for a reproducible seed, or Seed 0", c.Seed)
-	case c.Lottery > LotteryHeavyKeeper:
-		return fmt.Errorf("epochsketch: Config.Lottery is %v: want LotteryDefault, LotteryChip or LotteryHeavyKeeper", c.Lottery)
 	}
 	return nil
 }
@@ -134,12 +112,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TickDuration == 0 {
 		c.TickDuration = DefaultTickDuration
-	}
-	if c.Lottery == LotteryDefault {
-		c.Lottery = LotteryHeavyKeeper
-	}
-	if c.Hash == HashDefault {
-		c.Hash = HashWyhash
 	}
 	return c
 }

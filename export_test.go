@@ -72,7 +72,7 @@ func (s *Sketch) Dedupe(h uint64, j int) {
 }
 
 // ObserveMany is the batch form measured by BenchmarkObserveMany and left
-// out of the API (BENCHMARKS.md, "A batch form"): Observe for each of keys
+// out of the API (docs/EXPERIMENTS.md, "A batch form"): Observe for each of keys
 // in order, writing the estimates to est. The buckets of up to 8 keys are
 // loaded first, so that their cache misses overlap, then each key is
 // observed.

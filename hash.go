@@ -12,26 +12,39 @@ import (
 type HashKind uint8
 
 const (
-	// HashDefault is HashWyhash, whose random per-instance key (or the one
-	// Config.Seed derives) is saved in snapshots, so that the default sketch
-	// can be saved and restored.
-	HashDefault HashKind = iota
+	// HashWyhash is a seedable multiply-mix hash of the wyhash construction,
+	// of the same speed class as maphash, keyed per instance: a random key
+	// with Seed 0, one derived from Config.Seed otherwise. The key is saved
+	// in snapshots, so that the default sketch can be saved and restored.
+	// It is the zero value, so the default.
+	HashWyhash HashKind = iota
 	// HashMaphash is the standard library's hash/maphash with a random seed:
 	// AES-based on amd64 and arm64, fast and avalanche-clean. Its seed
 	// cannot be exported, so a maphash sketch cannot be saved
 	// (ErrMaphashSnapshot), and it cannot be seeded from Config.Seed.
 	HashMaphash
-	// HashWyhash is a seedable multiply-mix hash of the wyhash construction,
-	// of the same speed class as maphash, keyed per instance: a random key
-	// with Seed 0, one derived from Config.Seed otherwise. The default.
-	HashWyhash
 	// HashSipHash13 is SipHash-1-3, a keyed hash: an adversary who knows the
 	// algorithm but not the key cannot engineer bucket floods or bias the
 	// lottery. For attacker-chosen keys (public rate limits, DDoS filters).
 	HashSipHash13
 )
 
-var hashNames = [...]string{"default", "maphash", "wyhash", "siphash13"}
+var hashNames = [...]string{"wyhash", "maphash", "siphash13"}
+
+// hashCodes are the kinds' codes in a snapshot header: fixed when the format
+// was, so that a renumbering of HashKind never misreads a saved file.
+var hashCodes = [...]byte{HashWyhash: 2, HashMaphash: 1, HashSipHash13: 3}
+
+// hashOfCode returns the kind a snapshot header's code names, and false for
+// a code no kind has.
+func hashOfCode(c byte) (HashKind, bool) {
+	for k, code := range hashCodes {
+		if code == c {
+			return HashKind(k), true
+		}
+	}
+	return 0, false
+}
 
 // String returns the kind's name, as ParseHashKind accepts it.
 func (k HashKind) String() string {
@@ -48,13 +61,13 @@ func ParseHashKind(s string) (HashKind, error) {
 			return HashKind(i), nil
 		}
 	}
-	return 0, fmt.Errorf("epochsketch: unknown hash %q: want one of default, maphash, wyhash, siphash13", s)
+	return 0, fmt.Errorf("epochsketch: unknown hash %q: want one of wyhash, maphash, siphash13", s)
 }
 
 // hasher is the resolved hash of one Sketch. It is a value, copied into the
 // Sketch, so the hot path reads it without an indirection.
 type hasher struct {
-	kind   HashKind // never HashDefault once resolved
+	kind   HashKind
 	mseed  maphash.Seed
 	k0, k1 uint64 // wyhash seed in k0; SipHash key in k0, k1
 }

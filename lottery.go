@@ -84,7 +84,7 @@ func (s *Sketch) chipWins(h, victim uint64, eff uint32) bool {
 	if traceOn {
 		return s.chipWinsTraced(h, victim, eff)
 	}
-	if s.lottery == LotteryHeavyKeeper {
+	if s.lottery == lotteryHeavyKeeper {
 		return int(eff) < len(hkThreshold) && s.salt() < hkThreshold[eff]
 	}
 	if eff < chipStep {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/lab"
 	"github.com/epochsketch/epochsketch/internal/refmodel"
 )
 
@@ -15,16 +16,19 @@ import (
 // Each op is 2 bytes: the first picks the action, the second its argument.
 // Keys come from a small universe so that buckets fill, chips happen and
 // fingerprints collide; clock moves include whole-wrap jumps and moves back.
-func replay(t *testing.T, seed uint64, buckets int, two bool, lot epochsketch.Lottery, ops []byte) {
+func replay(t *testing.T, seed uint64, buckets int, two bool, lot lottery, ops []byte) {
 	t.Helper()
 	clk := epochsketch.NewManualClock(t0)
 	sk := epochsketch.New(epochsketch.Config{
-		NumBuckets: buckets, Seed: seed, Clock: clk, TwoChoice: two, Lottery: lot,
+		NumBuckets: buckets, Seed: seed, Clock: clk, TwoChoice: two,
 		TickDuration: time.Second,
 	})
+	if lot == chip {
+		lab.UseChip(sk)
+	}
 	m := refmodel.New(buckets, epochsketch.TickOf(t0.UnixNano(), int64(time.Second)))
 	m.TwoChoice = two
-	m.HeavyKeep = lot == epochsketch.LotteryHeavyKeeper
+	m.HeavyKeep = lot == heavyKeeper
 	m.SaltBase = epochsketch.Splitmix(epochsketch.Splitmix(epochsketch.Splitmix(seed)))
 
 	tick := func() int64 { return epochsketch.TickOf(clk.Now().UnixNano(), int64(time.Second)) }
@@ -110,9 +114,9 @@ func FuzzModel(f *testing.F) {
 		if seed == 0 {
 			seed = 1
 		}
-		lot := epochsketch.LotteryChip
+		lot := chip
 		if hk {
-			lot = epochsketch.LotteryHeavyKeeper
+			lot = heavyKeeper
 		}
 		replay(t, seed, 1+int(nb%4), two, lot, ops)
 	})
@@ -128,7 +132,7 @@ func TestModelRandomPrograms(t *testing.T) {
 	}
 	for seed := uint64(1); seed <= 24; seed++ {
 		for _, two := range []bool{false, true} {
-			for _, lot := range []epochsketch.Lottery{epochsketch.LotteryChip, epochsketch.LotteryHeavyKeeper} {
+			for _, lot := range lotteries {
 				t.Run(fmt.Sprintf("seed=%d/two=%v/%v", seed, two, lot), func(t *testing.T) {
 					ops := make([]byte, 2*n)
 					x := seed

@@ -4,14 +4,13 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"hash/maphash"
-	"io"
 	"math"
 	"math/bits"
 	"runtime"
 	"sync/atomic"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
+	"github.com/epochsketch/epochsketch/internal/lab"
 )
 
 // maxAttempts is the first try plus 3 retries (docs/DESIGN.md, Dropped updates); then the increment
@@ -37,7 +36,7 @@ type Sketch struct {
 	h         hasher
 	tick      int64 // tick duration in nanoseconds
 	twoChoice bool
-	lottery   Lottery
+	lottery   lottery
 
 	clk    *clockState
 	manual *ManualClock // exact clock, read on every call
@@ -63,7 +62,7 @@ func New(cfg Config) *Sketch {
 		nbShift:   uint(64 - bits.TrailingZeros64(uint64(cfg.NumBuckets))),
 		tick:      int64(cfg.TickDuration),
 		twoChoice: cfg.TwoChoice,
-		lottery:   cfg.Lottery,
+		lottery:   lotteryHeavyKeeper,
 		clk:       new(clockState),
 		stats:     new(statTable),
 	}
@@ -203,6 +202,11 @@ func (s *Sketch) EstimateAt(t time.Time, key string) uint32 {
 	return s.estimate(s.h.str(key), s.readAt(t))
 }
 
+// EstimateBytesAt is EstimateAt for a key held in a byte slice.
+func (s *Sketch) EstimateBytesAt(t time.Time, key []byte) uint32 {
+	return s.estimate(s.h.bytes(key), s.readAt(t))
+}
+
 // now returns the tick for a write: the clock's, raised to the latest tick
 // already used so that time never runs backwards for the table.
 func (s *Sketch) now() int64 {
@@ -322,7 +326,7 @@ func (s *Sketch) fresh(now int64, w *[2 * slotsPerBucket]uint64, n int) int64 {
 // observe is Observe (docs/DESIGN.md, Observe): scrub, refresh, claim, or
 // challenge, adding weight wt (1 to countMax). Without TwoChoice it calls
 // refresh itself, so the common case returns through one call less
-// (BENCHMARKS.md, The home slot), and leaves the rest to observeBucket.
+// (docs/EXPERIMENTS.md, The home slot), and leaves the rest to observeBucket.
 func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	if traceOn {
 		return s.observeTraced(h, now, wt)
@@ -377,7 +381,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 		y := pack(tag, e, wt)
 		ok := b.s[weak].CompareAndSwap(x, y)
 		if traceOn {
-			emit(traceEvent{Op: traceClaim, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
+			emit(traceEvent{Op: lab.Claim, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
 		}
 		if !ok {
 			return s.observe1(b, shard, h, now, wt, 1)
@@ -414,7 +418,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 // load) the key elsewhere. refresh was a frameless leaf before the home
 // slot; it now has a 32-byte frame and calls matchMask only in that last
 // case, and refreshSaturated only for a count that would pass countMax
-// (BENCHMARKS.md, The home slot).
+// (docs/EXPERIMENTS.md, The home slot).
 //
 // It returns the estimate (0 when it did not apply), lost: the key's slot
 // plus 1 when its CAS lost to another writer (retry takes it from there),
@@ -498,7 +502,7 @@ func refresh(b *bucket, h uint64, now int64, wt uint32) (est uint32, first bool,
 func refreshCAS(p *atomic.Uint64, j int, x, y uint64, c uint32, first bool, now int64) (est uint32, fst bool, lost int, miss bool) {
 	ok := p.CompareAndSwap(x, y)
 	if traceOn {
-		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+		emit(traceEvent{Op: lab.Fast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 	}
 	if !ok {
 		return 0, false, j + 1, false
@@ -541,7 +545,7 @@ func retry(p *atomic.Uint64, j int, tag, e uint64, wt uint32, now int64) (est ui
 		y := pack(uint16(tag), uint32(e), c)
 		ok := p.CompareAndSwap(x, y)
 		if traceOn {
-			emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+			emit(traceEvent{Op: lab.Fast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 		}
 		if ok {
 			return c, 0
@@ -689,7 +693,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			// shared tick once and look again (see fresh).
 			now, reloaded = max(now, s.clk.hw.Load()), true
 			if traceOn {
-				emit(traceEvent{Op: traceReload, Slot: bits.TrailingZeros(ahead), Tick: now})
+				emit(traceEvent{Op: lab.Reload, Slot: bits.TrailingZeros(ahead), Tick: now})
 			}
 			continue
 		}
@@ -701,7 +705,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			i := bits.TrailingZeros(m)
 			ok := b.s[i].CompareAndSwap(w[i], 0)
 			if traceOn {
-				emit(traceEvent{Op: traceScrub, Slot: i, Old: w[i], OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Scrub, Slot: i, Old: w[i], OK: ok, Tick: now})
 			}
 			if ok {
 				s.stats.add(shard, statScrubbed)
@@ -718,7 +722,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			y := pack(uint16(tag), e32, n)
 			ok := b.s[i].CompareAndSwap(x, y)
 			if traceOn {
-				emit(traceEvent{Op: traceRefresh, Slot: i, Old: x, New: y, OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Refresh, Slot: i, Old: x, New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				if dup := match & (match - 1); dup != 0 {
@@ -747,7 +751,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			y := pack(uint16(tag), e32, wt)
 			ok := b.s[i].CompareAndSwap(w[i], y)
 			if traceOn {
-				emit(traceEvent{Op: traceClaim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Claim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				s.dedupe1(b, shard, i, uint16(tag))
@@ -771,7 +775,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 // returns the estimate it read, est, with the flag true.
 func (s *Sketch) dropped(shard uint64, est uint32, now int64) (uint32, bool) {
 	if traceOn {
-		emit(traceEvent{Op: traceExhausted, Slot: -1, Tick: now})
+		emit(traceEvent{Op: lab.Exhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(shard, statCAS)
 	return est, true
@@ -802,7 +806,7 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 	wins, used := s.challenge(h, x, ageOf(x, e), weakEff, wt)
 	if wins == 0 {
 		if traceOn {
-			emit(traceEvent{Op: traceBounce, Slot: weak, Old: x, Tick: now})
+			emit(traceEvent{Op: lab.Bounce, Slot: weak, Old: x, Tick: now})
 		}
 		s.stats.add(shard, statLost)
 		return wt, true, false
@@ -813,7 +817,7 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 		y := pack(tag, e, c)
 		ok := p.CompareAndSwap(x, y)
 		if traceOn {
-			emit(traceEvent{Op: traceTakeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
+			emit(traceEvent{Op: lab.Takeover, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
 		}
 		if ok {
 			s.stats.add(shard, statEvictions)
@@ -872,7 +876,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 					// resurrect. A failed CAS means a writer got there first.
 					ok := v.at(i).CompareAndSwap(x, 0)
 					if traceOn {
-						emit(traceEvent{Op: traceScrub, Slot: i, Old: x, OK: ok, Tick: now})
+						emit(traceEvent{Op: lab.Scrub, Slot: i, Old: x, OK: ok, Tick: now})
 					}
 					if ok {
 						s.stats.add(v.shard, statScrubbed)
@@ -903,7 +907,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 			y := pack(tag, e, n)
 			ok := v.at(match).CompareAndSwap(x, y)
 			if traceOn {
-				emit(traceEvent{Op: traceRefresh, Slot: match, Old: x, New: y, OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Refresh, Slot: match, Old: x, New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				if dup >= 0 {
@@ -923,7 +927,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 			y := pack(tag, e, wt)
 			ok := v.at(i).CompareAndSwap(w[i], y)
 			if traceOn {
-				emit(traceEvent{Op: traceClaim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
+				emit(traceEvent{Op: lab.Claim, Slot: i, Old: w[i], New: y, OK: ok, Tick: now})
 			}
 			if ok {
 				s.dedupe(&v, i, tag)
@@ -940,7 +944,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 		}
 	}
 	if traceOn {
-		emit(traceEvent{Op: traceExhausted, Slot: -1, Tick: now})
+		emit(traceEvent{Op: lab.Exhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(v.shard, statCAS)
 	return readEst, true
@@ -971,7 +975,7 @@ func refreshView(v *view, tag, e uint64, wt uint32, now int64) (est uint32, firs
 	y := pack(uint16(tag), uint32(e), c)
 	ok := v.at(j).CompareAndSwap(x, y)
 	if traceOn {
-		emit(traceEvent{Op: traceFast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
+		emit(traceEvent{Op: lab.Fast, Slot: j, Old: x, New: y, OK: ok, Tick: now})
 	}
 	if !ok {
 		return 0, false, 1
@@ -1008,7 +1012,7 @@ func (s *Sketch) drain(v *view, from, into int, tag uint16) {
 		}
 		ok := v.at(from).CompareAndSwap(x, 0)
 		if traceOn {
-			emit(traceEvent{Op: traceDrain, Slot: from, Old: x, OK: ok, Est: uint32(into)})
+			emit(traceEvent{Op: lab.Drain, Slot: from, Old: x, OK: ok, Est: uint32(into)})
 		}
 		if ok {
 			s.merge(v, into, tag, x)
@@ -1078,7 +1082,7 @@ func (s *Sketch) read(x uint64, now int64) uint32 {
 }
 
 // locate returns where key lives: its bucket, its second candidate bucket
-// with TwoChoice (else -1), and its fingerprint (internal/inspect).
+// with TwoChoice (else -1), and its fingerprint (internal/lab).
 func (s *Sketch) locate(key string) (bucket, second int, tag uint16) {
 	h := s.h.str(key)
 	v := s.viewOf(h)
@@ -1090,7 +1094,7 @@ func (s *Sketch) locate(key string) (bucket, second int, tag uint16) {
 }
 
 // slots returns the 8 slot words of bucket i, each read atomically
-// (internal/inspect).
+// (internal/lab).
 func (s *Sketch) slots(i int) [slotsPerBucket]uint64 {
 	var w [slotsPerBucket]uint64
 	for j := range w {
@@ -1099,24 +1103,22 @@ func (s *Sketch) slots(i int) [slotsPerBucket]uint64 {
 	return w
 }
 
-// The tools that show what a sketch holds reach it through internal/inspect,
-// outside the library's API.
+// The tools of this module that show what a sketch holds, and the
+// experiments that run the retired chip lottery, reach it through
+// internal/lab, outside the library's API.
 func init() {
-	inspect.Register(
+	lab.Register(
 		func(sk any, key string) (int, int, uint16) { return sk.(*Sketch).locate(key) },
 		func(sk any, i int) [8]uint64 { return sk.(*Sketch).slots(i) },
 		func(w uint64, now int64) uint32 { return effective(w, epoch24(now)) },
-		func(sk any, r io.Reader) (inspect.Restored, error) {
-			info, _, err := sk.(*Sketch).restore(r)
-			return inspect.Restored{Saved: info.Saved, Live: info.Live, Expired: info.Expired}, err
-		},
+		func(sk any) { sk.(*Sketch).lottery = lotteryChip },
 	)
 }
 
 // casChip passes a chip's CAS result through, reporting it in trace builds.
 func (s *Sketch) casChip(ok bool, slot int, old, new uint64, now int64) bool {
 	if traceOn {
-		emit(traceEvent{Op: traceChip, Slot: slot, Old: old, New: new, OK: ok, Tick: now})
+		emit(traceEvent{Op: lab.Chip, Slot: slot, Old: old, New: new, OK: ok, Tick: now})
 	}
 	return ok
 }

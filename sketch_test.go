@@ -6,13 +6,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
+	"github.com/epochsketch/epochsketch/internal/lab"
 
 	"github.com/epochsketch/epochsketch"
 )
 
 // newManual returns a seeded sketch on a ManualClock at t0 with a 1 s tick.
 func newManual(t *testing.T, cfg epochsketch.Config) (*epochsketch.Sketch, *epochsketch.ManualClock) {
+	t.Helper()
+	return newManualLottery(t, cfg, heavyKeeper)
+}
+
+// newManualLottery is newManual with the full-bucket challenge lot.
+func newManualLottery(t *testing.T, cfg epochsketch.Config, lot lottery) (*epochsketch.Sketch, *epochsketch.ManualClock) {
 	t.Helper()
 	clk := epochsketch.NewManualClock(t0)
 	cfg.Clock = clk
@@ -22,7 +28,11 @@ func newManual(t *testing.T, cfg epochsketch.Config) (*epochsketch.Sketch, *epoc
 	if cfg.TickDuration == 0 {
 		cfg.TickDuration = time.Second
 	}
-	return epochsketch.New(cfg), clk
+	sk := epochsketch.New(cfg)
+	if lot == chip {
+		lab.UseChip(sk)
+	}
+	return sk, clk
 }
 
 // slotOf finds the bucket and slot that hold key's tag, or (-1, -1).
@@ -126,6 +136,9 @@ func TestDecayInterpretedAtRead(t *testing.T) {
 		if got := sk.EstimateAt(time.Unix(12+age, 0), "k"); got != want {
 			t.Errorf("max count at age %d reads %d, want %d", age, got, want)
 		}
+		if got := sk.EstimateBytesAt(time.Unix(12+age, 0), []byte("k")); got != want {
+			t.Errorf("max count at age %d reads %d through EstimateBytesAt, want %d", age, got, want)
+		}
 	}
 }
 
@@ -192,7 +205,7 @@ func TestFirstSightingTable(t *testing.T) {
 		}
 	})
 	t.Run("slot won via eviction: true", func(t *testing.T) {
-		sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: epochsketch.LotteryChip})
+		sk, _ := newManualLottery(t, epochsketch.Config{NumBuckets: 1}, chip)
 		occupants := keysInBucket(sk, 0, 8, "occ", nil)
 		for _, k := range occupants {
 			sk.Observe(k) // count 1: M3's mask is empty below 9, so the draw always chips, and 1 - 1 = 0 evicts
@@ -242,7 +255,7 @@ func TestFirstSightingTable(t *testing.T) {
 // A chip takes one count at the victim's age and keeps its epoch, so the
 // victim's own next sighting this tick still reads "seen already".
 func TestChipKeepsVictimEpoch(t *testing.T) {
-	sk, clk := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: epochsketch.LotteryChip})
+	sk, clk := newManualLottery(t, epochsketch.Config{NumBuckets: 1}, chip)
 	occupants := keysInBucket(sk, 0, 8, "occ", nil)
 	for _, k := range occupants {
 		for range 4 {
@@ -414,6 +427,9 @@ func TestStragglers(t *testing.T) {
 		if got := sk.EstimateAt(t0, "k"); got != 3 {
 			t.Fatalf("late read: %d, want 3", got)
 		}
+		if got := sk.EstimateBytesAt(t0, []byte("k")); got != 3 {
+			t.Fatalf("late read of the bytes form: %d, want 3", got)
+		}
 	})
 	t.Run("stale tick in flight", func(t *testing.T) {
 		// A writer that read the tick, then slept past tick changes, sees
@@ -465,9 +481,9 @@ func TestStragglers(t *testing.T) {
 // Mice cannot evict elephants: with counts in the thousands the chip mask is
 // wider than 63 bits under M3 and 1.08^-C underflows under HeavyKeeper.
 func TestMiceCannotEvictElephants(t *testing.T) {
-	for _, lot := range []epochsketch.Lottery{epochsketch.LotteryChip, epochsketch.LotteryHeavyKeeper} {
-		t.Run(lot.String(), func(t *testing.T) {
-			sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: lot})
+	for _, lot := range lotteries {
+		t.Run(string(lot), func(t *testing.T) {
+			sk, _ := newManualLottery(t, epochsketch.Config{NumBuckets: 1}, lot)
 			elephants := keysInBucket(sk, 0, 8, "elephant", nil)
 			for _, k := range elephants {
 				for range 5000 {
@@ -501,12 +517,12 @@ func TestMiceCannotEvictElephants(t *testing.T) {
 // challenger against weak, idle occupants gets in within a bounded expected
 // number of attempts, with no tick passing.
 func TestPersistentChallengerAdmitted(t *testing.T) {
-	for _, lot := range []epochsketch.Lottery{epochsketch.LotteryChip, epochsketch.LotteryHeavyKeeper} {
-		t.Run(lot.String(), func(t *testing.T) {
+	for _, lot := range lotteries {
+		t.Run(string(lot), func(t *testing.T) {
 			var total int
 			const seeds, occupantCount = 50, 30
 			for seed := range uint64(seeds) {
-				sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: lot, Seed: seed + 1})
+				sk, _ := newManualLottery(t, epochsketch.Config{NumBuckets: 1, Seed: seed + 1}, lot)
 				occ := keysInBucket(sk, 0, 8, "occ", nil)
 				avoid := map[uint16]bool{}
 				for _, k := range occ {
@@ -537,10 +553,10 @@ func TestPersistentChallengerAdmitted(t *testing.T) {
 // The lockout bug of an earlier lottery design: a new sustained heavy hitter waited until
 // an occupant decayed to zero. Chipping admits it well before that.
 func TestNoLockout(t *testing.T) {
-	for _, lot := range []epochsketch.Lottery{epochsketch.LotteryChip, epochsketch.LotteryHeavyKeeper} {
-		t.Run(lot.String(), func(t *testing.T) {
+	for _, lot := range lotteries {
+		t.Run(string(lot), func(t *testing.T) {
 			for seed := range uint64(10) {
-				sk, clk := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: lot, Seed: seed + 1})
+				sk, clk := newManualLottery(t, epochsketch.Config{NumBuckets: 1, Seed: seed + 1}, lot)
 				occ := keysInBucket(sk, 0, 8, "occ", nil)
 				avoid := map[uint16]bool{}
 				for _, k := range occ {
@@ -640,7 +656,6 @@ func TestConfigValidate(t *testing.T) {
 		{epochsketch.Config{TickDuration: time.Microsecond}, "want at least 1ms"},
 		{epochsketch.Config{Hash: 9}, "Config.Hash is HashKind(9)"},
 		{epochsketch.Config{Hash: epochsketch.HashMaphash, Seed: 5}, "cannot be seeded from a number"},
-		{epochsketch.Config{Lottery: 7}, "Config.Lottery is Lottery(7)"},
 	}
 	for _, c := range bad {
 		t.Run(c.want, func(t *testing.T) {
@@ -673,21 +688,16 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestParseNames(t *testing.T) {
-	for _, k := range []epochsketch.HashKind{epochsketch.HashDefault, epochsketch.HashMaphash, epochsketch.HashWyhash, epochsketch.HashSipHash13} {
+	for _, k := range []epochsketch.HashKind{epochsketch.HashWyhash, epochsketch.HashMaphash, epochsketch.HashSipHash13} {
 		if got, err := epochsketch.ParseHashKind(k.String()); err != nil || got != k {
 			t.Errorf("ParseHashKind(%q) = %v, %v", k, got, err)
-		}
-	}
-	for _, l := range []epochsketch.Lottery{epochsketch.LotteryDefault, epochsketch.LotteryChip, epochsketch.LotteryHeavyKeeper} {
-		if got, err := epochsketch.ParseLottery(l.String()); err != nil || got != l {
-			t.Errorf("ParseLottery(%q) = %v, %v", l, got, err)
 		}
 	}
 	if _, err := epochsketch.ParseHashKind("fnv1a"); err == nil || !strings.Contains(err.Error(), "unknown hash") {
 		t.Errorf("ParseHashKind(fnv1a) = %v", err)
 	}
-	if _, err := epochsketch.ParseLottery("dice"); err == nil {
-		t.Errorf("ParseLottery(dice) accepted")
+	if k, err := epochsketch.ParseHashKind("wyhash"); err != nil || k != (epochsketch.Config{}).Hash {
+		t.Errorf("ParseHashKind(wyhash) = %v, %v: want the zero Config's hash", k, err)
 	}
 }
 
@@ -841,16 +851,16 @@ func TestLocateAndSlots(t *testing.T) {
 		for range 5 {
 			sk.Observe("k")
 		}
-		b, second, tag := inspect.Locate(sk, "k")
+		b, second, tag := lab.Locate(sk, "k")
 		want := sk.Buckets(sk.HashString("k"))
 		if b != want[0] || (len(want) == 2) != (second >= 0) || (second >= 0 && second != want[1]) {
 			t.Fatalf("two=%v: Locate = %d, %d; internal buckets %v", two, b, second, want)
 		}
 		found := false
 		for _, bi := range want {
-			for _, w := range inspect.Slots(sk, bi) {
-				if gt, _, c := inspect.Fields(w); w != 0 && gt == tag {
-					found = c == 5 && inspect.Decayed(w, sk.HighWater()) == 5
+			for _, w := range lab.Slots(sk, bi) {
+				if gt, _, c := lab.Fields(w); w != 0 && gt == tag {
+					found = c == 5 && lab.Decayed(w, sk.HighWater()) == 5
 				}
 			}
 		}
@@ -937,7 +947,7 @@ func TestObserveNProtectsElephants(t *testing.T) {
 	}
 	// Against light residents a weighted newcomer gets in at once, with the
 	// weight not spent on the draws.
-	light, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: epochsketch.LotteryChip})
+	light, _ := newManualLottery(t, epochsketch.Config{NumBuckets: 1}, chip)
 	for i := range 8 {
 		light.Observe(fmt.Sprint("mouse", i))
 	}
@@ -950,11 +960,11 @@ func TestObserveNProtectsElephants(t *testing.T) {
 // draws in the same order (a seeded lottery), the same words, the same
 // stats, from any state, for both lotteries and both layouts.
 func TestObserveNEqualsRepeatedObserve(t *testing.T) {
-	for _, lot := range []epochsketch.Lottery{epochsketch.LotteryHeavyKeeper, epochsketch.LotteryChip} {
+	for _, lot := range lotteries {
 		for _, two := range []bool{false, true} {
 			for seed := uint64(1); seed <= 30; seed++ {
-				a, _ := newManual(t, epochsketch.Config{NumBuckets: 2, Lottery: lot, TwoChoice: two, Seed: seed})
-				b, _ := newManual(t, epochsketch.Config{NumBuckets: 2, Lottery: lot, TwoChoice: two, Seed: seed})
+				a, _ := newManualLottery(t, epochsketch.Config{NumBuckets: 2, TwoChoice: two, Seed: seed}, lot)
+				b, _ := newManualLottery(t, epochsketch.Config{NumBuckets: 2, TwoChoice: two, Seed: seed}, lot)
 				x := seed
 				for i := range 400 {
 					x = epochsketch.Splitmix(x)
@@ -978,8 +988,8 @@ func TestObserveNEqualsRepeatedObserve(t *testing.T) {
 					}
 					_ = fb
 					for bk := range 2 {
-						if inspect.Slots(a, bk) != inspect.Slots(b, bk) {
-							t.Fatalf("%v two=%v seed %d op %d (%s x%d): bucket %d differs:\n%x\n%x", lot, two, seed, i, key, w, bk, inspect.Slots(a, bk), inspect.Slots(b, bk))
+						if lab.Slots(a, bk) != lab.Slots(b, bk) {
+							t.Fatalf("%v two=%v seed %d op %d (%s x%d): bucket %d differs:\n%x\n%x", lot, two, seed, i, key, w, bk, lab.Slots(a, bk), lab.Slots(b, bk))
 						}
 					}
 				}

@@ -95,7 +95,7 @@ type snapHeader struct {
 	version   uint16
 	twoChoice bool
 	hash      HashKind
-	lottery   Lottery
+	lottery   lottery
 	buckets   uint64
 	tick      int64 // TickDuration in ns
 	at        int64 // the tick when taken
@@ -119,7 +119,7 @@ func (h *snapHeader) encode() []byte {
 		flags |= 2
 	}
 	le.PutUint16(b[10:], flags)
-	b[12], b[13] = byte(h.hash), byte(h.lottery)
+	b[12], b[13] = hashCodes[h.hash], byte(h.lottery)
 	le.PutUint64(b[16:], h.buckets)
 	le.PutUint64(b[24:], uint64(h.tick))
 	le.PutUint64(b[32:], uint64(h.at))
@@ -150,7 +150,11 @@ func decodeHeader(b []byte) (snapHeader, error) {
 	}
 	flags := le.Uint16(b[10:])
 	h.twoChoice, h.seeded = flags&1 != 0, flags&2 != 0
-	h.hash, h.lottery = HashKind(b[12]), Lottery(b[13])
+	var ok bool
+	if h.hash, ok = hashOfCode(b[12]); !ok {
+		return h, snapErr("hash code %d names no hash this build knows: the file is damaged or from a newer epochsketch", b[12])
+	}
+	h.lottery = lottery(b[13])
 	h.buckets = le.Uint64(b[16:])
 	h.tick = int64(le.Uint64(b[24:]))
 	h.at = int64(le.Uint64(b[32:]))
@@ -229,8 +233,8 @@ func (s *Sketch) wallNow() time.Time {
 
 // ReadFrom restores a snapshot into s, which must be new (from New) and not
 // yet shared: ReadFrom must not run concurrently with any other method.
-// The snapshot must match s's Config in NumBuckets, TickDuration, Hash,
-// TwoChoice and Lottery; a Config with a non-zero Seed must have the
+// The snapshot must match s's Config in NumBuckets, TickDuration, Hash and
+// TwoChoice; a Config with a non-zero Seed must have the
 // snapshot's seed, and a Config with Seed 0 adopts the snapshot's hash key.
 //
 // Counts decay over the downtime exactly as if the process had run:
@@ -333,7 +337,7 @@ func (s *Sketch) matches(h *snapHeader) error {
 	case h.twoChoice != s.twoChoice:
 		return field("TwoChoice", h.twoChoice, s.twoChoice)
 	case h.lottery != s.lottery:
-		return field("Lottery", h.lottery, s.lottery)
+		return &SnapshotError{Msg: fmt.Sprintf("the snapshot was taken with %v, this sketch runs %v (the chip lottery is the simulator's and the experiments' only)", h.lottery, s.lottery)}
 	case s.seeded != nil && (h.k0 != s.h.k0 || h.k1 != s.h.k1):
 		return &SnapshotError{Field: "Seed", Msg: "differs from the seed the snapshot was taken with: keys would hash elsewhere (use that seed, or Seed 0 to adopt the snapshot's)"}
 	}
@@ -362,6 +366,16 @@ func (s *Sketch) SaveFile(path string) error {
 	})
 }
 
+// LoadFrom is ReadFrom that says what the snapshot held instead of how many
+// bytes it read, as LoadFile does for a file: for a snapshot inside a stream
+// of the caller's (a file of several sketches, a network copy). It reads the
+// snapshot exactly and nothing after it, so a caller can read on from r. On
+// any error s is left empty and usable.
+func (s *Sketch) LoadFrom(r io.Reader) (SnapshotInfo, error) {
+	info, _, err := s.restore(r)
+	return info, err
+}
+
 // LoadFile restores a snapshot written by SaveFile (see ReadFrom). On any
 // error s is left empty and usable.
 func (s *Sketch) LoadFile(path string) (SnapshotInfo, error) {
@@ -370,7 +384,7 @@ func (s *Sketch) LoadFile(path string) (SnapshotInfo, error) {
 		return SnapshotInfo{}, err
 	}
 	defer f.Close()
-	info, _, err := s.restore(f)
+	info, err := s.LoadFrom(f)
 	if err == nil {
 		var one [1]byte
 		if n, _ := f.Read(one[:]); n != 0 {

@@ -2,8 +2,10 @@ package epochsketch_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"os/exec"
@@ -13,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
+	"github.com/epochsketch/epochsketch/internal/lab"
 
 	"github.com/epochsketch/epochsketch/internal/atomicfile"
 
@@ -99,7 +101,7 @@ func TestSnapshotLongDowntimeResurrectsNothing(t *testing.T) {
 			}
 		}
 		for i := range 64 {
-			if w := inspect.Slots(b, i); w != [8]uint64{} {
+			if w := lab.Slots(b, i); w != [8]uint64{} {
 				t.Fatalf("after %d ticks down, bucket %d holds %x", ticks, i, w)
 			}
 		}
@@ -128,7 +130,6 @@ func TestSnapshotMismatch(t *testing.T) {
 		{"TickDuration", epochsketch.Config{NumBuckets: 64, TickDuration: time.Minute, Hash: epochsketch.HashSipHash13, Seed: 5}},
 		{"Hash", epochsketch.Config{NumBuckets: 64, TickDuration: time.Second, Hash: epochsketch.HashWyhash, Seed: 5}},
 		{"TwoChoice", epochsketch.Config{NumBuckets: 64, TickDuration: time.Second, Hash: epochsketch.HashSipHash13, Seed: 5, TwoChoice: true}},
-		{"Lottery", epochsketch.Config{NumBuckets: 64, TickDuration: time.Second, Hash: epochsketch.HashSipHash13, Seed: 5, Lottery: epochsketch.LotteryChip}},
 		{"Seed", epochsketch.Config{NumBuckets: 64, TickDuration: time.Second, Hash: epochsketch.HashSipHash13, Seed: 6}},
 	} {
 		err := unmarshal(epochsketch.New(c.cfg), data)
@@ -137,8 +138,35 @@ func TestSnapshotMismatch(t *testing.T) {
 			t.Errorf("%s: %v", c.field, err)
 		}
 	}
+	// The lottery is not a Config field, but a snapshot of the simulator's
+	// chip lottery still restores only into a sketch that runs it.
+	chipped := epochsketch.New(snapCfg(5))
+	lab.UseChip(chipped)
+	if err := unmarshal(chipped, data); err == nil || !strings.Contains(err.Error(), "chip lottery") {
+		t.Errorf("a HeavyKeeper snapshot into a chip sketch: %v", err)
+	}
 	if _, err := marshal(epochsketch.New(epochsketch.Config{NumBuckets: 64, Hash: epochsketch.HashMaphash})); !errors.Is(err, epochsketch.ErrMaphashSnapshot) {
 		t.Errorf("a maphash sketch saved: %v", err)
+	}
+}
+
+// resum rewrites a snapshot header's checksum after a test changed a field.
+func resum(b []byte) {
+	binary.LittleEndian.PutUint32(b[88:], crc32.Checksum(b[:88], crc32.MakeTable(crc32.Castagnoli)))
+}
+
+// A snapshot names its hash by the format's code, not by HashKind's value,
+// so that files written before HashDefault left still read: wyhash 2,
+// maphash 1, SipHash-1-3 3.
+func TestSnapshotHashCodes(t *testing.T) {
+	for _, c := range []struct {
+		kind epochsketch.HashKind
+		code byte
+	}{{epochsketch.HashWyhash, 2}, {epochsketch.HashSipHash13, 3}} {
+		data, err := marshal(epochsketch.New(epochsketch.Config{NumBuckets: 1, Hash: c.kind, Seed: 1}))
+		if err != nil || data[12] != c.code {
+			t.Errorf("%v: header code %d (%v), want %d", c.kind, data[12], err, c.code)
+		}
 	}
 }
 
@@ -158,6 +186,7 @@ func TestSnapshotDamage(t *testing.T) {
 		{"foreign", []byte("GIF89a and then some more bytes to pass the header length ..........................................."), `not an EpochSketch snapshot (the file starts "GIF89a a"`},
 		{"future version", mut(func(b []byte) { b[8] = 9 }), "format version 9 was written by a newer epochsketch"},
 		{"header bit flip", mut(func(b []byte) { b[20] ^= 1 }), "header checksum mismatch"},
+		{"unknown hash code", mut(func(b []byte) { b[12] = 9; resum(b) }), "hash code 9 names no hash"},
 		{"body bit flip", mut(func(b []byte) { b[500] ^= 4 }), "body checksum mismatch"},
 		{"trailer damaged", mut(func(b []byte) { b[len(b)-1] = 'X' }), "body checksum mismatch"},
 		{"truncated body", good[:2000], "truncated: the body (2000 of"},
@@ -171,7 +200,7 @@ func TestSnapshotDamage(t *testing.T) {
 			continue
 		}
 		for i := range 64 {
-			if w := inspect.Slots(b, i); w != [8]uint64{} && c.name != "empty" && c.name != "foreign" && c.name != "future version" && c.name != "header bit flip" {
+			if w := lab.Slots(b, i); w != [8]uint64{} && c.name != "empty" && c.name != "foreign" && c.name != "future version" && c.name != "header bit flip" && c.name != "unknown hash code" {
 				t.Fatalf("%s: a failed restore left bucket %d: %x", c.name, i, w)
 			}
 		}
@@ -213,8 +242,8 @@ func TestSnapshotUnderConcurrentObserve(t *testing.T) {
 			t.Fatalf("a snapshot taken under writers does not restore: %v", err)
 		}
 		for i := range 1024 {
-			for _, w := range inspect.Slots(b, i) {
-				if _, _, c := inspect.Fields(w); w != 0 && c == 0 {
+			for _, w := range lab.Slots(b, i) {
+				if _, _, c := lab.Fields(w); w != 0 && c == 0 {
 					t.Fatalf("a torn word: %x", w)
 				}
 			}
@@ -298,6 +327,52 @@ func TestSaveAndLoadFile(t *testing.T) {
 	}
 	if e := c.Estimate("key1"); e != 0 {
 		t.Errorf("a refused file left state: Estimate %d", e)
+	}
+}
+
+// LoadFrom restores a snapshot from the middle of a stream of the caller's,
+// says what it held, and leaves the reader just after it.
+func TestLoadFromStream(t *testing.T) {
+	cfg := snapCfg(11)
+	cfg.Clock = epochsketch.NewManualClock(t0)
+	a := epochsketch.New(cfg)
+	fill(a, 100)
+	var stream bytes.Buffer
+	stream.WriteString("HEAD")
+	a.WriteTo(&stream)
+	a.WriteTo(&stream)
+	stream.WriteString("TAIL")
+	r := bytes.NewReader(stream.Bytes())
+	r.Seek(4, io.SeekStart)
+
+	fresh := epochsketch.NewManualClock(t0.Add(2 * time.Second))
+	cfg.Clock = fresh
+	b := epochsketch.New(cfg)
+	info, err := b.LoadFrom(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Saved.Equal(t0) || info.Live == 0 || info.Expired != 0 || b.Estimate("key39") == 0 {
+		t.Errorf("the first snapshot: %+v, key39 reads %d", info, b.Estimate("key39"))
+	}
+	// The second copy, restored 30 ticks later: every slot has evaporated.
+	cfg.Clock = epochsketch.NewManualClock(t0.Add(30 * time.Second))
+	c := epochsketch.New(cfg)
+	late, err := c.LoadFrom(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late.Live != 0 || late.Expired != info.Live {
+		t.Errorf("30 ticks later: %+v, want every one of the %d live slots expired", late, info.Live)
+	}
+	if rest, _ := io.ReadAll(r); string(rest) != "TAIL" {
+		t.Errorf("LoadFrom left %q in the stream, want the caller's TAIL", rest)
+	}
+	// A stream cut inside a snapshot is an error, and the sketch stays empty.
+	d := epochsketch.New(cfg)
+	cut := stream.Bytes()[4 : 4+2000]
+	if _, err := d.LoadFrom(bytes.NewReader(cut)); !errors.Is(err, io.ErrUnexpectedEOF) || d.Estimate("key39") != 0 {
+		t.Errorf("a cut stream: %v, key39 reads %d", err, d.Estimate("key39"))
 	}
 }
 
@@ -427,7 +502,7 @@ func FuzzSnapshot(f *testing.F) {
 		s := epochsketch.New(epochsketch.Config{NumBuckets: 2, TickDuration: time.Second, Hash: epochsketch.HashWyhash, Seed: 1})
 		if _, err := s.ReadFrom(bytes.NewReader(data)); err != nil {
 			for i := range 2 {
-				if inspect.Slots(s, i) != [8]uint64{} {
+				if lab.Slots(s, i) != [8]uint64{} {
 					t.Fatal("a failed restore left state")
 				}
 			}

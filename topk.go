@@ -91,31 +91,31 @@ func NewTopKFor(s *Sketch, k int) *TopK {
 	if s == nil {
 		panic("epochsketch: NewTopKFor needs a Sketch")
 	}
-	t := NewTopK(k)
-	t.sk = s
-	return t
+	tk := NewTopK(k)
+	tk.sk = s
+	return tk
 }
 
 // Observe observes key in the bound sketch and offers the estimate: one call
 // for Sketch.Observe and Offer. It panics on a TopK from NewTopK.
-func (t *TopK) Observe(key string) (estimate uint32, first bool) {
-	s := t.bound()
+func (tk *TopK) Observe(key string) (estimate uint32, first bool) {
+	s := tk.bound()
 	now := s.now()
 	estimate, first = s.observe(s.h.str(key), now, 1)
-	if !skipCrossing(estimate, 1, t.floorAt(now)) {
-		t.offer(key, nil, estimate, now)
+	if !skipCrossing(estimate, 1, tk.floorAt(now)) {
+		tk.offer(key, nil, estimate, now)
 	}
 	return estimate, first
 }
 
 // ObserveBytes is Observe for a key held in a byte slice; the key is copied
 // only when it enters.
-func (t *TopK) ObserveBytes(key []byte) (estimate uint32, first bool) {
-	s := t.bound()
+func (tk *TopK) ObserveBytes(key []byte) (estimate uint32, first bool) {
+	s := tk.bound()
 	now := s.now()
 	estimate, first = s.observe(s.h.bytes(key), now, 1)
-	if !skipCrossing(estimate, 1, t.floorAt(now)) {
-		t.offer("", key, estimate, now)
+	if !skipCrossing(estimate, 1, tk.floorAt(now)) {
+		tk.offer("", key, estimate, now)
 	}
 	return estimate, first
 }
@@ -123,74 +123,74 @@ func (t *TopK) ObserveBytes(key []byte) (estimate uint32, first bool) {
 // ObserveN is the explicit form of Observe, as Sketch.ObserveN is of
 // Sketch.Observe: n occurrences of key at time t (the zero t means the
 // sketch's clock), then the offer. n == 0 records and offers nothing.
-func (t *TopK) ObserveN(tm time.Time, key string, n uint32) (estimate uint32, first bool) {
-	return t.observeN(tm, key, nil, n)
+func (tk *TopK) ObserveN(t time.Time, key string, n uint32) (estimate uint32, first bool) {
+	return tk.observeN(t, key, nil, n)
 }
 
 // ObserveBytesN is ObserveN for a key held in a byte slice; the key is copied
 // only when it enters.
-func (t *TopK) ObserveBytesN(tm time.Time, key []byte, n uint32) (estimate uint32, first bool) {
-	return t.observeN(tm, "", key, n)
+func (tk *TopK) ObserveBytesN(t time.Time, key []byte, n uint32) (estimate uint32, first bool) {
+	return tk.observeN(t, "", key, n)
 }
 
-// observeN observes key (the string, or b when b is not nil) n times at tm.
-func (t *TopK) observeN(tm time.Time, key string, b []byte, n uint32) (uint32, bool) {
-	s := t.bound()
+// observeN observes key (the string, or b when b is not nil) n times at t.
+func (tk *TopK) observeN(t time.Time, key string, b []byte, n uint32) (uint32, bool) {
+	s := tk.bound()
 	h := s.h.str(key)
 	if b != nil {
 		h = s.h.bytes(b)
 	}
 	if n == 0 {
-		return s.observeN(tm, h, 0)
+		return s.observeN(t, h, 0)
 	}
-	now := s.writeAt(tm)
+	now := s.writeAt(t)
 	estimate, first := s.observe(h, now, min(n, countMax))
-	if !skipCrossing(estimate, n, t.floorAt(now)) {
-		t.offer(key, b, estimate, now)
+	if !skipCrossing(estimate, n, tk.floorAt(now)) {
+		tk.offer(key, b, estimate, now)
 	}
 	return estimate, first
 }
 
-func (t *TopK) bound() *Sketch {
-	if t.sk == nil {
+func (tk *TopK) bound() *Sketch {
+	if tk.sk == nil {
 		panic("epochsketch: TopK.Observe needs a TopK bound to a sketch (NewTopKFor)")
 	}
-	return t.sk
+	return tk.sk
 }
 
 // now is the bound sketch's current tick for reading, or 0.
-func (t *TopK) now() int64 {
-	if t.sk == nil {
+func (tk *TopK) now() int64 {
+	if tk.sk == nil {
 		return 0
 	}
-	return t.sk.peekNow()
+	return tk.sk.peekNow()
 }
 
 // Offer records key's latest estimate, as of the bound sketch's current
 // tick (a TopK from NewTopK has no ticks).
-func (t *TopK) Offer(key string, estimate uint32) {
-	now := t.now()
-	if skip(estimate, t.floorAt(now)) {
+func (tk *TopK) Offer(key string, estimate uint32) {
+	now := tk.now()
+	if skip(estimate, tk.floorAt(now)) {
 		return
 	}
-	t.offer(key, nil, estimate, now)
+	tk.offer(key, nil, estimate, now)
 }
 
 // OfferBytes is Offer for a key in a byte slice; the key is copied only when
 // it enters.
-func (t *TopK) OfferBytes(key []byte, estimate uint32) {
-	now := t.now()
-	if skip(estimate, t.floorAt(now)) {
+func (tk *TopK) OfferBytes(key []byte, estimate uint32) {
+	now := tk.now()
+	if skip(estimate, tk.floorAt(now)) {
 		return
 	}
-	t.offer("", key, estimate, now)
+	tk.offer("", key, estimate, now)
 }
 
 // floorAt is the smallest entry's estimate decayed to tick now, or 0 if the
 // TopK is not full.
-func (t *TopK) floorAt(now int64) uint32 {
-	tick := t.floorTick.Load()
-	return decayed(t.floorCount.Load(), now-tick)
+func (tk *TopK) floorAt(now int64) uint32 {
+	tick := tk.floorTick.Load()
+	return decayed(tk.floorCount.Load(), now-tick)
 }
 
 // skip reports whether an offer can be dropped without taking the lock: it
@@ -215,72 +215,72 @@ func skipCrossing(estimate, weight, floor uint32) bool {
 }
 
 // offer takes the lock and records (key or bkey) at estimate, tick now.
-func (t *TopK) offer(key string, bkey []byte, estimate uint32, now int64) {
-	t.mu.Lock()
+func (tk *TopK) offer(key string, bkey []byte, estimate uint32, now int64) {
+	tk.mu.Lock()
 	if bkey != nil {
-		if i, ok := t.index[string(bkey)]; ok { // a map lookup by string(b) does not allocate
-			t.update(i, estimate, now)
+		if i, ok := tk.index[string(bkey)]; ok { // a map lookup by string(b) does not allocate
+			tk.update(i, estimate, now)
 		} else {
-			t.insert(string(bkey), estimate, now)
+			tk.insert(string(bkey), estimate, now)
 		}
-	} else if i, ok := t.index[key]; ok {
-		t.update(i, estimate, now)
+	} else if i, ok := tk.index[key]; ok {
+		tk.update(i, estimate, now)
 	} else {
-		t.insert(key, estimate, now)
+		tk.insert(key, estimate, now)
 	}
-	t.mu.Unlock()
+	tk.mu.Unlock()
 }
 
-func (t *TopK) update(i int, estimate uint32, now int64) {
-	e := &t.heap[i]
+func (tk *TopK) update(i int, estimate uint32, now int64) {
+	e := &tk.heap[i]
 	if now < e.tick { // a late offer: read it at the entry's tick
 		estimate, now = decayed(estimate, e.tick-now), e.tick
 	}
 	e.count, e.tick = estimate, now
-	t.up(i)
-	t.down(i)
-	t.setFloor()
+	tk.up(i)
+	tk.down(i)
+	tk.setFloor()
 }
 
-func (t *TopK) insert(key string, estimate uint32, now int64) {
+func (tk *TopK) insert(key string, estimate uint32, now int64) {
 	e := topEntry{key, estimate, now}
 	switch {
-	case len(t.heap) < t.k:
-		t.heap = append(t.heap, e)
-		t.index[key] = len(t.heap) - 1
-		t.up(len(t.heap) - 1)
-	case lessEntry(&t.heap[0], &e):
-		delete(t.index, t.heap[0].key)
-		t.heap[0] = e
-		t.index[key] = 0
-		t.down(0)
+	case len(tk.heap) < tk.k:
+		tk.heap = append(tk.heap, e)
+		tk.index[key] = len(tk.heap) - 1
+		tk.up(len(tk.heap) - 1)
+	case lessEntry(&tk.heap[0], &e):
+		delete(tk.index, tk.heap[0].key)
+		tk.heap[0] = e
+		tk.index[key] = 0
+		tk.down(0)
 	}
-	t.setFloor()
+	tk.setFloor()
 }
 
 // setFloor publishes the smallest entry once the TopK is full: below it,
 // decayed to the offer's tick, an offer cannot change anything.
-func (t *TopK) setFloor() {
-	if len(t.heap) == t.k {
-		m := &t.heap[0]
-		t.floorCount.Store(0)
-		t.floorTick.Store(m.tick)
-		t.floorCount.Store(m.count)
+func (tk *TopK) setFloor() {
+	if len(tk.heap) == tk.k {
+		m := &tk.heap[0]
+		tk.floorCount.Store(0)
+		tk.floorTick.Store(m.tick)
+		tk.floorCount.Store(m.count)
 	}
 }
 
 // List returns the entries with their estimates decayed to now, largest
 // first (ties by key); entries that decayed to 0 are left out.
-func (t *TopK) List() []TopEntry {
-	now := t.now()
-	t.mu.Lock()
-	out := make([]TopEntry, 0, len(t.heap))
-	for i := range t.heap {
-		if v := t.heap[i].at(max(now, t.heap[i].tick)); v > 0 {
-			out = append(out, TopEntry{t.heap[i].key, v})
+func (tk *TopK) List() []TopEntry {
+	now := tk.now()
+	tk.mu.Lock()
+	out := make([]TopEntry, 0, len(tk.heap))
+	for i := range tk.heap {
+		if v := tk.heap[i].at(max(now, tk.heap[i].tick)); v > 0 {
+			out = append(out, TopEntry{tk.heap[i].key, v})
 		}
 	}
-	t.mu.Unlock()
+	tk.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Estimate != out[j].Estimate {
 			return out[i].Estimate > out[j].Estimate
@@ -291,10 +291,10 @@ func (t *TopK) List() []TopEntry {
 }
 
 // Len returns the number of entries (at most k).
-func (t *TopK) Len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.heap)
+func (tk *TopK) Len() int {
+	tk.mu.Lock()
+	defer tk.mu.Unlock()
+	return len(tk.heap)
 }
 
 // lessEntry orders entries by their estimates decayed to the later of their
@@ -305,39 +305,39 @@ func lessEntry(a, b *topEntry) bool {
 	return a.at(now) < b.at(now)
 }
 
-func (t *TopK) less(i, j int) bool { return lessEntry(&t.heap[i], &t.heap[j]) }
+func (tk *TopK) less(i, j int) bool { return lessEntry(&tk.heap[i], &tk.heap[j]) }
 
-func (t *TopK) swap(i, j int) {
-	t.heap[i], t.heap[j] = t.heap[j], t.heap[i]
-	t.index[t.heap[i].key] = i
-	t.index[t.heap[j].key] = j
+func (tk *TopK) swap(i, j int) {
+	tk.heap[i], tk.heap[j] = tk.heap[j], tk.heap[i]
+	tk.index[tk.heap[i].key] = i
+	tk.index[tk.heap[j].key] = j
 }
 
-func (t *TopK) up(i int) {
+func (tk *TopK) up(i int) {
 	for i > 0 {
 		p := (i - 1) / 2
-		if !t.less(i, p) {
+		if !tk.less(i, p) {
 			return
 		}
-		t.swap(i, p)
+		tk.swap(i, p)
 		i = p
 	}
 }
 
-func (t *TopK) down(i int) {
-	n := len(t.heap)
+func (tk *TopK) down(i int) {
+	n := len(tk.heap)
 	for {
 		c := 2*i + 1
 		if c >= n {
 			return
 		}
-		if c+1 < n && t.less(c+1, c) {
+		if c+1 < n && tk.less(c+1, c) {
 			c++
 		}
-		if !t.less(c, i) {
+		if !tk.less(c, i) {
 			return
 		}
-		t.swap(i, c)
+		tk.swap(i, c)
 		i = c
 	}
 }

@@ -20,12 +20,12 @@ const (
 	maxTopKey  = 1 << 20 // a key longer than 1 MiB is damage, not a key
 )
 
-// WriteTo writes a snapshot of t's entries to w. It implements io.WriterTo.
-func (t *TopK) WriteTo(w io.Writer) (int64, error) {
-	t.mu.Lock()
-	entries := append([]topEntry(nil), t.heap...)
-	k := t.k
-	t.mu.Unlock()
+// WriteTo writes a snapshot of tk's entries to w. It implements io.WriterTo.
+func (tk *TopK) WriteTo(w io.Writer) (int64, error) {
+	tk.mu.Lock()
+	entries := append([]topEntry(nil), tk.heap...)
+	k := tk.k
+	tk.mu.Unlock()
 	cw := &crcWriter{w: w}
 	bw := bufio.NewWriter(cw)
 	bw.WriteString(topMagic)
@@ -85,10 +85,10 @@ func (c *crcReader) ReadByte() (byte, error) {
 	return b, err
 }
 
-// ReadFrom replaces t's entries with a snapshot's. The snapshot's k must be
-// at most t's. On error t is unchanged. It implements io.ReaderFrom; it
+// ReadFrom replaces tk's entries with a snapshot's. The snapshot's k must be
+// at most tk's. On error tk is unchanged. It implements io.ReaderFrom; it
 // reads exactly the snapshot, no further.
-func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
+func (tk *TopK) ReadFrom(r io.Reader) (int64, error) {
 	cr := &crcReader{r: bufio.NewReaderSize(oneByteAtATime{r}, 16)}
 	fail := func(format string, a ...any) (int64, error) { return cr.n, snapErr("TopK: "+format, a...) }
 	// failRead reports a read that failed: truncation, or the reader's own
@@ -105,7 +105,7 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	if version < 1 || version > topVersion {
 		return fail("format version %d, this build reads 1 to %d", version, topVersion)
 	}
-	now := t.now() // a version 1 entry's tick
+	now := tk.now() // a version 1 entry's tick
 	k, err := binary.ReadUvarint(cr)
 	if err != nil {
 		return failRead(err, "k")
@@ -114,8 +114,8 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	if err != nil {
 		return failRead(err, "the entry count")
 	}
-	if n > k || k > uint64(t.k) {
-		return fail("%d entries of k = %d do not fit a TopK of k = %d", n, k, t.k)
+	if n > k || k > uint64(tk.k) {
+		return fail("%d entries of k = %d do not fit a TopK of k = %d", n, k, tk.k)
 	}
 	entries := make([]topEntry, 0, n)
 	for range n {
@@ -153,22 +153,22 @@ func (t *TopK) ReadFrom(r io.Reader) (int64, error) {
 	if binary.LittleEndian.Uint32(tr[:]) != want {
 		return fail("checksum mismatch: the snapshot is damaged")
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.heap = t.heap[:0]
-	clear(t.index)
-	t.floorCount.Store(0)
+	tk.mu.Lock()
+	defer tk.mu.Unlock()
+	tk.heap = tk.heap[:0]
+	clear(tk.index)
+	tk.floorCount.Store(0)
 	for _, e := range entries {
-		if _, dup := t.index[e.key]; dup {
+		if _, dup := tk.index[e.key]; dup {
 			continue
 		}
-		t.insert(e.key, e.count, e.tick)
+		tk.insert(e.key, e.count, e.tick)
 	}
 	return cr.n + 4, nil
 }
 
 // oneByteAtATime keeps a bufio.Reader from reading past the snapshot's end
-// when t.ReadFrom shares a stream with what follows.
+// when tk.ReadFrom shares a stream with what follows.
 type oneByteAtATime struct{ r io.Reader }
 
 func (o oneByteAtATime) Read(p []byte) (int, error) {

@@ -2,53 +2,20 @@
 
 package epochsketch
 
+import "github.com/epochsketch/epochsketch/internal/lab"
+
 // traceOn is true in trace builds (-tags epochsketch_trace), which report each
-// step of every Observe to the function set by SetTracer. They exist for the
-// browser simulator and for tests; production builds leave the tag off and
-// pay nothing.
-const traceOn = true
+// step of every Observe to the function set by internal/lab's SetTracer. They
+// exist for the browser simulator and for tests; production builds leave the
+// tag off and pay nothing.
+const traceOn = lab.Traced
 
-// TraceEvent is one step of an Observe, in trace builds only.
-type TraceEvent = traceEvent
-
-// TraceOp names a step; its String method gives the simulator's names.
-type TraceOp = traceOp
-
-// The steps, in the order an Observe can take them.
-const (
-	TraceStart     = traceStart
-	TraceFast      = traceFast
-	TraceReload    = traceReload
-	TraceScrub     = traceScrub
-	TraceRefresh   = traceRefresh
-	TraceClaim     = traceClaim
-	TraceLottery   = traceLottery
-	TraceBounce    = traceBounce
-	TraceTakeover  = traceTakeover
-	TraceChip      = traceChip
-	TraceDrain     = traceDrain
-	TraceExhausted = traceExhausted
-	TraceResult    = traceResult
-)
-
-var tracer func(TraceEvent)
-
-// SetTracer makes f receive every step of every Observe of every Sketch in
-// the process, in trace builds only; nil turns tracing off. It is meant for a
-// single-threaded simulator: set it before any Observe runs, and do not call
-// it concurrently with Observe.
-func SetTracer(f func(TraceEvent)) { tracer = f }
-
-func emit(ev traceEvent) {
-	if tracer != nil {
-		tracer(ev)
-	}
-}
+func emit(ev traceEvent) { lab.Emit(ev) }
 
 // chipWinsTraced is chipWins, reporting the draw.
 func (s *Sketch) chipWinsTraced(h, victim uint64, eff uint32) bool {
-	ev := traceEvent{Op: traceLottery, Slot: -1, Old: victim, Est: eff}
-	if s.lottery == LotteryHeavyKeeper {
+	ev := traceEvent{Op: lab.Lottery, Slot: -1, Old: victim, Est: eff}
+	if s.lottery == lotteryHeavyKeeper {
 		if int(eff) < len(hkThreshold) {
 			ev.Draw, ev.Bound = s.salt(), hkThreshold[eff]
 			ev.OK = ev.Draw < ev.Bound
@@ -78,7 +45,7 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	if !s.twoChoice {
 		home = homeOf(h)
 	}
-	emit(traceEvent{Op: traceStart, Slot: home, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
+	emit(traceEvent{Op: lab.Start, Slot: home, Tick: now, Hash: h, Tag: tagFrom(h), Bucket: int(v.shard), Second: second})
 	if !s.twoChoice {
 		var lost int
 		var miss bool
@@ -88,6 +55,6 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	} else {
 		est, first = s.observeView(h, now, wt)
 	}
-	emit(traceEvent{Op: traceResult, Slot: -1, Tick: s.clk.hw.Load(), Est: est, First: first})
+	emit(traceEvent{Op: lab.Result, Slot: -1, Tick: s.clk.hw.Load(), Est: est, First: first})
 	return est, first
 }

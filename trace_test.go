@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
+	"github.com/epochsketch/epochsketch/internal/lab"
 
 	"github.com/epochsketch/epochsketch"
 )
@@ -17,7 +17,7 @@ import (
 // does). The whole suite also runs in the trace build there, so the traced
 // Observe is checked against the reference model like the normal one.
 
-type recorder struct{ evs []epochsketch.TraceEvent }
+type recorder struct{ evs []lab.Event }
 
 func (r *recorder) ops() string {
 	var s []string
@@ -29,8 +29,8 @@ func (r *recorder) ops() string {
 
 func traced(t *testing.T) *recorder {
 	r := &recorder{}
-	epochsketch.SetTracer(func(ev epochsketch.TraceEvent) { r.evs = append(r.evs, ev) })
-	t.Cleanup(func() { epochsketch.SetTracer(nil) })
+	lab.SetTracer(func(ev lab.Event) { r.evs = append(r.evs, ev) })
+	t.Cleanup(func() { lab.SetTracer(nil) })
 	return r
 }
 
@@ -41,14 +41,14 @@ func (r *recorder) observe(sk *epochsketch.Sketch, key string) (uint32, bool) {
 
 func TestTracePhases(t *testing.T) {
 	r := traced(t)
-	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: epochsketch.LotteryChip})
+	sk, _ := newManualLottery(t, epochsketch.Config{NumBuckets: 1}, chip)
 
 	est, first := r.observe(sk, "a")
 	if got := r.ops(); got != "start,claim,result" {
 		t.Fatalf("new key: %s", got)
 	}
 	start, claim, res := r.evs[0], r.evs[1], r.evs[2]
-	_, _, tag := inspect.Locate(sk, "a")
+	_, _, tag := lab.Locate(sk, "a")
 	if start.Tag != tag || start.Bucket != 0 || start.Second != -1 {
 		t.Errorf("start %+v: want tag %04x in bucket 0", start, tag)
 	}
@@ -57,8 +57,8 @@ func TestTracePhases(t *testing.T) {
 	if home := int(sk.HashString("a") >> 13 & 7); start.Slot != home || claim.Slot != home {
 		t.Errorf("start slot %d, claim slot %d: want the home slot %d for both", start.Slot, claim.Slot, home)
 	}
-	if !claim.OK || claim.Old != 0 || claim.New != inspect.Slots(sk, 0)[claim.Slot] {
-		t.Errorf("claim %+v: want 0 -> the slot's word %016x", claim, inspect.Slots(sk, 0)[claim.Slot])
+	if !claim.OK || claim.Old != 0 || claim.New != lab.Slots(sk, 0)[claim.Slot] {
+		t.Errorf("claim %+v: want 0 -> the slot's word %016x", claim, lab.Slots(sk, 0)[claim.Slot])
 	}
 	if res.Est != est || res.First != first || est != 1 || !first {
 		t.Errorf("result %+v, Observe returned (%d, %v)", res, est, first)
@@ -84,16 +84,16 @@ func TestTracePhases(t *testing.T) {
 	if got := r.ops(); got != "start,lottery,chip,result" {
 		t.Fatalf("full bucket of light keys: %s", got)
 	}
-	lot, chip := r.evs[1], r.evs[2]
+	lot, chipped := r.evs[1], r.evs[2]
 	if !lot.Sure || !lot.OK || lot.Est != 3 {
 		t.Errorf("lottery %+v: want a sure chip against a count of 3", lot)
 	}
-	if !chip.OK || chip.New != chip.Old-1 || inspect.Slots(sk, 0)[chip.Slot] != chip.New {
-		t.Errorf("chip %+v: want the weakest one lower", chip)
+	if !chipped.OK || chipped.New != chipped.Old-1 || lab.Slots(sk, 0)[chipped.Slot] != chipped.New {
+		t.Errorf("chipped %+v: want the weakest one lower", chipped)
 	}
 
 	// Heavy keys (600 counts: the mask is 66 bits wide) never lose a count.
-	heavy, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Lottery: epochsketch.LotteryChip})
+	heavy, _ := newManualLottery(t, epochsketch.Config{NumBuckets: 1}, chip)
 	for i := range 8 {
 		for range 600 {
 			heavy.Observe(fmt.Sprint("h", i))
@@ -127,7 +127,7 @@ func TestTraceScrubAndHeavyKeeper(t *testing.T) {
 	for range 50 {
 		r.observe(sk, "challenger")
 		for _, ev := range r.evs {
-			if ev.Op == epochsketch.TraceLottery && ev.OK != (ev.Draw < ev.Bound) {
+			if ev.Op == lab.Lottery && ev.OK != (ev.Draw < ev.Bound) {
 				t.Fatalf("lottery %+v: OK must be Draw < Bound", ev)
 			}
 		}
@@ -135,14 +135,14 @@ func TestTraceScrubAndHeavyKeeper(t *testing.T) {
 }
 
 func TestTraceOffAndTwoChoice(t *testing.T) {
-	epochsketch.SetTracer(nil)
+	lab.SetTracer(nil)
 	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 4, TwoChoice: true})
 	if e, f := sk.Observe("x"); e != 1 || !f {
 		t.Fatal("untraced Observe in a trace build")
 	}
 	r := traced(t)
 	r.observe(sk, "x")
-	b, b2, _ := inspect.Locate(sk, "x")
+	b, b2, _ := lab.Locate(sk, "x")
 	if got := r.ops(); got != "start,fast-refresh,result" || r.evs[0].Bucket != b || r.evs[0].Second != b2 {
 		t.Fatalf("two-choice: %s, start %+v, want buckets %d and %d", got, r.evs[0], b, b2)
 	}

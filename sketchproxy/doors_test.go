@@ -22,6 +22,8 @@ func TestCanonicalHost(t *testing.T) {
 		{"api.example.com:8080", "api.example.com:8080", "api.example.com"},
 		{"api.example.com.:80", "api.example.com:80", "api.example.com"},
 		{"api.example.com:", "api.example.com", "api.example.com"},
+		{"B.Example.:0080", "b.example:80", "b.example"},
+		{"b.example:00000", "b.example:0", "b.example"},
 		{"127.0.0.1:9090", "127.0.0.1:9090", "127.0.0.1"},
 		{"[::1]:80", "[::1]:80", "[::1]"},
 		{"[2001:DB8:0:0::1]", "[2001:db8::1]", "[2001:db8::1]"},
@@ -117,8 +119,10 @@ func TestHostSentCanonical(t *testing.T) {
 	}
 }
 
-// CONNECT is refused, whatever the rules; HEAD is judged as GET; OPTIONS *
-// by rules for "/".
+// CONNECT and TRACE are refused, whatever the rules, and so is a method in
+// lower case (some upstreams serve "get" as GET); HEAD is judged as GET;
+// OPTIONS * by rules for "/" (when a server passes it on at all: Go's
+// answers it itself).
 func TestMethods(t *testing.T) {
 	h := newHarness(t, `rules:
   - name: root
@@ -133,6 +137,15 @@ func TestMethods(t *testing.T) {
 	r.URL.Path, r.RequestURI, r.Host = "", "internal.example:22", "internal.example:22"
 	if w := h.do(r); w.Code != http.StatusMethodNotAllowed || h.upstream.Load() != 0 {
 		t.Errorf("CONNECT: %d, upstream reached %d times; want 405 and never", w.Code, h.upstream.Load())
+	}
+	for _, c := range []struct {
+		method string
+		code   int
+	}{{"TRACE", 405}, {"get", 400}, {"head", 400}, {"Get", 400}} {
+		r := httptest.NewRequest(c.method, "http://x/a", nil)
+		if w := h.do(r); w.Code != c.code || h.upstream.Load() != 0 {
+			t.Errorf("%s: %d, upstream reached %d times; want %d and never", c.method, w.Code, h.upstream.Load(), c.code)
+		}
 	}
 	head := func(k string) int {
 		r := httptest.NewRequest("HEAD", "http://x/a", nil)
@@ -157,7 +170,7 @@ func TestMethods(t *testing.T) {
 // Spellings that some upstreams fold onto /api/x count against /api/ rules;
 // they are forwarded as sent.
 func TestPathSpellingsFolded(t *testing.T) {
-	for _, p := range []string{"/api;/x", "/api;jsessionid=1/x", "/api./x", "/api%20/x", "/API/x", "/api.%20/x", "//api/./x"} {
+	for _, p := range []string{"/api;/x", "/api;jsessionid=1/x", "/api./x", "/api%20/x", "/API/x", "/api.%20/x", "//api/./x", "/api::$DATA/x", "/api:/x", "/api::$INDEX_ALLOCATION/x"} {
 		t.Run(p, func(t *testing.T) {
 			h := newHarness(t, "rules:\n  - match: {path_prefix: /api/}\n    limits: [{requests: 1, per: 1m}]\n")
 			if a, b := h.reqPath(p).Code, h.reqPath(p).Code; a != 200 || b != 429 {
@@ -173,6 +186,7 @@ func TestPathSpellingsFolded(t *testing.T) {
 		{"/.../x", "/.../x"},
 		{"/a/.. /b", "/b"},
 		{"/;x/api", "/api"},
+		{"/v1/things:batchGet", "/v1/things"},
 		{"/api/", "/api/"},
 	} {
 		if got := loosePath(c.in); got != c.want {
@@ -281,7 +295,9 @@ func TestForwardAuthPassableStatus(t *testing.T) {
 		want string
 	}{
 		{"encoded slash", map[string]string{"X-Original-Method": "GET", "X-Original-Uri": "/a%2Fb", "X-Original-Host": "h"}, "403 400"},
-		{"no host", map[string]string{"X-Original-Method": "GET", "X-Original-Uri": "/a"}, "403 400"},
+		{"control byte", map[string]string{"X-Original-Method": "GET", "X-Original-Uri": "/a%01", "X-Original-Host": "h"}, "403 400"},
+		{"lower-case method", map[string]string{"X-Original-Method": "get", "X-Original-Uri": "/a", "X-Original-Host": "h"}, "403 400"},
+		{"no host (HTTP/1.0): judged by every host rule", map[string]string{"X-Original-Method": "GET", "X-Original-Uri": "/a"}, "200 "},
 		{"connect", map[string]string{"X-Original-Method": "CONNECT", "X-Original-Uri": "/a", "X-Original-Host": "h"}, "403 405"},
 		{"fine", map[string]string{"X-Original-Method": "GET", "X-Original-Uri": "/a", "X-Original-Host": "h"}, "200 "},
 	} {
@@ -399,6 +415,8 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 			w.Write(k.jwks)
 		case "empty":
 			w.Write([]byte(`{"keys":[]}`))
+		case "broken": // parses, but its one key cannot verify anything
+			w.Write([]byte(`{"keys":[{"kty":"RSA","kid":"k1","n":"zz","e":"AQAB"}]}`))
 		case "fail":
 			http.Error(w, "down", http.StatusInternalServerError)
 		case "hang":
@@ -408,10 +426,11 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 	defer jwks.Close()
 	defer close(release)
 	setMode := func(m string) { <-mode; mode <- m }
-	yaml := func(leeway string) string {
-		return fmt.Sprintf("jwt: {jwks_url: %q, leeway: %s}\nrules:\n  - key: [\"jwt:sub\"]\n    limits: [{requests: 100, per: 1m}]\n", jwks.URL, leeway)
+	yaml := func(more string) string {
+		return fmt.Sprintf("jwt: {jwks_url: %q%s}\nrules:\n  - key: [\"jwt:sub\"]\n    limits: [{requests: 100, per: 1m}]\n", jwks.URL, more)
 	}
-	h := newHarness(t, yaml("30s"))
+	h := newHarness(t, yaml(""))
+	h.mw.state.Load().jwt.jwks.spacing.Store(0) // fetches as fast as the test kicks them
 	<-hits
 	tok := k.sign(t, jwt.SigningMethodRS256, k.rsa, jwt.MapClaims{"sub": "alice", "exp": time.Now().Add(time.Hour).Unix()})
 	ok := func(when string) {
@@ -424,16 +443,27 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 	setMode("fail")
 	var cfg *Config
 	var err error
-	for _, leeway := range []string{"30s", "10s"} { // unchanged, then another leeway: the same URL
-		cfg, err = ParseConfig("t.yaml", []byte(yaml(leeway)))
+	// Unchanged, another leeway, another refresh interval (the same URL),
+	// then another URL that fails: the keys stay until it answers.
+	for _, more := range []string{"", ", leeway: 10s", ", jwks_refresh: 2m", ", jwks_refresh: 2m, leeway: 0s"} {
+		cfg, err = ParseConfig("t.yaml", []byte(yaml(more)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := h.mw.Reload(cfg); err != nil {
 			t.Fatal(err)
 		}
-		ok("after a reload with the JWKS down, leeway " + leeway)
+		ok("after a reload with the JWKS down, and " + more)
 	}
+	cfg, err = ParseConfig("t.yaml", []byte(strings.Replace(yaml(""), jwks.URL, jwks.URL+"/moved", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.mw.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	h.mw.state.Load().jwt.jwks.spacing.Store(0)
+	ok("after a reload to another JWKS URL that fails")
 	// A token naming a key the set lacks asks for a fetch; an empty set
 	// fetched then replaces nothing.
 	setMode("empty")
@@ -461,6 +491,25 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	ok("after an empty key set was fetched")
+	// A set that parses but holds no usable key replaces nothing either.
+	setMode("broken")
+	moved := h.mw.state.Load().jwt.jwks
+	moved.kick <- struct{}{}
+	for m := ""; m != "broken"; {
+		select {
+		case m = <-hits:
+		case <-time.After(60 * time.Second):
+			t.Fatal("no fetch of the broken set")
+		}
+	}
+	moved.kick <- struct{}{} // taken once the broken set was judged
+	for deadline := time.Now().Add(60 * time.Second); len(moved.kick) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the fetch loop did not go on")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ok("after a broken key set was fetched")
 
 	// A hanging JWKS at the start: New returns at once, and a request is
 	// refused at once rather than held.
@@ -480,5 +529,53 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 	mw.ServeHTTP(w, r) // the endpoint hangs until the test ends: returning at all is the check
 	if w.Code != 401 || !strings.Contains(w.Body.String(), "not been fetched") {
 		t.Errorf("before the first fetch: %d %s", w.Code, w.Body)
+	}
+}
+
+// A reload that moves the check off the proxy's listener, or removes it,
+// leaves its path answered by the check there until a restart: never
+// handed to the app.
+func TestCheckPathSurvivesReload(t *testing.T) {
+	h := newHarness(t, "client_ip: {trusted_proxies: [127.0.0.1/32]}\nforward_auth: {gateway: caddy}\nrules:\n  - limits: [{requests: 100, per: 1m}]\n")
+	for _, next := range []string{
+		"forward_auth: {gateway: caddy, listen: \"127.0.0.1:0\"}\n",
+		"forward_auth: {gateway: caddy, path: /auth}\n",
+		"",
+	} {
+		cfg, err := ParseConfig("t.yaml", []byte("client_ip: {trusted_proxies: [127.0.0.1/32]}\n"+next+"rules:\n  - limits: [{requests: 100, per: 1m}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.mw.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{"/check?x", "//check"} {
+			r := httptest.NewRequest("GET", "http://x"+p, nil)
+			r.RemoteAddr = "127.0.0.1:5555"
+			r.Header.Set("X-Forwarded-Method", "GET")
+			r.Header.Set("X-Forwarded-Uri", "/api/x")
+			h.do(r)
+		}
+		if n := h.upstream.Load(); n != 0 {
+			t.Fatalf("after a reload to %q, the old check path reached the app %d times", next, n)
+		}
+	}
+}
+
+// A file's negative value for a field whose 0 means none is an error; an
+// empty one is a field left out.
+func TestZerosInFiles(t *testing.T) {
+	for _, bad := range []string{"server: {upstream_timeout: -5s}", "new_keys: {warmup: -1m}", "tarpit: {max_delay: -2s}", "tarpit: {max_held: -7}"} {
+		_, err := ParseConfig("t.yaml", []byte(bad+"\nrules:\n  - limits: [{requests: 1, per: 1s}]\n"))
+		if err == nil || !strings.Contains(err.Error(), "want 0 (none) or more") {
+			t.Errorf("%s: %v, want an error", bad, err)
+		}
+	}
+	c, err := ParseConfig("t.yaml", []byte("server: {upstream_timeout: }\ntarpit:\n  max_held:\nrules:\n  - limits: [{requests: 1, per: 1s}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Server.UpstreamTimeout != Duration(time.Minute) || c.Tarpit.MaxHeld != 256 {
+		t.Errorf("empty fields: upstream_timeout %v, max_held %d; want the defaults", c.Server.UpstreamTimeout, c.Tarpit.MaxHeld)
 	}
 }

@@ -214,18 +214,16 @@ func originalRequest(r *http.Request, gateway string) (*http.Request, *check, st
 		return nil, nil, "forward_auth: no " + strings.ReplaceAll(want, "Method", "Uri") + ": the gateway must send the original request URI"
 	case uri[0] != '/':
 		return nil, nil, fmt.Sprintf("forward_auth: the original URI %.64q must start with /", uri)
-	case gateway == gatewayNginx && host == "":
-		return nil, nil, "forward_auth: no X-Original-Host: add proxy_set_header X-Original-Host $host to the auth location"
-	case gateway == gatewayTraefik && host == "":
-		return nil, nil, "forward_auth: no X-Forwarded-Host: Traefik's forwardAuth sends it"
 	}
 	u, err := url.ParseRequestURI(uri)
 	if err != nil {
 		return nil, nil, fmt.Sprintf("forward_auth: the original URI %.64q: %v", uri, err)
 	}
-	if host == "" {
+	if host == "" && (gateway == gatewayCaddy || gateway == "") {
 		host = r.Host // Caddy passes the Host it routes on
 	}
+	// Else no host: nginx sends no X-Original-Host for a request without
+	// Host (HTTP/1.0), and every host rule judges such a request.
 	o := r.Clone(r.Context())
 	o.Method, o.URL, o.RequestURI, o.Host = method, u, uri, host
 	o.Body, o.ContentLength, o.TransferEncoding = http.NoBody, 0, nil

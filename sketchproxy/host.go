@@ -2,13 +2,15 @@ package sketchproxy
 
 import (
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
 // Hosts: a rule's host is matched against one canonical spelling of the
 // request's Host, the one the upstream is then sent. A name is lower-cased
 // and loses one trailing dot; an IPv6 address is written in its bracketed
-// compressed form; one port may follow, and is ignored by the match. A
+// compressed form; one port may follow, written without leading zeros, and
+// is ignored by the match. A
 // Host that is none of these (a second port, "api.example.com:80:80", an
 // empty label, a byte outside letters, digits, '-', '_' and '.') is refused
 // with 400, because gateways and upstreams disagree on what it names.
@@ -57,7 +59,8 @@ func canonicalHost(h string) (canon, name string, ok bool) {
 	}
 	canon = name
 	if port != "" {
-		canon += ":" + port
+		n, _ := strconv.Atoi(port)
+		canon += ":" + strconv.Itoa(n) // 0080 is 80
 	}
 	return canon, name, true
 }

@@ -79,7 +79,9 @@ func (c *Config) validateJWT() error {
 	if !validHeaderName(j.Header) {
 		return at(fmt.Sprintf("%q: not a header name", j.Header), "header")
 	}
-	c.orNone(&j.Leeway, 30*time.Second, "jwt", "leeway")
+	if err := c.orNone(&j.Leeway, 30*time.Second, "jwt", "leeway"); err != nil {
+		return err
+	}
 	if j.JWKSRefresh == 0 {
 		j.JWKSRefresh = Duration(time.Hour)
 	}
@@ -198,10 +200,15 @@ func newJWTVerifier(j *JWTConfig, prev *jwtVerifier, log *slog.Logger) (*jwtVeri
 		}
 		v.key = kf.Keyfunc
 	default:
-		if prev != nil && prev.jwks != nil && prev.jwks.url == j.JWKSURL && prev.jwks.refresh == time.Duration(j.JWKSRefresh) {
-			v.jwks = prev.jwks
-		} else {
-			v.jwks = newJWKSSource(j.JWKSURL, time.Duration(j.JWKSRefresh), log)
+		switch {
+		case prev != nil && prev.jwks != nil && prev.jwks.url == j.JWKSURL:
+			v.jwks = prev.jwks // the same keys; a new refresh interval applies from the next wait
+			v.jwks.refresh.Store(int64(j.JWKSRefresh))
+		case prev != nil && prev.jwks != nil:
+			// Another URL: its keys once fetched, and the running ones until then.
+			v.jwks = newJWKSSource(j.JWKSURL, time.Duration(j.JWKSRefresh), log, prev.jwks.keys.Load())
+		default:
+			v.jwks = newJWKSSource(j.JWKSURL, time.Duration(j.JWKSRefresh), log, nil)
 		}
 		v.key = v.jwks.keyfunc
 	}
@@ -223,11 +230,12 @@ func (v *jwtVerifier) stop(next *jwtVerifier) {
 // endpoint delays no start, reload or request.
 type jwksSource struct {
 	url     string
-	refresh time.Duration
+	refresh atomic.Int64 // a time.Duration: a reload may change it
 	log     *slog.Logger
 	client  *http.Client
 	keys    atomic.Pointer[jwksKeys]
 	kick    chan struct{} // a token named an unknown key
+	spacing atomic.Int64  // a time.Duration: the least time between fetches kicked
 	ready   chan struct{} // closed at the first good fetch
 	done    chan struct{}
 	once    sync.Once
@@ -248,9 +256,14 @@ const (
 	jwksMaxBytes  = 1 << 20
 )
 
-func newJWKSSource(u string, refresh time.Duration, log *slog.Logger) *jwksSource {
-	s := &jwksSource{url: u, refresh: refresh, log: log, client: &http.Client{Timeout: 10 * time.Second},
+// newJWKSSource starts fetching u; until a fetch succeeds, tokens are
+// checked against seed (the keys of the URL a reload replaced), if any.
+func newJWKSSource(u string, refresh time.Duration, log *slog.Logger, seed *jwksKeys) *jwksSource {
+	s := &jwksSource{url: u, log: log, client: &http.Client{Timeout: 10 * time.Second},
 		kick: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{})}
+	s.refresh.Store(int64(refresh))
+	s.spacing.Store(int64(jwksKickEvery))
+	s.keys.Store(seed)
 	go s.run()
 	return s
 }
@@ -261,9 +274,11 @@ func (s *jwksSource) stop() { s.once.Do(func() { close(s.done) }) }
 func (s *jwksSource) run() {
 	retry := jwksRetry
 	var lastKick time.Time
+	first := true
 	for {
-		wait := s.refresh
-		if err := s.fetch(); err != nil {
+		refresh := time.Duration(s.refresh.Load())
+		wait := refresh
+		if err := s.fetch(first); err != nil {
 			select {
 			case <-s.done:
 				return // stopped during the fetch: nothing to report
@@ -275,9 +290,9 @@ func (s *jwksSource) run() {
 			} else {
 				s.log.Warn("jwks fetch failed: tokens are refused until a fetch succeeds", "err", err.Error(), "url", s.url, "retry_in", retry.String())
 			}
-			wait, retry = retry, min(2*retry, s.refresh)
+			wait, retry = retry, min(2*retry, refresh)
 		} else {
-			retry = jwksRetry
+			retry, first = jwksRetry, false
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -287,7 +302,7 @@ func (s *jwksSource) run() {
 		case <-t.C:
 		case <-s.kick:
 			t.Stop()
-			if d := jwksKickEvery - time.Since(lastKick); d > 0 {
+			if d := time.Duration(s.spacing.Load()) - time.Since(lastKick); d > 0 {
 				select { // at most one fetch per jwksKickEvery for unknown keys
 				case <-s.done:
 					return
@@ -299,9 +314,9 @@ func (s *jwksSource) run() {
 	}
 }
 
-// fetch gets the key set once; only a non-empty, valid one replaces the
-// keys held.
-func (s *jwksSource) fetch() error {
+// fetch gets the key set once; only a valid one with a usable key replaces
+// the keys held. The first good fetch closes ready.
+func (s *jwksSource) fetch(first bool) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -343,12 +358,46 @@ func (s *jwksSource) fetch() error {
 	if err != nil {
 		return fmt.Errorf("not a JSON Web Key Set: %v", err)
 	}
-	first := s.keys.Swap(&jwksKeys{kf: kf, n: len(set.Keys), at: time.Now()}) == nil
+	usable, err := usableKeys(ctx, kf)
+	if err != nil {
+		return err
+	}
+	s.keys.Store(&jwksKeys{kf: kf, n: usable, at: time.Now()})
 	if first {
 		close(s.ready)
-		s.log.Info("jwks fetched", "url", s.url, "keys", len(set.Keys))
+		s.log.Info("jwks fetched", "url", s.url, "keys", usable)
 	}
 	return nil
+}
+
+// usableKeys counts the keys of a set that can verify a signature: an RSA
+// key of 1024 bits or more (Go refuses smaller ones), an ECDSA or Ed25519
+// key. A set without one (a broken or truncated set that parses) is an
+// error: it must not replace working keys.
+func usableKeys(ctx context.Context, kf keyfunc.Keyfunc) (int, error) {
+	all, err := kf.Storage().KeyReadAll(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, k := range all {
+		switch key := k.Key().(type) {
+		case *rsa.PublicKey:
+			if key.N.BitLen() >= 1024 {
+				n++
+			}
+		case *rsa.PrivateKey:
+			if key.N.BitLen() >= 1024 {
+				n++
+			}
+		case *ecdsa.PublicKey, *ecdsa.PrivateKey, ed25519.PublicKey, ed25519.PrivateKey:
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("none of the set's %d keys can verify a signature", len(all))
+	}
+	return n, nil
 }
 
 // keyfunc finds a token's key in the set held; a key it lacks asks for a

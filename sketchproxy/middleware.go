@@ -44,6 +44,9 @@ type Middleware struct {
 	opts  Options
 	log   *slog.Logger
 	state atomic.Pointer[state]
+	// startCheck is the forward-auth check the proxy's listener answered at
+	// the start, if any: its path stays the check's there (checkHere).
+	startCheck *ForwardAuthConfig
 
 	held     atomic.Int64 // tarpitted requests held now
 	heldKeys *countMin    // the same, per key
@@ -117,7 +120,8 @@ type limit struct {
 	quoted   string // "rule-limit", for RateLimit items
 	sk       *epochsketch.Sketch
 	tick     time.Duration
-	theta    uint32
+	theta    uint32 // the threshold, in counts: burst x unit
+	unit     uint32 // counts per request (LimitMath: 2 for an odd burst)
 	requests float64
 	per      time.Duration
 }
@@ -156,6 +160,9 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		return nil, err
 	}
 	cfg = m.state.Load().cfg // the prepared copy
+	if fa := cfg.ForwardAuth; fa != nil && fa.Listen == "" {
+		m.startCheck = fa
+	}
 	if cfg.StateFile != "" {
 		m.loadState()
 		m.saverStop, m.saverDone = make(chan struct{}), make(chan struct{})
@@ -251,9 +258,10 @@ func (m *Middleware) Reload(cfg *Config) error {
 		for i := range rc.Limits {
 			l := &rc.Limits[i]
 			tick := tickFor(l.Requests, time.Duration(l.Per), l.Burst)
+			theta, unit := countsFor(l.Burst)
 			lim := &limit{
 				name: l.Name, policy: rc.Name + "-" + l.Name, tick: tick,
-				theta: thresholdFor(l.Burst), requests: l.Requests, per: time.Duration(l.Per),
+				theta: theta, unit: unit, requests: l.Requests, per: time.Duration(l.Per),
 				sk: sketch(tick, cfg.Sketch.Buckets),
 			}
 			lim.q, lim.w = wholePolicy(l.Requests, time.Duration(l.Per))
@@ -680,9 +688,9 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, key)
 		var est uint32
 		if v.counted {
-			after, first := l.sk.ObserveBytes(rq.buf)
+			after, first := l.sk.ObserveBytesN(time.Time{}, rq.buf, l.unit)
 			after = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, after, now)
-			est = max(after, 1) - 1
+			est = max(after, l.unit) - l.unit
 			if i == 0 {
 				v.first = first
 			}
@@ -700,10 +708,10 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		est := v.ests[i]
 		theta := l.theta
 		if v.newKey {
-			theta = max(1, uint32(float64(theta)*cfg.NewKeys.BudgetFactor))
+			theta = max(l.unit, uint32(float64(theta)*cfg.NewKeys.BudgetFactor))
 		}
 		v.thetas[i] = theta
-		after := uint64(est) + 1
+		after := uint64(est) + uint64(l.unit)
 		lv := float64(after) / float64(theta)
 		if v.lim == nil || lv > v.level {
 			v.level, v.lim, v.est, v.theta = lv, l, uint32(min(after, math.MaxUint32)), theta
@@ -744,7 +752,7 @@ func (m *Middleware) commit(st *state, v *verdict, rq *request) {
 			break // evaluate observed already
 		}
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
-		_, f := l.sk.ObserveBytes(rq.buf)
+		_, f := l.sk.ObserveBytesN(time.Time{}, rq.buf, l.unit)
 		first = first || i == 0 && f
 	}
 	if first && len(ru.limits) > 0 && !st.cfg.NewKeys.Disabled {
@@ -827,8 +835,8 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 			rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
 			est := l.sk.EstimateBytes(rq.buf)
 			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
-			if uint64(est)+1 > uint64(v.thetas[j]) {
-				d = max(d, retryAfter(est, 1, v.thetas[j], now, l.tick))
+			if uint64(est)+uint64(l.unit) > uint64(v.thetas[j]) {
+				d = max(d, retryAfter(est, l.unit, v.thetas[j], now, l.tick))
 			}
 		}
 		if len(ru.limits) > 0 {
@@ -857,11 +865,23 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 // refused one is counted only by rules with refused: count, and charged to
 // no wallet.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if fa := m.state.Load().cfg.ForwardAuth; fa != nil && fa.Listen == "" && fa.isCheck(r.URL.Path) {
+	if m.checkHere(r.URL.Path) {
 		m.forwardAuth(w, r) // the check's path, in any spelling, is never proxied
 		return
 	}
 	m.serve(w, r, m.next, nil)
+}
+
+// checkHere reports whether p is the forward-auth check's path on the
+// proxy's own listener: under the running config, or under the config the
+// Middleware started with (a reload that moves the check to a listener of
+// its own, or removes it, takes a restart to free the path here: until
+// then it is answered by the check, never proxied).
+func (m *Middleware) checkHere(p string) bool {
+	if fa := m.state.Load().cfg.ForwardAuth; fa != nil && fa.Listen == "" && fa.isCheck(p) {
+		return true
+	}
+	return m.startCheck != nil && m.startCheck.isCheck(p)
 }
 
 // check is what a forward-auth check adds to the request it judges.
@@ -930,10 +950,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // the client into rq, and appends the rules that match to matched. It
 // returns false when it has answered the request.
 func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, rq *request, alt []string, matched []*rule) ([]*rule, bool) {
-	if r.Method == http.MethodConnect {
+	switch {
+	case r.Method == http.MethodConnect || r.Method == http.MethodTrace:
+		// CONNECT opens a tunnel no rule can judge; TRACE echoes a
+		// request's headers, cookies included, back to a script (nginx
+		// refuses both).
 		m.met.badRequests.Add(1)
 		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
-		writeProblem(w, http.StatusMethodNotAllowed, "CONNECT: this is a reverse proxy, not a forward proxy")
+		writeProblem(w, http.StatusMethodNotAllowed, r.Method+": this is a reverse proxy; it forwards neither tunnels nor traces")
+		return nil, false
+	case strings.ToUpper(r.Method) != r.Method:
+		// Methods are case-sensitive, but some upstreams (Werkzeug, for
+		// one) serve "get" as GET: no rule could tell. nginx answers 400 too.
+		m.badRequest(w, r, fmt.Sprintf("the method %.32q is not in upper case", r.Method))
 		return nil, false
 	}
 	if why := pathProblem(r); why != "" {
@@ -1021,8 +1050,10 @@ func (m *Middleware) decideAll(r *http.Request, st *state, matched []*rule, rq *
 			continue
 		}
 		v := m.evaluate(st, ru, rq, key, now)
-		if len(v.ests) > 0 && 2*(uint64(v.ests[0])+1) > uint64(v.thetas[0]) {
-			ru.top.Offer(key, v.ests[0]+1) // the first limit's: the TopK's clock
+		if len(v.ests) > 0 {
+			if u := ru.limits[0].unit; 2*(uint64(v.ests[0])+uint64(u)) > uint64(v.thetas[0]) {
+				ru.top.Offer(key, v.ests[0]+u) // the first limit's: the TopK's clock
+			}
 		}
 		if ru.cfg.Shadow {
 			v.shadow = true

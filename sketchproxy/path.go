@@ -97,8 +97,9 @@ func normalizePath(r *http.Request) {
 
 // loosePath is p as the most forgiving upstream reads it, or p itself:
 // each segment's parameters cut (";jsessionid=1", which Tomcat and Jetty
-// drop before they route), then its trailing dots and spaces (which IIS and
-// Windows file systems drop), and the result cleaned. Rules match both
+// drop before they route) and its NTFS stream name (":" on, which IIS
+// drops: "api::$DATA" is "api"), then its trailing dots and spaces (which
+// IIS and Windows file systems drop), and the result cleaned. Rules match both
 // spellings, so neither one slips past a rule (README, Paths).
 func loosePath(p string) string {
 	if p == "" || p[0] != '/' {
@@ -112,8 +113,8 @@ func loosePath(p string) string {
 		}
 		seg := p[start:i]
 		cut := seg
-		if j := strings.IndexByte(cut, ';'); j >= 0 {
-			cut = cut[:j]
+		if j := strings.IndexAny(cut, ";:"); j >= 0 {
+			cut = cut[:j] // ";jsessionid=1", and NTFS streams ("api::$DATA") to IIS
 		}
 		if t := strings.TrimRight(cut, " "); strings.Trim(t, ".") != "" {
 			cut = strings.TrimRight(t, ". ")

@@ -444,7 +444,8 @@ type rlsHit struct {
 	key      string
 	hits     uint32
 	est      uint32
-	theta    uint32
+	theta    uint32 // in counts
+	unit     uint32 // counts per request
 	over     bool
 	never    bool // over even at an estimate of 0: more hits than the whole limit
 	negative bool
@@ -550,17 +551,18 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			h.n = nil
 			continue
 		case rlsBlock:
-			h.ru = st.rlsRules[h.n.rule]
+			h.ru, h.unit = st.rlsRules[h.n.rule], 1
 		case rlsLimited:
 			h.ru = st.rlsRules[h.n.rule]
 			l := h.ru.limits[0]
 			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
 			h.est = l.sk.EstimateBytes(buf)
 			h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, now)
-			h.theta = l.theta
+			h.theta, h.unit = l.theta, l.unit
 		}
-		h.over = !h.negative && uint64(h.est)+uint64(h.hits) > uint64(h.theta)
-		h.never = !h.negative && h.hits > h.theta
+		units := uint64(h.hits) * uint64(h.unit) // counts per request: limit.go, countsFor
+		h.over = !h.negative && uint64(h.est)+units > uint64(h.theta)
+		h.never = !h.negative && units > uint64(h.theta)
 		if h.n.quota {
 			quotas++
 		}
@@ -624,10 +626,11 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		// but a quota it was over.
 		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.over) {
 			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-			l.sk.ObserveBytesN(time.Time{}, buf, uint32(min(h.hits, maxThreshold+1)))
-			est += uint64(h.hits)
+			n := uint32(min(uint64(h.hits)*uint64(h.unit), 2*maxThreshold+2))
+			l.sk.ObserveBytesN(time.Time{}, buf, n)
+			est += uint64(n)
 		}
-		remaining := int64(h.theta) - int64(min(est, math.MaxInt32))
+		remaining := (int64(h.theta) - int64(min(est, math.MaxInt32))) / int64(h.unit)
 		reset := untilNextTick(now, l.tick)
 		switch {
 		case h.never:
@@ -636,7 +639,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			remaining = 0
 		case h.over:
 			remaining = 0
-			reset = retryAfter(h.est, h.hits, h.theta, now, l.tick)
+			reset = retryAfter(h.est, h.hits*h.unit, h.theta, now, l.tick) // not never: fits in theta
 		}
 		wait(h, reset)
 		dst.LimitRemaining = uint32(max(remaining, 0))

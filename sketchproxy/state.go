@@ -10,9 +10,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/atomicfile"
-	"github.com/epochsketch/epochsketch/internal/inspect"
-
 	"github.com/epochsketch/epochsketch"
 )
 
@@ -50,7 +47,7 @@ func (m *Middleware) SaveState() error {
 		return keys[i].buckets < keys[j].buckets
 	})
 	start := time.Now()
-	err := atomicfile.Write(path, 0o600, func(w io.Writer) error {
+	err := writeFileAtomic(path, 0o600, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 1<<16)
 		var h [14]byte
 		copy(h[:], stateMagic)
@@ -171,7 +168,7 @@ func readState(r *bufio.Reader, st *state) (sum stateSummary, err error) {
 			sum.skipped++
 			continue
 		}
-		info, lerr := inspect.ReadFrom(sk, r)
+		info, lerr := sk.LoadFrom(r)
 		if lerr != nil {
 			return stateSummary{}, fmt.Errorf("sketch (tick %v, %d buckets): %w", k.tick, k.buckets, lerr)
 		}

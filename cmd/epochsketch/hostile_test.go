@@ -16,17 +16,6 @@ import (
 	"time"
 )
 
-// buildBin builds the epochsketch binary for tests that run it as a user
-// would.
-func buildBin(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "epochsketch")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // runBin runs the binary and returns its output streams and exit status.
 func runBin(t *testing.T, bin string, stdin []byte, args ...string) (stdout, stderr string, code int) {
 	t.Helper()

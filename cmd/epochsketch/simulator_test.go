@@ -10,30 +10,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestSimulatorServesAndStops(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "epochsketch")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "simulator", "-addr", "127.0.0.1:0")
-	out := new(lockedBuffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd := exec.Command(buildBin(t), "simulator", "-addr", "127.0.0.1:0")
+	out := watch(t, cmd)
 	defer cmd.Process.Kill()
-	re := regexp.MustCompile(`http://127\.0\.0\.1:\d+/`)
-	deadline := time.Now().Add(10 * time.Second)
-	for re.FindString(out.String()) == "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("no address printed: %q", out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	url := re.FindString(out.String())
+	url := out.waitFor(t, regexp.MustCompile(`http://127\.0\.0\.1:\d+/`))
 	for path, want := range map[string]string{"": "EpochSketch simulator", "wasm_exec.js": "Go", "epochsketch.wasm": "\x00asm"} {
 		resp, err := http.Get(url + path)
 		if err != nil {
@@ -48,7 +31,7 @@ func TestSimulatorServesAndStops(t *testing.T) {
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "stopped") {
+	if err := cmd.Wait(); err != nil || !strings.Contains(out.rest(), "stopped") {
 		t.Fatalf("after Ctrl-C: %v: %q", err, out.String())
 	}
 }

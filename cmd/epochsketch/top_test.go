@@ -9,11 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/epochsketch/epochsketch/internal/kjvtest"
 )
@@ -100,10 +99,7 @@ func TestTopMatchesExactOnKingJames(t *testing.T) {
 // missing file, a bad flag.
 func TestBinaryEndToEnd(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "epochsketch")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBin(t)
 	gz := filepath.Join(dir, "keys.gz")
 	var b bytes.Buffer
 	zw := gzip.NewWriter(&b)
@@ -213,56 +209,25 @@ func TestTopMalformedAndUsage(t *testing.T) {
 // Ctrl-C on a live tail ends the run with the final summary, exit 0; the
 // refresh ticker redraws while input is idle.
 func TestBinaryInterruptAndRefresh(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "epochsketch")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "top", "-k", "1", "-refresh", "20ms")
+	cmd := exec.Command(buildBin(t), "top", "-k", "1", "-refresh", "20ms")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := new(lockedBuffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	out := watch(t, cmd)
 	fmt.Fprint(stdin, "k\nk\nk\n") // the pipe stays open, as with tail -f
-	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(out.String(), "checkpoint") < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no refreshes while idle: %q", out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	checkpoint := regexp.MustCompile("checkpoint")
+	out.waitFor(t, checkpoint)
+	out.waitFor(t, checkpoint) // a second one, drawn while the input is idle
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
-		t.Fatalf("exit after Ctrl-C: %v: %s", err, out.String())
+		t.Fatalf("exit after Ctrl-C: %v: %s", err, out.rest())
 	}
-	if !strings.Contains(out.String(), "final after 3 lines") || !strings.Contains(out.String(), "k    3") {
-		t.Fatalf("no final summary after Ctrl-C: %q", out.String())
+	if all := out.rest(); !strings.Contains(all, "final after 3 lines") || !strings.Contains(all, "k    3") {
+		t.Fatalf("no final summary after Ctrl-C: %q", all)
 	}
-}
-
-// lockedBuffer is written by os/exec's copying goroutine while the test
-// reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func TestTopFirstsAndProgress(t *testing.T) {

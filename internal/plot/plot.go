@@ -1,5 +1,5 @@
 // Package plot writes small self-contained SVG charts (stdlib only) for
-// THEORY.md and BENCHMARKS.md; scripts convert them to PNG.
+// THEORY.md and BENCHMARKS.md, committed as they are (one image format).
 package plot
 
 import (

@@ -55,7 +55,7 @@ const (
 type Model struct {
 	B         [][Slots]Slot
 	TwoChoice bool
-	HeavyKeep bool   // LotteryHeavyKeeper instead of the chip schedule
+	HeavyKeep bool   // HeavyKeeper-classic (the library's lottery) instead of the retired chip schedule
 	SaltBase  uint64 // seeded lottery salt: splitmix64(SaltBase + n), n = 1, 2, ...
 	saltN     uint64
 	HW        int64 // highest tick used

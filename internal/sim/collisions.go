@@ -3,8 +3,6 @@ package sim
 import (
 	"fmt"
 	"io"
-
-	"github.com/epochsketch/epochsketch"
 )
 
 // runCollisions is section 3: fingerprint collisions. Two keys in one bucket
@@ -28,7 +26,7 @@ func runCollisions(o Options, w io.Writer) error {
 		exs := make([][]float64, seeds)
 		parallelFor(seeds, func(i int) {
 			seed := uint64(i + 1)
-			sk := NewES(buckets, epochsketch.LotteryDefault, false, seed)
+			sk := NewES(buckets, HeavyKeeper, false, seed)
 			orc := NewOracle()
 			z := NewZipf(100_000, 1.1, seed)
 			for range n {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/lab"
 )
 
 // t0 anchors simulated ticks to a wall-clock instant; the tick is 1 s.
@@ -18,12 +19,26 @@ type ES struct {
 	Sk *epochsketch.Sketch
 }
 
+// Lottery is the full-bucket challenge a simulated sketch runs: the
+// library's HeavyKeeper-classic, or the chip lottery that lost the selection
+// test (THEORY.md section 1), which only internal/lab reaches.
+type Lottery uint8
+
+const (
+	HeavyKeeper Lottery = iota
+	Chip
+)
+
 // NewES returns a seeded sketch on a ManualClock at tick 0.
-func NewES(buckets int, lot epochsketch.Lottery, two bool, seed uint64) *ES {
-	return &ES{epochsketch.New(epochsketch.Config{
-		NumBuckets: buckets, TickDuration: time.Second, Seed: seed, Lottery: lot, TwoChoice: two,
+func NewES(buckets int, lot Lottery, two bool, seed uint64) *ES {
+	sk := epochsketch.New(epochsketch.Config{
+		NumBuckets: buckets, TickDuration: time.Second, Seed: seed, TwoChoice: two,
 		Clock: epochsketch.NewManualClock(t0), Hash: epochsketch.HashWyhash,
-	})}
+	})
+	if lot == Chip {
+		lab.UseChip(sk)
+	}
+	return &ES{sk}
 }
 
 // Observe records key at tick.

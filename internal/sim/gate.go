@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
-
-	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/lab"
 )
 
 // Workload is an adversarial stream for the decision gate: it drives a
@@ -95,13 +93,13 @@ func aimedFlood(sk, aim *ES, o *Oracle, seed uint64, n int) int64 {
 	keys := contenders(seed, "k")
 	targets := map[int]bool{}
 	for _, k := range keys[:50] {
-		b, _, _ := inspect.Locate(aim.Sk, k)
+		b, _, _ := lab.Locate(aim.Sk, k)
 		targets[b] = true
 	}
 	var attack []string
 	for i := 0; len(attack) < n; i++ {
 		k := Key(fmt.Sprintf("s%d-atk", seed), i)
-		if b, _, _ := inspect.Locate(aim.Sk, k); targets[b] {
+		if b, _, _ := lab.Locate(aim.Sk, k); targets[b] {
 			attack = append(attack, k)
 		}
 	}
@@ -149,7 +147,7 @@ func topKeys(o *Oracle, tick int64) []string {
 // GateErrors runs workload w on seeds 1..seeds with lottery lot and returns
 // the relative error (estimate - exact) / exact of the true top 100 and of
 // ranks 101-500 at the end, each pooled over seeds.
-func GateErrors(w Workload, lot epochsketch.Lottery, seeds, scale int) (top, tail []float64) {
+func GateErrors(w Workload, lot Lottery, seeds, scale int) (top, tail []float64) {
 	out := make([][]float64, seeds)
 	tails := make([][]float64, seeds)
 	parallelFor(seeds, func(i int) {
@@ -180,13 +178,13 @@ func GateErrors(w Workload, lot epochsketch.Lottery, seeds, scale int) (top, tai
 // LibraryDuel is Duel on the real library: one bucket filled by 8 occupants
 // inserted n times at tick 0, a challenger arriving r times per tick; it
 // returns the challenger's arrivals until admitted (capped).
-func LibraryDuel(lot epochsketch.Lottery, n, r, maxTicks int, seed uint64) DuelResult {
+func LibraryDuel(lot Lottery, n, r, maxTicks int, seed uint64) DuelResult {
 	sk := NewES(1, lot, false, seed)
 	var occ []string
 	tags := map[uint16]bool{}
 	for i := 0; len(occ) < 8; i++ {
 		k := fmt.Sprintf("s%d-occ%d", seed, i)
-		if _, _, tag := inspect.Locate(sk.Sk, k); !tags[tag] {
+		if _, _, tag := lab.Locate(sk.Sk, k); !tags[tag] {
 			tags[tag] = true
 			occ = append(occ, k)
 		}
@@ -198,7 +196,7 @@ func LibraryDuel(lot epochsketch.Lottery, n, r, maxTicks int, seed uint64) DuelR
 	}
 	ch := ""
 	for i := 0; ch == ""; i++ {
-		if _, _, tag := inspect.Locate(sk.Sk, fmt.Sprintf("s%d-ch%d", seed, i)); !tags[tag] {
+		if _, _, tag := lab.Locate(sk.Sk, fmt.Sprintf("s%d-ch%d", seed, i)); !tags[tag] {
 			ch = fmt.Sprintf("s%d-ch%d", seed, i)
 		}
 	}

@@ -96,7 +96,7 @@ type esHH struct {
 	top *topHeap
 }
 
-func newESHH(budget, k int, lot epochsketch.Lottery, seed uint64) *esHH {
+func newESHH(budget, k int, lot Lottery, seed uint64) *esHH {
 	buckets := max((budget-k*heapEntryBytes)/64, 1)
 	return &esHH{NewES(buckets, lot, false, seed), newTopHeap(k)}
 }
@@ -114,7 +114,7 @@ type esTopK struct {
 
 func newESTopK(budget, k int, seed uint64) *esTopK {
 	buckets := max((budget-k*heapEntryBytes)/64, 1)
-	sk := NewES(buckets, epochsketch.LotteryDefault, false, seed)
+	sk := NewES(buckets, HeavyKeeper, false, seed)
 	return &esTopK{sk, epochsketch.NewTopKFor(sk.Sk, k)}
 }
 
@@ -139,7 +139,7 @@ type esEstimate struct {
 
 func newESEstimate(budget, k int, seed uint64) *esEstimate {
 	buckets := max((budget-k*heapEntryBytes)/64, 1)
-	return &esEstimate{NewES(buckets, epochsketch.LotteryDefault, false, seed), k, map[string]bool{}}
+	return &esEstimate{NewES(buckets, HeavyKeeper, false, seed), k, map[string]bool{}}
 }
 
 func (e *esEstimate) Insert(key string)       { e.sk.Observe(key, 0); e.seen[key] = true }
@@ -408,10 +408,10 @@ func Peers(budget, k int, seed uint64) []struct {
 		Name string
 		HH   HH
 	}{
-		{"EpochSketch", newESHH(budget, k, epochsketch.LotteryDefault, seed)},
+		{"EpochSketch", newESHH(budget, k, HeavyKeeper, seed)},
 		{"EpochSketch via TopK", newESTopK(budget, k, seed)},
 		{"EpochSketch by Estimate", newESEstimate(budget, k, seed)},
-		{"EpochSketch-chip", newESHH(budget, k, epochsketch.LotteryChip, seed)},
+		{"EpochSketch-chip", newESHH(budget, k, Chip, seed)},
 		{"HK-HG layout", newHGHH(budget, k, false, seed)},
 		{"HK-HG C++ rounding", newHGHH(budget, k, true, seed)},
 		{"HeavyKeeper d=2", newHKHH(budget, k, seed)},

@@ -5,9 +5,7 @@ import (
 	"io"
 	"math"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
-
-	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/lab"
 )
 
 // runOverflow is section 2: how often a bucket receives more heavy hitters
@@ -32,12 +30,12 @@ func runOverflow(o Options, w io.Writer) error {
 		parallelFor(seeds, func(i int) {
 			seed := uint64(i + 1)
 			for two := 0; two < 2; two++ {
-				sk := NewES(buckets, epochsketch.LotteryDefault, two == 1, seed)
+				sk := NewES(buckets, HeavyKeeper, two == 1, seed)
 				keys := make([]string, k)
 				perBucket := make([]int, buckets)
 				for j := range keys {
 					keys[j] = Key(fmt.Sprintf("s%d-h", seed), j)
-					b, _, _ := inspect.Locate(sk.Sk, keys[j])
+					b, _, _ := lab.Locate(sk.Sk, keys[j])
 					perBucket[b]++
 				}
 				if two == 0 {
@@ -103,7 +101,7 @@ func overflowChurn(o Options, w io.Writer) error {
 		parallelFor(seeds, func(i int) {
 			seed := uint64(i + 1)
 			for two := 0; two < 2; two++ {
-				sk := NewES(buckets, epochsketch.LotteryDefault, two == 1, seed)
+				sk := NewES(buckets, HeavyKeeper, two == 1, seed)
 				orc := NewOracle()
 				const ticks = 10
 				var live []string

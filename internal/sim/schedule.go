@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/internal/plot"
 )
 
@@ -26,7 +25,7 @@ type Schedule struct {
 var Schedules = []Schedule{
 	{"M1", "k = C: the plain example (3 counts: 1 in 8)", func(c uint32) float64 { return math.Ldexp(1, -int(min(c, 1100))) }},
 	{"M2", "k = floor(log2(C+1)): P ≈ 1/(C+1)", func(c uint32) float64 { return math.Ldexp(1, -int(math.Floor(math.Log2(float64(c)+1)))) }},
-	{"M3", "k = floor(C/9): 2^(1/9) = 1.080, HeavyKeeper's base in steps (LotteryChip's schedule)", func(c uint32) float64 { return math.Ldexp(1, -int(c/9)) }},
+	{"M3", "k = floor(C/9): 2^(1/9) = 1.080, HeavyKeeper's base in steps (the retired chip lottery's schedule)", func(c uint32) float64 { return math.Ldexp(1, -int(c/9)) }},
 	{"M4", "k = floor(C/4): base 1.19", func(c uint32) float64 { return math.Ldexp(1, -int(c/4)) }},
 	{"HK", "HeavyKeeper, exact 1.08^-C", func(c uint32) float64 { return math.Pow(1.08, -float64(c)) }},
 	{"HK-C++", "HeavyKeeper as the authors' C++ computes it: 1/floor(1.08^C)", func(c uint32) float64 { return 1 / math.Floor(math.Pow(1.08, float64(c))) }},
@@ -160,18 +159,18 @@ func runSchedule(o Options, w io.Writer) error {
 	fmt.Fprintln(w)
 	var gate []GateRow
 	for _, wl := range GateWorkloads {
-		a, at := GateErrors(wl, epochsketch.LotteryChip, seeds, scale)
-		b, bt := GateErrors(wl, epochsketch.LotteryHeavyKeeper, seeds, scale)
+		a, at := GateErrors(wl, Chip, seeds, scale)
+		b, bt := GateErrors(wl, HeavyKeeper, seeds, scale)
 		gate = append(gate, Compare(wl.Name+", top 100", a, b), Compare(wl.Name+", ranks 101-500", at, bt))
 	}
-	duel := func(lot epochsketch.Lottery) []float64 {
+	duel := func(lot Lottery) []float64 {
 		out := make([]float64, seeds)
 		parallelFor(seeds, func(i int) {
 			out[i] = float64(LibraryDuel(lot, 100, 100, 40, uint64(i+1)).Arrivals)
 		})
 		return out
 	}
-	gate = append(gate, Compare("duel (arrivals)", duel(epochsketch.LotteryChip), duel(epochsketch.LotteryHeavyKeeper)))
+	gate = append(gate, Compare("duel (arrivals)", duel(Chip), duel(HeavyKeeper)))
 	rows = [][]string{{"workload: relative error", "n (chip, hk)", "mean abs chip / hk", "share with error chip / hk", "p10 chip / hk", "KS D", "KS p", "AD T", "AD p"}}
 	rejected := 0
 	for _, g := range gate {

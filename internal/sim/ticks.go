@@ -18,7 +18,7 @@ func runTicks(o Options, w io.Writer) error {
 		rates = []int{1, 10, 1000, 20_000}
 	}
 	for _, r := range rates {
-		sk := NewES(16, epochsketch.LotteryDefault, false, 1)
+		sk := NewES(16, HeavyKeeper, false, 1)
 		var est uint32
 		steady := -1
 		var prev uint32

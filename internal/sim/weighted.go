@@ -5,9 +5,7 @@ import (
 	"io"
 	"math"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
-
-	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/lab"
 )
 
 // runWeighted is section 9: the lottery for weighted Observes (ObserveN),
@@ -38,12 +36,12 @@ func runWeighted(o Options, w io.Writer) error {
 			in := make([]float64, trials)
 			ok := make([]bool, trials)
 			parallelFor(trials, func(i int) {
-				es := NewES(1, epochsketch.LotteryHeavyKeeper, false, uint64(i+1)*7919+uint64(c)*31+uint64(wt))
+				es := NewES(1, HeavyKeeper, false, uint64(i+1)*7919+uint64(c)*31+uint64(wt))
 				// Keys sharing a fingerprint share a slot (section 3): that is
 				// not the lottery, so such trials are left out and counted.
 				tags := map[uint16]bool{}
 				for _, k := range []string{"resident0", "resident1", "resident2", "resident3", "resident4", "resident5", "resident6", "resident7", "newcomer"} {
-					_, _, tag := inspect.Locate(es.Sk, k)
+					_, _, tag := lab.Locate(es.Sk, k)
 					tags[tag] = true
 				}
 				if ok[i] = len(tags) == 9; !ok[i] {

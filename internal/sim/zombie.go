@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
+	"github.com/epochsketch/epochsketch/internal/lab"
 
 	"github.com/epochsketch/epochsketch"
 )
@@ -34,7 +34,7 @@ func runZombie(o Options, w io.Writer) error {
 		found := 0
 		for i := 0; found < buckets; i++ {
 			k := Key("victim", i)
-			if b, _, _ := inspect.Locate(sk, k); victims[b] == "" {
+			if b, _, _ := lab.Locate(sk, k); victims[b] == "" {
 				victims[b] = k
 				found++
 			}

@@ -19,10 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
-
 	"github.com/chromedp/chromedp"
-	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/simulator"
 	"github.com/epochsketch/epochsketch/simulator/engine"
 )
@@ -111,12 +108,11 @@ func TestSimulatorInChromium(t *testing.T) {
 	do("reset with a seed", set("seed", strconv.Itoa(seed)), set("buckets", strconv.Itoa(buckets)), set("every", "0"), click("reset"))
 
 	// The same steps in Go, on the same configuration.
-	cfg, err := engine.Config(seed, buckets, "heavykeeper", false)
+	sim, err := engine.New(seed, buckets, "heavykeeper", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := cfg.Clock.(*epochsketch.ManualClock)
-	sk := epochsketch.New(cfg)
+	clk, sk := sim.Clock, sim.Sketch
 
 	observe := func(key string) (est uint32, first bool) {
 		t.Helper()
@@ -154,11 +150,11 @@ func TestSimulatorInChromium(t *testing.T) {
 	}
 	checkBucket := func(key string) {
 		t.Helper()
-		b, _, _ := inspect.Locate(sk, key)
+		b, _, _ := sim.Locate(key)
 		if shown := text("#bucket-index"); shown != strconv.Itoa(b) {
 			t.Fatalf("page shows bucket %s, %q lives in %d", shown, key, b)
 		}
-		for i, w := range inspect.Slots(sk, b) {
+		for i, w := range sim.Slots(b) {
 			a, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(fmt.Sprintf("#slot-%d", i)), "data-word"))
 			if err != nil {
 				t.Fatal(err)
@@ -187,8 +183,8 @@ func TestSimulatorInChromium(t *testing.T) {
 	if got, want := text("#trace li:nth-child(2)"), fmt.Sprintf("slot %d ", home); !strings.Contains(got, want) {
 		t.Errorf("the claim reads %q, want it at %q", got, strings.TrimSpace(want))
 	}
-	if b, _, tag := inspect.Locate(sk, "alice"); inspect.Slots(sk, b)[home]>>48 != uint64(tag) {
-		t.Errorf("Go's sketch holds %016x in alice's home slot %d, want her fingerprint %04x", inspect.Slots(sk, b)[home], home, tag)
+	if b, _, tag := sim.Locate("alice"); sim.Slots(b)[home]>>48 != uint64(tag) {
+		t.Errorf("Go's sketch holds %016x in alice's home slot %d, want her fingerprint %04x", sim.Slots(b)[home], home, tag)
 	}
 	observe("alice")
 	if got := ops(); got != "start,fast-refresh,result" {
@@ -229,7 +225,7 @@ func TestSimulatorInChromium(t *testing.T) {
 	checkBucket(lastKey)
 	w := words()
 	for b := range buckets {
-		for i, x := range inspect.Slots(sk, b) {
+		for i, x := range sim.Slots(b) {
 			if w[b*8+i] != fmt.Sprintf("%016x", x) {
 				t.Fatalf("after %d Zipf steps, bucket %d slot %d: page %s, Go %016x", steps, b, i, w[b*8+i], x)
 			}
@@ -243,9 +239,11 @@ func TestSimulatorInChromium(t *testing.T) {
 	// count back (THEORY.md section 4); with a neighbour's write 30 ticks
 	// in, the scrub clears it.
 	do("the wrap scenario", set("seed", strconv.Itoa(seed)), click("reset"), set("traffic", "wrap"))
-	cfg2, _ := engine.Config(seed, buckets, "heavykeeper", false)
-	sk2 := epochsketch.New(cfg2)
-	clk2 := cfg2.Clock.(*epochsketch.ManualClock)
+	sim2, err := engine.New(seed, buckets, "heavykeeper", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk2, clk2 := sim2.Sketch, sim2.Clock
 	gen2, _ := engine.New(seed, buckets, "heavykeeper", false)
 	stepWrap := func(n int) {
 		t.Helper()
@@ -275,7 +273,7 @@ func TestSimulatorInChromium(t *testing.T) {
 	sk2.Observe("sleeper")
 	sk2.Observe("sleeper")
 	clk2.Advance(30 * engine.Tick)
-	b, _, _ := inspect.Locate(sk2, "sleeper")
+	b, _, _ := sim2.Locate("sleeper")
 	nbr, err := gen2.NextKey("attack", b)
 	if err != nil {
 		t.Fatal(err)

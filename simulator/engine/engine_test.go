@@ -3,8 +3,6 @@ package engine
 import (
 	"strings"
 	"testing"
-
-	"github.com/epochsketch/epochsketch/internal/inspect"
 )
 
 func TestSameSeedSameRun(t *testing.T) {
@@ -25,7 +23,7 @@ func TestSameSeedSameRun(t *testing.T) {
 				s.Advance(1)
 			}
 		}
-		return keys, inspect.Slots(s.Sketch, 1)
+		return keys, s.Slots(1)
 	}
 	k1, w1 := run()
 	k2, w2 := run()
@@ -58,7 +56,7 @@ func TestExactAndAttack(t *testing.T) {
 	}
 	// With a write to the bucket 24+ ticks into the idle time, the scrub
 	// clears the slot before it can wrap back.
-	b, _, _ := inspect.Locate(s.Sketch, "k")
+	b, _, _ := s.Locate("k")
 	for range 3 {
 		s.Observe("k")
 	}
@@ -77,7 +75,7 @@ func TestExactAndAttack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b, b2, _ := inspect.Locate(s.Sketch, k); b != 5 && b2 != 5 {
+		if b, b2, _ := s.Locate(k); b != 5 && b2 != 5 {
 			t.Fatalf("attack key %q lands in %d/%d, not 5", k, b, b2)
 		}
 	}

@@ -3,7 +3,8 @@
 // Command wasm is the browser simulator's engine: the real epochsketch
 // package, built with its trace hooks on (-tags epochsketch_trace) for
 // GOOS=js GOARCH=wasm, driven by simulator/epochsketch-simulator.html through
-// the global object "epochsketch". Time is a ManualClock moved only by the
+// the global object "epochsketch". The trace's types are internal/lab's, out
+// of the library's API. Time is a ManualClock moved only by the
 // page and the lottery is seeded (package engine), so a page and a Go
 // program that make the same calls with the same seed hold the same bits.
 package main
@@ -13,15 +14,13 @@ import (
 	"strconv"
 	"syscall/js"
 
-	"github.com/epochsketch/epochsketch/internal/inspect"
-
-	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/lab"
 	"github.com/epochsketch/epochsketch/simulator/engine"
 )
 
 var (
 	cur    *engine.Sim
-	events []epochsketch.TraceEvent
+	events []lab.Event
 )
 
 func hex(w uint64) string { return fmt.Sprintf("%016x", w) }
@@ -33,24 +32,24 @@ func observe(key string) js.Value {
 	for i, ev := range events {
 		evs[i] = eventJS(ev)
 	}
-	b, second, tag := inspect.Locate(cur.Sketch, key)
+	b, second, tag := cur.Locate(key)
 	return js.ValueOf(map[string]any{
 		"key": key, "estimate": int(est), "first": first, "exact": float64(cur.Exact(key)),
 		"bucket": b, "second": second, "tag": int(tag), "events": evs,
 	})
 }
 
-func eventJS(ev epochsketch.TraceEvent) map[string]any {
+func eventJS(ev lab.Event) map[string]any {
 	m := map[string]any{"op": ev.Op.String(), "slot": ev.Slot, "ok": ev.OK, "tick": float64(ev.Tick)}
 	switch ev.Op {
-	case epochsketch.TraceStart:
+	case lab.Start:
 		m["hash"], m["tag"], m["bucket"], m["second"] = hex(ev.Hash), int(ev.Tag), ev.Bucket, ev.Second
-	case epochsketch.TraceResult:
+	case lab.Result:
 		m["estimate"], m["first"] = int(ev.Est), ev.First
-	case epochsketch.TraceLottery:
+	case lab.Lottery:
 		m["old"], m["victimCount"] = hex(ev.Old), int(ev.Est)
 		m["draw"], m["bound"], m["sure"] = hex(ev.Draw), hex(ev.Bound), ev.Sure
-	case epochsketch.TraceDrain:
+	case lab.Drain:
 		m["old"], m["into"] = hex(ev.Old), int(ev.Est)
 	default:
 		m["old"], m["new"] = hex(ev.Old), hex(ev.New)
@@ -62,7 +61,7 @@ func state() js.Value {
 	n := cur.Sketch.NumBuckets()
 	words := make([]any, 0, n*8)
 	for i := range n {
-		for _, w := range inspect.Slots(cur.Sketch, i) {
+		for _, w := range cur.Slots(i) {
 			words = append(words, hex(w))
 		}
 	}
@@ -95,7 +94,7 @@ func fn(n int, f func(args []js.Value) js.Value) js.Func {
 }
 
 func main() {
-	epochsketch.SetTracer(func(ev epochsketch.TraceEvent) { events = append(events, ev) })
+	lab.SetTracer(func(ev lab.Event) { events = append(events, ev) })
 	api := js.Global().Get("Object").New()
 	api.Set("reset", js.FuncOf(func(_ js.Value, args []js.Value) any {
 		if len(args) != 4 {
@@ -130,7 +129,7 @@ func main() {
 	}))
 	api.Set("state", fn(0, func([]js.Value) js.Value { return state() }))
 	api.Set("locate", fn(1, func(a []js.Value) js.Value {
-		b, b2, tag := inspect.Locate(cur.Sketch, a[0].String())
+		b, b2, tag := cur.Locate(a[0].String())
 		return js.ValueOf(map[string]any{"bucket": b, "second": b2, "tag": int(tag)})
 	}))
 	api.Set("wrapTicks", engine.WrapTicks)

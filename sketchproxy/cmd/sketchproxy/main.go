@@ -417,6 +417,15 @@ func restartOnly(running, next *sketchproxy.Config) []string {
 		return c.ForwardAuth.Listen
 	}
 	diff("forward_auth.listen", faListen(running), faListen(next))
+	faPath := func(c *sketchproxy.Config) string {
+		if c.ForwardAuth == nil || c.ForwardAuth.Listen != "" {
+			return ""
+		}
+		return c.ForwardAuth.Path
+	}
+	if p := faPath(running); p != "" && p != faPath(next) {
+		stay = append(stay, "forward_auth.path (the old path stays the check's on listen)")
+	}
 	rlsListen := func(c *sketchproxy.Config) string {
 		if c.EnvoyRLS == nil {
 			return ""
