@@ -87,25 +87,30 @@ func TestFleetBlackHoleRedisDoesNotDelayRequests(t *testing.T) {
 			defer c.Close() // held open, never answered
 		}
 	}()
-	h := newHarness(t, fmt.Sprintf(`fleet: {redis: %q, secret: "0123456789abcdef", replicas: 2, interval: 50ms, timeout: 200ms}
+	h := newHarness(t, fmt.Sprintf(`fleet: {redis: %q, secret: "0123456789abcdef", replicas: 2, interval: 150ms, timeout: 500ms}
 rules:
   - name: api
     key: ["header:X-Key"]
     limits: [{name: rate, requests: 1000, per: 1m}]
 `, l.Addr().String()))
+	// Requests flow until two sync rounds have hung for the whole timeout
+	// and failed: a request that waited on one would take 500 ms.
+	f := h.mw.fleet
 	var slowest time.Duration
-	for i := range 200 {
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; f.roundErrors.Load() < 2; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("no sync round failed in 30 s against a Redis that never answers (%d rounds)", f.rounds.Load())
+		}
 		start := time.Now()
 		h.req("198.51.100.1", "X-Key", fmt.Sprint("k", i%7))
 		slowest = max(slowest, time.Since(start))
-		if i%20 == 0 {
-			time.Sleep(20 * time.Millisecond) // let sync rounds hang meanwhile
-		}
+		time.Sleep(time.Millisecond) // pacing: a request a millisecond
 	}
-	if slowest >= 100*time.Millisecond {
+	if slowest >= 250*time.Millisecond {
 		t.Errorf("a request took %v while Redis hung: it waited on the network", slowest)
 	}
-	if h.mw.fleet.up.Load() {
-		t.Error("a Redis that never answers counts as up")
+	if f.up.Load() {
+		t.Error("after failed rounds, a Redis that never answers counts as up")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,9 +38,29 @@ type EnvoyRLSConfig struct {
 	// Files are envoyproxy/ratelimit configuration files, one domain each,
 	// relative to this config's directory.
 	Files []string `yaml:"files"`
+	// MergeDomains merges domains given more than once (in Domains or
+	// Files) into one, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does;
+	// a descriptor given twice at one level is still an error. Off, a
+	// domain given twice is an error (envoyproxy/ratelimit's default).
+	MergeDomains bool `yaml:"merge_domains"`
 
 	domains map[string]*rlsNode // compiled
 	rules   []Rule              // one per descriptor with a limit
+	nodes   int                 // descriptors loaded
+}
+
+// Loaded reports what the validated config's envoy_rls loaded: its domains
+// (merged ones once), its descriptors, and how many of those have a
+// rate_limit (unlimited ones included). All are 0 before validation.
+func (r *EnvoyRLSConfig) Loaded() (domains, descriptors, limits int) {
+	if r == nil {
+		return 0, 0, 0
+	}
+	limits = len(r.rules)
+	for _, root := range r.domains {
+		limits += root.unlimitedBelow()
+	}
+	return len(r.domains), r.nodes, limits
 }
 
 // RLSDomain is one domain: a tree of descriptors.
@@ -49,8 +70,10 @@ type RLSDomain struct {
 }
 
 // RLSDescriptor matches one entry of a request's descriptor: its key, and
-// its value if Value is set (a trailing * matches a prefix; no value
-// matches any, each value counted apart).
+// its value if Value is set. A value with * matches as envoyproxy/ratelimit
+// does: each * stands for any run of bytes (files/*, foo*bar); no value
+// matches any. Exact values are tried first, then the wildcard values in
+// the order given, then the descriptor without a value.
 type RLSDescriptor struct {
 	Key         string          `yaml:"key"`
 	Value       string          `yaml:"value"`
@@ -58,18 +81,39 @@ type RLSDescriptor struct {
 	Descriptors []RLSDescriptor `yaml:"descriptors"`
 	// ShadowMode decides and counts but never answers OVER_LIMIT.
 	ShadowMode bool `yaml:"shadow_mode"`
-	// DetailedMetric is accepted for envoyproxy/ratelimit's files:
+	// QuotaMode makes the limit one quota among the request's: the request
+	// is over only if every quota descriptor is (or an ordinary one). A
+	// quota it is over still reads OVER_LIMIT in its status, and does not
+	// count the request's hits.
+	QuotaMode bool `yaml:"quota_mode"`
+	// ShareThreshold makes every value a wildcard Value matches share one
+	// count, instead of one count per value. It needs a * in Value.
+	ShareThreshold bool `yaml:"share_threshold"`
+	// DetailedMetric and ValueToMetric are accepted for
+	// envoyproxy/ratelimit's files: they name its statistics, and
 	// SketchProxy's metrics are per descriptor already.
 	DetailedMetric bool `yaml:"detailed_metric"`
+	ValueToMetric  bool `yaml:"value_to_metric"`
 }
 
 // RLSRateLimit is a descriptor's limit: RequestsPerUnit per Unit (second,
 // minute, hour, day, week, month: 30 days, year: 365 days), or Unlimited.
+// RequestsPerUnit 0 answers every request that adds hits OVER_LIMIT; in a
+// parsed file it must be written, not left out. A limit with a Name is not
+// applied to a request in which another matched descriptor's limit
+// Replaces it.
 type RLSRateLimit struct {
-	Name            string  `yaml:"name"`
-	Unit            string  `yaml:"unit"`
-	RequestsPerUnit float64 `yaml:"requests_per_unit"`
-	Unlimited       bool    `yaml:"unlimited"`
+	Name            string       `yaml:"name"`
+	Unit            string       `yaml:"unit"`
+	RequestsPerUnit float64      `yaml:"requests_per_unit"`
+	Unlimited       bool         `yaml:"unlimited"`
+	Replaces        []RLSReplace `yaml:"replaces"`
+}
+
+// RLSReplace names a limit (its rate_limit.name) that the limit listing it
+// replaces.
+type RLSReplace struct {
+	Name string `yaml:"name"`
 }
 
 var rlsUnits = map[string]struct {
@@ -86,37 +130,94 @@ var rlsUnits = map[string]struct {
 }
 
 // rlsNode is a compiled descriptor: its children by key and value (exact,
-// then prefix, then any value), and its limit, if any.
+// then wildcard, then any value), and its limit, if any.
 type rlsNode struct {
-	exact    map[[2]string]*rlsNode
-	prefix   []rlsPrefix
-	any      map[string]*rlsNode
-	rule     int    // index in the rules (and state.rlsRules); -1: no limit
-	name     string // rate_limit.name
-	unit     rlsv3.RateLimitResponse_RateLimit_Unit
-	requests uint32
+	exact     map[[2]string]*rlsNode
+	wild      []rlsWild
+	any       map[string]*rlsNode
+	limit     rlsLimitKind
+	rule      int // index in the rules (and state.rlsRules); -1: none
+	name      string
+	replaces  []string
+	unit      rlsv3.RateLimitResponse_RateLimit_Unit
+	requests  uint32
+	quota     bool   // quota_mode
+	share     bool   // share_threshold: count every matching value as one
+	pattern   string // the wildcard value this node was declared with
+	wildParts []string
 }
 
-type rlsPrefix struct {
-	key, prefix string
-	n           *rlsNode
+// rlsLimitKind is what a node's rate_limit says.
+type rlsLimitKind uint8
+
+const (
+	rlsNone      rlsLimitKind = iota // no rate_limit: no limit
+	rlsLimited                       // requests per unit, counted in a rule's sketch
+	rlsUnlimited                     // unlimited: true
+	rlsBlock                         // requests_per_unit: 0: every hit is over
+)
+
+type rlsWild struct {
+	key string
+	n   *rlsNode
 }
 
 func newRLSNode() *rlsNode {
 	return &rlsNode{exact: map[[2]string]*rlsNode{}, any: map[string]*rlsNode{}, rule: -1}
 }
 
-// child finds the node for one request entry.
-func (n *rlsNode) child(key, value string) *rlsNode {
+// child finds the node for one request entry, and whether it was found
+// through a wildcard value with share_threshold.
+func (n *rlsNode) child(key, value string) (c *rlsNode, shared bool) {
 	if c := n.exact[[2]string{key, value}]; c != nil {
-		return c
+		return c, false
 	}
-	for _, p := range n.prefix {
-		if p.key == key && strings.HasPrefix(value, p.prefix) {
-			return p.n
+	for _, w := range n.wild {
+		if w.key == key && wildcardMatch(w.n.wildParts, value) {
+			return w.n, w.n.share
 		}
 	}
-	return n.any[key]
+	return n.any[key], false
+}
+
+// unlimitedBelow counts the unlimited descriptors under n.
+func (n *rlsNode) unlimitedBelow() int {
+	count := 0
+	each := func(c *rlsNode) {
+		if c.limit == rlsUnlimited {
+			count++
+		}
+		count += c.unlimitedBelow()
+	}
+	for _, c := range n.exact {
+		each(c)
+	}
+	for _, w := range n.wild {
+		each(w.n)
+	}
+	for _, c := range n.any {
+		each(c)
+	}
+	return count
+}
+
+// wildcardMatch reports whether value matches a wildcard value split at
+// its *s: it starts with the first part, ends with the last, and holds the
+// others in order between them, each * standing for any run of bytes.
+func wildcardMatch(parts []string, value string) bool {
+	first, last := parts[0], parts[len(parts)-1]
+	if len(value) < len(first)+len(last) || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
+		return false
+	}
+	rest := value[len(first) : len(value)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(p):]
+	}
+	return true
 }
 
 // validateEnvoyRLS loads and compiles the domains.
@@ -128,7 +229,7 @@ func (c *Config) validateEnvoyRLS() error {
 	if r.Listen == "" {
 		return c.errAt(`missing: the gRPC address, e.g. listen: "127.0.0.1:8081"`, "envoy_rls", "listen")
 	}
-	r.domains, r.rules = map[string]*rlsNode{}, nil
+	r.domains, r.rules, r.nodes = map[string]*rlsNode{}, nil, 0
 	for i := range r.Domains {
 		if err := r.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
 			return err
@@ -181,11 +282,14 @@ func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
 	if d.Domain == "" {
 		return at("missing: every domain needs a name (domain: edge)", "domain")
 	}
-	if r.domains[d.Domain] != nil {
-		return at(fmt.Sprintf("%q is given twice", d.Domain), "domain")
+	root := r.domains[d.Domain]
+	switch {
+	case root == nil:
+		root = newRLSNode()
+		r.domains[d.Domain] = root
+	case !r.MergeDomains:
+		return at(fmt.Sprintf("%q is given twice: give each domain once, or set envoy_rls.merge_domains: true to merge them", d.Domain), "domain")
 	}
-	root := newRLSNode()
-	r.domains[d.Domain] = root
 	var walk func(n *rlsNode, ds []RLSDescriptor, names []string, path []any) error
 	walk = func(n *rlsNode, ds []RLSDescriptor, names []string, path []any) error {
 		for i := range ds {
@@ -195,54 +299,43 @@ func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
 				return c.errAt("missing: every descriptor needs a key", append(p, "key")...)
 			}
 			child := newRLSNode()
+			twice := func() error {
+				return c.errAt(fmt.Sprintf("%s=%s is given twice at this level", dd.Key, dd.Value), p...)
+			}
 			switch v := dd.Value; {
 			case v == "":
 				if n.any[dd.Key] != nil {
 					return c.errAt(fmt.Sprintf("key %q without a value is given twice at this level", dd.Key), p...)
 				}
 				n.any[dd.Key] = child
-			case strings.HasSuffix(v, "*"):
-				n.prefix = append(n.prefix, rlsPrefix{dd.Key, strings.TrimSuffix(v, "*"), child})
+			case strings.Contains(v, "*"):
+				for _, w := range n.wild {
+					if w.key == dd.Key && w.n.pattern == v {
+						return twice()
+					}
+				}
+				child.pattern, child.wildParts, child.share = v, strings.Split(v, "*"), dd.ShareThreshold
+				n.wild = append(n.wild, rlsWild{dd.Key, child})
 			default:
 				k := [2]string{dd.Key, v}
 				if n.exact[k] != nil {
-					return c.errAt(fmt.Sprintf("%s=%s is given twice at this level", dd.Key, v), p...)
+					return twice()
 				}
 				n.exact[k] = child
 			}
+			if dd.ShareThreshold && !strings.Contains(dd.Value, "*") {
+				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value (with *), not %q", dd.Value), append(p, "share_threshold")...)
+			}
+			r.nodes++
 			label := dd.Key
 			if dd.Value != "" {
 				label += "=" + dd.Value
 			}
 			names := append(append([]string(nil), names...), label)
-			// unlimited: no rule, so always OK
-			if rl := dd.RateLimit; rl != nil && !rl.Unlimited {
-				u, ok := rlsUnits[strings.ToLower(rl.Unit)]
-				if !ok {
-					return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "rate_limit", "unit")...)
+			if rl := dd.RateLimit; rl != nil {
+				if err := r.limit(c, child, dd, printable("envoy:"+d.Domain+":"+strings.Join(names, ":")), append(p, "rate_limit")); err != nil {
+					return err
 				}
-				if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 1 || rl.RequestsPerUnit > maxThreshold {
-					return c.errAt(fmt.Sprintf("%g: want a whole number from 1 to %d", rl.RequestsPerUnit, maxThreshold), append(p, "rate_limit", "requests_per_unit")...)
-				}
-				if tickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
-					return c.errAt(fmt.Sprintf("%g per %s needs a tick under 1ms", rl.RequestsPerUnit, rl.Unit), append(p, "rate_limit")...)
-				}
-				child.rule, child.name, child.unit, child.requests = len(r.rules), rl.Name, u.u, uint32(rl.RequestsPerUnit)
-				// The rule's name keys its counts and metrics: unique,
-				// even where printable folded two names into one.
-				name := printable("envoy:" + d.Domain + ":" + strings.Join(names, ":"))
-				for _, o := range r.rules {
-					if o.Name == name {
-						name += "#" + strconv.Itoa(len(r.rules))
-						break
-					}
-				}
-				r.rules = append(r.rules, Rule{
-					Name:    name,
-					Limits:  []Limit{{Name: "limit", Requests: rl.RequestsPerUnit, Per: Duration(u.d), Burst: rl.RequestsPerUnit}},
-					Shadow:  dd.ShadowMode,
-					Refused: "free",
-				})
 			}
 			if err := walk(child, dd.Descriptors, names, p); err != nil {
 				return err
@@ -251,6 +344,59 @@ func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
 		return nil
 	}
 	return walk(root, d.Descriptors, nil, path)
+}
+
+// limit compiles descriptor dd's rate_limit, at path p, into node n: a
+// rule named name for a counted limit.
+func (r *EnvoyRLSConfig) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, p []any) error {
+	rl := dd.RateLimit
+	for j, rp := range rl.Replaces {
+		switch {
+		case rp.Name == "":
+			return c.errAt("missing: the name of the limit replaced", append(p, "replaces", j, "name")...)
+		case rp.Name == rl.Name:
+			return c.errAt(fmt.Sprintf("%q is this limit's own name: a limit cannot replace itself", rp.Name), append(p, "replaces", j, "name")...)
+		}
+		n.replaces = append(n.replaces, rp.Name)
+	}
+	n.name, n.quota = rl.Name, dd.QuotaMode
+	if rl.Unlimited {
+		n.limit = rlsUnlimited
+		return nil
+	}
+	u, ok := rlsUnits[strings.ToLower(rl.Unit)]
+	if !ok {
+		return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "unit")...)
+	}
+	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > maxThreshold {
+		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, maxThreshold), append(p, "requests_per_unit")...)
+	}
+	if rl.RequestsPerUnit == 0 && c.root != nil && !c.given(append(p, "requests_per_unit")...) {
+		return c.errAt("missing: requests_per_unit (write 0 to refuse every request)", p...)
+	}
+	n.unit, n.requests = u.u, uint32(rl.RequestsPerUnit)
+	rule := Rule{Shadow: dd.ShadowMode, Refused: "free"}
+	if rl.RequestsPerUnit == 0 {
+		n.limit = rlsBlock // a rule without limits: metrics only
+	} else {
+		if tickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
+			return c.errAt(fmt.Sprintf("%g per %s needs a tick under 1ms", rl.RequestsPerUnit, rl.Unit), p...)
+		}
+		n.limit = rlsLimited
+		rule.Limits = []Limit{{Name: "limit", Requests: rl.RequestsPerUnit, Per: Duration(u.d), Burst: rl.RequestsPerUnit}}
+	}
+	// The rule's name keys its counts and metrics: unique, even where
+	// printable folded two names into one.
+	for _, o := range r.rules {
+		if o.Name == name {
+			name += "#" + strconv.Itoa(len(r.rules))
+			break
+		}
+	}
+	rule.Name = name
+	n.rule = len(r.rules)
+	r.rules = append(r.rules, rule)
+	return nil
 }
 
 func cloneAnys(p []any) []any { return append([]any(nil), p...) }
@@ -293,21 +439,24 @@ type rlsServer struct {
 
 // rlsHit is one descriptor's decision.
 type rlsHit struct {
-	n        *rlsNode
+	n        *rlsNode // the node the descriptor leads to, with a rate_limit; nil: no limit
 	ru       *rule
 	key      string
 	hits     uint32
 	est      uint32
-	theta    uint32
+	theta    uint32 // in counts
+	unit     uint32 // counts per request
 	over     bool
+	never    bool // over even at an estimate of 0: more hits than the whole limit
 	negative bool
 }
 
 // ShouldRateLimit decides every descriptor as envoyproxy/ratelimit does
-// (the limit of the node the whole descriptor leads to; none: OK), then
-// counts the hits of every matched descriptor if the request is allowed
-// (refusals are free, as rules' refused: free). Unknown domains are OK:
-// the limiter fails open.
+// (the limit of the node the whole descriptor leads to, unless another
+// matched descriptor's limit replaces it; none: OK), then counts the hits
+// of every matched descriptor if the request is allowed (refusals are
+// free, as rules' refused: free). Unknown domains are OK: the limiter
+// fails open.
 func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	m := s.m
 	st := m.state.Load()
@@ -336,11 +485,14 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
 	decided := make([]rlsHit, len(ds))
-	var buf []byte
+	// Match every descriptor first: a limit applies only if no other
+	// matched limit replaces it.
+	replaced := false
 	for i, d := range ds {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		es := d.GetEntries()
-		if len(es) == 0 || len(es) > maxRLSEntries {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries: want 1 to %d", i, len(es), maxRLSEntries)
+		if len(es) > maxRLSEntries {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries: at most %d", i, len(es), maxRLSEntries)
 		}
 		h := &decided[i]
 		h.hits = hits
@@ -357,64 +509,143 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			if len(e.GetKey()) > maxRLSValue || len(e.GetValue()) > maxRLSValue {
 				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d entry %d is longer than %d bytes", i, j, maxRLSValue)
 			}
-			key.WriteString(strconv.Itoa(len(e.GetValue())))
-			key.WriteByte(':')
-			key.WriteString(e.GetValue())
+			v := e.GetValue()
 			if n != nil {
-				n = n.child(e.GetKey(), e.GetValue())
+				var shared bool
+				if n, shared = n.child(e.GetKey(), v); shared {
+					v = n.pattern // share_threshold: one count for every matching value
+				}
 			}
+			key.WriteString(strconv.Itoa(len(v)))
+			key.WriteByte(':')
+			key.WriteString(v)
 		}
-		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		if n == nil || n.rule < 0 || n.rule >= len(st.rlsRules) {
-			continue // no limit: OK (unlimited nodes too)
-		}
-		h.n, h.ru, h.key = n, st.rlsRules[n.rule], key.String()
-		l := h.ru.limits[0]
-		buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-		h.est = l.sk.EstimateBytes(buf)
-		h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, now)
-		h.theta = l.theta
-		h.over = !h.negative && uint64(h.est)+uint64(h.hits)*uint64(l.unit) > uint64(h.theta)
-		if h.over && !h.ru.cfg.Shadow {
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		// No entries lead nowhere: no limit, as in envoyproxy/ratelimit.
+		if len(es) > 0 && n != nil && n.limit != rlsNone {
+			h.n, h.key = n, key.String()
+			replaced = replaced || len(n.replaces) > 0
 		}
 	}
+	if replaced {
+		// Every matched limit's replaces count, even a replaced one's.
+		gone := make([]bool, len(decided))
+		for i, h := range decided {
+			gone[i] = h.n != nil && h.n.name != "" && replacedBy(decided, h.n.name)
+		}
+		for i := range decided {
+			if gone[i] {
+				decided[i].n = nil
+			}
+		}
+	}
+	var buf []byte
+	var failed, quotas, quotasOver int
+	for i := range decided {
+		h := &decided[i]
+		if h.n == nil {
+			continue
+		}
+		switch h.n.limit {
+		case rlsUnlimited:
+			resp.Statuses[i].LimitRemaining = math.MaxUint32 // as envoyproxy/ratelimit
+			h.n = nil
+			continue
+		case rlsBlock:
+			h.ru, h.unit = st.rlsRules[h.n.rule], 1
+		case rlsLimited:
+			h.ru = st.rlsRules[h.n.rule]
+			l := h.ru.limits[0]
+			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
+			h.est = l.sk.EstimateBytes(buf)
+			h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, now)
+			h.theta, h.unit = l.theta, l.unit
+		}
+		units := uint64(h.hits) * uint64(h.unit) // counts per request: limit.go, countsFor
+		h.over = !h.negative && uint64(h.est)+units > uint64(h.theta)
+		h.never = !h.negative && units > uint64(h.theta)
+		if h.n.quota {
+			quotas++
+		}
+		if h.over && !h.ru.cfg.Shadow {
+			if h.n.quota {
+				quotasOver++
+			} else {
+				failed++
+			}
+		}
+	}
+	// Over if an ordinary descriptor is, or every quota descriptor is
+	// (envoyproxy/ratelimit's quota_mode: one quota with room is enough).
+	allQuotasOver := quotas > 0 && quotasOver == quotas
+	if failed > 0 || allQuotasOver {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
 	allowed := resp.OverallCode == rlsv3.RateLimitResponse_OK
-	var retry time.Duration
+	// Retry-After: the longest wait of an ordinary descriptor over, and
+	// the shortest of the quota descriptors if all are over; forever (no
+	// Retry-After) where one can never pass.
+	const forever = time.Duration(math.MaxInt64)
+	retry, quotaWait := time.Duration(0), forever
+	wait := func(h *rlsHit, d time.Duration) {
+		if !h.over || h.ru.cfg.Shadow {
+			return
+		}
+		if h.never {
+			d = forever
+		}
+		if h.n.quota {
+			quotaWait = min(quotaWait, d)
+		} else {
+			retry = max(retry, d)
+		}
+	}
 	var policies []string
 	var field []byte // the RateLimit field
 	for i := range decided {
 		h := &decided[i]
-		if h.ru == nil {
+		if h.n == nil {
 			continue
 		}
-		l := h.ru.limits[0]
 		out := Allow
 		if h.over {
 			out = Reject
 		}
 		h.ru.met.count(out, h.ru.cfg.Shadow && h.over)
+		dst := resp.Statuses[i]
+		dst.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: h.n.name, RequestsPerUnit: h.n.requests, Unit: h.n.unit}
+		if h.over && !h.ru.cfg.Shadow {
+			dst.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if h.n.limit == rlsBlock {
+			wait(h, forever)
+			continue // remaining 0, and no reset: it never comes
+		}
+		l := h.ru.limits[0]
 		est := uint64(h.est)
-		if allowed && !h.negative && h.hits > 0 {
+		// An allowed request counts its hits on every matched descriptor
+		// but a quota it was over.
+		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.over) {
 			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-			n := uint32(min(uint64(h.hits)*uint64(l.unit), 2*maxThreshold+2))
+			n := uint32(min(uint64(h.hits)*uint64(h.unit), 2*maxThreshold+2))
 			l.sk.ObserveBytesN(time.Time{}, buf, n)
 			est += uint64(n)
 		}
-		dst := resp.Statuses[i]
-		dst.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: h.n.name, RequestsPerUnit: h.n.requests, Unit: h.n.unit}
-		remaining := (int64(h.theta) - int64(min(est, math.MaxInt32))) / int64(l.unit)
+		remaining := (int64(h.theta) - int64(min(est, math.MaxInt32))) / int64(h.unit)
 		reset := untilNextTick(now, l.tick)
-		if h.over {
+		switch {
+		case h.never:
+			// More hits than the whole limit pass at no estimate: no
+			// duration_until_reset, which would promise a pass.
 			remaining = 0
-			reset = retryAfter(h.est, uint32(min(uint64(h.hits)*uint64(l.unit), uint64(h.theta))), h.theta, now, l.tick)
-			if !h.ru.cfg.Shadow {
-				dst.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-				retry = max(retry, reset)
-			}
+		case h.over:
+			remaining = 0
+			reset = retryAfter(h.est, h.hits*h.unit, h.theta, now, l.tick) // not never: fits in theta
 		}
+		wait(h, reset)
 		dst.LimitRemaining = uint32(max(remaining, 0))
-		dst.DurationUntilReset = durationpb.New(reset)
+		if !h.never {
+			dst.DurationUntilReset = durationpb.New(reset)
+		}
 		if h.ru.cfg.Shadow {
 			continue // shadow descriptors send no fields
 		}
@@ -423,13 +654,16 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			field = appendItem(field, l.quoted, int64(dst.LimitRemaining), seconds(reset))
 		}
 	}
+	if allQuotasOver {
+		retry = max(retry, quotaWait)
+	}
 	if len(policies) > 0 && !st.cfg.Headers.Off {
 		add := func(k, v string) {
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: k, Value: v})
 		}
 		add("RateLimit-Policy", strings.Join(policies, ", "))
 		add("RateLimit", string(field))
-		if !allowed {
+		if !allowed && retry < forever {
 			add("Retry-After", strconv.FormatInt(seconds(retry), 10))
 		}
 	}
@@ -437,4 +671,15 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		m.met.rlsOverLimit.Add(1)
 	}
 	return resp, nil
+}
+
+// replacedBy reports whether a matched descriptor's limit replaces the
+// limit named name.
+func replacedBy(decided []rlsHit, name string) bool {
+	for _, o := range decided {
+		if o.n != nil && slices.Contains(o.n.replaces, name) {
+			return true
+		}
+	}
+	return false
 }

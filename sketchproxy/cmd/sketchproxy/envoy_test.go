@@ -184,7 +184,7 @@ func TestBinaryEnvoyRLS(t *testing.T) {
 		}{
 			{"no domain", &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", "x")}}},
 			{"no descriptors", &rlsv3.RateLimitRequest{Domain: "edge"}},
-			{"an empty descriptor", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{{}}}},
+			{"17 entries", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc(strings.Split(strings.Repeat("k,v,", 17), ",")...)}}},
 			{"an entry without a key", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("", "x")}}},
 			{"65 descriptors", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: many}},
 			{"a 5000-byte value", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", strings.Repeat("x", 5000))}}},
@@ -194,6 +194,11 @@ func TestBinaryEnvoyRLS(t *testing.T) {
 				t.Errorf("%s: %v, want InvalidArgument with a reason", c.name, err)
 			}
 		}
+		// A descriptor without entries has no limit, as in
+		// envoyproxy/ratelimit: OK.
+		if resp := ask(t, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{{}}}); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+			t.Errorf("an empty descriptor: %v", resp)
+		}
 		// Control bytes, quotes and non-ASCII in a value are just bytes.
 		// (Invalid UTF-8 cannot be sent: proto3 strings refuse it.)
 		if resp := ask(t, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", "\x00\n\"\\é")}}); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
@@ -202,9 +207,8 @@ func TestBinaryEnvoyRLS(t *testing.T) {
 	})
 
 	t.Run("deadlines and health", func(t *testing.T) {
-		dctx, cancel := context.WithTimeout(ctx, time.Nanosecond)
+		dctx, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
 		defer cancel()
-		time.Sleep(time.Millisecond)
 		_, err := client.ShouldRateLimit(dctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", "x")}})
 		if status.Code(err) != grpccodes.DeadlineExceeded {
 			t.Errorf("an expired deadline: %v", err)

@@ -49,6 +49,7 @@ func startRedisWith(t testing.TB, port int, ping bool, extra ...string) *redisSe
 	r := &redisServer{t: t, port: port}
 	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"}
 	r.cmd = exec.Command(bin, append(args, extra...)...)
+	r.cmd.Dir = t.TempDir() // a master writes dump.rdb for its replicas' sync there, not in the package
 	out := new(lockedBuffer)
 	r.cmd.Stdout, r.cmd.Stderr = out, out
 	if err := r.cmd.Start(); err != nil {

@@ -73,6 +73,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "%s: warning: %s\n", o.cfgPath, w)
 		}
 		fmt.Fprintf(stdout, "%s: ok, %s", o.cfgPath, plural(len(cfg.Rules), "rule"))
+		if d, n, l := cfg.EnvoyRLS.Loaded(); d > 0 {
+			fmt.Fprintf(stdout, ", envoy_rls: %d domains, %d descriptors (%d with a rate_limit)", d, n, l)
+		}
 		if len(warnings) > 0 {
 			fmt.Fprintf(stdout, " (%s on standard error)", plural(len(warnings), "warning"))
 		}

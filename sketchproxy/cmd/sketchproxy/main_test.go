@@ -36,6 +36,11 @@ func TestFlags(t *testing.T) {
 	if code := run([]string{"-config", good, "-check"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "ok, 3 rules") {
 		t.Fatalf("-check on the example: %d %q %q", code, out.String(), errb.String())
 	}
+	out.Reset()
+	if code := run([]string{"-config", "../../examples/envoy/sketchproxy.yaml", "-check"}, &out, &errb); code != 0 ||
+		!strings.HasSuffix(out.String(), ": ok, 0 rules, envoy_rls: 2 domains, 4 descriptors (4 with a rate_limit)\n") {
+		t.Errorf("-check on the Envoy example: %d %q %q", code, out.String(), errb.String())
+	}
 	for _, c := range []struct {
 		file, body string
 		code       int

@@ -1,0 +1,438 @@
+package sketchproxy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/epochsketch/epochsketch"
+)
+
+// The tests behind the README's "Moving from envoyproxy/ratelimit" table:
+// each drives the real gRPC service, on a manual clock, with a config in
+// envoyproxy/ratelimit's file format.
+
+// rlsHarness is Envoy's rate-limit service of one Middleware, served on a
+// free port, and a client of it.
+type rlsHarness struct {
+	client rlsv3.RateLimitServiceClient
+	clk    *epochsketch.ManualClock
+}
+
+// rlsT0 is a whole minute (ticks are anchored on the Unix epoch), so that
+// a test knows where the next halving is.
+var rlsT0 = time.Unix(1_800_000_000, 0)
+
+// newRLSHarness serves envoy_rls with the domain files given (name: body),
+// listed in files: in that order, and extra lines under envoy_rls.
+func newRLSHarness(t *testing.T, extra string, files ...string) *rlsHarness {
+	t.Helper()
+	dir := t.TempDir()
+	var names []string
+	for i := 0; i+1 < len(files); i += 2 {
+		names = append(names, files[i])
+		if err := os.WriteFile(filepath.Join(dir, files[i]), []byte(files[i+1]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	main := filepath.Join(dir, "main.yaml")
+	body := "admin: \"off\"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  files: [" + strings.Join(names, ", ") + "]\n" + extra
+	if err := os.WriteFile(main, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := epochsketch.NewManualClock(rlsT0)
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Clock: clk, Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	mw.RegisterRateLimitService(srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+		mw.Close()
+	})
+	return &rlsHarness{client: rlsv3.NewRateLimitServiceClient(conn), clk: clk}
+}
+
+// ask sends one request of descriptors to domain with hits hits (0: the
+// default 1).
+func (h *rlsHarness) ask(t *testing.T, domain string, hits uint32, ds ...*rlv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := h.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: ds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// passes counts how many of n requests of one descriptor are OK.
+func (h *rlsHarness) passes(t *testing.T, n int, domain string, d *rlv3.RateLimitDescriptor) int {
+	t.Helper()
+	ok := 0
+	for range n {
+		if h.ask(t, domain, 0, d).GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	return ok
+}
+
+func entries(kv ...string) *rlv3.RateLimitDescriptor {
+	d := &rlv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func header(resp *rlsv3.RateLimitResponse, name string) string {
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if strings.EqualFold(h.GetKey(), name) {
+			return h.GetValue()
+		}
+	}
+	return ""
+}
+
+const rlsUserFile = `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`
+
+// The window decays instead of resetting: 10 a minute halves the count
+// every 30 s, so after a full burst, 30 s frees 5, not 10 (and a client at
+// a steady 10 a minute is never refused: LimitMath, limit.go). Refused
+// hits are free: hammering while refused costs nothing later.
+func TestRLSDecayingWindowAndFreeRefusals(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
+	ann, bob := entries("user", "ann"), entries("user", "bob")
+	if got := h.passes(t, 11, "d", ann); got != 10 {
+		t.Fatalf("a quiet user's burst: %d of 11 passed, want 10", got)
+	}
+	if got := h.passes(t, 11, "d", bob); got != 10 {
+		t.Fatalf("another user's burst: %d of 11 passed, want 10", got)
+	}
+	h.passes(t, 100, "d", bob) // bob hammers while refused
+	h.clk.Advance(30 * time.Second)
+	if got := h.passes(t, 10, "d", ann); got != 5 {
+		t.Errorf("30 s after a burst of 10: %d passed, want 5 (half the count decayed)", got)
+	}
+	if got := h.passes(t, 10, "d", bob); got != 5 {
+		t.Errorf("after 100 refused calls: %d passed, want 5, as for a user who waited", got)
+	}
+}
+
+// A request refused for one descriptor counts the hits of none: the
+// passing descriptor's remaining is what it was.
+func TestRLSRefusedRequestCountsNothing(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
+	h.passes(t, 10, "d", entries("user", "ann"))
+	ip := entries("ip", "192.0.2.1")
+	resp := h.ask(t, "d", 0, entries("user", "ann"), ip)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("ann over, the address not: %v", resp)
+	}
+	if r := h.ask(t, "d", 0, ip).GetStatuses()[0].GetLimitRemaining(); r != 9 {
+		t.Errorf("the address after the refused request and one of its own: remaining %d, want 9", r)
+	}
+}
+
+// More hits than the whole limit can never pass: OVER_LIMIT with no
+// duration_until_reset and no Retry-After, while a request that fits
+// later is told when.
+func TestRLSHitsOverTheWholeLimit(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
+	resp := h.ask(t, "d", 11, entries("user", "ann"))
+	st := resp.GetStatuses()[0]
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetLimitRemaining() != 0 || st.GetDurationUntilReset() != nil {
+		t.Errorf("11 hits of 10: %v", resp)
+	}
+	if ra := header(resp, "Retry-After"); ra != "" {
+		t.Errorf("11 hits of 10: Retry-After %s promises a pass", ra)
+	}
+	if !strings.Contains(header(resp, "RateLimit"), ";r=0;") {
+		t.Errorf("11 hits of 10: RateLimit %q", header(resp, "RateLimit"))
+	}
+	// Beside a descriptor that would pass later, still no Retry-After.
+	h.passes(t, 10, "d", entries("ip", "192.0.2.9"))
+	both := h.ask(t, "d", 0, entries("ip", "192.0.2.9"), &rlv3.RateLimitDescriptor{Entries: entries("user", "ann").Entries, HitsAddend: wrapperspb.UInt64(11)})
+	if header(both, "Retry-After") != "" || both.GetStatuses()[0].GetDurationUntilReset() == nil {
+		t.Errorf("one over for now, one never: %v", both)
+	}
+	// 10 hits fit a quiet user, and 5 more are told to wait for a halving.
+	if resp := h.ask(t, "d", 10, entries("user", "ann")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("10 hits of 10: %v", resp)
+	}
+	resp = h.ask(t, "d", 5, entries("user", "ann"))
+	if d := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || d != 30*time.Second || header(resp, "Retry-After") != "30" {
+		t.Errorf("5 more hits: %v, want OVER_LIMIT until the next halving, 30 s", resp)
+	}
+}
+
+// An unlimited descriptor, one that matches nothing, one with no entries,
+// and a domain not configured are OK; the unlimited one reports
+// limit_remaining 4294967295, as envoyproxy/ratelimit does.
+func TestRLSUnlimitedAndNoLimit(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", `domain: d
+descriptors:
+  - key: user
+    value: admin
+    rate_limit: {unlimited: true}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1}
+`)
+	resp := h.ask(t, "d", 0, entries("user", "admin"), entries("path", "/"), &rlv3.RateLimitDescriptor{}, entries("user", "ann"))
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("%v", resp)
+	}
+	s := resp.GetStatuses()
+	if s[0].GetLimitRemaining() != math.MaxUint32 || s[0].GetCurrentLimit() != nil {
+		t.Errorf("unlimited: %v", s[0])
+	}
+	for i, name := range []string{"no match", "no entries"} {
+		if st := s[i+1]; st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetCurrentLimit() != nil || st.GetLimitRemaining() != 0 {
+			t.Errorf("%s: %v", name, st)
+		}
+	}
+	if s[3].GetCurrentLimit().GetRequestsPerUnit() != 1 {
+		t.Errorf("the limited descriptor beside them: %v", s[3])
+	}
+	for range 5 {
+		if resp := h.ask(t, "d", 0, entries("user", "admin")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("unlimited, again: %v", resp)
+		}
+	}
+	if resp := h.ask(t, "other", 0, entries("user", "ann")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+		t.Errorf("a domain not configured: %v", resp)
+	}
+}
+
+// requests_per_unit: 0 refuses every request that adds hits; one that
+// adds none (hits_addend 0) is OK with nothing remaining.
+func TestRLSZeroBlocksAll(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", `domain: d
+descriptors:
+  - key: path
+    value: /admin
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: path
+    value: /trial
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 0}
+`)
+	for i := range 3 {
+		resp := h.ask(t, "d", 0, entries("path", "/admin"))
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetCurrentLimit().GetRequestsPerUnit() != 0 ||
+			st.GetDurationUntilReset() != nil || header(resp, "Retry-After") != "" {
+			t.Fatalf("call %d: %v", i+1, resp)
+		}
+		h.clk.Advance(time.Hour)
+	}
+	d := entries("path", "/admin")
+	d.HitsAddend = wrapperspb.UInt64(0)
+	if resp := h.ask(t, "d", 0, d); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetLimitRemaining() != 0 {
+		t.Errorf("a look without hits: %v", resp)
+	}
+	if resp := h.ask(t, "d", 0, entries("path", "/trial")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("shadow mode: %v", resp)
+	}
+}
+
+// Wildcards anywhere in a value match as envoyproxy/ratelimit's do, each
+// value counted apart; with share_threshold every matching value shares
+// one count, also when the limit sits deeper.
+func TestRLSWildcards(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", `domain: d
+descriptors:
+  - key: path
+    value: /v1/*/report
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /api/*
+    share_threshold: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`)
+	for _, c := range []struct {
+		value string
+		limit uint32
+	}{
+		{"/v1/a/report", 2}, {"/v1/a/b/report", 2}, {"/v1/report", 100}, {"/v1/a/report/x", 100}, {"/files/", 2}, {"/file", 100},
+	} {
+		if got := h.ask(t, "d", 0, entries("path", c.value)).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != c.limit {
+			t.Errorf("%s: limit %d, want %d", c.value, got, c.limit)
+		}
+	}
+	// /v1/a/report has 1 left; /v1/b/report its own 2.
+	if got := h.passes(t, 3, "d", entries("path", "/v1/b/report")); got != 2 {
+		t.Errorf("another value of a wildcard without share_threshold: %d of 3 passed, want its own 2", got)
+	}
+	// /files/ took 1 of the shared 2.
+	if got := h.passes(t, 1, "d", entries("path", "/files/a.pdf")); got != 1 {
+		t.Errorf("/files/a.pdf: refused")
+	}
+	if got := h.passes(t, 1, "d", entries("path", "/files/b.csv")); got != 0 {
+		t.Errorf("/files/b.csv after 2 others under a shared threshold: passed")
+	}
+	h.passes(t, 2, "d", entries("path", "/api/x", "method", "GET"))
+	if got := h.passes(t, 1, "d", entries("path", "/api/y", "method", "GET")); got != 0 {
+		t.Errorf("/api/y GET shares /api/x GET's count: passed")
+	}
+	if got := h.passes(t, 1, "d", entries("path", "/api/y", "method", "POST")); got != 1 {
+		t.Errorf("/api/y POST: another method, its own count: refused")
+	}
+}
+
+// A limit replaces another by name: when both match, the replaced one is
+// neither applied nor counted.
+func TestRLSReplaces(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", `domain: d
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
+  - key: plan
+    value: gold
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      replaces: [{name: per_user}]
+`)
+	gold := entries("plan", "gold")
+	for i := range 5 {
+		resp := h.ask(t, "d", 0, entries("user", "ann"), gold)
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+			t.Fatalf("gold call %d: %v", i+1, resp)
+		}
+	}
+	if resp := h.ask(t, "d", 0, entries("user", "ann"), gold); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the 6th gold call: %v", resp)
+	}
+	// Alone, ann's own limit applies, and the gold calls did not count on it.
+	if got := h.passes(t, 3, "d", entries("user", "ann")); got != 2 {
+		t.Errorf("ann alone: %d of 3 passed, want 2", got)
+	}
+}
+
+// Files of one domain merge with merge_domains, as with
+// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG.
+func TestRLSMergeDomains(t *testing.T) {
+	a := "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n"
+	b := "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 4}\n"
+	h := newRLSHarness(t, "  merge_domains: true\n", "a.yaml", a, "b.yaml", b)
+	resp := h.ask(t, "d", 0, entries("user", "ann"), entries("ip", "192.0.2.1"))
+	if s := resp.GetStatuses(); s[0].GetCurrentLimit().GetRequestsPerUnit() != 3 || s[1].GetCurrentLimit().GetRequestsPerUnit() != 4 {
+		t.Errorf("merged: %v", resp)
+	}
+}
+
+// A descriptor's limit override is not applied: the files decide.
+func TestRLSLimitOverrideIgnored(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
+	d := entries("user", "ann")
+	d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 1} // 1 a second
+	if got := h.passes(t, 3, "d", d); got != 3 {
+		t.Errorf("an override of 1 a second: %d of 3 passed, want 3 (the file's 10 a minute)", got)
+	}
+}
+
+// Negative hits are answered OK and not counted (a sketch cannot give
+// counts back).
+func TestRLSNegativeHits(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
+	h.passes(t, 10, "d", entries("user", "ann"))
+	d := entries("user", "ann")
+	d.IsNegativeHits = true
+	if resp := h.ask(t, "d", 3, d); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("negative hits: %v", resp)
+	}
+	if got := h.passes(t, 1, "d", entries("user", "ann")); got != 0 {
+		t.Errorf("after negative hits, the 11th: passed; nothing is given back")
+	}
+}
+
+// quota_mode: the request is over only if every quota descriptor is (or an
+// ordinary one); a quota it is over reads OVER_LIMIT and is not charged.
+func TestRLSQuotaMode(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", `domain: d
+descriptors:
+  - key: daily
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: monthly
+    quota_mode: true
+    rate_limit: {unit: month, requests_per_unit: 3}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 100}
+`)
+	req := []*rlv3.RateLimitDescriptor{entries("daily", "ann"), entries("monthly", "ann"), entries("user", "ann")}
+	codes := func(resp *rlsv3.RateLimitResponse) string {
+		var s []string
+		for _, st := range resp.GetStatuses() {
+			s = append(s, st.GetCode().String())
+		}
+		return resp.GetOverallCode().String() + " " + strings.Join(s, ",")
+	}
+	for i, want := range []string{
+		"OK OK,OK,OK", "OK OK,OK,OK", // both quotas have room
+		"OK OVER_LIMIT,OK,OK", // the daily one is spent: the monthly one suffices, and alone is charged
+		"OVER_LIMIT OVER_LIMIT,OVER_LIMIT,OK",
+	} {
+		resp := h.ask(t, "d", 0, req...)
+		if got := codes(resp); got != want {
+			t.Fatalf("call %d: %s, want %s", i+1, got, want)
+		}
+		if i == 3 {
+			// Retry-After is the sooner of the two quotas' waits: the
+			// daily one frees a request at its next halving.
+			daily := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration()
+			if ra := header(resp, "Retry-After"); ra != strconv.FormatInt(int64(daily/time.Second), 10) || daily >= resp.GetStatuses()[1].GetDurationUntilReset().AsDuration() {
+				t.Errorf("Retry-After %s, daily wait %v, monthly %v", ra, daily, resp.GetStatuses()[1].GetDurationUntilReset().AsDuration())
+			}
+		}
+	}
+	if r := h.ask(t, "d", 0, entries("user", "ann")).GetStatuses()[0].GetLimitRemaining(); r != 96 {
+		t.Errorf("the ordinary limit: remaining %d, want 96 (three allowed requests and this one)", r)
+	}
+}
