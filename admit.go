@@ -81,6 +81,16 @@ func (s *Sketch) admitAt(t time.Time, key string, wt, limit uint32) (est uint32,
 	return est, ok, now
 }
 
+// admitAtBytes is admitAt for a key held in a byte slice.
+func (s *Sketch) admitAtBytes(t time.Time, key []byte, wt, limit uint32) (est uint32, ok bool, tick int64) {
+	now := s.writeAt(t)
+	est, ok = s.admit(s.h.bytes(key), now, wt, limit)
+	return est, ok, now
+}
+
 func init() {
-	admit.Register(func(sk any) admit.Func { return sk.(*Sketch).admitAt })
+	admit.Register(func(sk any) (admit.Func, admit.BytesFunc) {
+		s := sk.(*Sketch)
+		return s.admitAt, s.admitAtBytes
+	})
 }

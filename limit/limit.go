@@ -76,6 +76,7 @@ type Limiter struct {
 	_ noCopy
 
 	add      admit.Func
+	addBytes admit.BytesFunc
 	limit    uint32 // the threshold: unit × burst
 	burst    int
 	requests int
@@ -102,8 +103,10 @@ func NewWith(cfg Config) *Limiter {
 		panic(err)
 	}
 	sk := epochsketch.New(p.cfg)
+	add, addBytes := admit.Bind(sk)
 	l := &Limiter{
-		add:      admit.Bind(sk),
+		add:      add,
+		addBytes: addBytes,
 		limit:    uint32(unit * p.burst),
 		burst:    p.burst,
 		requests: cfg.Requests,
@@ -125,6 +128,13 @@ func (l *Limiter) Close() error { return l.sk.Close() }
 // so. It is AllowN(time.Time{}, key, 1).
 func (l *Limiter) Allow(key string) bool {
 	_, ok, _ := l.add(time.Time{}, key, unit, l.limit)
+	return ok
+}
+
+// AllowBytes is Allow for a key held in a byte slice: the same key space as
+// Allow(string(key)), without the allocation that conversion costs.
+func (l *Limiter) AllowBytes(key []byte) bool {
+	_, ok, _ := l.addBytes(time.Time{}, key, unit, l.limit)
 	return ok
 }
 

@@ -13,10 +13,14 @@ import "time"
 // latest tick the sketch has used).
 type Func func(t time.Time, key string, n, limit uint32) (est uint32, ok bool, tick int64)
 
-var bind func(sk any) Func
+// BytesFunc is Func for a key held in a byte slice: the same key space as
+// Func with string(key), without the conversion.
+type BytesFunc func(t time.Time, key []byte, n, limit uint32) (est uint32, ok bool, tick int64)
+
+var bind func(sk any) (Func, BytesFunc)
 
 // Register is called once, by package epochsketch.
-func Register(b func(sk any) Func) { bind = b }
+func Register(b func(sk any) (Func, BytesFunc)) { bind = b }
 
-// Bind returns the conditional add of sk, a *epochsketch.Sketch.
-func Bind(sk any) Func { return bind(sk) }
+// Bind returns the conditional adds of sk, a *epochsketch.Sketch.
+func Bind(sk any) (Func, BytesFunc) { return bind(sk) }
