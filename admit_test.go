@@ -2,7 +2,6 @@ package epochsketch_test
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -63,22 +62,13 @@ func TestAdmitRacing(t *testing.T) {
 			sk, _ := newManual(t, epochsketch.Config{NumBuckets: 16, TwoChoice: two})
 			const limit, goroutines, calls = 500, 8, 250
 			var admitted atomic.Uint32
-			var wg sync.WaitGroup
-			start := make(chan struct{})
-			for range goroutines {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-start
-					for range calls {
-						if _, ok := sk.Admit(time.Time{}, "hot", 1, limit); ok {
-							admitted.Add(1)
-						}
+			parallel(goroutines, func(int) {
+				for range calls {
+					if _, ok := sk.Admit(time.Time{}, "hot", 1, limit); ok {
+						admitted.Add(1)
 					}
-				}()
-			}
-			close(start)
-			wg.Wait()
+				}
+			})
 			// 2000 calls for 500 places: a refusal over the limit means the
 			// count was at the limit, and it never falls within a tick.
 			if n := admitted.Load(); n != limit {
