@@ -40,9 +40,9 @@
 // tick: Requests per Per. Two units per request keep that exact when Burst
 // is odd (the halving floors, and the admissions alternate between the two
 // neighbours of Burst/2). A key that sends at most Burst/2 per tick never
-// passes the threshold: its count is at most Burst (half the threshold)
-// after the halving, plus Burst. Ticks are anchored on the Unix epoch, as
-// the sketch's are.
+// passes the threshold: its count is at most Burst units (half the
+// threshold) after the halving, plus Burst units for its Burst/2 requests.
+// Ticks are anchored on the Unix epoch, as the sketch's are.
 //
 // # Where it can be wrong
 //
@@ -51,10 +51,11 @@
 // full of heavier keys is admitted untracked (it fails open; size
 // NumBuckets so that this does not happen: epochsketch.BucketsFor); a key
 // sharing its bucket and 16-bit fingerprint with another shares its count,
-// so it may be refused early (THEORY.md section 3 gives the odds); and 4
+// so it may be refused early (THEORY.md section 3 gives the odds); 4
 // compare-and-swaps in a row lost to racing writers of the same key refuse
-// the request (counted in the sketch's Stats) rather than admit it
-// uncounted.
+// the request rather than admit it uncounted; and the racing first
+// requests of a new key, across a tick boundary, can claim two slots that
+// are merged afterwards, so that together they pass the limit once.
 package limit
 
 import (
