@@ -346,7 +346,9 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 // of the first free slot from the key's home or a challenge of the
 // weakest. Everything else (a sibling to scrub, a duplicate, a slot ahead
 // of now, any other lost CAS) goes to observe1, which makes the same
-// decisions slowly.
+// decisions slowly. limit is noLimit for Observe; admit passes its own,
+// which observe1 checks before a refresh, and never a lost CAS (retry adds
+// unconditionally).
 func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32, lost int, miss bool, limit uint32) (uint32, bool) {
 	if lost != 0 {
 		est, tried := retry(&b.s[lost-1], lost-1, uint64(tagFrom(h)), uint64(epoch24(now)), wt, now)
