@@ -41,6 +41,7 @@ fuzz: ## each fuzz target for 30 s (FUZZTIME=2m for longer)
 	$(GO) test -run XXX -fuzz FuzzSnapshot -fuzztime $(or $(FUZZTIME),30s) .
 	cd sketchproxy && $(GO) test -run XXX -fuzz FuzzClientAddr -fuzztime $(or $(FUZZTIME),30s) .
 	cd sketchproxy && $(GO) test -run XXX -fuzz FuzzPath -fuzztime $(or $(FUZZTIME),30s) .
+	cd sketchproxy && $(GO) test -run XXX -fuzz FuzzHost -fuzztime $(or $(FUZZTIME),30s) .
 
 bench: ## the core benchmarks and the peers, as BENCHMARKS.md reports them (minutes)
 	bash scripts/bench.sh

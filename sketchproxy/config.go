@@ -19,7 +19,10 @@ import (
 )
 
 // Config is SketchProxy's configuration, usually read from YAML with
-// LoadConfig. Zero fields take the defaults documented on each.
+// LoadConfig. Zero fields take the defaults documented on each. Where 0 is a
+// setting of its own (no warmup, no delay, no leeway), a file that writes 0
+// gets 0, and code that builds a Config asks for it with a negative value:
+// the zero value still means the default.
 type Config struct {
 	// Listen is the proxy's address (default ":8080").
 	Listen string `yaml:"listen"`
@@ -83,6 +86,11 @@ type ServerConfig struct {
 	// over all rules, including those whose body is still arriving
 	// (default 64; 0: no cap). Past it: 429 with Retry-After.
 	MaxInFlightPerClient *int `yaml:"max_in_flight_per_client"`
+	// UpstreamTimeout is how long the upstream may stay silent: before its
+	// response's headers, and between two reads of its body (default 60s,
+	// as nginx's proxy_read_timeout; 0, or a negative value in code: no
+	// bound). Past it the client gets 504 (cmd/sketchproxy).
+	UpstreamTimeout Duration `yaml:"upstream_timeout"`
 }
 
 // ClientIPConfig says how the client's address is found.
@@ -131,13 +139,15 @@ type TarpitConfig struct {
 	BanAbove    float64  `yaml:"ban_above"`    // default 8
 	BanFor      Duration `yaml:"ban_for"`      // default 10m
 	// MaxDelay is the longest a request is held, delayed or dripped
-	// (default 5s).
+	// (default 5s; 0, or a negative value in code: none, every refusal is
+	// immediate).
 	MaxDelay Duration `yaml:"max_delay"`
 	// DripInterval is the pause between dripped bytes (default 500ms).
 	DripInterval Duration `yaml:"drip_interval"`
 	// MaxHeld caps requests held at once, over all keys (default 256);
 	// MaxHeldPerKey per key (default 2). A request that would pass a cap
 	// gets an immediate 429 instead: tarpitting never exhausts the proxy.
+	// 0 (or a negative value in code) holds none.
 	MaxHeld       int `yaml:"max_held"`
 	MaxHeldPerKey int `yaml:"max_held_per_key"`
 }
@@ -156,7 +166,7 @@ type NewKeysConfig struct {
 	BudgetFactor float64  `yaml:"budget_factor"`  // default 0.25
 	Window       Duration `yaml:"window"`         // default 1m
 	Remember     Duration `yaml:"remember"`       // default 1h
-	Warmup       Duration `yaml:"warmup"`         // default 1m
+	Warmup       Duration `yaml:"warmup"`         // default 1m; 0 (negative in code): none
 }
 
 // HeadersConfig picks the rate-limit headers sent.
@@ -257,7 +267,8 @@ type Budget struct {
 	// ReconcileWait is how long an upstream response is still read after
 	// its client has gone, to charge usage it reports at its end (a
 	// trailer), when the proxy's transport is the Middleware's Transport
-	// (default 1m).
+	// (default 1m; 0, or a negative value in code: not read after the
+	// client has gone).
 	ReconcileWait Duration `yaml:"reconcile_wait"`
 	// FailOpen lets a request through when its key's spend cannot be
 	// tracked (the sketch could not hold the key). Default: fail closed,
@@ -384,16 +395,30 @@ func yamlError(name string, err error) error {
 // lineOf finds the line of a field by path: strings are map keys, ints
 // sequence indexes. It returns the deepest line found.
 func (c *Config) lineOf(path ...any) int {
+	line, _ := c.walk(path...)
+	return line
+}
+
+// given reports whether the parsed file writes the field at path, so that
+// an explicit 0 can be told from a field left out.
+func (c *Config) given(path ...any) bool {
+	_, found := c.walk(path...)
+	return found
+}
+
+// walk follows path through the parsed document: the deepest line reached,
+// and whether the whole path is there.
+func (c *Config) walk(path ...any) (line int, found bool) {
 	if c.root == nil || len(c.root.Content) == 0 {
-		return 0
+		return 0, false
 	}
 	n := c.root.Content[0]
-	line := n.Line
+	line = n.Line
 	for _, p := range path {
 		switch k := p.(type) {
 		case string:
 			if n.Kind != yaml.MappingNode {
-				return line
+				return line, false
 			}
 			found := false
 			for i := 0; i+1 < len(n.Content); i += 2 {
@@ -405,17 +430,50 @@ func (c *Config) lineOf(path ...any) int {
 				}
 			}
 			if !found {
-				return line
+				return line, false
 			}
 		case int:
 			if n.Kind != yaml.SequenceNode || k >= len(n.Content) {
-				return line
+				return line, false
 			}
 			n = n.Content[k]
 			line = n.Line
 		}
 	}
-	return line
+	// "field:" with nothing after it, or null, is a field left out.
+	return line, !(n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null")
+}
+
+// orNone applies the default of a field whose 0 is a choice of its own
+// (none: no warmup, no delay, no leeway): a field left out (or left empty)
+// takes def, an explicit 0 in the file is 0, and so is a negative value set
+// in code. A negative value in the file is an error.
+func (c *Config) orNone(p *Duration, def time.Duration, path ...any) error {
+	v := int64(*p)
+	err := c.orNoneValue(&v, int64(def), path...)
+	*p = Duration(v)
+	return err
+}
+
+// orNoneInt is orNone for a count.
+func (c *Config) orNoneInt(p *int, def int, path ...any) error {
+	v := int64(*p)
+	err := c.orNoneValue(&v, int64(def), path...)
+	*p = int(v)
+	return err
+}
+
+func (c *Config) orNoneValue(p *int64, def int64, path ...any) error {
+	given := c.given(path...)
+	switch {
+	case *p < 0 && given:
+		return c.errAt("want 0 (none) or more", path...)
+	case *p < 0:
+		*p = 0
+	case *p == 0 && !given:
+		*p = def
+	}
+	return nil
 }
 
 // fieldName renders a path as rules[1].limits[0].per.
@@ -546,6 +604,12 @@ func (c *Config) prepare() error {
 	if sv.BodyTimeout < Duration(10*time.Millisecond) || sv.BodyTimeout > Duration(time.Hour) {
 		return c.errAt("want 10ms to 1h", "server", "body_timeout")
 	}
+	if err := c.orNone(&sv.UpstreamTimeout, time.Minute, "server", "upstream_timeout"); err != nil {
+		return err
+	}
+	if sv.UpstreamTimeout > Duration(24*time.Hour) {
+		return c.errAt("want 0 (no bound) to 24h", "server", "upstream_timeout")
+	}
 	if sv.BufferBody == nil {
 		sv.BufferBody = ptr(64 << 10)
 	}
@@ -610,17 +674,17 @@ func (c *Config) prepare() error {
 	if t.BanFor == 0 {
 		t.BanFor = Duration(10 * time.Minute)
 	}
-	if t.MaxDelay == 0 {
-		t.MaxDelay = Duration(5 * time.Second)
+	if err := c.orNone(&t.MaxDelay, 5*time.Second, "tarpit", "max_delay"); err != nil {
+		return err
 	}
 	if t.DripInterval == 0 {
 		t.DripInterval = Duration(500 * time.Millisecond)
 	}
-	if t.MaxHeld == 0 {
-		t.MaxHeld = 256
+	if err := c.orNoneInt(&t.MaxHeld, 256, "tarpit", "max_held"); err != nil {
+		return err
 	}
-	if t.MaxHeldPerKey == 0 {
-		t.MaxHeldPerKey = 2
+	if err := c.orNoneInt(&t.MaxHeldPerKey, 2, "tarpit", "max_held_per_key"); err != nil {
+		return err
 	}
 	if !(1 <= t.DelayAbove && t.DelayAbove <= t.DripAbove && t.DripAbove <= t.RejectAbove && t.RejectAbove <= t.BanAbove) {
 		return c.errAt(fmt.Sprintf("the ladder must climb: 1 <= delay_above (%g) <= drip_above (%g) <= reject_above (%g) <= ban_above (%g)",
@@ -629,7 +693,7 @@ func (c *Config) prepare() error {
 	if t.MaxDelay < 0 || time.Duration(t.MaxDelay) > 10*time.Minute {
 		return c.errAt("want 0 to 10m", "tarpit", "max_delay")
 	}
-	if t.DripInterval <= 0 || t.DripInterval > t.MaxDelay {
+	if t.DripInterval <= 0 || t.MaxDelay > 0 && t.DripInterval > t.MaxDelay {
 		return c.errAt("want more than 0 and at most max_delay", "tarpit", "drip_interval")
 	}
 	if t.MaxHeld < 0 || t.MaxHeldPerKey < 0 || t.MaxHeld > 1<<20 {
@@ -657,8 +721,8 @@ func (c *Config) prepare() error {
 	if nk.Remember < nk.Window || nk.Remember > Duration(30*24*time.Hour) {
 		return c.errAt("want window (default 1m) to 30d", "new_keys", "remember")
 	}
-	if nk.Warmup == 0 {
-		nk.Warmup = Duration(time.Minute)
+	if err := c.orNone(&nk.Warmup, time.Minute, "new_keys", "warmup"); err != nil {
+		return err
 	}
 	if nk.Warmup < 0 || nk.Warmup > Duration(24*time.Hour) {
 		return c.errAt("want 0 to 24h", "new_keys", "warmup")
@@ -706,7 +770,13 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 	} else if p != "" && cleanPath(p) != p {
 		return at(fmt.Sprintf("%q: requests are matched on cleaned paths, so this prefix would never match: write %q", p, cleanPath(p)), "match", "path_prefix")
 	}
-	r.Match.Host = strings.TrimSuffix(r.Match.Host, ".")
+	if h := r.Match.Host; h != "" {
+		_, name, ok := canonicalHost(h)
+		if !ok || strings.HasPrefix(name, "[") != strings.HasPrefix(h, "[") {
+			return at(fmt.Sprintf("%q: want a host name such as api.example.com (any case; a port or trailing dot is ignored)", h), "match", "host")
+		}
+		r.Match.Host = name
+	}
 	for j, m := range r.Match.Methods {
 		if m == "" || strings.ToUpper(m) != m || strings.ContainsAny(m, " \t/") {
 			return at(fmt.Sprintf("%q: write methods in capitals, e.g. GET", m), "match", "methods", j)
@@ -753,7 +823,7 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 	for j := range r.Limits {
 		l := &r.Limits[j]
 		if l.Name == "" {
-			l.Name = "per-" + strings.ReplaceAll(strings.TrimSuffix(strings.TrimSuffix(time.Duration(l.Per).String(), "0s"), "0m"), ".", "_")
+			l.Name = defaultLimitName(time.Duration(l.Per), lnames)
 		}
 		if !validName(l.Name) || lnames[l.Name] {
 			return at(fmt.Sprintf("%q: names must be unique in the rule, letters, digits, - and _", l.Name), "limits", j, "name")
@@ -785,8 +855,8 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 		if b.Unit == 0 {
 			b.Unit = 1
 		}
-		if b.ReconcileWait == 0 {
-			b.ReconcileWait = Duration(time.Minute)
+		if err := c.orNone(&b.ReconcileWait, time.Minute, "rules", i, "budget", "reconcile_wait"); err != nil {
+			return err
 		}
 		if err := checkRate(b.Units, time.Duration(b.Per)); err != nil {
 			return at(strings.Replace(err.Error(), "requests", "units", 1), "budget")
@@ -834,6 +904,29 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 		return at(fmt.Sprintf("%d: want 0 (none) to 65536", r.MaxInFlight), "max_in_flight")
 	}
 	return nil
+}
+
+// defaultLimitName names a limit by its period, as it is written: per-10s,
+// per-1m, per-1h30m, per-1d, per-1_5s. A second limit over the same period
+// in the rule gets -2, and so on.
+func defaultLimitName(per time.Duration, taken map[string]bool) string {
+	var s string
+	if per >= 24*time.Hour && per%(24*time.Hour) == 0 {
+		s = fmt.Sprintf("%dd", per/(24*time.Hour))
+	} else {
+		s = per.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
+		}
+	}
+	name := "per-" + strings.ReplaceAll(s, ".", "_")
+	for n := 2; taken[name]; n++ {
+		name = fmt.Sprintf("per-%s-%d", strings.ReplaceAll(s, ".", "_"), n)
+	}
+	return name
 }
 
 func checkRate(n float64, per time.Duration) error {

@@ -16,6 +16,7 @@ server:
   body_timeout: 30s                # a request body must arrive within this: else 408
   buffer_body: 65536               # bodies up to this are read whole before the upstream is asked
   max_in_flight_per_client: 64     # requests in progress per client address: past it 429
+  upstream_timeout: 60s            # the upstream's longest silence (headers, then between reads): else 504
 
 client_ip:
   # Only connections from these proxies are believed, and only in source, read

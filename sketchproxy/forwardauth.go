@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -21,8 +22,46 @@ type ForwardAuthConfig struct {
 	// RefusalStatus is the status of every refusal (default 429). nginx's
 	// auth_request accepts only 2xx, 401 and 403 from the check and turns
 	// anything else into 500: give 403 there and map it back to 429 with
-	// error_page (README, Use with your gateway).
+	// error_page (README, Use with your gateway). With 401 or 403, every
+	// other answer that is not 2xx (400 for a bad path, say) is sent with
+	// this status too, and its own status in the SketchProxy-Status header.
 	RefusalStatus int `yaml:"refusal_status"`
+	// Gateway names the gateway that asks: "nginx", "caddy" or "traefik".
+	// The check then reads only the headers that gateway sets itself, and
+	// judges the host it routes on: nginx's X-Original-Method, -URI and
+	// -Host; Caddy's X-Forwarded-Method and -Uri, and the Host it passes
+	// on; Traefik's X-Forwarded-Method, -Uri and -Host. A client's own
+	// copies of the other headers, which the gateway passes through, are
+	// ignored. Unset, the check reads both sets (which must agree) and a
+	// host rule applies if any of Host, X-Forwarded-Host and
+	// X-Original-Host names its host: no spelling escapes a rule, but a
+	// client can make more rules apply to itself.
+	Gateway string `yaml:"gateway"`
+}
+
+// The gateways the check knows the headers of.
+const (
+	gatewayNginx   = "nginx"
+	gatewayCaddy   = "caddy"
+	gatewayTraefik = "traefik"
+)
+
+// isCheck reports whether a request path is the check's, in any spelling an
+// upstream might serve it under: cleaned, in any case, with or without a
+// trailing slash, segment parameters or trailing dots.
+func (fa *ForwardAuthConfig) isCheck(p string) bool {
+	if p == "" || p[0] != '/' {
+		return false
+	}
+	for _, q := range [2]string{cleanPath(p), loosePath(cleanPath(p))} {
+		if len(q) > 1 {
+			q = strings.TrimSuffix(q, "/")
+		}
+		if strings.EqualFold(q, fa.Path) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Config) validateForwardAuth() error {
@@ -44,6 +83,11 @@ func (c *Config) validateForwardAuth() error {
 	default:
 		return c.errAt(fmt.Sprintf("%d: want 429, or 403 (or 401) for nginx's auth_request", fa.RefusalStatus), "forward_auth", "refusal_status")
 	}
+	switch fa.Gateway = strings.ToLower(fa.Gateway); fa.Gateway {
+	case "", gatewayNginx, gatewayCaddy, gatewayTraefik:
+	default:
+		return c.errAt(fmt.Sprintf("%q: want nginx, caddy or traefik (or leave it out)", fa.Gateway), "forward_auth", "gateway")
+	}
 	if len(c.ClientIP.trusted) == 0 {
 		return c.errAt("no client_ip.trusted_proxies: list the gateway's address, the only caller the endpoint answers", "forward_auth")
 	}
@@ -64,7 +108,8 @@ var originalHeaders = [3][2]string{
 // ServeHTTP would, counts it, and answers 200 with the RateLimit fields, or
 // the refusal. Only a caller in client_ip.trusted_proxies is answered (403
 // otherwise): the client address is read from the forwarding header that
-// caller sets. Mount it at ForwardAuthConfig.Path.
+// caller sets. It answers at ForwardAuthConfig.Path, whatever query the
+// gateway adds (Caddy sends the original one), and 404 at any other path.
 //
 // What only a proxy can do is not done here: a wallet is charged its
 // cost and never reconciled (no upstream response passes through), in-flight
@@ -75,18 +120,45 @@ func (m *Middleware) ForwardAuth() http.Handler {
 
 func (m *Middleware) forwardAuth(w http.ResponseWriter, r *http.Request) {
 	st := m.state.Load()
+	fa := st.cfg.ForwardAuth
+	if fa == nil || !fa.isCheck(r.URL.Path) {
+		writeProblem(w, http.StatusNotFound, "no upstream here: this address answers only the forward_auth check")
+		return
+	}
 	if peer := parseHost(r.RemoteAddr); !peer.IsValid() || !st.cfg.ClientIP.isTrusted(peer) {
 		m.met.badRequests.Add(1)
 		writeProblem(w, http.StatusForbidden, fmt.Sprintf("forward_auth: the caller %s is not in client_ip.trusted_proxies: only the gateway may ask", peer))
 		return
 	}
-	orig, why := originalRequest(r)
+	if fa.RefusalStatus != http.StatusTooManyRequests {
+		w = &passableWriter{ResponseWriter: w, refusal: fa.RefusalStatus}
+	}
+	orig, chk, why := originalRequest(r, fa.Gateway)
 	if why != "" {
 		m.badRequest(w, r, why)
 		return
 	}
-	m.serve(w, orig, allowed, true)
+	m.serve(w, orig, allowed, chk)
 }
+
+// passableWriter sends every answer that is neither 2xx nor one the
+// gateway passes on (nginx: 401 and 403) with the refusal status, and its
+// own status in SketchProxy-Status, so that nginx can tell its client a
+// bad request from a refusal instead of answering 500.
+type passableWriter struct {
+	http.ResponseWriter
+	refusal int
+}
+
+func (w *passableWriter) WriteHeader(code int) {
+	if code >= 300 && code != http.StatusUnauthorized && code != http.StatusForbidden {
+		w.Header().Set("SketchProxy-Status", strconv.Itoa(code))
+		code = w.refusal
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *passableWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // allowed answers an admitted check: the rate-limit fields are set already.
 var allowed = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -94,47 +166,77 @@ var allowed = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusOK)
 })
 
-// originalRequest rebuilds the request a gateway asks about, or says what
-// is wrong with its headers.
-func originalRequest(r *http.Request) (*http.Request, string) {
+// originalRequest rebuilds the request a gateway asks about, with the
+// hosts a gateway not named may route on besides its Host, or says what is
+// wrong with its headers.
+func originalRequest(r *http.Request, gateway string) (*http.Request, *check, string) {
 	var v [3]string
+	var alt []string
 	for i, names := range originalHeaders {
-		for _, name := range names {
+		for j, name := range names {
+			switch {
+			case gateway == gatewayNginx && j == 0,
+				gateway == gatewayCaddy && (j == 1 || i == 2),
+				gateway == gatewayTraefik && j == 1:
+				continue // a header this gateway does not set: the client's
+			}
 			vals := r.Header.Values(name)
 			if len(vals) > 1 {
-				return nil, "forward_auth: " + name + " sent more than once"
+				return nil, nil, "forward_auth: " + name + " sent more than once"
 			}
-			if len(vals) == 1 {
-				if v[i] != "" && v[i] != vals[0] {
-					return nil, fmt.Sprintf("forward_auth: %s and %s disagree", names[0], names[1])
-				}
-				v[i] = vals[0]
+			if len(vals) == 0 {
+				continue
 			}
+			if i == 2 && gateway == "" {
+				alt = append(alt, vals[0]) // either may be what the gateway routes on
+				continue
+			}
+			if v[i] != "" && v[i] != vals[0] {
+				return nil, nil, fmt.Sprintf("forward_auth: %s and %s disagree", names[0], names[1])
+			}
+			v[i] = vals[0]
 		}
 	}
 	method, uri, host := v[0], v[1], v[2]
+	want := "X-Forwarded-Method or X-Original-Method"
+	switch gateway {
+	case gatewayNginx:
+		want = "X-Original-Method (proxy_set_header X-Original-Method $request_method)"
+	case gatewayCaddy, gatewayTraefik:
+		want = "X-Forwarded-Method"
+	}
 	switch {
 	case method == "":
-		return nil, "forward_auth: no X-Forwarded-Method or X-Original-Method: the gateway must send the original method"
+		return nil, nil, "forward_auth: no " + want + ": the gateway must send the original method"
 	case !validMethod(method):
-		return nil, fmt.Sprintf("forward_auth: %.64q is not a method", method)
+		return nil, nil, fmt.Sprintf("forward_auth: %.64q is not a method", method)
 	case uri == "":
-		return nil, "forward_auth: no X-Forwarded-Uri or X-Original-URI: the gateway must send the original request URI"
+		return nil, nil, "forward_auth: no " + strings.ReplaceAll(want, "Method", "Uri") + ": the gateway must send the original request URI"
 	case uri[0] != '/':
-		return nil, fmt.Sprintf("forward_auth: the original URI %.64q must start with /", uri)
+		return nil, nil, fmt.Sprintf("forward_auth: the original URI %.64q must start with /", uri)
 	}
 	u, err := url.ParseRequestURI(uri)
 	if err != nil {
-		return nil, fmt.Sprintf("forward_auth: the original URI %.64q: %v", uri, err)
+		return nil, nil, fmt.Sprintf("forward_auth: the original URI %.64q: %v", uri, err)
 	}
-	if host == "" {
-		host = r.Host
+	if host == "" && (gateway == gatewayCaddy || gateway == "") {
+		host = r.Host // Caddy passes the Host it routes on
 	}
+	// Else no host: nginx sends no X-Original-Host for a request without
+	// Host (HTTP/1.0), and every host rule judges such a request.
 	o := r.Clone(r.Context())
 	o.Method, o.URL, o.RequestURI, o.Host = method, u, uri, host
 	o.Body, o.ContentLength, o.TransferEncoding = http.NoBody, 0, nil
 	o.Header.Del("Content-Length")
-	return o, ""
+	var chk check
+	for _, a := range alt {
+		if _, name, ok := canonicalHost(a); !ok {
+			return nil, nil, fmt.Sprintf("forward_auth: the forwarded host %.64q is not a host name or address with at most one port", a)
+		} else if name != "" {
+			chk.alt = append(chk.alt, name)
+		}
+	}
+	return o, &chk, ""
 }
 
 // validMethod reports whether m is an HTTP token (RFC 9110, 5.6.2).

@@ -122,5 +122,11 @@ func FuzzPath(f *testing.F) {
 		if c := path.Clean(back); c != strings.TrimSuffix(p, "/") && !(p == "/" && c == "/") {
 			t.Fatalf("%q: the upstream would serve %q, the rules matched %q", target, c, p)
 		}
+		// The folded form (parameters, trailing dots and spaces) is clean,
+		// folded already, and has no parameter left for Tomcat to cut.
+		l := loosePath(p)
+		if cleanPath(l) != l || loosePath(l) != l || strings.Contains(l, ";") {
+			t.Fatalf("%q: folded to %q, which is not clean and folded (%q, %q)", target, l, cleanPath(l), loosePath(l))
+		}
 	})
 }

@@ -10,11 +10,15 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/MicahParks/keyfunc/v3"
@@ -45,7 +49,8 @@ type JWTConfig struct {
 	// RS*/PS*, ES* or EdDSA for a public key, every asymmetric one for a
 	// key set). "none" is never accepted.
 	Algorithms []string `yaml:"algorithms"`
-	// Leeway for exp, nbf and iat (default 30s).
+	// Leeway for exp, nbf and iat (default 30s; 0, or a negative value in
+	// code: none).
 	Leeway Duration `yaml:"leeway"`
 
 	secret []byte
@@ -74,8 +79,8 @@ func (c *Config) validateJWT() error {
 	if !validHeaderName(j.Header) {
 		return at(fmt.Sprintf("%q: not a header name", j.Header), "header")
 	}
-	if j.Leeway == 0 {
-		j.Leeway = Duration(30 * time.Second)
+	if err := c.orNone(&j.Leeway, 30*time.Second, "jwt", "leeway"); err != nil {
+		return err
 	}
 	if j.JWKSRefresh == 0 {
 		j.JWKSRefresh = Duration(time.Hour)
@@ -168,10 +173,13 @@ type jwtVerifier struct {
 	cfg    *JWTConfig
 	parser *jwt.Parser
 	key    jwt.Keyfunc
-	stop   context.CancelFunc
+	jwks   *jwksSource // the fetched key set, for jwks_url; kept across reloads
 }
 
-func newJWTVerifier(j *JWTConfig, log func(string, error)) (*jwtVerifier, error) {
+// newJWTVerifier builds the verifier for j. A key set fetched from the
+// same URL by prev, the running verifier, is kept with its keys: a reload
+// never trades working keys for a fetch that may fail.
+func newJWTVerifier(j *JWTConfig, prev *jwtVerifier, log *slog.Logger) (*jwtVerifier, error) {
 	opts := []jwt.ParserOption{jwt.WithValidMethods(j.Algorithms), jwt.WithLeeway(time.Duration(j.Leeway))}
 	if j.Issuer != "" {
 		opts = append(opts, jwt.WithIssuer(j.Issuer))
@@ -179,7 +187,7 @@ func newJWTVerifier(j *JWTConfig, log func(string, error)) (*jwtVerifier, error)
 	if j.Audience != "" {
 		opts = append(opts, jwt.WithAudience(j.Audience))
 	}
-	v := &jwtVerifier{cfg: j, parser: jwt.NewParser(opts...), stop: func() {}}
+	v := &jwtVerifier{cfg: j, parser: jwt.NewParser(opts...)}
 	switch {
 	case j.secret != nil:
 		v.key = func(*jwt.Token) (any, error) { return j.secret, nil }
@@ -192,25 +200,226 @@ func newJWTVerifier(j *JWTConfig, log func(string, error)) (*jwtVerifier, error)
 		}
 		v.key = kf.Keyfunc
 	default:
-		ctx, cancel := context.WithCancel(context.Background())
-		no := true
-		kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{j.JWKSURL}, keyfunc.Override{
-			RefreshInterval:           time.Duration(j.JWKSRefresh),
-			HTTPTimeout:               10 * time.Second,
-			NoErrorReturnFirstHTTPReq: &no, // start without the keys; tokens fail until they arrive
-			RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
-				return func(_ context.Context, err error) {
-					log("jwks refresh failed: tokens are checked against the last keys fetched", err)
-				}
-			},
-		})
-		if err != nil {
-			cancel()
-			return nil, err
+		switch {
+		case prev != nil && prev.jwks != nil && prev.jwks.url == j.JWKSURL:
+			v.jwks = prev.jwks // the same keys; a new refresh interval applies from the next wait
+			v.jwks.refresh.Store(int64(j.JWKSRefresh))
+		case prev != nil && prev.jwks != nil:
+			// Another URL: its keys once fetched, and the running ones until then.
+			v.jwks = newJWKSSource(j.JWKSURL, time.Duration(j.JWKSRefresh), log, prev.jwks.keys.Load())
+		default:
+			v.jwks = newJWKSSource(j.JWKSURL, time.Duration(j.JWKSRefresh), log, nil)
 		}
-		v.key, v.stop = kf.Keyfunc, cancel
+		v.key = v.jwks.keyfunc
 	}
 	return v, nil
+}
+
+// stop ends the key set's refreshes, unless next, the verifier replacing
+// this one, keeps them.
+func (v *jwtVerifier) stop(next *jwtVerifier) {
+	if v.jwks != nil && (next == nil || next.jwks != v.jwks) {
+		v.jwks.stop()
+	}
+}
+
+// jwksSource keeps the key set of a JWKS URL: fetched in the background
+// at once, then every refresh, and soon after a token names a key it lacks.
+// A fetch that fails, or brings an empty or broken set, keeps the keys
+// fetched last; nothing ever waits for a fetch, so a slow or hanging JWKS
+// endpoint delays no start, reload or request.
+type jwksSource struct {
+	url     string
+	refresh atomic.Int64 // a time.Duration: a reload may change it
+	log     *slog.Logger
+	client  *http.Client
+	keys    atomic.Pointer[jwksKeys]
+	kick    chan struct{} // a token named an unknown key
+	spacing atomic.Int64  // a time.Duration: the least time between fetches kicked
+	ready   chan struct{} // closed at the first good fetch
+	done    chan struct{}
+	once    sync.Once
+}
+
+// jwksKeys is one fetched key set.
+type jwksKeys struct {
+	kf keyfunc.Keyfunc
+	n  int
+	at time.Time
+}
+
+// jwksRetry is the first wait after a failed fetch; it doubles up to the
+// refresh interval. jwksKickEvery spaces fetches asked for by unknown keys.
+const (
+	jwksRetry     = 5 * time.Second
+	jwksKickEvery = 30 * time.Second
+	jwksMaxBytes  = 1 << 20
+)
+
+// newJWKSSource starts fetching u; until a fetch succeeds, tokens are
+// checked against seed (the keys of the URL a reload replaced), if any.
+func newJWKSSource(u string, refresh time.Duration, log *slog.Logger, seed *jwksKeys) *jwksSource {
+	s := &jwksSource{url: u, log: log, client: &http.Client{Timeout: 10 * time.Second},
+		kick: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{})}
+	s.refresh.Store(int64(refresh))
+	s.spacing.Store(int64(jwksKickEvery))
+	s.keys.Store(seed)
+	go s.run()
+	return s
+}
+
+func (s *jwksSource) stop() { s.once.Do(func() { close(s.done) }) }
+
+// run fetches until stop.
+func (s *jwksSource) run() {
+	retry := jwksRetry
+	var lastKick time.Time
+	first := true
+	for {
+		refresh := time.Duration(s.refresh.Load())
+		wait := refresh
+		if err := s.fetch(first); err != nil {
+			select {
+			case <-s.done:
+				return // stopped during the fetch: nothing to report
+			default:
+			}
+			if k := s.keys.Load(); k != nil {
+				s.log.Warn("jwks refresh failed: keeping the keys fetched before", "err", err.Error(), "url", s.url,
+					"keys", k.n, "fetched_at", k.at.UTC().Format(time.RFC3339), "retry_in", retry.String())
+			} else {
+				s.log.Warn("jwks fetch failed: tokens are refused until a fetch succeeds", "err", err.Error(), "url", s.url, "retry_in", retry.String())
+			}
+			wait, retry = retry, min(2*retry, refresh)
+		} else {
+			retry, first = jwksRetry, false
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-s.done:
+			t.Stop()
+			return
+		case <-t.C:
+		case <-s.kick:
+			t.Stop()
+			if d := time.Duration(s.spacing.Load()) - time.Since(lastKick); d > 0 {
+				select { // at most one fetch per jwksKickEvery for unknown keys
+				case <-s.done:
+					return
+				case <-time.After(d):
+				}
+			}
+			lastKick = time.Now()
+		}
+	}
+}
+
+// fetch gets the key set once; only a valid one with a usable key replaces
+// the keys held. The first good fetch closes ready.
+func (s *jwksSource) fetch(first bool) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, jwksMaxBytes+1))
+	if err != nil {
+		return err
+	}
+	if len(b) > jwksMaxBytes {
+		return fmt.Errorf("the key set is over %d bytes", jwksMaxBytes)
+	}
+	var set struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	if err := json.Unmarshal(b, &set); err != nil {
+		return fmt.Errorf("not a JSON Web Key Set: %v", err)
+	}
+	if len(set.Keys) == 0 {
+		return errors.New("the key set has no keys")
+	}
+	kf, err := keyfunc.NewJWKSetJSON(b)
+	if err != nil {
+		return fmt.Errorf("not a JSON Web Key Set: %v", err)
+	}
+	usable, err := usableKeys(ctx, kf)
+	if err != nil {
+		return err
+	}
+	s.keys.Store(&jwksKeys{kf: kf, n: usable, at: time.Now()})
+	if first {
+		close(s.ready)
+		s.log.Info("jwks fetched", "url", s.url, "keys", usable)
+	}
+	return nil
+}
+
+// usableKeys counts the keys of a set that can verify a signature: an RSA
+// key of 1024 bits or more (Go refuses smaller ones), an ECDSA or Ed25519
+// key. A set without one (a broken or truncated set that parses) is an
+// error: it must not replace working keys.
+func usableKeys(ctx context.Context, kf keyfunc.Keyfunc) (int, error) {
+	all, err := kf.Storage().KeyReadAll(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, k := range all {
+		switch key := k.Key().(type) {
+		case *rsa.PublicKey:
+			if key.N.BitLen() >= 1024 {
+				n++
+			}
+		case *rsa.PrivateKey:
+			if key.N.BitLen() >= 1024 {
+				n++
+			}
+		case *ecdsa.PublicKey, *ecdsa.PrivateKey, ed25519.PublicKey, ed25519.PrivateKey:
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("none of the set's %d keys can verify a signature", len(all))
+	}
+	return n, nil
+}
+
+// keyfunc finds a token's key in the set held; a key it lacks asks for a
+// fetch, without waiting for it.
+func (s *jwksSource) keyfunc(t *jwt.Token) (any, error) {
+	k := s.keys.Load()
+	if k == nil {
+		s.askFetch()
+		return nil, errors.New("the key set has not been fetched yet")
+	}
+	key, err := k.kf.Keyfunc(t)
+	if err != nil {
+		s.askFetch()
+	}
+	return key, err
+}
+
+func (s *jwksSource) askFetch() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
 }
 
 // errNoToken is a request without a token where a rule's key needs one.

@@ -11,7 +11,8 @@ import (
 // An EpochSketch count halves every tick T. A key arriving at a steady r
 // requests per tick reads c(n) = c(n-1)/2 + r at the end of tick n, which
 // converges to 2r: the estimate of a sustained rate is twice its per-tick
-// rate (THEORY.md section 8 measures 2r-1 with the integer halving). A quiet
+// rate (THEORY.md section 8 measures 2r-1 with the integer halving, which
+// countsFor corrects for odd thresholds by counting each request twice). A quiet
 // key (estimate 0) can send as many requests at once as the threshold.
 //
 // So a limit maps to a threshold and a tick:
@@ -46,6 +47,18 @@ func tickFor(requests float64, per time.Duration, burst float64) time.Duration {
 // thresholdFor is θ = burst, as a count.
 func thresholdFor(burst float64) uint32 {
 	return uint32(math.Max(1, math.Min(math.Round(burst), maxThreshold)))
+}
+
+// countsFor is a limit's threshold in counts and the counts each request
+// adds. An even θ is exact: a client over the limit is halved to θ/2 each
+// tick and let through θ/2 requests, the limit. An odd θ would lose half a
+// request to each halving (5 per second, θ = 5: 5 halves to 2, three more
+// fit, so 6 a second), so each request counts 2 against 2θ: 10 halves to 5,
+// two fit (9), 9 halves to 4, three fit (10), and the client gets 2.5 a tick.
+func countsFor(burst float64) (theta, unit uint32) {
+	theta = thresholdFor(burst)
+	unit = 1 + theta&1
+	return theta * unit, unit
 }
 
 // retryAfter is how long until a key whose estimate is est can send add more

@@ -44,6 +44,9 @@ type Middleware struct {
 	opts  Options
 	log   *slog.Logger
 	state atomic.Pointer[state]
+	// startCheck is the forward-auth check the proxy's listener answered at
+	// the start, if any: its path stays the check's there (checkHere).
+	startCheck *ForwardAuthConfig
 
 	held     atomic.Int64 // tarpitted requests held now
 	heldKeys *countMin    // the same, per key
@@ -117,7 +120,8 @@ type limit struct {
 	quoted   string // "rule-limit", for RateLimit items
 	sk       *epochsketch.Sketch
 	tick     time.Duration
-	theta    uint32
+	theta    uint32 // the threshold, in counts: burst x unit
+	unit     uint32 // counts per request (LimitMath: 2 for an odd burst)
 	requests float64
 	per      time.Duration
 }
@@ -156,6 +160,9 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		return nil, err
 	}
 	cfg = m.state.Load().cfg // the prepared copy
+	if fa := cfg.ForwardAuth; fa != nil && fa.Listen == "" {
+		m.startCheck = fa
+	}
 	if cfg.StateFile != "" {
 		m.loadState()
 		m.saverStop, m.saverDone = make(chan struct{}), make(chan struct{})
@@ -235,6 +242,9 @@ func (m *Middleware) Reload(cfg *Config) error {
 			for _, mt := range rc.Match.Methods {
 				ru.methods[mt] = true
 			}
+			// A HEAD is a GET without the body: upstreams (Go's, nginx's
+			// limit_except) serve it with the GET handler.
+			ru.methods[http.MethodHead] = ru.methods[http.MethodHead] || ru.methods[http.MethodGet]
 		}
 		for _, k := range rc.Key {
 			if name, ok := strings.CutPrefix(k, "header:"); ok {
@@ -248,9 +258,10 @@ func (m *Middleware) Reload(cfg *Config) error {
 		for i := range rc.Limits {
 			l := &rc.Limits[i]
 			tick := tickFor(l.Requests, time.Duration(l.Per), l.Burst)
+			theta, unit := countsFor(l.Burst)
 			lim := &limit{
 				name: l.Name, policy: rc.Name + "-" + l.Name, tick: tick,
-				theta: thresholdFor(l.Burst), requests: l.Requests, per: time.Duration(l.Per),
+				theta: theta, unit: unit, requests: l.Requests, per: time.Duration(l.Per),
 				sk: sketch(tick, cfg.Sketch.Buckets),
 			}
 			lim.q, lim.w = wholePolicy(l.Requests, time.Duration(l.Per))
@@ -317,7 +328,11 @@ func (m *Middleware) Reload(cfg *Config) error {
 		}
 	}
 	if cfg.JWT != nil {
-		v, err := newJWTVerifier(cfg.JWT, func(msg string, err error) { m.log.Warn(msg, "err", err.Error()) })
+		var prev *jwtVerifier
+		if old != nil {
+			prev = old.jwt
+		}
+		v, err := newJWTVerifier(cfg.JWT, prev, m.log)
 		if err != nil {
 			m.met.reloads[1].Add(1)
 			return &ConfigError{File: cfg.src, Field: "jwt", Msg: err.Error()}
@@ -337,7 +352,7 @@ func (m *Middleware) Reload(cfg *Config) error {
 			}
 		}
 		if old.jwt != nil {
-			old.jwt.stop()
+			old.jwt.stop(st.jwt)
 		}
 	}
 	m.met.reloads[0].Add(1)
@@ -382,7 +397,7 @@ func (m *Middleware) close() error {
 			s.Close()
 		}
 		if st.jwt != nil {
-			st.jwt.stop()
+			st.jwt.stop(nil)
 		}
 	}
 	return err
@@ -448,14 +463,20 @@ func (v *verdict) worse(o *verdict) bool {
 
 // request holds what one request needs across rules.
 type request struct {
-	r      *http.Request
-	addr   netip.Addr
-	client string // addr grouped by prefix: the per-client cap's key
-	ip     string
-	query  url.Values
-	claims jwt.MapClaims // the verified bearer token's, once a rule needs them
-	buf    []byte
-	bp     *[]byte // buf's pool entry
+	r *http.Request
+	// host is the canonical Host without its port ("" when the request
+	// has none); alt, for a forward-auth check whose gateway is not named,
+	// the other hosts its headers give. path is the cleaned path rules
+	// match ("/" for "OPTIONS *"), loose its folded form (loosePath).
+	host, path, loose string
+	alt               []string
+	addr              netip.Addr
+	client            string // addr grouped by prefix: the per-client cap's key
+	ip                string
+	query             url.Values
+	claims            jwt.MapClaims // the verified bearer token's, once a rule needs them
+	buf               []byte
+	bp                *[]byte // buf's pool entry
 	// refusal, if not 0, is the status of every refusal: a forward-auth
 	// check's (ForwardAuthConfig.RefusalStatus).
 	refusal int
@@ -497,22 +518,31 @@ func (rq *request) part(ci *ClientIPConfig, k string) string {
 	return "-"
 }
 
-func (ru *rule) matches(r *http.Request) bool {
+func (ru *rule) matches(rq *request) bool {
 	mt := ru.cfg.Match
-	if mt.Host != "" {
-		h := r.Host
-		if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.HasSuffix(h, "]") {
-			h = h[:i]
-		}
-		h = strings.TrimSuffix(strings.Trim(h, "[]"), ".")
-		if !strings.EqualFold(h, mt.Host) {
-			return false
-		}
-	}
-	if mt.PathPrefix != "" && !pathMatch(r.URL.Path, mt.PathPrefix, mt.CaseSensitive) {
+	if mt.Host != "" && !rq.hostIs(mt.Host) {
 		return false
 	}
-	return ru.methods == nil || ru.methods[r.Method]
+	if p := mt.PathPrefix; p != "" && !pathMatch(rq.path, p, mt.CaseSensitive) &&
+		(rq.loose == rq.path || !pathMatch(rq.loose, p, mt.CaseSensitive)) {
+		return false
+	}
+	return ru.methods == nil || ru.methods[rq.r.Method]
+}
+
+// hostIs reports whether a host rule for h applies: the request names h,
+// or names no host at all (an HTTP/1.0 request without Host reaches the
+// upstream's default host, which may be h).
+func (rq *request) hostIs(h string) bool {
+	if rq.host == h || rq.host == "" && len(rq.alt) == 0 {
+		return true
+	}
+	for _, a := range rq.alt {
+		if a == h {
+			return true
+		}
+	}
+	return false
 }
 
 // ambiguous says why a request's key cannot be read the way every upstream
@@ -658,9 +688,9 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, key)
 		var est uint32
 		if v.counted {
-			after, first := l.sk.ObserveBytes(rq.buf)
+			after, first := l.sk.ObserveBytesN(time.Time{}, rq.buf, l.unit)
 			after = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, after, now)
-			est = max(after, 1) - 1
+			est = max(after, l.unit) - l.unit
 			if i == 0 {
 				v.first = first
 			}
@@ -678,10 +708,10 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 		est := v.ests[i]
 		theta := l.theta
 		if v.newKey {
-			theta = max(1, uint32(float64(theta)*cfg.NewKeys.BudgetFactor))
+			theta = max(l.unit, uint32(float64(theta)*cfg.NewKeys.BudgetFactor))
 		}
 		v.thetas[i] = theta
-		after := uint64(est) + 1
+		after := uint64(est) + uint64(l.unit)
 		lv := float64(after) / float64(theta)
 		if v.lim == nil || lv > v.level {
 			v.level, v.lim, v.est, v.theta = lv, l, uint32(min(after, math.MaxUint32)), theta
@@ -722,7 +752,7 @@ func (m *Middleware) commit(st *state, v *verdict, rq *request) {
 			break // evaluate observed already
 		}
 		rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
-		_, f := l.sk.ObserveBytes(rq.buf)
+		_, f := l.sk.ObserveBytesN(time.Time{}, rq.buf, l.unit)
 		first = first || i == 0 && f
 	}
 	if first && len(ru.limits) > 0 && !st.cfg.NewKeys.Disabled {
@@ -805,8 +835,8 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 			rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
 			est := l.sk.EstimateBytes(rq.buf)
 			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
-			if uint64(est)+1 > uint64(v.thetas[j]) {
-				d = max(d, retryAfter(est, 1, v.thetas[j], now, l.tick))
+			if uint64(est)+uint64(l.unit) > uint64(v.thetas[j]) {
+				d = max(d, retryAfter(est, l.unit, v.thetas[j], now, l.tick))
 			}
 		}
 		if len(ru.limits) > 0 {
@@ -835,13 +865,34 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 // refused one is counted only by rules with refused: count, and charged to
 // no wallet.
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	m.serve(w, r, m.next, false)
+	if m.checkHere(r.URL.Path) {
+		m.forwardAuth(w, r) // the check's path, in any spelling, is never proxied
+		return
+	}
+	m.serve(w, r, m.next, nil)
+}
+
+// checkHere reports whether p is the forward-auth check's path on the
+// proxy's own listener: under the running config, or under the config the
+// Middleware started with (a reload that moves the check to a listener of
+// its own, or removes it, takes a restart to free the path here: until
+// then it is answered by the check, never proxied).
+func (m *Middleware) checkHere(p string) bool {
+	if fa := m.state.Load().cfg.ForwardAuth; fa != nil && fa.Listen == "" && fa.isCheck(p) {
+		return true
+	}
+	return m.startCheck != nil && m.startCheck.isCheck(p)
+}
+
+// check is what a forward-auth check adds to the request it judges.
+type check struct {
+	alt []string // hosts besides Host that a gateway not named may route on
 }
 
 // serve decides r and hands an admitted request to next. A check (the
 // forward-auth endpoint) refuses with forward_auth.refusal_status and never
 // drips.
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, check bool) {
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, chk *check) {
 	st := m.state.Load()
 	now := m.now()
 	begin := time.Now()
@@ -849,12 +900,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	var req request // on the stack, with room for the matched rules
 	var room [8]*rule
 	rq := &req
-	matched, ok := m.screen(w, r, st, rq, room[:0])
+	var alt []string
+	if chk != nil {
+		alt = chk.alt
+	}
+	matched, ok := m.screen(w, r, st, rq, alt, room[:0])
 	if !ok {
 		return
 	}
 	defer rq.free()
-	if check && st.cfg.ForwardAuth != nil {
+	if chk != nil && st.cfg.ForwardAuth != nil {
 		rq.refusal = st.cfg.ForwardAuth.RefusalStatus
 	}
 	if !m.holdClient(w, r, st, rq) {
@@ -894,13 +949,38 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // 400; a key that needs a valid bearer token, 401), cleans the path, finds
 // the client into rq, and appends the rules that match to matched. It
 // returns false when it has answered the request.
-func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, rq *request, matched []*rule) ([]*rule, bool) {
+func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, rq *request, alt []string, matched []*rule) ([]*rule, bool) {
+	switch {
+	case r.Method == http.MethodConnect || r.Method == http.MethodTrace:
+		// CONNECT opens a tunnel no rule can judge; TRACE echoes a
+		// request's headers, cookies included, back to a script (nginx
+		// refuses both).
+		m.met.badRequests.Add(1)
+		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		writeProblem(w, http.StatusMethodNotAllowed, r.Method+": this is a reverse proxy; it forwards neither tunnels nor traces")
+		return nil, false
+	case strings.ToUpper(r.Method) != r.Method:
+		// Methods are case-sensitive, but some upstreams (Werkzeug, for
+		// one) serve "get" as GET: no rule could tell. nginx answers 400 too.
+		m.badRequest(w, r, fmt.Sprintf("the method %.32q is not in upper case", r.Method))
+		return nil, false
+	}
 	if why := pathProblem(r); why != "" {
 		m.badRequest(w, r, why)
 		return nil, false
 	}
+	host, name, ok := canonicalHost(r.Host)
+	if !ok {
+		m.badRequest(w, r, fmt.Sprintf("the Host %.64q is not a host name or address with at most one port", r.Host))
+		return nil, false
+	}
 	normalizePath(r)
-	*rq = request{r: r, addr: st.cfg.ClientIP.clientAddr(r)}
+	r.Host = host // what rules judged is what the upstream is sent
+	*rq = request{r: r, addr: st.cfg.ClientIP.clientAddr(r), host: name, path: r.URL.Path, alt: alt}
+	if rq.path == "*" {
+		rq.path = "/" // OPTIONS *: the server as a whole
+	}
+	rq.loose = loosePath(rq.path)
 	rq.bp = bufPool.Get().(*[]byte)
 	rq.buf = (*rq.bp)[:0]
 	query := func() url.Values {
@@ -910,7 +990,7 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		return rq.query
 	}
 	for _, ru := range st.rules {
-		if !ru.matches(r) {
+		if !ru.matches(rq) {
 			continue
 		}
 		if why := ru.ambiguous(r, query); why != "" {
@@ -970,8 +1050,10 @@ func (m *Middleware) decideAll(r *http.Request, st *state, matched []*rule, rq *
 			continue
 		}
 		v := m.evaluate(st, ru, rq, key, now)
-		if len(v.ests) > 0 && 2*(uint64(v.ests[0])+1) > uint64(v.thetas[0]) {
-			ru.top.Offer(key, v.ests[0]+1) // the first limit's: the TopK's clock
+		if len(v.ests) > 0 {
+			if u := ru.limits[0].unit; 2*(uint64(v.ests[0])+uint64(u)) > uint64(v.thetas[0]) {
+				ru.top.Offer(key, v.ests[0]+u) // the first limit's: the TopK's clock
+			}
 		}
 		if ru.cfg.Shadow {
 			v.shadow = true

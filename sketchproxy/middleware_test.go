@@ -70,7 +70,30 @@ func newHarness(t *testing.T, yaml string) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.mw.Close() })
+	if v := h.mw.state.Load().jwt; v != nil && v.jwks != nil {
+		waitJWKS(t, v.jwks)
+	}
 	return h
+}
+
+// waitJWKS waits for a key set's first fetch: a start never waits for it.
+func waitJWKS(t *testing.T, s *jwksSource) {
+	t.Helper()
+	select {
+	case <-s.ready:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the key set at %s was not fetched in 30 s", s.url)
+	}
+}
+
+// do serves r and returns the recorded answer.
+func (h *harness) do(r *http.Request) *httptest.ResponseRecorder {
+	if r.RemoteAddr == "192.0.2.1:1234" { // httptest's default: a client of its own
+		r.RemoteAddr = "198.51.100.1:1234"
+	}
+	w := httptest.NewRecorder()
+	h.mw.ServeHTTP(w, r)
+	return w
 }
 
 func (h *harness) req(remote string, hdr ...string) *httptest.ResponseRecorder {

@@ -17,13 +17,17 @@ import (
 // before any rule runs: an encoded slash (%2F) or backslash (%5C), a
 // backslash, NUL or any other control byte, a dot segment with parameters
 // ("/..;/", which Java servers read as ".."), and a path that is not a path
-// (no leading slash, except "*" for OPTIONS).
+// (no leading slash, except "*" for OPTIONS, which rules for "/" match).
+// Spellings that only some upstreams fold onto another path, segment
+// parameters ("/api;jsessionid=1/x" is /api/x to Tomcat) and trailing dots
+// and spaces ("/api./x" and "/api%20/x" are /api/x to IIS), are forwarded
+// as sent, and rules match both the path and its folded form (loosePath).
 
 // pathProblem says why a request's path is refused, or "" if it is fine.
 func pathProblem(r *http.Request) string {
 	p := r.URL.Path
 	if p == "" || p[0] != '/' {
-		if r.Method == http.MethodOptions && p == "*" || r.Method == http.MethodConnect {
+		if r.Method == http.MethodOptions && p == "*" {
 			return ""
 		}
 		return "the path must start with /"
@@ -89,6 +93,49 @@ func normalizePath(r *http.Request) {
 	if r.URL.EscapedPath() != r.URL.RawPath {
 		r.URL.RawPath = ""
 	}
+}
+
+// loosePath is p as the most forgiving upstream reads it, or p itself:
+// each segment's parameters cut (";jsessionid=1", which Tomcat and Jetty
+// drop before they route) and its NTFS stream name (":" on, which IIS
+// drops: "api::$DATA" is "api"), then its trailing dots and spaces (which
+// IIS and Windows file systems drop), and the result cleaned. Rules match both
+// spellings, so neither one slips past a rule (README, Paths).
+func loosePath(p string) string {
+	if p == "" || p[0] != '/' {
+		return p
+	}
+	var b []byte // nil while p is unchanged
+	start := 1
+	for i := 1; i <= len(p); i++ {
+		if i < len(p) && p[i] != '/' {
+			continue
+		}
+		seg := p[start:i]
+		cut := seg
+		if j := strings.IndexAny(cut, ";:"); j >= 0 {
+			cut = cut[:j] // ";jsessionid=1", and NTFS streams ("api::$DATA") to IIS
+		}
+		if t := strings.TrimRight(cut, " "); strings.Trim(t, ".") != "" {
+			cut = strings.TrimRight(t, ". ")
+		} else if t != "" {
+			cut = t // "..." or ".. ": dots alone stay (".." is then resolved)
+		}
+		if b == nil && len(cut) != len(seg) {
+			b = append(make([]byte, 0, len(p)), p[:start]...)
+		}
+		if b != nil {
+			b = append(b, cut...)
+			if i < len(p) {
+				b = append(b, '/')
+			}
+		}
+		start = i + 1
+	}
+	if b == nil {
+		return p
+	}
+	return cleanPath(string(b))
 }
 
 // pathMatch reports whether a request path is under prefix. A prefix that

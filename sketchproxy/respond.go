@@ -55,15 +55,15 @@ func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *requ
 				est = l.sk.EstimateBytes(rq.buf)
 				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
 			} else if !v.banned {
-				est++ // this request, counted
+				est += l.unit // this request, counted
 			}
 			theta := v.thetas[j]
-			r := min(int64(theta)-int64(est), l.q)
+			r := min((int64(theta)-int64(est))/int64(l.unit), l.q)
 			t := seconds(untilNextTick(now, l.tick))
-			over := uint64(est)+1 > uint64(theta)
+			over := uint64(est)+uint64(l.unit) > uint64(theta)
 			if over {
 				r = 0
-				t = seconds(retryAfter(est, 1, theta, now, l.tick))
+				t = seconds(retryAfter(est, l.unit, theta, now, l.tick))
 			}
 			r = max(r, 0)
 			if !refused || over {

@@ -374,7 +374,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		h.est = l.sk.EstimateBytes(buf)
 		h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, now)
 		h.theta = l.theta
-		h.over = !h.negative && uint64(h.est)+uint64(h.hits) > uint64(h.theta)
+		h.over = !h.negative && uint64(h.est)+uint64(h.hits)*uint64(l.unit) > uint64(h.theta)
 		if h.over && !h.ru.cfg.Shadow {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
@@ -397,16 +397,17 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		est := uint64(h.est)
 		if allowed && !h.negative && h.hits > 0 {
 			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-			l.sk.ObserveBytesN(time.Time{}, buf, uint32(min(h.hits, maxThreshold+1)))
-			est += uint64(h.hits)
+			n := uint32(min(uint64(h.hits)*uint64(l.unit), 2*maxThreshold+2))
+			l.sk.ObserveBytesN(time.Time{}, buf, n)
+			est += uint64(n)
 		}
 		dst := resp.Statuses[i]
 		dst.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: h.n.name, RequestsPerUnit: h.n.requests, Unit: h.n.unit}
-		remaining := int64(h.theta) - int64(min(est, math.MaxInt32))
+		remaining := (int64(h.theta) - int64(min(est, math.MaxInt32))) / int64(l.unit)
 		reset := untilNextTick(now, l.tick)
 		if h.over {
 			remaining = 0
-			reset = retryAfter(h.est, min(h.hits, h.theta), h.theta, now, l.tick)
+			reset = retryAfter(h.est, uint32(min(uint64(h.hits)*uint64(l.unit), uint64(h.theta))), h.theta, now, l.tick)
 			if !h.ru.cfg.Shadow {
 				dst.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 				retry = max(retry, reset)

@@ -32,7 +32,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	defer up.Close()
 	target, _ := url.Parse(up.URL)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	plain := httptest.NewServer(newReverseProxy(target, log, (*httputil.ProxyRequest).SetXForwarded))
+	plain := httptest.NewServer(newReverseProxy(target, time.Minute, log, (*httputil.ProxyRequest).SetXForwarded))
 	defer plain.Close()
 	// The same limiter twice: with the RateLimit fields on every response
 	// (the default), and with headers: {off: true}, whose responses are as
@@ -49,7 +49,7 @@ rules:
 			b.Fatal(err)
 		}
 		var mw *sketchproxy.Middleware
-		mw, err = sketchproxy.New(cfg, newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
+		mw, err = sketchproxy.New(cfg, newReverseProxy(target, time.Minute, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
 		if err != nil {
 			b.Fatal(err)
 		}

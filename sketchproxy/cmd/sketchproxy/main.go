@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -116,7 +117,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var mw *sketchproxy.Middleware
 	if cfg.Upstream != "" {
 		target, _ := url.Parse(cfg.Upstream)
-		proxy = newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) })
+		proxy = newReverseProxy(target, time.Duration(cfg.Server.UpstreamTimeout), log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) })
 		next = proxy
 	}
 	mw, err = sketchproxy.New(cfg, next, sketchproxy.Options{Logger: log})
@@ -129,20 +130,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		proxy.Transport = mw.Transport(proxy.Transport) // wallets: usage in trailers, and after the client left
 	}
 
-	var handler http.Handler = mw
 	errc := make(chan error, 4) // one per server: forward_auth, main, admin, gRPC
 	var servers []*http.Server
-	if fa := cfg.ForwardAuth; fa != nil {
-		if faln == nil {
-			handler = checkAt(fa.Path, mw.ForwardAuth(), mw)
-		} else {
-			fsrv := newServer(cfg, checkAt(fa.Path, mw.ForwardAuth(), noUpstream), lh)
-			go func() { errc <- fsrv.Serve(faln) }()
-			servers = append(servers, fsrv)
-		}
+	// The middleware answers the check's path itself, in every spelling,
+	// when the check shares the main listener; on its own listener the
+	// check answers 404 to any other path.
+	if faln != nil {
+		fsrv := newServer(cfg, mw.ForwardAuth(), lh)
+		go func() { errc <- fsrv.Serve(faln) }()
+		servers = append(servers, fsrv)
 	}
 	if ln != nil {
-		srv := newServer(cfg, handler, lh)
+		srv := newServer(cfg, mw, lh)
 		go func() { errc <- srv.Serve(ln) }()
 		servers = append(servers, srv)
 	}
@@ -188,18 +187,6 @@ func newServer(cfg *sketchproxy.Config, h http.Handler, lh slog.Handler) *http.S
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(lh, slog.LevelWarn),
 	}
-}
-
-// checkAt serves the forward-auth check at exactly path, and everything
-// else with other.
-func checkAt(path string, check, other http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == path && r.URL.RawQuery == "" {
-			check.ServeHTTP(w, r)
-			return
-		}
-		other.ServeHTTP(w, r)
-	})
 }
 
 // noUpstream answers what a forward-auth-only proxy is asked besides its check.
@@ -382,35 +369,67 @@ func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, lo
 		log.Info("reload: the demo has no config file")
 		return
 	}
-	var rules int
+	var next *sketchproxy.Config
 	err := mw.ReloadFrom(func() (*sketchproxy.Config, error) {
 		c, err := o.load()
-		if c != nil {
-			rules = len(c.Rules)
-		}
+		next = c
 		return c, err
 	})
 	if err != nil {
 		log.Error("reload failed: keeping the running config", "err", err.Error())
 		return
 	}
-	log.Info("config reloaded", "rules", rules)
-	if now, _ := o.load(); now != nil && (now.Listen != cfg.Listen || now.Admin != cfg.Admin || now.Upstream != cfg.Upstream || forwardAuthWhere(now) != forwardAuthWhere(cfg)) {
-		log.Warn("listen, admin, upstream, forward_auth.path, forward_auth.listen and envoy_rls.listen changes take a restart; the rules were reloaded")
+	if stay := restartOnly(cfg, next); len(stay) > 0 {
+		log.Warn("config reloaded, except settings that take a restart: they keep their running values",
+			"rules", len(next.Rules), "restart_for", strings.Join(stay, ", "))
+		return
 	}
+	log.Info("config reloaded", "rules", len(next.Rules))
 }
 
-// forwardAuthWhere is where the gateways are answered: the forward-auth
-// check's address and path, and the rate-limit service's address.
-func forwardAuthWhere(c *sketchproxy.Config) string {
-	w := ""
-	if c.ForwardAuth != nil {
-		w = c.ForwardAuth.Listen + " " + c.ForwardAuth.Path
+// restartOnly lists the settings that differ between the running config
+// and next and that only a restart applies: the listeners, the servers'
+// bounds and the upstream's transport are made once, at the start.
+func restartOnly(running, next *sketchproxy.Config) []string {
+	var stay []string
+	diff := func(name string, a, b any) {
+		if a != b {
+			stay = append(stay, name)
+		}
 	}
-	if c.EnvoyRLS != nil {
-		w += " grpc " + c.EnvoyRLS.Listen
+	diff("listen", running.Listen, next.Listen)
+	diff("admin", running.Admin, next.Admin)
+	diff("upstream", running.Upstream, next.Upstream)
+	diff("state_file", running.StateFile, next.StateFile)
+	diff("state_every", running.StateEvery, next.StateEvery)
+	diff("server.read_header_timeout", running.Server.ReadHeaderTimeout, next.Server.ReadHeaderTimeout)
+	diff("server.idle_timeout", running.Server.IdleTimeout, next.Server.IdleTimeout)
+	diff("server.max_header_bytes", running.Server.MaxHeaderBytes, next.Server.MaxHeaderBytes)
+	diff("server.upstream_timeout", running.Server.UpstreamTimeout, next.Server.UpstreamTimeout)
+	faListen := func(c *sketchproxy.Config) string {
+		if c.ForwardAuth == nil {
+			return ""
+		}
+		return c.ForwardAuth.Listen
 	}
-	return w
+	diff("forward_auth.listen", faListen(running), faListen(next))
+	faPath := func(c *sketchproxy.Config) string {
+		if c.ForwardAuth == nil || c.ForwardAuth.Listen != "" {
+			return ""
+		}
+		return c.ForwardAuth.Path
+	}
+	if p := faPath(running); p != "" && p != faPath(next) {
+		stay = append(stay, "forward_auth.path (the old path stays the check's on listen)")
+	}
+	rlsListen := func(c *sketchproxy.Config) string {
+		if c.EnvoyRLS == nil {
+			return ""
+		}
+		return c.EnvoyRLS.Listen
+	}
+	diff("envoy_rls.listen", rlsListen(running), rlsListen(next))
+	return stay
 }
 
 // newReverseProxy proxies to target, keeping the client's Host, setting the
@@ -418,13 +437,16 @@ func forwardAuthWhere(c *sketchproxy.Config) string {
 // passing streams (SSE flushes at once) and WebSocket upgrades, and
 // answering upstream failures with a 502 problem (408 for a request body
 // that passed server.body_timeout).
-func newReverseProxy(target *url.URL, log *slog.Logger, forwarded func(*httputil.ProxyRequest)) *httputil.ReverseProxy {
-	tr := &http.Transport{
+func newReverseProxy(target *url.URL, silence time.Duration, log *slog.Logger, forwarded func(*httputil.ProxyRequest)) *httputil.ReverseProxy {
+	var tr http.RoundTripper = &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        1024,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 5 * time.Second,
+	}
+	if silence > 0 {
+		tr = &silenceTransport{next: tr, limit: silence}
 	}
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -442,6 +464,13 @@ func newReverseProxy(target *url.URL, log *slog.Logger, forwarded func(*httputil
 				w.Header().Set("Content-Type", "application/problem+json")
 				w.WriteHeader(http.StatusRequestTimeout)
 				fmt.Fprintf(w, `{"type":"about:blank","title":"Request Timeout","status":408,"detail":"the request body did not arrive within server.body_timeout"}`+"\n")
+				return
+			}
+			if errors.Is(err, errUpstreamTimeout) {
+				log.Warn("upstream timeout", "err", err.Error(), "path", r.URL.Path)
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusGatewayTimeout)
+				fmt.Fprintf(w, `{"type":"about:blank","title":"Gateway Timeout","status":504,"detail":"the upstream did not answer within server.upstream_timeout"}`+"\n")
 				return
 			}
 			log.Warn("upstream error", "err", err.Error(), "path", r.URL.Path)

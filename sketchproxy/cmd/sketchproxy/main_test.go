@@ -101,7 +101,7 @@ func TestStreamingAndUpgrade(t *testing.T) {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var mw *sketchproxy.Middleware
-	mw, err = sketchproxy.New(cfg, newReverseProxy(target, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
+	mw, err = sketchproxy.New(cfg, newReverseProxy(target, time.Minute, log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) }), sketchproxy.Options{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,10 +8,12 @@
 # Then, in another terminal (the URL is the one printed):
 #   for i in $(seq 1 7); do curl -s -o /dev/null -w '%{http_code} ' URL; done; echo
 # shows five 200s, then 429 with Retry-After and RateLimit (curl -i).
+# SKETCHPROXY_CONFIG=your.yaml runs your own rules instead of the
+# example's (keep its client_ip and forward_auth sections).
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
 caddy=$(need caddy caddy)
-start_sketchproxy "$here/sketchproxy.yaml"
+start_sketchproxy "${SKETCHPROXY_CONFIG:-$here/sketchproxy.yaml}"
 write_conf() {
   sed -e "s|@PORT@|$port|g" -e "s|@APP@|$upstream|g" -e "s|@CHECK@|$check|g" \
     "$here/Caddyfile" > "$tmp/Caddyfile"

@@ -1,0 +1,164 @@
+package sketchproxy
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+)
+
+// answer is what a client learns from one decision, whatever the door:
+// let through or not, Retry-After, and each RateLimit item's r and t.
+type answer struct {
+	allowed bool
+	retry   string
+	fields  string // ";r=R;t=T" per item, names dropped (each door names its policy)
+}
+
+var reItemValues = regexp.MustCompile(`;r=\d+;t=\d+`)
+
+func answerOf(allowed bool, retry, rateLimit string) answer {
+	return answer{allowed, retry, strings.Join(reItemValues.FindAllString(rateLimit, -1), " ")}
+}
+
+// doorsHarness drives one Middleware through its three doors: the proxy
+// (ServeHTTP), the forward-auth check, and Envoy's rate-limit service,
+// each with clients of its own, under one rule of requests per per.
+type doorsHarness struct {
+	*harness
+	rls *rlsServer
+}
+
+func newDoorsHarness(t *testing.T, requests int, per string) *doorsHarness {
+	unit := map[string]string{"1s": "second", "1m": "minute"}[per]
+	h := newHarness(t, fmt.Sprintf(`client_ip: {trusted_proxies: [127.0.0.1/32]}
+forward_auth: {gateway: caddy}
+envoy_rls:
+  listen: 127.0.0.1:0
+  domains:
+    - domain: edge
+      descriptors:
+        - key: remote_address
+          rate_limit: {unit: %s, requests_per_unit: %d}
+rules:
+  - name: per-client
+    limits: [{requests: %d, per: %s}]
+`, unit, requests, requests, per))
+	return &doorsHarness{harness: h, rls: &rlsServer{m: h.mw}}
+}
+
+func (d *doorsHarness) proxy(client string) answer {
+	w := d.req(client)
+	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
+}
+
+func (d *doorsHarness) check(client string) answer {
+	r := httptest.NewRequest("GET", "http://api.test/check", nil)
+	r.RemoteAddr = "127.0.0.1:5555"
+	r.Header.Set("X-Forwarded-For", client)
+	r.Header.Set("X-Forwarded-Method", "GET")
+	r.Header.Set("X-Forwarded-Uri", "/v1/x")
+	w := d.do(r)
+	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
+}
+
+func (d *doorsHarness) envoy(t *testing.T, client string) answer {
+	resp, err := d.rls.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+		Domain:      "edge",
+		Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: client}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := http.Header{}
+	for _, h := range resp.ResponseHeadersToAdd {
+		hdr.Add(h.Key, h.Value)
+	}
+	return answerOf(resp.OverallCode == rlsv3.RateLimitResponse_OK, hdr.Get("Retry-After"), hdr.Get("RateLimit"))
+}
+
+// One timeline through every door gets the same decisions, Retry-After and
+// RateLimit values: a client at twice, then four times, its limit, then
+// quiet, then at exactly its limit, on a manual clock.
+func TestDoorsAgree(t *testing.T) {
+	for _, c := range []struct {
+		requests int
+		per      string
+	}{{5, "1s"}, {4, "1s"}, {7, "1s"}, {1, "1s"}, {100, "1m"}} {
+		t.Run(fmt.Sprintf("%d-per-%s", c.requests, c.per), func(t *testing.T) {
+			d := newDoorsHarness(t, c.requests, c.per)
+			per, _ := time.ParseDuration(c.per)
+			gap := func(rate float64) time.Duration { return time.Duration(float64(per) / (rate * float64(c.requests))) }
+			type phase struct {
+				rate float64 // times the limit; 0: quiet
+				for_ time.Duration
+			}
+			n, disagreements := 0, 0
+			for _, p := range []phase{{2, 10 * per}, {4, 10 * per}, {0, 5 * per}, {1, 10 * per}} {
+				if p.rate == 0 {
+					d.clk.Advance(p.for_)
+					continue
+				}
+				for end := d.clk.Now().Add(p.for_); d.clk.Now().Before(end); d.clk.Advance(gap(p.rate)) {
+					a, b, e := d.proxy("203.0.113.1"), d.check("203.0.113.2"), d.envoy(t, "203.0.113.3")
+					n++
+					if a != b || a != e {
+						if disagreements++; disagreements <= 5 {
+							t.Errorf("request %d at %v: proxy %+v, check %+v, envoy %+v", n, d.clk.Now().Sub(t0), a, b, e)
+						}
+					}
+				}
+			}
+			if disagreements > 0 {
+				t.Errorf("%d of %d decisions differ between the doors", disagreements, n)
+			}
+		})
+	}
+}
+
+// A client at any overload is admitted at its limit, exactly for odd limits
+// too (to 1% over a minute past the first burst), and a client at its limit
+// is never refused: through the proxy door, on a manual clock.
+func TestSteadyOverloadIsExact(t *testing.T) {
+	for _, c := range []struct {
+		requests int
+		per      time.Duration
+	}{{1, time.Second}, {3, time.Second}, {5, time.Second}, {7, time.Second}, {10, time.Second}, {100, time.Minute}, {25, time.Minute}} {
+		for _, over := range []float64{1, 2, 4} {
+			t.Run(fmt.Sprintf("%d-per-%v-at-%gx", c.requests, c.per, over), func(t *testing.T) {
+				h := newHarness(t, fmt.Sprintf("rules:\n  - limits: [{requests: %d, per: %v}]\n", c.requests, c.per))
+				gap := time.Duration(float64(c.per) / (over * float64(c.requests)))
+				// Past the first burst: a minute's worth of periods, measured
+				// after one period of warming up.
+				warm := h.clk.Now().Add(c.per)
+				end := warm.Add(60 * c.per)
+				admitted, refused := 0, 0
+				for ; h.clk.Now().Before(end); h.clk.Advance(gap) {
+					ok := h.req("203.0.113.1").Code == 200
+					if h.clk.Now().Before(warm) {
+						continue
+					}
+					if ok {
+						admitted++
+					} else {
+						refused++
+					}
+				}
+				want := 60 * c.requests
+				if over == 1 && refused > 0 {
+					t.Errorf("a client at its limit was refused %d times", refused)
+				}
+				if d := float64(admitted-want) / float64(want); d > 0.01 || d < -0.01 {
+					t.Errorf("admitted %d over 60 periods, want %d (%+.1f%%)", admitted, want, 100*d)
+				}
+			})
+		}
+	}
+}
