@@ -30,8 +30,8 @@ type Config struct {
 	Per      time.Duration
 
 	// Burst is the most requests an idle key is admitted at once. 0 means
-	// 2 × Requests, the one setting under which every key that keeps to
-	// Requests per Per is never refused. A smaller Burst spreads a
+	// 2 × Requests: then a key that sends at most Requests in every window
+	// of Per is never refused. A smaller Burst spreads a
 	// flooding key's admissions more evenly over Per (it shortens the
 	// tick to Per × Burst / (2 × Requests)); then a key is never refused
 	// while it sends at most Burst/2 per tick. At most MaxBurst.
