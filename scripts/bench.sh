@@ -25,6 +25,8 @@ go test -run XXX -bench 'BenchmarkLiveHeap' -benchtime=1x -count=1 . > bench/cor
 : > bench/peers/limiters.txt
 for _ in 1 2 3 4 5 6; do
   go test -run XXX -bench 'BenchmarkAllow' -benchtime=300ms -benchmem ./limit >> bench/core/limit-allow.txt
+done
+for _ in 1 2 3 4 5 6; do
   (cd bench && go test -run XXX -bench 'BenchmarkLimiters' -benchtime=300ms -benchmem . >> peers/limiters.txt)
 done
 
@@ -40,4 +42,4 @@ for f in bench/peers/plots/*.svg; do rsvg-convert -o "${f%.svg}.png" "$f"; done
 cat bench/peers/liveheap.txt
 "$bs" -col /impl bench/core/limit-allow.txt
 "$bs" -row /workload -col /impl -filter '/case:allow' bench/peers/limiters.txt
-grep -E 'case=(heap|admitted)' bench/peers/limiters.txt
+"$bs" -row /impl -col /case,/over,/keys -filter '/case:(heap OR admitted)' bench/peers/limiters.txt
