@@ -1,6 +1,9 @@
 package epochsketch
 
-import "unsafe"
+import (
+	"time"
+	"unsafe"
+)
 
 // Internals reached by the black-box tests in package epochsketch_test.
 
@@ -97,3 +100,9 @@ func (s *Sketch) ObserveMany(keys []string, est []uint32) {
 
 // Backoff is the wait after a lost CAS, for BenchmarkBackoff.
 var Backoff = backoff
+
+// Admit is the conditional add package limit reaches through internal/admit.
+func (s *Sketch) Admit(t time.Time, key string, n, limit uint32) (uint32, bool) {
+	est, ok, _ := s.admitAt(t, key, n, limit)
+	return est, ok
+}

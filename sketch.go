@@ -332,7 +332,7 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 		return s.observeTraced(h, now, wt)
 	}
 	if s.twoChoice {
-		return s.observeView(h, now, wt)
+		return s.observeView(h, now, wt, noLimit)
 	}
 	i := s.first(h)
 	b := &s.table[i]
@@ -340,7 +340,7 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	if est != 0 {
 		return est, first
 	}
-	return s.observeBucket(b, i, h, now, wt, lost, miss)
+	return s.observeBucket(b, i, h, now, wt, lost, miss, noLimit)
 }
 
 // observeBucket is observe for one bucket, the default, after refresh did
@@ -350,32 +350,34 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 // of the first free slot from the key's home or a challenge of the
 // weakest. Everything else (a sibling to scrub, a duplicate, a slot ahead
 // of now, any other lost CAS) goes to observe1, which makes the same
-// decisions slowly.
-func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32, lost int, miss bool) (uint32, bool) {
+// decisions slowly. limit is noLimit for Observe; admit passes its own,
+// which observe1 checks before a refresh, and never a lost CAS (retry adds
+// unconditionally).
+func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32, lost int, miss bool, limit uint32) (uint32, bool) {
 	if lost != 0 {
 		est, tried := retry(&b.s[lost-1], lost-1, uint64(tagFrom(h)), uint64(epoch24(now)), wt, now)
 		switch tried {
 		case 0:
 			return est, false
 		case maxAttempts:
-			return s.dropped(shard, est, now)
+			return s.dropped(shard, est, now, limit)
 		}
-		return s.observe1(b, shard, h, now, wt, tried)
+		return s.observe1(b, shard, h, now, wt, tried, limit)
 	}
 	if !miss {
-		return s.observe1(b, shard, h, now, wt, 0)
+		return s.observe1(b, shard, h, now, wt, 0, limit)
 	}
 	tag := tagFrom(h)
 	e := epoch24(now)
 	home := homeOf(h)
 	weakest, old := weakestOf(b, uint64(e), uint64(home))
 	if old {
-		return s.observe1(b, shard, h, now, wt, 0) // a slot to scrub, or one ahead of now
+		return s.observe1(b, shard, h, now, wt, 0, limit) // a slot to scrub, or one ahead of now
 	}
 	weak, weakEff := (int(weakest)+home)&(slotsPerBucket-1), uint32(weakest>>3)
 	x := b.s[weak].Load()
 	if x != 0 && (tagOf(x) == tag || ageOf(x, e) >= evaporation || effective(x, e) != weakEff) {
-		return s.observe1(b, shard, h, now, wt, 0) // a racing writer changed the slot
+		return s.observe1(b, shard, h, now, wt, 0, limit) // a racing writer changed the slot
 	}
 	if weakEff == 0 { // Phase 2: claim.
 		y := pack(tag, e, wt)
@@ -384,7 +386,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 			emit(traceEvent{Op: lab.Claim, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
 		}
 		if !ok {
-			return s.observe1(b, shard, h, now, wt, 1)
+			return s.observe1(b, shard, h, now, wt, 1, limit)
 		}
 		s.dedupe1(b, shard, weak, tag)
 		return wt, true
@@ -392,7 +394,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 	// Phase 3: challenge the weakest.
 	est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, x, e, weakEff, wt, tag, now)
 	if !done {
-		return s.observe1(b, shard, h, now, wt, 1)
+		return s.observe1(b, shard, h, now, wt, 1, limit)
 	}
 	if took {
 		s.dedupe1(b, shard, weak, tag)
@@ -658,7 +660,7 @@ func weakKey(y, e uint64, d uint64) (key, age uint64) {
 // observeBucket's one pass did not decide: a sibling to scrub, a duplicate,
 // a slot ahead of now, or a lost CAS (attempt says how many were used). It
 // makes the same decisions as observeView.
-func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, attempt int) (uint32, bool) {
+func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, attempt int, limit uint32) (uint32, bool) {
 	tag := uint64(tagFrom(h))
 	var readEst uint32 = 1
 	reloaded := false
@@ -718,6 +720,9 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			age := ageOf(x, e32)
 			eff := decay(countOf(x), age)
 			readEst = eff
+			if eff+wt > limit {
+				return eff | overLimit, false // admit: refused, nothing written
+			}
 			n := satAdd(eff, wt)
 			y := pack(uint16(tag), e32, n)
 			ok := b.s[i].CompareAndSwap(x, y)
@@ -767,17 +772,21 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			return est, true
 		}
 	}
-	return s.dropped(shard, readEst, now)
+	return s.dropped(shard, readEst, now, limit)
 }
 
 // dropped ends a call whose every attempt lost its CAS (docs/DESIGN.md,
 // Dropped updates): the increment is dropped and counted, and the call
-// returns the estimate it read, est, with the flag true.
-func (s *Sketch) dropped(shard uint64, est uint32, now int64) (uint32, bool) {
+// returns the estimate it read, est, with the flag true; for admit (a limit
+// other than noLimit) it is a refusal, marked overLimit.
+func (s *Sketch) dropped(shard uint64, est uint32, now int64, limit uint32) (uint32, bool) {
 	if traceOn {
 		emit(traceEvent{Op: lab.Exhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(shard, statCAS)
+	if limit != noLimit {
+		est |= overLimit
+	}
 	return est, true
 }
 
@@ -835,13 +844,18 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 	return 0, false, false
 }
 
-// observeView is observe over a view of one or two buckets (TwoChoice).
-func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
+// observeView is observe over a view of one or two buckets (TwoChoice). With
+// a limit (admit) it leaves out refreshView, which adds unconditionally.
+func (s *Sketch) observeView(h uint64, now int64, wt, limit uint32) (uint32, bool) {
 	v := s.viewOf(h)
 	tag := tagFrom(h)
-	est, first, attempt := refreshView(&v, uint64(tag), uint64(epoch24(now)), wt, now)
-	if est != 0 {
-		return est, first
+	var attempt int
+	if limit == noLimit {
+		var est uint32
+		var first bool
+		if est, first, attempt = refreshView(&v, uint64(tag), uint64(epoch24(now)), wt, now); est != 0 {
+			return est, first
+		}
 	}
 	if attempt > 0 {
 		backoff(attempt) // its CAS lost: as in retry, the writer that won keeps the line
@@ -903,6 +917,9 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 			age := ageOf(x, e)
 			eff := decay(countOf(x), age)
 			readEst = eff
+			if eff+wt > limit {
+				return eff | overLimit, false // admit: refused, nothing written
+			}
 			n := satAdd(eff, wt)
 			y := pack(tag, e, n)
 			ok := v.at(match).CompareAndSwap(x, y)
@@ -947,6 +964,9 @@ func (s *Sketch) observeView(h uint64, now int64, wt uint32) (uint32, bool) {
 		emit(traceEvent{Op: lab.Exhausted, Slot: -1, Tick: now})
 	}
 	s.stats.add(v.shard, statCAS)
+	if limit != noLimit {
+		readEst |= overLimit
+	}
 	return readEst, true
 }
 

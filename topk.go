@@ -270,7 +270,10 @@ func (tk *TopK) setFloor() {
 }
 
 // List returns the entries with their estimates decayed to now, largest
-// first (ties by key); entries that decayed to 0 are left out.
+// first (ties by key); entries that decayed to 0 are left out. Each is the
+// estimate its key was last sampled at (see TopK), decayed: it may lag the
+// key's by up to 1/16. For the current estimates, read each listed key
+// again with the bound sketch's Estimate, as `epochsketch top` does.
 func (tk *TopK) List() []TopEntry {
 	now := tk.now()
 	tk.mu.Lock()

@@ -50,10 +50,10 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 		var lost int
 		var miss bool
 		if est, first, lost, miss = refresh(v.b[0], h, now, wt); est == 0 {
-			est, first = s.observeBucket(v.b[0], v.shard, h, now, wt, lost, miss)
+			est, first = s.observeBucket(v.b[0], v.shard, h, now, wt, lost, miss, noLimit)
 		}
 	} else {
-		est, first = s.observeView(h, now, wt)
+		est, first = s.observeView(h, now, wt, noLimit)
 	}
 	emit(traceEvent{Op: lab.Result, Slot: -1, Tick: s.clk.hw.Load(), Est: est, First: first})
 	return est, first

@@ -3,6 +3,7 @@ package bench
 import (
 	"runtime"
 	"testing"
+	"time"
 )
 
 // Every peer must count what it is given: a peer that drops work would post
@@ -51,5 +52,23 @@ func TestPeersCount(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Every limiter admits a client at twice its limit at about its limit: one
+// that admitted everything, or nothing, would post a meaningless speed.
+func TestLimitersLimit(t *testing.T) {
+	for _, p := range LimiterPeers {
+		if p.Name == "observe-threshold" {
+			continue // the misuse the table shows: it counts refused requests
+		}
+		got := Admitted(p, 10, 2, time.Unix(1_800_000_000, 0), 10*time.Second)
+		if got < 9 || got > 13 {
+			t.Errorf("%s admitted %.1f/s at 2x a limit of 10/s, want 9 to 13", p.Name, got)
+		}
+		l := p.New(10, time.Second)
+		if !l.Allow("k") {
+			t.Errorf("%s refused a new key on the wall clock", p.Name)
+		}
 	}
 }

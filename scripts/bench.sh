@@ -19,6 +19,17 @@ go test -run XXX -bench 'BenchmarkLiveHeap' -benchtime=1x -count=1 . > bench/cor
   go test -run XXX -bench 'BenchmarkPeersParallel' -benchtime=300ms -cpu 1,2 -count=6 . > peers/parallel.txt &&
   go test -run XXX -bench 'BenchmarkLiveHeap' -benchtime=1x -count=1 . > peers/liveheap.txt)
 
+# Package limit: six rounds of one run each, so that the load of a shared
+# machine drifts over every row alike.
+: > bench/core/limit-allow.txt
+: > bench/peers/limiters.txt
+for _ in 1 2 3 4 5 6; do
+  go test -run XXX -bench 'BenchmarkAllow' -benchtime=300ms -benchmem ./limit >> bench/core/limit-allow.txt
+done
+for _ in 1 2 3 4 5 6; do
+  (cd bench && go test -run XXX -bench 'BenchmarkLimiters' -benchtime=300ms -benchmem . >> peers/limiters.txt)
+done
+
 (cd bench && go run ./cmd/accuracy > peers/accuracy.md && go run ./cmd/benchplot)
 
 "$bs" -col /impl bench/core/observe.txt
@@ -27,3 +38,6 @@ go test -run XXX -bench 'BenchmarkLiveHeap' -benchtime=1x -count=1 . > bench/cor
 "$bs" -col /impl bench/peers/single.txt
 "$bs" -col /impl bench/peers/parallel.txt
 cat bench/peers/liveheap.txt
+"$bs" -col /impl bench/core/limit-allow.txt
+"$bs" -row /workload -col /impl -filter '/case:allow' bench/peers/limiters.txt
+"$bs" -row /impl -col /case,/over,/keys -filter '/case:(heap OR admitted)' bench/peers/limiters.txt

@@ -51,9 +51,23 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/limit"
 )
 
 func main() {
+	l := limit.New(10, time.Second) // the README's limiter
+	defer l.Close()
+	admitted := 0
+	for i := range 40 { // an idle client's burst is 2 × 10 (30 if a tick passes meanwhile)
+		if l.Allow("192.0.2.1") {
+			admitted++
+		} else if i < 20 {
+			panic(fmt.Sprint("request ", i+1, " refused"))
+		}
+	}
+	if admitted > 30 {
+		panic(fmt.Sprint(admitted, " of 40 admitted"))
+	}
 	sk := epochsketch.New(epochsketch.Config{NumBuckets: 1 << 16, TickDuration: time.Second})
 	defer sk.Close()
 	sk.Observe("api_client:192.168.1.50")

@@ -1,0 +1,82 @@
+package epochsketch_test
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+)
+
+// TestAdmitWithinLimit: the conditional add adds while the decayed count
+// plus the weight stays within the limit, refuses without writing once it
+// would not, and admits again as the count decays; on every layout.
+func TestAdmitWithinLimit(t *testing.T) {
+	for _, two := range []bool{false, true} {
+		t.Run(fmt.Sprintf("twochoice=%v", two), func(t *testing.T) {
+			sk, clk := newManual(t, epochsketch.Config{NumBuckets: 64, TwoChoice: two})
+			const limit = 10
+			for i := 1; i <= 5; i++ {
+				if est, ok := sk.Admit(time.Time{}, "k", 2, limit); !ok || est != uint32(2*i) {
+					t.Fatalf("add %d: (%d, %v), want (%d, true)", i, est, ok, 2*i)
+				}
+			}
+			b, j := slotOf(sk, "k")
+			before := sk.Word(b, j)
+			if est, ok := sk.Admit(time.Time{}, "k", 1, limit); ok || est != limit {
+				t.Fatalf("at the limit: (%d, %v), want (%d, false)", est, ok, limit)
+			}
+			if w := sk.Word(b, j); w != before {
+				t.Fatalf("a refusal wrote the slot: %#x, was %#x", w, before)
+			}
+			if est, ok := sk.Admit(time.Time{}, "k", limit+1, limit); ok || est != limit {
+				t.Fatalf("a weight above the limit: (%d, %v), want (%d, false)", est, ok, limit)
+			}
+			clk.Advance(time.Second) // 10 halves to 5: room for 5
+			if est, ok := sk.Admit(time.Time{}, "k", 5, limit); !ok || est != limit {
+				t.Fatalf("a tick later: (%d, %v), want (%d, true)", est, ok, limit)
+			}
+			if est, ok := sk.Admit(time.Time{}, "k", 1, limit); ok || est != limit {
+				t.Fatalf("full again: (%d, %v), want (%d, false)", est, ok, limit)
+			}
+			// A stale sibling to scrub sends the add down the slow path; the
+			// limit still holds there.
+			clk.Advance(30 * time.Second)
+			if est, ok := sk.Admit(time.Time{}, "k", limit, limit); !ok || est != limit {
+				t.Fatalf("after 30 silent ticks: (%d, %v), want (%d, true)", est, ok, limit)
+			}
+			if est, ok := sk.Admit(time.Time{}, "k", 1, limit); ok || est != limit {
+				t.Fatalf("full after the scrub: (%d, %v), want (%d, false)", est, ok, limit)
+			}
+		})
+	}
+}
+
+// TestAdmitRacing: goroutines racing on one key at one instant never admit
+// more than the limit together, and the count holds exactly what they
+// admitted. Run under -race.
+func TestAdmitRacing(t *testing.T) {
+	for _, two := range []bool{false, true} {
+		t.Run(fmt.Sprintf("twochoice=%v", two), func(t *testing.T) {
+			sk, _ := newManual(t, epochsketch.Config{NumBuckets: 16, TwoChoice: two})
+			const limit, goroutines, calls = 500, 8, 250
+			var admitted atomic.Uint32
+			parallel(goroutines, func(int) {
+				for range calls {
+					if _, ok := sk.Admit(time.Time{}, "hot", 1, limit); ok {
+						admitted.Add(1)
+					}
+				}
+			})
+			// 2000 calls for 500 places: a refusal over the limit means the
+			// count was at the limit, and it never falls within a tick.
+			if n := admitted.Load(); n != limit {
+				t.Fatalf("admitted %d, want exactly the limit %d (%d updates dropped)", n, limit, sk.Stats().CASRetriesExhausted)
+			}
+			if est := sk.Estimate("hot"); est != limit {
+				t.Fatalf("estimate %d, want the %d admitted", est, limit)
+			}
+		})
+	}
+}

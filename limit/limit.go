@@ -1,0 +1,228 @@
+// Package limit is a per-key rate limiter in fixed memory, built on an
+// EpochSketch: one line to create, one call per request, no map, no
+// eviction goroutine, no lock.
+//
+//	l := limit.New(10, time.Second) // 10 requests per second per key
+//	if !l.Allow(clientIP) {
+//		// refuse: 429, ResourceExhausted, ...
+//	}
+//
+// [Middleware] wraps an http.Handler, answering 429 with Retry-After and
+// the RateLimit and RateLimit-Policy fields; [RemoteIP] keys it by the
+// connection's address. The module github.com/epochsketch/epochsketch/limit/grpclimit
+// does the same for gRPC.
+//
+// # What it promises
+//
+// A [Limiter] for Requests per Per keeps, for each key, a count that halves
+// every tick and admits a request only if the count plus the request stays
+// within a threshold, in one compare-and-swap:
+//
+//   - A refused request is free: it adds nothing, so a client over its limit
+//     still gets its limit.
+//   - A key that keeps sending more than its limit, at any overload, is
+//     admitted exactly Requests per Per over time, also for odd limits; an
+//     idle key may first send Burst at once.
+//   - With the default Burst, 2 × Requests, a key that sends at most
+//     Requests in every window of Per is never refused.
+//   - Check and count are one atomic step: goroutines racing on one key
+//     never admit more than the limit together.
+//   - Memory is Config.NumBuckets × 64 bytes (4 MiB by default), whatever the
+//     number of keys. Keys at their limit are the heavy ones of the sketch:
+//     a flood of new keys does not make the limiter forget them.
+//
+// # How
+//
+// One request adds 2 units to the key's count; the threshold is 2 × Burst
+// units; the sketch's tick (its half-life) is Per × Burst / (2 × Requests),
+// which is Per with the default Burst. A key held at the threshold halves
+// to Burst units each tick and so gets exactly Burst/2 requests back per
+// tick: Requests per Per. Two units per request keep that exact when Burst
+// is odd (the halving floors, and the admissions alternate between the two
+// neighbours of Burst/2). A key that sends at most Burst/2 per tick never
+// passes the threshold: its count is at most Burst units (half the
+// threshold) after the halving, plus Burst units for its Burst/2 requests.
+// Ticks are anchored on the Unix epoch, as the sketch's are.
+//
+// # Where it can be wrong
+//
+// The errors are a sketch's (github.com/epochsketch/epochsketch, Error
+// direction), read for a limiter: a key that cannot win a slot in a bucket
+// full of heavier keys is admitted untracked (it fails open; size
+// NumBuckets so that this does not happen: epochsketch.BucketsFor); a key
+// sharing its bucket and 16-bit fingerprint with another shares its count,
+// so it may be refused early (THEORY.md section 3 gives the odds); 4
+// compare-and-swaps in a row lost to racing writers of the same key refuse
+// the request rather than admit it uncounted; and the racing first
+// requests of a new key, across a tick boundary, can claim two slots that
+// are merged afterwards, so that together they pass the limit once.
+package limit
+
+import (
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/admit"
+)
+
+// Limiter admits each key at most Requests per Per (see the package
+// documentation for exactly what that means).
+//
+// The zero Limiter is not usable: create one with New or NewWith. A
+// Limiter is safe for concurrent use by any number of goroutines and must
+// not be copied. With the wall clock it runs one small goroutine; Close
+// stops it, and so does the garbage collector once the Limiter is
+// unreachable.
+type Limiter struct {
+	_ noCopy
+
+	add      admit.Func
+	addBytes admit.BytesFunc
+	limit    uint32 // the threshold: unit × burst
+	burst    int
+	requests int
+	per      time.Duration
+	tick     time.Duration
+	clock    epochsketch.Clock
+	sk       *epochsketch.Sketch
+	policy   string // the RateLimit-Policy field
+	quoted   string // the policy's name, quoted
+	quota    int64  // q of the policy, the most r ever says
+}
+
+// New returns a Limiter for requests per per, with the defaults of Config.
+// It panics if requests < 1 or per <= 0, with Config.Validate's message.
+func New(requests int, per time.Duration) *Limiter {
+	return NewWith(Config{Requests: requests, Per: per})
+}
+
+// NewWith returns a Limiter for cfg. It panics with Validate's error if cfg
+// is invalid; call cfg.Validate first to handle the error instead.
+func NewWith(cfg Config) *Limiter {
+	p, err := cfg.compile()
+	if err != nil {
+		panic(err)
+	}
+	sk := epochsketch.New(p.cfg)
+	add, addBytes := admit.Bind(sk)
+	l := &Limiter{
+		add:      add,
+		addBytes: addBytes,
+		limit:    uint32(unit * p.burst),
+		burst:    p.burst,
+		requests: cfg.Requests,
+		per:      cfg.Per,
+		tick:     p.tick,
+		clock:    cfg.Clock,
+		sk:       sk,
+	}
+	l.setPolicy(cfg.Name)
+	return l
+}
+
+// Close stops the wall-clock goroutine, if any. A Limiter keeps working
+// after Close, reading the clock on every call. Close is idempotent and
+// returns nil.
+func (l *Limiter) Close() error { return l.sk.Close() }
+
+// Allow reports whether one request of key may happen now, and counts it if
+// so. It is AllowN(time.Time{}, key, 1).
+func (l *Limiter) Allow(key string) bool {
+	_, ok, _ := l.add(time.Time{}, key, unit, l.limit)
+	return ok
+}
+
+// AllowBytes is Allow for a key held in a byte slice: the same key space as
+// Allow(string(key)), without the allocation that conversion costs.
+func (l *Limiter) AllowBytes(key []byte) bool {
+	_, ok, _ := l.addBytes(time.Time{}, key, unit, l.limit)
+	return ok
+}
+
+// AllowN reports whether n requests of key may happen at time t, and counts
+// them if so, all or none. The zero t means the Limiter's clock. A t later
+// than any seen so far moves the Limiter's time forward for every key; an
+// earlier t counts at the latest time seen, so a late caller never rewinds
+// a key's count. n above Burst never fits and reports false; n <= 0
+// reports true and counts nothing.
+func (l *Limiter) AllowN(t time.Time, key string, n int) bool {
+	if n <= 0 {
+		return true
+	}
+	if n > l.burst {
+		return false
+	}
+	_, ok, _ := l.add(t, key, unit*uint32(n), l.limit)
+	return ok
+}
+
+// Decision is the outcome of Decide: whether the requests were admitted,
+// and what response headers say about the key.
+type Decision struct {
+	// Allowed says the requests were admitted and counted.
+	Allowed bool
+	// Remaining is how many more requests of the key would be admitted
+	// at once, now (after these, when they were admitted).
+	Remaining int
+	// Reset is the time until the next tick, when the key's count halves
+	// and more quota comes back.
+	Reset time.Duration
+	// RetryAfter is, for a refusal, the time until the requests would
+	// fit: 0 when they were admitted, and when they never fit (n above
+	// Burst).
+	RetryAfter time.Duration
+}
+
+// Decide is AllowN that also returns what a response says about the key,
+// from the same compare-and-swap: no second lookup. The zero t means the
+// Limiter's clock, read once (time.Now for the wall clock).
+func (l *Limiter) Decide(t time.Time, key string, n int) Decision {
+	if t.IsZero() {
+		t = l.now()
+	}
+	var est, wt uint32
+	var ok bool
+	var tick int64
+	if n > 0 && n <= l.burst {
+		wt = unit * uint32(n)
+		est, ok, tick = l.add(t, key, wt, l.limit)
+	} else {
+		// A weight above the threshold only reads the count.
+		est, _, tick = l.add(t, key, l.limit+1, l.limit)
+		ok = n <= 0
+	}
+	d := Decision{Allowed: ok, Reset: l.untilTick(t, tick, 1)}
+	if est < l.limit {
+		d.Remaining = int(l.limit-est) / unit
+	}
+	if !ok && n <= l.burst {
+		// The first tick k at which est >> k leaves room; 0 when it fits
+		// now (the add lost its compare-and-swaps to racing writers).
+		k := int64(0)
+		for k < 24 && (est>>k)+wt > l.limit {
+			k++
+		}
+		if k > 0 {
+			d.RetryAfter = l.untilTick(t, tick, k)
+		}
+	}
+	return d
+}
+
+// untilTick is the time from t to the start of the k-th tick after tick.
+func (l *Limiter) untilTick(t time.Time, tick, k int64) time.Duration {
+	return time.Duration((tick+k)*int64(l.tick) - t.UnixNano())
+}
+
+func (l *Limiter) now() time.Time {
+	if l.clock != nil {
+		return l.clock.Now()
+	}
+	return time.Now()
+}
+
+// noCopy makes go vet's copylocks check report copies of a Limiter.
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}

@@ -1,0 +1,262 @@
+package limit_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/limit"
+)
+
+// t0 is a fixed instant on a whole minute, for deterministic tests.
+var t0 = time.Unix(1_800_000_000, 0).UTC()
+
+// newManual returns a seeded Limiter for cfg on a ManualClock at t0.
+func newManual(t *testing.T, cfg limit.Config) (*limit.Limiter, *epochsketch.ManualClock) {
+	t.Helper()
+	clk := epochsketch.NewManualClock(t0)
+	cfg.Clock, cfg.Seed = clk, 42
+	l := limit.NewWith(cfg)
+	t.Cleanup(func() { l.Close() })
+	return l, clk
+}
+
+// The limits the behaviour tests run on: odd ones, a per-minute one, and
+// ones with a Burst below the default (an odd one among them).
+var limits = []limit.Config{
+	{Requests: 5, Per: time.Second},
+	{Requests: 7, Per: time.Second},
+	{Requests: 3, Per: time.Second},
+	{Requests: 10, Per: time.Second},
+	{Requests: 100, Per: time.Minute},
+	{Requests: 5, Per: time.Second, Burst: 5},
+	{Requests: 7, Per: time.Second, Burst: 3},
+	{Requests: 100, Per: time.Minute, Burst: 25},
+}
+
+func name(c limit.Config) string {
+	return fmt.Sprintf("%d-per-%v-burst-%d", c.Requests, c.Per, c.Burst)
+}
+
+// send runs one client sending every gap for d, from the clock's time on,
+// and returns how many of its requests were admitted.
+func send(l *limit.Limiter, clk *epochsketch.ManualClock, key string, gap, d time.Duration) int {
+	admitted := 0
+	for end := clk.Now().Add(d); clk.Now().Before(end); clk.Advance(gap) {
+		if l.Allow(key) {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// TestOverloadExact: a client at 2x and 4x its limit is admitted at its
+// limit: over a minute (ten periods for a per-minute limit) after its first
+// period, to one request; and from cold, no more than the Burst on top.
+func TestOverloadExact(t *testing.T) {
+	for _, c := range limits {
+		for _, over := range []int{2, 4} {
+			t.Run(fmt.Sprintf("%s/x%d", name(c), over), func(t *testing.T) {
+				l, clk := newManual(t, c)
+				gap := c.Per / time.Duration(over*c.Requests)
+				window := max(time.Minute, 10*c.Per)
+				want := int(int64(c.Requests) * int64(window) / int64(c.Per))
+				burst := c.Burst
+				if burst == 0 {
+					burst = 2 * c.Requests
+				}
+				cold := send(l, clk, "k", gap, c.Per)
+				if cold > burst+c.Requests || cold < c.Requests {
+					t.Fatalf("first period: admitted %d, want %d to %d (Burst + Requests)", cold, c.Requests, burst+c.Requests)
+				}
+				got := send(l, clk, "k", gap, window)
+				t.Logf("admitted %d in %v at %dx, want %d (%+.2f%%)", got, window, over, want, 100*float64(got-want)/float64(want))
+				if got < want-1 || got > want+1 {
+					t.Fatalf("admitted %d in %v at %dx its limit, want %d ± 1", got, window, over, want)
+				}
+			})
+		}
+	}
+}
+
+// TestUnderLimitNeverRefused: a client that keeps to its limit is never
+// refused. With the default Burst that is any client sending at most
+// Requests in every window of Per (sliding, not aligned to anything): here
+// a client that sends whenever its last Per holds fewer than Requests, at
+// random gaps, and one sending at exactly the limit at a random phase.
+// With a smaller Burst, a client sending at most Burst/2 per tick.
+func TestUnderLimitNeverRefused(t *testing.T) {
+	for _, c := range limits {
+		t.Run(name(c), func(t *testing.T) {
+			for seed := range uint64(20) {
+				rng := rand.New(rand.NewPCG(seed, 7))
+				l, clk := newManual(t, c)
+				clk.Advance(time.Duration(rng.Int64N(int64(c.Per))))
+				if c.Burst == 0 {
+					// Sliding window: hug the limit.
+					var sent []time.Time
+					for range 40 * c.Requests {
+						clk.Advance(time.Duration(rng.Int64N(int64(c.Per) / int64(c.Requests))))
+						now := clk.Now()
+						for len(sent) > 0 && !sent[0].After(now.Add(-c.Per)) {
+							sent = sent[1:]
+						}
+						if len(sent) >= c.Requests {
+							continue
+						}
+						if !l.Allow("k") {
+							t.Fatalf("seed %d: refused with %d requests in the last %v", seed, len(sent), c.Per)
+						}
+						sent = append(sent, now)
+					}
+				}
+				// Exactly the limit, evenly (at most Burst/2 per tick when
+				// the Burst is set: the even rate at a ceiling).
+				gap := c.Per / time.Duration(c.Requests)
+				if c.Burst != 0 {
+					tick := c.Per * time.Duration(c.Burst) / time.Duration(2*c.Requests)
+					gap = tick/time.Duration(c.Burst/2) + 1
+				}
+				for range 20 * c.Requests {
+					if !l.AllowN(time.Time{}, "even", 1) {
+						t.Fatalf("seed %d: a client at one request every %v refused", seed, gap)
+					}
+					clk.Advance(gap)
+				}
+			}
+		})
+	}
+}
+
+// TestRacingOneKey: goroutines racing on one key at one instant are
+// admitted the Burst, exactly, together. Run under -race.
+func TestRacingOneKey(t *testing.T) {
+	l, _ := newManual(t, limit.Config{Requests: 100, Per: time.Second})
+	const goroutines, calls = 8, 100
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for i := range calls {
+				var ok bool
+				if (g+i)%2 == 0 {
+					ok = l.Allow("hot")
+				} else {
+					ok = l.Decide(time.Time{}, "hot", 1).Allowed
+				}
+				if ok {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if n := admitted.Load(); n != 200 {
+		t.Fatalf("8 goroutines racing on one key were admitted %d, want exactly the Burst, 200", n)
+	}
+}
+
+// TestFloodKeepsHeavyKey: a client at 4x its limit stays limited to its
+// limit while a flood of distinct keys, 60 times the table's slots, passes
+// through a small table; every flooding key, under its limit, is admitted.
+func TestFloodKeepsHeavyKey(t *testing.T) {
+	l, clk := newManual(t, limit.Config{Requests: 5, Per: time.Second, NumBuckets: 16})
+	const perSecond = 512 // new keys each second: 4 times the 128 slots
+	flooded, admitted := 0, 0
+	for s := range 61 {
+		for i := range 20 { // 4x the limit
+			if l.Allow("heavy") && s > 0 {
+				admitted++
+			}
+			for j := range perSecond / 20 {
+				if !l.Allow(fmt.Sprintf("flood-%d-%d-%d", s, i, j)) {
+					t.Fatalf("second %d: a new key was refused", s)
+				}
+				flooded++
+			}
+			clk.Advance(50 * time.Millisecond)
+		}
+	}
+	if admitted != 300 {
+		t.Fatalf("the heavy key was admitted %d times in 60 s among %d new keys, want its limit, 300", admitted, flooded)
+	}
+}
+
+// TestDecide: what Decide says for headers, at known times.
+func TestDecide(t *testing.T) {
+	l, clk := newManual(t, limit.Config{Requests: 5, Per: time.Second})
+	clk.Advance(250 * time.Millisecond)
+	for i := 1; i <= 10; i++ {
+		d := l.Decide(time.Time{}, "k", 1)
+		if want := (limit.Decision{Allowed: true, Remaining: 10 - i, Reset: 750 * time.Millisecond}); d != want {
+			t.Fatalf("request %d: %+v, want %+v", i, d, want)
+		}
+	}
+	d := l.Decide(time.Time{}, "k", 1)
+	if want := (limit.Decision{Reset: 750 * time.Millisecond, RetryAfter: 750 * time.Millisecond}); d != want {
+		t.Fatalf("over the burst: %+v, want %+v", d, want)
+	}
+	// Six more need two halvings (10 → 5 → 2 requests' worth).
+	if d, want := l.Decide(time.Time{}, "k", 6), (limit.Decision{Reset: 750 * time.Millisecond, RetryAfter: 1750 * time.Millisecond}); d != want {
+		t.Fatalf("6 more: %+v, want %+v", d, want)
+	}
+	if d, want := l.Decide(time.Time{}, "k", 11), (limit.Decision{Reset: 750 * time.Millisecond}); d != want {
+		t.Fatalf("above the burst: %+v, want %+v", d, want)
+	}
+	if d, want := l.Decide(time.Time{}, "k", 0), (limit.Decision{Allowed: true, Reset: 750 * time.Millisecond}); d != want {
+		t.Fatalf("zero requests: %+v, want %+v", d, want)
+	}
+	if l.AllowN(time.Time{}, "k", 11) || !l.AllowN(time.Time{}, "k", 0) {
+		t.Fatalf("AllowN: 11 (above the burst) must be refused, 0 admitted")
+	}
+	// An explicit time a tick on: half the quota is back.
+	if d, want := l.Decide(t0.Add(1100*time.Millisecond), "k", 1), (limit.Decision{Allowed: true, Remaining: 4, Reset: 900 * time.Millisecond}); d != want {
+		t.Fatalf("a tick later: %+v, want %+v", d, want)
+	}
+	// A late caller counts at the latest time seen: no rewind.
+	if d, want := l.Decide(t0, "k", 5), (limit.Decision{Remaining: 4, Reset: 2 * time.Second, RetryAfter: 2 * time.Second}); d != want {
+		t.Fatalf("a late caller: %+v, want %+v", d, want)
+	}
+}
+
+// TestConfigValidate: every bad field is named, with what to do.
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  limit.Config
+		want string
+	}{
+		{limit.Config{Per: time.Second}, "Config.Requests is 0"},
+		{limit.Config{Requests: 1}, "Config.Per is 0s"},
+		{limit.Config{Requests: 1, Per: time.Second, Burst: -1}, "Config.Burst is -1"},
+		{limit.Config{Requests: 1, Per: time.Second, Burst: limit.MaxBurst + 1}, "Config.Burst is 8388608"},
+		{limit.Config{Requests: 5_000_000, Per: time.Second}, "set Burst"},
+		{limit.Config{Requests: 1000, Per: time.Second, Burst: 1}, "raise Burst to at least 2"},
+		{limit.Config{Requests: 1, Per: 1 << 62, Burst: 8}, "lower Burst or Per"},
+		{limit.Config{Requests: 1, Per: time.Second, NumBuckets: -1}, "limit: epochsketch: Config.NumBuckets is -1"},
+		{limit.Config{Requests: 1, Per: time.Second, Name: `a"b`}, "Config.Name"},
+	} {
+		err := tc.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "limit: ") {
+			t.Errorf("%+v: %v, want an error with %q", tc.cfg, err, tc.want)
+		}
+	}
+	if err := (limit.Config{Requests: 1, Per: time.Millisecond, Burst: 2}).Validate(); err != nil {
+		t.Errorf("1 per ms with burst 2 (a 1 ms tick): %v", err)
+	}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "Config.Per") {
+			t.Fatalf("New(1, 0) recovered %v, want a panic naming Config.Per", r)
+		}
+	}()
+	limit.New(1, 0)
+}
