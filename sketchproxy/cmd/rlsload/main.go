@@ -8,7 +8,7 @@
 // -values N cycles through N distinct ones. Before the load it waits until
 // the service answers with a limit for the descriptor (its domain file is
 // loaded); -duration 0 only waits. scripts/rls-compare.sh runs it against both services
-// (BENCHMARKS.md, "Beside envoyproxy/ratelimit").
+// (docs/LIMITERS.md, "Beside envoyproxy/ratelimit").
 package main
 
 import (
