@@ -1,0 +1,110 @@
+package caddyepochsketch
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	in := `epochsketch {
+		zone per_ip {
+			key {remote_host}
+			events 5
+			window 10s
+		}
+		zone api_keys {
+			key {http.request.header.X-API-Key}
+			events 100
+			window 1m
+			burst 20
+		}
+		sketch_buckets 4096
+		new_keys off
+	}`
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(&h)
+	want := `{"zones":{"api_keys":{"key":"{http.request.header.X-API-Key}","events":100,"window":60000000000,"burst":20},` +
+		`"per_ip":{"key":"{remote_host}","events":5,"window":10000000000}},"sketch_buckets":4096,"new_keys_off":true}`
+	if string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if err := h.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	if err := h.config().Validate(); err != nil {
+		t.Errorf("the engine refuses the zones: %v", err)
+	}
+}
+
+func TestCaddyfileErrors(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"unknown subdirective", `epochsketch { zones x }`, `unrecognized subdirective "zones"`},
+		{"argument on the directive", `epochsketch 5 { }`, `wrong argument count`},
+		{"zone without name", `epochsketch { zone { key x } }`, `zone: want a name`},
+		{"zone twice", "epochsketch {\nzone a {\nkey x\n}\nzone a {\nkey y\n}\n}", `zone "a" is defined twice`},
+		{"bad events", `epochsketch { zone a { key x
+			events many } }`, `events "many": want a positive number`},
+		{"zero events", `epochsketch { zone a { key x
+			events 0 } }`, `events "0": want a positive number`},
+		{"bad window", `epochsketch { zone a { key x
+			window soon } }`, `window "soon": want a positive duration`},
+		{"unknown zone field", `epochsketch { zone a { rate 5 } }`, `zone a: unrecognized subdirective "rate"`},
+		{"value missing", "epochsketch {\nzone a {\nkey\n}\n}", `zone a: key: want a value`},
+		{"bad buckets", `epochsketch { sketch_buckets lots }`, `sketch_buckets "lots"`},
+		{"new_keys on", `epochsketch { new_keys on }`, `'new_keys off'`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		h    Handler
+		want string
+	}{
+		{"no zones", Handler{}, "no zones"},
+		{"no key", Handler{Zones: map[string]*Zone{"a": {Events: 1, Window: 1e9}}}, `zone "a" has no key`},
+		{"no events", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Window: 1e9}}}, `zone "a": events 0`},
+		{"no window", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5}}}, `zone "a": window 0s`},
+		{"empty zone", Handler{Zones: map[string]*Zone{"a": nil}}, `zone "a" is empty`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.h.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "epochsketch: ") {
+				t.Fatalf("got %v, want an epochsketch: error with %q", err, tc.want)
+			}
+		})
+	}
+	// What only the engine checks comes back with its reason.
+	h := Handler{Zones: map[string]*Zone{"bad name!": {Key: "{remote_host}", Events: 5, Window: 1e9}}}
+	if err := h.config().Validate(); err == nil || !strings.Contains(err.Error(), "bad name!") {
+		t.Errorf("a zone name the engine refuses: got %v", err)
+	}
+}
+
+func TestStripKeyHeaders(t *testing.T) {
+	h := map[string][]string{
+		"Epochsketch-Zone-0": {"chosen"},
+		"Epochsketch_zone_1": {"chosen"},
+		"EPOCHSKETCH-ZONE-2": {"chosen"},
+		"X-Api-Key":          {"kept"},
+		"Epochsketch":        {"kept"},
+	}
+	stripKeyHeaders(h)
+	if len(h) != 2 || h["X-Api-Key"] == nil || h["Epochsketch"] == nil {
+		t.Errorf("left %v, want only X-Api-Key and Epochsketch", h)
+	}
+}

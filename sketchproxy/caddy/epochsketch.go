@@ -1,0 +1,283 @@
+// Package caddyepochsketch is the Caddy HTTP handler http.handlers.epochsketch:
+// SketchProxy's rate limiter (sketchproxy.Middleware, the decision engine
+// of the proxy, its forward-auth check and its Envoy service) inside Caddy,
+// with no other process and no other hop.
+//
+// Each zone is a key (a Caddy placeholder, resolved per request), a number
+// of events per window and an optional burst. A request over a zone's limit
+// gets 429 with Retry-After and the draft RateLimit and RateLimit-Policy
+// fields; an admitted one goes on to the next handler with the RateLimit
+// fields on its response. The counts live in fixed-memory sketches that
+// survive a config reload with the same zones (see pool). The Caddyfile
+// form is in caddyfile.go, the metrics in metrics.go.
+package caddyepochsketch
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/epochsketch/epochsketch/sketchproxy"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler is the epochsketch handler's configuration (its JSON form) and,
+// once provisioned, the Middleware it decides with. Provision it through
+// Caddy; it is then safe for concurrent use.
+type Handler struct {
+	// Zones are the limits, by name: every zone must admit a request.
+	// A name is letters, digits, '-' and '_'.
+	Zones map[string]*Zone `json:"zones,omitempty"`
+	// SketchBuckets sizes each sketch, 64 bytes a bucket (default 65536:
+	// 4 MiB, about 130k keys above the noise). Memory never grows with the
+	// number of keys.
+	SketchBuckets int `json:"sketch_buckets,omitempty"`
+	// NewKeysOff turns off the key-rotation defense (on by default: while
+	// keys never seen before spike, keys first seen during the spike get a
+	// quarter of each limit; see sketchproxy's README, "New keys").
+	NewKeysOff bool `json:"new_keys_off,omitempty"`
+
+	mw      *sketchproxy.Middleware
+	poolKey string
+	headers []string // the zones' internal key headers, by zone (sorted by name)
+	keys    []string // the zones' key placeholders, in the same order
+}
+
+// Zone is one limit: Events requests per Window for each value of Key.
+type Zone struct {
+	// Key is the placeholder a request's key is read from, e.g.
+	// {remote_host} or {http.request.header.X-API-Key}. A placeholder that
+	// resolves to nothing (a missing header) is the key "-": all such
+	// requests share one count.
+	Key string `json:"key"`
+	// Events is how many requests a key may make per Window.
+	Events float64 `json:"events"`
+	// Window is the period of Events.
+	Window caddy.Duration `json:"window"`
+	// Burst is the most requests a quiet key may send at once (default
+	// Events).
+	Burst float64 `json:"burst,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.epochsketch",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// keyHeaderPrefix starts the request headers that carry each zone's
+// resolved key to the Middleware (rules keyed header:Epochsketch-Zone-N).
+// A client's own copies, in any spelling a server might read as one, are
+// removed first, so no client chooses its key; ours are removed before the
+// next handler.
+const keyHeaderPrefix = "Epochsketch-Zone-"
+
+// names returns the zones' names, sorted: the rules' and headers' order.
+func (h *Handler) names() []string {
+	names := make([]string, 0, len(h.Zones))
+	for n := range h.Zones {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// validate checks what the engine would not see: the zones' presence and
+// their keys. The engine checks names and numbers, with its own messages.
+func (h *Handler) validate() error {
+	if len(h.Zones) == 0 {
+		return fmt.Errorf("epochsketch: no zones: add at least one zone with a key, events and a window")
+	}
+	for _, name := range h.names() {
+		z := h.Zones[name]
+		if z == nil {
+			return fmt.Errorf("epochsketch: zone %q is empty: give it a key, events and a window", name)
+		}
+		if strings.TrimSpace(z.Key) == "" {
+			return fmt.Errorf("epochsketch: zone %q has no key: set one, e.g. key {remote_host}", name)
+		}
+		if z.Events <= 0 {
+			return fmt.Errorf("epochsketch: zone %q: events %v: want a positive number of requests per window", name, z.Events)
+		}
+		if z.Window <= 0 {
+			return fmt.Errorf("epochsketch: zone %q: window %v: want a positive duration, e.g. 10s", name, time.Duration(z.Window))
+		}
+		if z.Burst < 0 {
+			return fmt.Errorf("epochsketch: zone %q: burst %v: want a positive number (or none: events)", name, z.Burst)
+		}
+	}
+	if h.SketchBuckets < 0 {
+		return fmt.Errorf("epochsketch: sketch_buckets %d: want a positive power of two, or none (65536)", h.SketchBuckets)
+	}
+	return nil
+}
+
+// config is the engine's configuration for the zones: one rule per zone,
+// keyed by its internal header, refused requests not counted (a client over
+// the limit still gets the limit, as with Caddy's other rate limiters), no
+// tarpit. What Caddy owns is left to Caddy: the client address (no
+// trusted proxies: every key comes from a placeholder), request bodies
+// (streamed, not buffered; the engine's body timeout at its 1h maximum,
+// Caddy's own timeouts govern) and in-flight caps (none).
+func (h *Handler) config() *sketchproxy.Config {
+	cfg := &sketchproxy.Config{
+		Server: sketchproxy.ServerConfig{
+			BufferBody:           new(int),
+			MaxInFlightPerClient: new(int),
+			BodyTimeout:          sketchproxy.Duration(time.Hour),
+		},
+		Sketch:  sketchproxy.SketchConfig{Buckets: h.SketchBuckets},
+		NewKeys: sketchproxy.NewKeysConfig{Disabled: h.NewKeysOff},
+	}
+	for i, name := range h.names() {
+		z := h.Zones[name]
+		cfg.Rules = append(cfg.Rules, sketchproxy.Rule{
+			Name: name,
+			Key:  []string{"header:" + keyHeaderPrefix + strconv.Itoa(i)},
+			Limits: []sketchproxy.Limit{{
+				Requests: z.Events, Per: sketchproxy.Duration(z.Window), Burst: z.Burst,
+			}},
+		})
+	}
+	return cfg
+}
+
+// Provision builds the zones' Middleware, or takes the one a previous
+// config with the same zones left in the pool, counts and all.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	if err := h.validate(); err != nil {
+		return err
+	}
+	cfg := h.config()
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("epochsketch: %w", err)
+	}
+	sum, err := json.Marshal(struct {
+		Zones   map[string]*Zone
+		Buckets int
+		NewOff  bool
+	}{h.Zones, h.SketchBuckets, h.NewKeysOff})
+	if err != nil {
+		return fmt.Errorf("epochsketch: %w", err)
+	}
+	d := sha256.Sum256(sum)
+	h.poolKey = hex.EncodeToString(d[:])
+	log := ctx.Slogger()
+	v, _, err := pool.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {
+		mw, err := sketchproxy.New(cfg, http.HandlerFunc(callNext), sketchproxy.Options{Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("epochsketch: %w", err)
+		}
+		return pooled{mw}, nil
+	})
+	if err != nil {
+		h.poolKey = ""
+		return err
+	}
+	h.mw = v.(pooled).Middleware
+	for i, name := range h.names() {
+		h.headers = append(h.headers, keyHeaderPrefix+strconv.Itoa(i))
+		h.keys = append(h.keys, h.Zones[name].Key)
+	}
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		_ = h.Cleanup()
+		return err
+	}
+	return nil
+}
+
+// Validate checks the configuration (Provision has built it already; this
+// repeats the checks for tools that only validate).
+func (h *Handler) Validate() error { return h.validate() }
+
+// Cleanup releases this config's hold on the Middleware: the last config
+// using these zones closes it.
+func (h *Handler) Cleanup() error {
+	if h.poolKey == "" {
+		return nil
+	}
+	_, err := pool.Delete(h.poolKey)
+	h.poolKey = ""
+	return err
+}
+
+// nextKey is the context key of a request's *nextCall.
+type nextKey struct{}
+
+// nextCall carries Caddy's next handler through the Middleware, which was
+// built once with callNext as its next, and brings its error back.
+type nextCall struct {
+	next    caddyhttp.Handler
+	headers []string
+	err     error
+}
+
+// callNext is the Middleware's next handler: the request's Caddy next,
+// without the internal key headers.
+func callNext(w http.ResponseWriter, r *http.Request) {
+	c := r.Context().Value(nextKey{}).(*nextCall)
+	for _, name := range c.headers {
+		r.Header.Del(name)
+	}
+	c.err = c.next.ServeHTTP(w, r)
+}
+
+// ServeHTTP resolves each zone's key, lets the Middleware decide, and
+// returns the next handler's error if the request went on.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	stripKeyHeaders(r.Header)
+	for i, k := range h.keys {
+		r.Header.Set(h.headers[i], repl.ReplaceAll(k, ""))
+	}
+	c := &nextCall{next: next, headers: h.headers}
+	h.mw.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nextKey{}, c)))
+	return c.err
+}
+
+// stripKeyHeaders deletes a client's headers that read as an internal key
+// header: Epochsketch-Zone-N itself, or spelled with '_' for '-' (CGI and
+// WSGI upstreams read them as one; the engine refuses such a request as
+// ambiguous).
+func stripKeyHeaders(hd http.Header) {
+	for name := range hd {
+		if len(name) >= len(keyHeaderPrefix) && strings.EqualFold(strings.ReplaceAll(name[:len(keyHeaderPrefix)], "_", "-"), keyHeaderPrefix) {
+			delete(hd, name)
+		}
+	}
+}
+
+// pool holds the Middlewares by a hash of their zones' configuration, so a
+// reload that keeps the zones keeps their counts: the new config takes the
+// Middleware before the old one lets go of it.
+var pool = caddy.NewUsagePool()
+
+// pooled is a Middleware in the pool; the pool closes it when the last
+// config using it is cleaned up.
+type pooled struct{ *sketchproxy.Middleware }
+
+func (p pooled) Destruct() error { return p.Close() }
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ caddy.Destructor            = pooled{}
+)
