@@ -121,7 +121,7 @@ http://127.0.0.1:{{PORT}} {
 			zone per_ip {
 				key {remote_host}
 				events 5
-				window 1m
+				window 10m
 			}
 		}
 		reverse_proxy {{UPSTREAM}}
@@ -320,6 +320,16 @@ func app(t *testing.T) string {
 func TestCaddyBinary(t *testing.T) {
 	s := startCaddy(t, app(t))
 	a, b := clientFrom("127.0.0.1"), clientFrom("127.0.0.2")
+	// per_ip's counts halve every 5 minutes (10m with bursts of 5: the
+	// tick is half the window, sketchproxy/limit.go): the checks below
+	// start at least a minute before a halving and fail if they outlast it.
+	const tick = 5 * time.Minute
+	end := awayFromTickEdge(tick, time.Minute)
+	defer func() {
+		if time.Now().After(end) {
+			t.Errorf("the checks took past a halving of the counts (%v): too slow to be judged", end)
+		}
+	}()
 
 	// A burst: five through to the app, then 429 with Retry-After and the
 	// RateLimit fields. Query strings change nothing about the key, and
@@ -338,16 +348,16 @@ func TestCaddyBinary(t *testing.T) {
 			if ans.upstreamKeySeen != "" {
 				t.Errorf("internal key headers reached the app: %s", ans.upstreamKeySeen)
 			}
-			if !strings.Contains(ans.rateLimit, `"per_ip-`) || !strings.Contains(ans.policy, ";q=5;w=60") {
-				t.Errorf("request %d: RateLimit %q, RateLimit-Policy %q: want the per_ip policy, 5 per 60 s", i+1, ans.rateLimit, ans.policy)
+			if !strings.Contains(ans.rateLimit, `"per_ip-`) || !strings.Contains(ans.policy, ";q=5;w=600") {
+				t.Errorf("request %d: RateLimit %q, RateLimit-Policy %q: want the per_ip policy, 5 per 600 s", i+1, ans.rateLimit, ans.policy)
 			}
 			continue
 		}
 		if ans.code != http.StatusTooManyRequests {
 			t.Fatalf("request %d: %d, want 429 (codes so far %v)", i+1, ans.code, codes)
 		}
-		if n, err := strconv.Atoi(ans.retryAfter); err != nil || n < 1 || n > 60 {
-			t.Errorf("Retry-After %q: want 1 to 60 seconds", ans.retryAfter)
+		if n, err := strconv.Atoi(ans.retryAfter); err != nil || n < 1 || n > 600 {
+			t.Errorf("Retry-After %q: want 1 to 600 seconds", ans.retryAfter)
 		}
 		if !strings.Contains(ans.rateLimit, "r=0") || ans.policy == "" {
 			t.Errorf("429 without the RateLimit fields: RateLimit %q, RateLimit-Policy %q", ans.rateLimit, ans.policy)
@@ -387,6 +397,19 @@ func TestCaddyBinary(t *testing.T) {
 	if v := s.metric(`caddy_http_epochsketch_decisions_total{outcome="allow",zone="per_ip"}`); v != 7 {
 		t.Errorf("per_ip admissions in Caddy's metrics: %v, want 7", v)
 	}
+}
+
+// awayFromTickEdge returns at least margin before the next boundary of
+// tick (the sketches' ticks are aligned on the Unix clock), waiting for the
+// boundary if it is nearer; it returns the next boundary.
+func awayFromTickEdge(tick, margin time.Duration) time.Time {
+	now := time.Now()
+	left := tick - time.Duration(now.UnixNano()%int64(tick))
+	if left < margin {
+		time.Sleep(left + 10*time.Millisecond)
+		return now.Add(left + tick)
+	}
+	return now.Add(left)
 }
 
 // TestCaddyFlood sends distinct X-API-Key values, each once, through the

@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -224,6 +225,7 @@ type nextKey struct{}
 type nextCall struct {
 	next    caddyhttp.Handler
 	headers []string
+	called  bool // the Middleware admitted the request
 	err     error
 }
 
@@ -231,6 +233,7 @@ type nextCall struct {
 // without the internal key headers.
 func callNext(w http.ResponseWriter, r *http.Request) {
 	c := r.Context().Value(nextKey{}).(*nextCall)
+	c.called = true
 	for _, name := range c.headers {
 		r.Header.Del(name)
 	}
@@ -246,8 +249,70 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		r.Header.Set(h.headers[i], repl.ReplaceAll(k, ""))
 	}
 	c := &nextCall{next: next, headers: h.headers}
+	hd := w.Header()
+	if prior := hd[policyKey]; prior != nil {
+		// An epochsketch handler before this one (another matcher's
+		// zones) admitted the request: its fields and ours go together.
+		mw := &mergeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, c: c, policy: prior, rateLimit: hd[rateLimitKey]}
+		delete(hd, policyKey)
+		delete(hd, rateLimitKey)
+		w = mw
+	}
 	h.mw.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nextKey{}, c)))
 	return c.err
+}
+
+// The draft RateLimit fields' keys in a header map.
+var (
+	policyKey    = http.CanonicalHeaderKey("RateLimit-Policy")
+	rateLimitKey = http.CanonicalHeaderKey("RateLimit")
+)
+
+// mergeWriter joins an earlier epochsketch handler's RateLimit fields to
+// this one's when the response starts: RateLimit-Policy lists every
+// policy; RateLimit lists all of them on an admitted request, and on a
+// refusal only this handler's, the policies the client is over.
+type mergeWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	c                 *nextCall
+	policy, rateLimit []string
+	done              bool
+}
+
+func (mw *mergeWriter) merge() {
+	if mw.done {
+		return
+	}
+	mw.done = true
+	hd := mw.Header()
+	join := func(key string, prior []string) {
+		if ours := hd[key]; len(ours) > 0 {
+			hd[key] = []string{strings.Join(append(slices.Clone(prior), ours...), ", ")}
+		} else {
+			hd[key] = prior
+		}
+	}
+	join(policyKey, mw.policy)
+	if mw.c.called {
+		join(rateLimitKey, mw.rateLimit)
+	}
+}
+
+func (mw *mergeWriter) WriteHeader(code int) {
+	if code >= 200 {
+		mw.merge()
+	}
+	mw.ResponseWriterWrapper.WriteHeader(code)
+}
+
+func (mw *mergeWriter) Write(p []byte) (int, error) {
+	mw.merge()
+	return mw.ResponseWriterWrapper.Write(p)
+}
+
+func (mw *mergeWriter) ReadFrom(r io.Reader) (int64, error) {
+	mw.merge()
+	return mw.ResponseWriterWrapper.ReadFrom(r)
 }
 
 // stripKeyHeaders deletes a client's headers that read as an internal key

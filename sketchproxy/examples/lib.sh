@@ -79,15 +79,21 @@ start_on_free_port() {
   die "$name did not start"
 }
 
-# start_sketchproxy CONFIG: builds sketchproxy, starts the demo upstream and
-# sketchproxy with CONFIG on free ports; sets upstream (host:port) and check
-# (host:port of the forward-auth endpoint).
-start_sketchproxy() {
+# start_demo_upstream: builds sketchproxy and starts its demo upstream on a
+# free port; sets upstream (host:port).
+start_demo_upstream() {
   command -v go >/dev/null || die "go is not installed"
   (cd "$repo/sketchproxy" && go build -o "$tmp/sketchproxy" ./cmd/sketchproxy)
   "$tmp/sketchproxy" -demo-upstream 127.0.0.1:0 > "$tmp/upstream.log" 2>&1 &
   pids+=($!)
   upstream=$(wait_for "$tmp/upstream.log" 'demo upstream on http://([0-9.:]+)/')
+}
+
+# start_sketchproxy CONFIG: builds sketchproxy, starts the demo upstream and
+# sketchproxy with CONFIG on free ports; sets upstream (host:port) and check
+# (host:port of the forward-auth endpoint).
+start_sketchproxy() {
+  start_demo_upstream
   "$tmp/sketchproxy" -config "$1" -listen 127.0.0.1:0 -admin off > "$tmp/sketchproxy.log" 2>&1 &
   pids+=($!)
   check=$(wait_for "$tmp/sketchproxy.log" 'msg="forward_auth listening" addr=([0-9.:]+)')

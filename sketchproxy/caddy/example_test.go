@@ -1,0 +1,141 @@
+package caddyepochsketch
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestExampleScript runs sketchproxy/examples/caddy-module/run.sh as a user
+// would (with the binary the tests built): its one open line, a burst, the
+// stacked /api/ zone's RateLimit fields beside per_ip's, and SIGINT, after
+// which nothing answers on its port and its directory is gone.
+func TestExampleScript(t *testing.T) {
+	bin := caddyBinary(t)
+	tmp := t.TempDir()
+	cmd := exec.Command("bash", filepath.Join("..", "examples", "caddy-module", "run.sh"))
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "EPOCHSKETCH_CADDY="+bin)
+	out := new(lockedBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	re := regexp.MustCompile(`(?m)^open (http://(127\.0\.0\.1:\d+)/)$`)
+	var url, hostPort string
+	for deadline := time.Now().Add(2 * time.Minute); url == ""; {
+		if m := re.FindStringSubmatch(out.String()); m != nil {
+			url, hostPort = m[1], m[2]
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run.sh stopped (%v) before printing its open line:\n%s", err, out)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run.sh printed no open line:\n%s", out)
+		}
+	}
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 1 {
+		t.Errorf("run.sh printed more than the open line:\n%s", out)
+	}
+
+	// per_ip: 5 per 10 s, so its counts halve every 5 s; each try is a
+	// new client address, from the start of a tick.
+	const tick = 5 * time.Second
+	var codes []string
+	var last answer
+	for try := 0; try < 3; try++ {
+		end := awayFromTickEdge(tick, 3*time.Second)
+		c := clientFrom(fmt.Sprintf("127.0.1.%d", 10+try))
+		codes = codes[:0]
+		for range 7 {
+			last = get(t, c, url)
+			codes = append(codes, fmt.Sprint(last.code))
+		}
+		if time.Now().Before(end) {
+			break
+		}
+	}
+	if got := strings.Join(codes, " "); got != "200 200 200 200 200 429 429" {
+		t.Fatalf("a burst of 7 from one address: %s", got)
+	}
+	if last.retryAfter == "" || !strings.Contains(last.rateLimit, ";r=0;t=") {
+		t.Errorf("the 429: Retry-After %q, RateLimit %q", last.retryAfter, last.rateLimit)
+	}
+
+	// /api/ passes both zones: both policies on every answer; a refusal by
+	// per_ip lists per_ip alone in RateLimit (the policy it is over).
+	for try := 0; try < 3; try++ {
+		end := awayFromTickEdge(tick, 3*time.Second)
+		c := clientFrom(fmt.Sprintf("127.0.2.%d", 10+try))
+		codes = codes[:0]
+		var first answer
+		for i := range 6 {
+			last = get(t, c, url+"api/items?page=2", "X-API-Key", "k1")
+			if i == 0 {
+				first = last
+			}
+			codes = append(codes, fmt.Sprint(last.code))
+		}
+		if time.Now().Before(end) {
+			for _, f := range []string{first.policy, first.rateLimit} {
+				if !strings.Contains(f, `"per_ip-`) || !strings.Contains(f, `"api_keys-`) {
+					t.Errorf("an admitted /api/ request's field %q: want both zones' policies", f)
+				}
+			}
+			break
+		}
+	}
+	if got := strings.Join(codes, " "); got != "200 200 200 200 200 429" {
+		t.Fatalf("6 /api/ requests from one address: %s", got)
+	}
+	if !strings.Contains(last.policy, `"per_ip-`) || !strings.Contains(last.policy, `"api_keys-`) ||
+		!strings.Contains(last.rateLimit, `"per_ip-`) || strings.Contains(last.rateLimit, `"api_keys-`) {
+		t.Errorf("the /api/ refusal: RateLimit-Policy %q, RateLimit %q: want both policies, and per_ip alone in RateLimit", last.policy, last.rateLimit)
+	}
+
+	syscall.Kill(cmd.Process.Pid, syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("run.sh did not stop on SIGINT:\n%s", out)
+	}
+	if c, err := net.DialTimeout("tcp", hostPort, time.Second); err == nil {
+		c.Close()
+		t.Errorf("Caddy still answers on %s after SIGINT", hostPort)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "*")); len(left) > 0 {
+		t.Errorf("run.sh left %v behind", left)
+	}
+}
