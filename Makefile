@@ -3,14 +3,14 @@
 GO ?= go
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-core test-bench test-e2e test-sketchproxy test-grpclimit test-readme \
+.PHONY: help test test-core test-bench test-e2e test-sketchproxy test-caddy test-grpclimit test-readme \
 	fuzz bench sketchproxy-bench rls-compare theory simulator scaling
 
 help: ## list the targets
 	@echo "usage: make TARGET"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-test: test-readme test-core test-bench test-e2e test-sketchproxy test-grpclimit ## the README's commands first (seconds), then every module's vet and tests, as CI runs them
+test: test-readme test-core test-bench test-e2e test-sketchproxy test-caddy test-grpclimit ## the README's commands first (seconds), then every module's vet and tests, as CI runs them
 
 test-core: ## the library and the epochsketch command: vet, race tests, the trace build, the library's tests on 386, wasm builds
 	$(GO) vet ./...
@@ -29,6 +29,9 @@ test-e2e: ## the browser simulator driven in headless Chromium (its own module)
 
 test-sketchproxy: ## SketchProxy (its own module): vet and race tests, real redis-server and python3 included
 	cd sketchproxy && $(GO) vet ./... && $(GO) test -race ./...
+
+test-caddy: ## the epochsketch Caddy module (its own module): vet, race tests, and tests that drive a Caddy built with it (the first build downloads Caddy: minutes)
+	cd sketchproxy/caddy && $(GO) vet ./... && $(GO) test -race ./...
 
 test-grpclimit: ## package limit's gRPC interceptor (its own module): vet and race tests against a real gRPC server
 	cd limit/grpclimit && $(GO) vet ./... && $(GO) test -race ./...
