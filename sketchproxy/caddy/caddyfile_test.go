@@ -88,10 +88,25 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
-	// What only the engine checks comes back with its reason.
-	h := Handler{Zones: map[string]*Zone{"bad name!": {Key: "{remote_host}", Events: 5, Window: 1e9}}}
-	if err := h.config().Validate(); err == nil || !strings.Contains(err.Error(), "bad name!") {
-		t.Errorf("a zone name the engine refuses: got %v", err)
+	// What only the engine checks comes back with its reason, in the
+	// Caddyfile's words.
+	for _, tc := range []struct {
+		zone Zone
+		name string
+		want string
+	}{
+		{Zone{Key: "{remote_host}", Events: 5, Window: 1e9}, "bad name!", `epochsketch: zone "bad name!": name: `},
+		{Zone{Key: "{remote_host}", Events: 5, Window: 1e9, Burst: 1 << 30}, "a", `epochsketch: zone "a": burst: `},
+	} {
+		h := Handler{Zones: map[string]*Zone{tc.name: &tc.zone}}
+		err := h.config().Validate()
+		if err == nil {
+			t.Errorf("%+v: the engine took it", tc.zone)
+			continue
+		}
+		if got := h.zoneError(err).Error(); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%+v: %q, want it to start %q", tc.zone, got, tc.want)
+		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -158,6 +159,31 @@ func (h *Handler) config() *sketchproxy.Config {
 	return cfg
 }
 
+// zoneError says an engine's error about a rule in the Caddyfile's words:
+// rules[1].limits[0].requests is zone NAME: events.
+func (h *Handler) zoneError(err error) error {
+	var ce *sketchproxy.ConfigError
+	if !errors.As(err, &ce) {
+		return fmt.Errorf("epochsketch: %w", err)
+	}
+	field, names := ce.Field, h.names()
+	var i int
+	if _, e := fmt.Sscanf(field, "rules[%d]", &i); e == nil && i >= 0 && i < len(names) {
+		rest := strings.TrimPrefix(field[strings.Index(field, "]")+1:], ".limits[0]")
+		switch rest = strings.TrimPrefix(rest, "."); rest {
+		case "requests":
+			rest = "events"
+		case "per":
+			rest = "window"
+		}
+		field = fmt.Sprintf("zone %q", names[i])
+		if rest != "" {
+			field += ": " + rest
+		}
+	}
+	return fmt.Errorf("epochsketch: %s: %s", field, ce.Msg)
+}
+
 // Provision builds the zones' Middleware, or takes the one a previous
 // config with the same zones left in the pool, counts and all.
 func (h *Handler) Provision(ctx caddy.Context) error {
@@ -166,7 +192,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	cfg := h.config()
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("epochsketch: %w", err)
+		return h.zoneError(err)
 	}
 	sum, err := json.Marshal(struct {
 		Zones   map[string]*Zone
@@ -182,7 +208,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	v, _, err := pool.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {
 		mw, err := sketchproxy.New(cfg, http.HandlerFunc(callNext), sketchproxy.Options{Logger: log})
 		if err != nil {
-			return nil, fmt.Errorf("epochsketch: %w", err)
+			return nil, h.zoneError(err)
 		}
 		return pooled{mw}, nil
 	})
