@@ -20,10 +20,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -204,19 +206,22 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	d := sha256.Sum256(sum)
 	h.poolKey = hex.EncodeToString(d[:])
-	log := ctx.Slogger()
 	v, _, err := pool.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {
-		mw, err := sketchproxy.New(cfg, http.HandlerFunc(callNext), sketchproxy.Options{Logger: log})
+		log := new(logSwitch)
+		log.cur.Store(ctx.Slogger())
+		mw, err := sketchproxy.New(cfg, http.HandlerFunc(callNext), sketchproxy.Options{Logger: slog.New(log)})
 		if err != nil {
 			return nil, h.zoneError(err)
 		}
-		return pooled{mw}, nil
+		return pooled{mw, log}, nil
 	})
 	if err != nil {
 		h.poolKey = ""
 		return err
 	}
-	h.mw = v.(pooled).Middleware
+	p := v.(pooled)
+	p.log.cur.Store(ctx.Slogger()) // the newest config's logging
+	h.mw = p.Middleware
 	for i, name := range h.names() {
 		h.headers = append(h.headers, keyHeaderPrefix+strconv.Itoa(i))
 		h.keys = append(h.keys, h.Zones[name].Key)
@@ -358,9 +363,35 @@ func stripKeyHeaders(hd http.Header) {
 // Middleware before the old one lets go of it.
 var pool = caddy.NewUsagePool()
 
-// pooled is a Middleware in the pool; the pool closes it when the last
-// config using it is cleaned up.
-type pooled struct{ *sketchproxy.Middleware }
+// pooled is a Middleware in the pool, and its logger; the pool closes it
+// when the last config using it is cleaned up.
+type pooled struct {
+	*sketchproxy.Middleware
+	log *logSwitch
+}
+
+// logSwitch sends a pooled Middleware's log to the logger of the newest
+// config that provisioned it: a reload may change Caddy's logging, and
+// closes the old config's writers.
+type logSwitch struct{ cur atomic.Pointer[slog.Logger] }
+
+func (l *logSwitch) Enabled(ctx context.Context, lv slog.Level) bool {
+	return l.cur.Load().Handler().Enabled(ctx, lv)
+}
+
+func (l *logSwitch) Handle(ctx context.Context, r slog.Record) error {
+	return l.cur.Load().Handler().Handle(ctx, r)
+}
+
+// WithAttrs and WithGroup bind to the logger of now (the Middleware uses
+// neither).
+func (l *logSwitch) WithAttrs(as []slog.Attr) slog.Handler {
+	return l.cur.Load().Handler().WithAttrs(as)
+}
+
+func (l *logSwitch) WithGroup(name string) slog.Handler {
+	return l.cur.Load().Handler().WithGroup(name)
+}
 
 func (p pooled) Destruct() error { return p.Close() }
 
