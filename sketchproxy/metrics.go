@@ -176,23 +176,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dRLSOverLimit, float64(m.met.rlsOverLimit.Load()))
 	emit(dRLSUnknown, float64(m.met.rlsUnknownDomain.Load()))
 
-	m.mu.Lock()
-	names := make([]string, 0, len(m.ruleMet))
-	for n := range m.ruleMet {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		rm := m.ruleMet[n]
-		for o := Outcome(0); o < numOutcomes; o++ {
-			for s, shadow := range []string{"false", "true"} {
-				if v := rm.n[o][s].Load(); v > 0 || (s == 0 && (o == Allow || o == Reject)) {
-					emit(dDecisions, float64(v), n, o.String(), shadow)
-				}
-			}
-		}
-	}
-	m.mu.Unlock()
+	m.Decisions(func(rule string, o Outcome, shadow bool, n uint64) {
+		emit(dDecisions, float64(n), rule, o.String(), strconv.FormatBool(shadow))
+	})
 
 	emit(dHeld, float64(m.held.Load()))
 	emit(dCapacity, float64(st.cfg.Tarpit.MaxHeld))
