@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
@@ -121,5 +122,20 @@ func TestStripKeyHeaders(t *testing.T) {
 	stripKeyHeaders(h)
 	if len(h) != 2 || h["X-Api-Key"] == nil || h["Epochsketch"] == nil {
 		t.Errorf("left %v, want only X-Api-Key and Epochsketch", h)
+	}
+}
+
+// The JSON form the README shows.
+func TestJSONForm(t *testing.T) {
+	var h Handler
+	in := `{"handler": "epochsketch", "zones": {"per_ip": {"key": "{remote_host}", "events": 5, "window": "10s"}}}`
+	if err := json.Unmarshal([]byte(in), &h); err != nil {
+		t.Fatal(err)
+	}
+	if z := h.Zones["per_ip"]; z == nil || z.Key != "{remote_host}" || z.Events != 5 || time.Duration(z.Window) != 10*time.Second {
+		t.Fatalf("read %+v", h.Zones["per_ip"])
+	}
+	if err := h.Validate(); err != nil {
+		t.Error(err)
 	}
 }
