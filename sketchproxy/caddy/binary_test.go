@@ -31,7 +31,7 @@ var (
 
 // caddyBinary builds cmd/caddy once per test run (the first build of
 // Caddy's modules takes minutes; later ones, the link).
-func caddyBinary(t *testing.T) string {
+func caddyBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "epochsketch-caddy-bin")
@@ -61,7 +61,8 @@ func TestMain(m *testing.M) {
 
 // caddyServer is a running Caddy: its site and admin ports, its process.
 type caddyServer struct {
-	t            *testing.T
+	t            testing.TB
+	site         string // the Caddyfile's site block, a template
 	dir          string
 	port, admin  int
 	cmd          *exec.Cmd
@@ -83,7 +84,7 @@ func (s *caddyServer) logText() string {
 }
 
 // freePort returns a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -93,17 +94,21 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// testCaddyfile is the site the tests drive: the app behind a per-address
-// zone, and /flood/ answering from Caddy itself behind a zone keyed by
-// X-API-Key. gen shows in X-Gen, to tell a reload happened.
-const testCaddyfile = `{
+// globalOptions start every test's Caddyfile: the admin API on its own
+// free port, everything Caddy writes in the test's directory.
+const globalOptions = `{
 	admin 127.0.0.1:{{ADMIN}}
 	auto_https off
 	persist_config off
 	storage file_system {{DIR}}/storage
 }
 
-http://127.0.0.1:{{PORT}} {
+`
+
+// testSite is the site the tests drive: the app behind a per-address
+// zone, and /flood/ answering from Caddy itself behind a zone keyed by
+// X-API-Key. gen shows in X-Gen, to tell a reload happened.
+const testSite = `http://127.0.0.1:{{PORT}} {
 	header X-Gen {{GEN}}
 	@flood path /flood/*
 	handle @flood {
@@ -132,16 +137,17 @@ http://127.0.0.1:{{PORT}} {
 func (s *caddyServer) caddyfile(gen int) []byte {
 	r := strings.NewReplacer("{{ADMIN}}", strconv.Itoa(s.admin), "{{PORT}}", strconv.Itoa(s.port),
 		"{{DIR}}", s.dir, "{{GEN}}", strconv.Itoa(gen), "{{UPSTREAM}}", s.upstreamAddr)
-	return []byte(r.Replace(testCaddyfile))
+	return []byte(r.Replace(globalOptions + s.site))
 }
 
-// startCaddy starts the binary on free ports in front of upstream and
-// waits until its site answers; a port taken between the choice and the
-// bind gets a new try.
-func startCaddy(t *testing.T, upstream string) *caddyServer {
+// startCaddy starts the binary with site (a template: {{PORT}},
+// {{UPSTREAM}}, {{GEN}}) on free ports in front of upstream and waits
+// until its site answers; a port taken between the choice and the bind
+// gets a new try.
+func startCaddy(t testing.TB, site, upstream string) *caddyServer {
 	bin := caddyBinary(t)
 	for try := 0; try < 5; try++ {
-		s := &caddyServer{t: t, dir: t.TempDir(), upstreamAddr: upstream}
+		s := &caddyServer{t: t, site: site, dir: t.TempDir(), upstreamAddr: upstream}
 		s.port, s.admin = freePort(t), freePort(t)
 		if s.port == s.admin {
 			continue
@@ -318,7 +324,7 @@ func app(t *testing.T) string {
 // address unaffected, query strings, a client's attempt to choose its key,
 // a reload that keeps the counts, and the metrics.
 func TestCaddyBinary(t *testing.T) {
-	s := startCaddy(t, app(t))
+	s := startCaddy(t, testSite, app(t))
 	a, b := clientFrom("127.0.0.1"), clientFrom("127.0.0.2")
 	// per_ip's counts halve every 5 minutes (10m with bursts of 5: the
 	// tick is half the window, sketchproxy/limit.go): the checks below
@@ -425,7 +431,7 @@ func TestCaddyFlood(t *testing.T) {
 			t.Fatalf("EPOCHSKETCH_CADDY_FLOOD_N=%q: want a whole number, at least 20000", v)
 		}
 	}
-	s := startCaddy(t, app(t))
+	s := startCaddy(t, testSite, app(t))
 	const workers = 4
 	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
