@@ -103,6 +103,9 @@ func (c Config) compile() (compiled, error) {
 	}
 	p.tick = time.Duration(q)
 	if p.tick < epochsketch.MinTickDuration {
+		if mb := minBurst(c.Requests, c.Per); mb > MaxBurst {
+			return p, fmt.Errorf("limit: %d per %v needs a tick of %v, under %v, and no Burst up to MaxBurst (%d) lengthens it enough: write the rate over a Per of %v or more, with Requests to match", c.Requests, c.Per, p.tick, epochsketch.MinTickDuration, MaxBurst, epochsketch.MinTickDuration)
+		}
 		return p, fmt.Errorf("limit: %d per %v with Burst %d needs a tick of %v, under %v: raise Burst to at least %d", c.Requests, c.Per, p.burst, p.tick, epochsketch.MinTickDuration, minBurst(c.Requests, c.Per))
 	}
 	p.cfg = epochsketch.Config{NumBuckets: c.NumBuckets, TickDuration: p.tick, Clock: c.Clock, Seed: c.Seed, Hash: epochsketch.HashSipHash13}

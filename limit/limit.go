@@ -145,6 +145,12 @@ func (l *Limiter) AllowBytes(key []byte) bool {
 // earlier t counts at the latest time seen, so a late caller never rewinds
 // a key's count. n above Burst never fits and reports false; n <= 0
 // reports true and counts nothing.
+//
+// Take t from the Limiter's clock, or from a replay's own ordered times:
+// time never moves back, so one t an hour ahead (a client's timestamp, a
+// skewed host) ages every key by an hour at once, and until the clock
+// catches up no count decays: each key gets its burst, then waits out the
+// hour. A t past the year 2262 (beyond UnixNano) counts at the latest time.
 func (l *Limiter) AllowN(t time.Time, key string, n int) bool {
 	if n <= 0 {
 		return true
@@ -210,8 +216,10 @@ func (l *Limiter) Decide(t time.Time, key string, n int) Decision {
 }
 
 // untilTick is the time from t to the start of the k-th tick after tick.
+// A t earlier than tick's start (a late caller, counted at the latest time)
+// waits from that start, so a stale t never lengthens a wait.
 func (l *Limiter) untilTick(t time.Time, tick, k int64) time.Duration {
-	return time.Duration((tick+k)*int64(l.tick) - t.UnixNano())
+	return time.Duration((tick+k)*int64(l.tick) - max(t.UnixNano(), tick*int64(l.tick)))
 }
 
 func (l *Limiter) now() time.Time {

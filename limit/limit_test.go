@@ -223,8 +223,13 @@ func TestDecide(t *testing.T) {
 	if d, want := l.Decide(t0.Add(1100*time.Millisecond), "k", 1), (limit.Decision{Allowed: true, Remaining: 4, Reset: 900 * time.Millisecond}); d != want {
 		t.Fatalf("a tick later: %+v, want %+v", d, want)
 	}
-	// A late caller counts at the latest time seen: no rewind.
-	if d, want := l.Decide(t0, "k", 5), (limit.Decision{Remaining: 4, Reset: 2 * time.Second, RetryAfter: 2 * time.Second}); d != want {
+	// A late caller counts at the latest time seen: no rewind, and its
+	// waits run from the start of that tick, not from its own stale time
+	// (an hour-old t would otherwise read an hour longer).
+	if d, want := l.Decide(t0, "k", 5), (limit.Decision{Remaining: 4, Reset: time.Second, RetryAfter: time.Second}); d != want {
+		t.Fatalf("a late caller: %+v, want %+v", d, want)
+	}
+	if d, want := l.Decide(t0.Add(-time.Hour), "k", 5), (limit.Decision{Remaining: 4, Reset: time.Second, RetryAfter: time.Second}); d != want {
 		t.Fatalf("a late caller: %+v, want %+v", d, want)
 	}
 }
@@ -241,6 +246,7 @@ func TestConfigValidate(t *testing.T) {
 		{limit.Config{Requests: 1, Per: time.Second, Burst: limit.MaxBurst + 1}, "Config.Burst is 8388608"},
 		{limit.Config{Requests: 5_000_000, Per: time.Second}, "set Burst"},
 		{limit.Config{Requests: 1000, Per: time.Second, Burst: 1}, "raise Burst to at least 2"},
+		{limit.Config{Requests: 5, Per: time.Nanosecond}, "write the rate over a Per of 1ms or more"},
 		{limit.Config{Requests: 1, Per: 1 << 62, Burst: 8}, "lower Burst or Per"},
 		{limit.Config{Requests: 1, Per: time.Second, NumBuckets: -1}, "limit: epochsketch: Config.NumBuckets is -1"},
 		{limit.Config{Requests: 1, Per: time.Second, Name: `a"b`}, "Config.Name"},

@@ -57,6 +57,9 @@ func canonicalHost(h string) (canon, name string, ok bool) {
 	if !validPort(port) {
 		return "", "", false
 	}
+	if port != "" && (port[0] != '0' || port == "0") && len(h) == len(name)+1+len(port) && h[:len(name)] == name {
+		return h, name, true // canonical already: no new string
+	}
 	canon = name
 	if port != "" {
 		n, _ := strconv.Atoi(port)

@@ -701,8 +701,7 @@ func (m *Middleware) evaluate(st *state, ru *rule, rq *request, key string, now 
 				v.first = first
 			}
 		} else {
-			est = l.sk.EstimateBytes(rq.buf)
-			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
+			est = m.limitEstimate(rq.buf, l, now)
 		}
 		v.ests[i] = est
 		active = active || est > 0
@@ -774,6 +773,12 @@ func (m *Middleware) commit(st *state, v *verdict, rq *request) {
 	}
 }
 
+// limitEstimate is a limit's count for the sketch key k (skey): this
+// replica's estimate, or the fleet's where the key is heavy enough to share.
+func (m *Middleware) limitEstimate(k []byte, l *limit, now time.Time) uint32 {
+	return m.fleet.estimate(k, l.sk, l.tick, l.theta, l.sk.EstimateBytes(k), now)
+}
+
 // budgetEstimate is a wallet's spend for key and the threshold that applies.
 func (m *Middleware) budgetEstimate(st *state, ru *rule, rq *request, key string, newKey bool, now time.Time) (est, theta uint32) {
 	b := ru.budget
@@ -839,8 +844,7 @@ func (m *Middleware) retryAll(st *state, vs []verdict, rq *request, now time.Tim
 		ru := v.ru
 		for j, l := range ru.limits {
 			rq.buf = skey(rq.buf, ru.cfg.Name, l.name, v.key)
-			est := l.sk.EstimateBytes(rq.buf)
-			est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
+			est := m.limitEstimate(rq.buf, l, now)
 			if uint64(est)+uint64(l.unit) > uint64(v.thetas[j]) {
 				d = max(d, retryAfter(est, l.unit, v.thetas[j], now, l.tick))
 			}

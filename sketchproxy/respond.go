@@ -52,8 +52,7 @@ func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *requ
 			est := v.ests[j]
 			if refused {
 				rq.buf = skey(rq.buf, v.ru.cfg.Name, l.name, v.key)
-				est = l.sk.EstimateBytes(rq.buf)
-				est = m.fleet.estimate(rq.buf, l.sk, l.tick, l.theta, est, now)
+				est = m.limitEstimate(rq.buf, l, now)
 			} else if !v.banned {
 				est += l.unit // this request, counted
 			}

@@ -556,8 +556,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			h.ru = st.rlsRules[h.n.rule]
 			l := h.ru.limits[0]
 			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-			h.est = l.sk.EstimateBytes(buf)
-			h.est = m.fleet.estimate(buf, l.sk, l.tick, l.theta, h.est, now)
+			h.est = m.limitEstimate(buf, l, now)
 			h.theta, h.unit = l.theta, l.unit
 		}
 		units := uint64(h.hits) * uint64(h.unit) // counts per request: limit.go, countsFor

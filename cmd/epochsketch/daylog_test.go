@@ -28,9 +28,8 @@ type dayLog struct {
 	lines, crowdLines int
 }
 
-func makeDayLog(seed uint64) dayLog {
+func makeDayLog(seed uint64, day time.Time) dayLog {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	day := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	d := dayLog{scraper: "203.0.113.77", brute: "198.51.100.23", nScraper: 8_000, nBrute: 3_000, crowdLines: 120_000}
 	// Records first, formatted once in time order: the test runs under -race.
 	type rec struct {
@@ -105,7 +104,7 @@ func topRow(out, key string) (estimate int, ok bool) {
 // was no earlier report to compare with.
 func TestBinaryTopDayLog(t *testing.T) {
 	bin := buildBin(t)
-	d := makeDayLog(31)
+	d := makeDayLog(31, time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC))
 	dir := t.TempDir()
 	plain := filepath.Join(dir, "access.log")
 	if err := os.WriteFile(plain, d.text, 0o644); err != nil {
@@ -149,6 +148,21 @@ func TestBinaryTopDayLog(t *testing.T) {
 			t.Errorf("%s: a one-shot report shows columns with nothing to compare:\n%s", file, out)
 		}
 	}
+	// A day rotated at 06:25 crosses a midnight: the tick holds it whole
+	// all the same.
+	rotated := makeDayLog(32, time.Date(2026, 11, 30, 6, 25, 0, 0, time.UTC))
+	rotFile := filepath.Join(dir, "rotated.log")
+	if err := os.WriteFile(rotFile, rotated.text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := runBin(t, bin, nil, "top", "-format", "combined", "-k", "10", rotFile); code != 0 || !strings.Contains(errs, "-tick 168h") {
+		t.Errorf("a day from 06:25: exit %d, %q", code, errs)
+	} else {
+		dd := d
+		d = rotated
+		findsBoth("rotated.log", out)
+		d = dd
+	}
 	out, errs, code := runBin(t, bin, d.text, "top", "-format", "combined", "-k", "10")
 	if code != 0 {
 		t.Fatalf("standard input: exit %d: %s", code, errs)
@@ -166,19 +180,40 @@ func TestBinaryTopDayLog(t *testing.T) {
 	}
 }
 
-// The tick chosen for a span is the first of the ladder at least as long.
+// The tick chosen for a span is the first of the ladder one of whose ticks
+// (Unix time divided by the tick) holds the whole span.
 func TestSpanTick(t *testing.T) {
-	for _, c := range []struct{ span, want time.Duration }{
-		{0, time.Second},
-		{time.Second, time.Second},
-		{90 * time.Second, 10 * time.Minute},
-		{23*time.Hour + 59*time.Minute, 24 * time.Hour},
-		{25 * time.Hour, 7 * 24 * time.Hour},
-		{400 * 24 * time.Hour, 400 * 24 * time.Hour},
-		{400*24*time.Hour + time.Second, 401 * 24 * time.Hour},
+	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC) // a Monday: 7-day ticks begin on Thursdays
+	for _, c := range []struct {
+		lo, hi time.Time
+		want   time.Duration
+	}{
+		{day, day, time.Second},
+		{day, day.Add(time.Second - 1), time.Second},
+		{day, day.Add(90 * time.Second), 10 * time.Minute},
+		{day, day.Add(23*time.Hour + 59*time.Minute), 24 * time.Hour},
+		{day.Add(6*time.Hour + 25*time.Minute), day.Add(30*time.Hour + 24*time.Minute), 7 * 24 * time.Hour}, // rotated at 06:25
+		{day.Add(-time.Hour), day.Add(23 * time.Hour), 7 * 24 * time.Hour},                                  // a +01:00 day
+		{day, day.Add(25 * time.Hour), 7 * 24 * time.Hour},
 	} {
-		if got := spanTick(c.span); got != c.want {
-			t.Errorf("spanTick(%v) = %v, want %v", c.span, got, c.want)
+		if got := spanTick(c.lo, c.hi); got != c.want {
+			t.Errorf("spanTick(%v, %v) = %v, want %v", c.lo, c.hi, got, c.want)
+		}
+	}
+	// Whatever the span and its alignment, the tick holds it in one tick,
+	// and no shorter tick of the ladder does.
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 10000 {
+		lo := day.Add(time.Duration(r.Int64N(int64(4 * 365 * 24 * time.Hour))))
+		hi := lo.Add(time.Duration(r.Int64N(int64([]time.Duration{time.Minute, 48 * time.Hour, 500 * 24 * time.Hour}[r.IntN(3)]))))
+		got := spanTick(lo, hi)
+		if lo.UnixNano()/int64(got) != hi.UnixNano()/int64(got) {
+			t.Fatalf("spanTick(%v, %v) = %v does not hold the span in one tick", lo, hi, got)
+		}
+		for _, shorter := range spanTicks {
+			if shorter < got && hi.Sub(lo) <= shorter && lo.UnixNano()/int64(shorter) == hi.UnixNano()/int64(shorter) {
+				t.Fatalf("spanTick(%v, %v) = %v, but %v holds the span", lo, hi, got, shorter)
+			}
 		}
 	}
 	for d, want := range map[time.Duration]string{24 * time.Hour: "24h", 10 * time.Minute: "10m", time.Second: "1s", 90 * time.Minute: "1h30m"} {

@@ -15,8 +15,10 @@ import (
 // 0 after about 24 silent ticks (README, Sizing and the Tick Table). With
 // the default 1 s tick a day-long access log would show only its last
 // half-minute. When -tick is not given, the tick is chosen from the span of
-// the records' times: the first tick of spanTicks at least as long as the
-// span, so that every record of the span counts at least half, as
+// the records' times: the first tick of spanTicks whose one tick holds the
+// whole span. Ticks are Unix time divided by the tick, so a day from 06:25
+// to 06:25 crosses a 24h tick's midnight and takes a 7-day tick: every
+// record then counts whole, whatever the order of the files, as
 // `sort | uniq -c` or GoAccess count a day's log.
 
 // spanTicks are the ticks a span is rounded up to.
@@ -26,16 +28,24 @@ var spanTicks = []time.Duration{
 	30 * 24 * time.Hour, 365 * 24 * time.Hour,
 }
 
-// spanTick is the tick chosen for records spanning span: the first of
-// spanTicks at least as long, or span itself rounded up to whole days.
-func spanTick(span time.Duration) time.Duration {
+// spanTick is the tick chosen for records from lo to hi: the first of
+// spanTicks, or beyond them a whole number of days, doubled until it fits,
+// in one tick of which lo and hi both fall.
+func spanTick(lo, hi time.Time) time.Duration {
+	oneTick := func(t time.Duration) bool {
+		return lo.UnixNano()/int64(t) == hi.UnixNano()/int64(t)
+	}
 	for _, t := range spanTicks {
-		if span <= t {
+		if hi.Sub(lo) <= t && oneTick(t) {
 			return t
 		}
 	}
 	const day = 24 * time.Hour
-	return (span + day - 1) / day * day
+	t := (hi.Sub(lo) + day - 1) / day * day
+	for !oneTick(t) {
+		t *= 2
+	}
+	return t
 }
 
 // spanScanBytes bounds the work of finding a file's span: its first and
@@ -118,9 +128,7 @@ func fileSpan(name string, parse parser, s *timeSpan) bool {
 	n, _ := io.ReadFull(r, head)
 	addTimes(head[:n], parse, s, false, n == len(head))
 	tail := &tailBuffer{max: spanScanBytes}
-	if _, err := io.Copy(tail, r); err != nil {
-		return false
-	}
+	io.Copy(tail, r) // a file that breaks off (a truncated gzip) gives the span of what it holds; the run reports the break
 	addTimes(tail.b, parse, s, true, false)
 	return true
 }

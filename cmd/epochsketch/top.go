@@ -141,8 +141,8 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		if m, ok := savedMeta(o.state); ok {
 			o.tick = m.Tick // resumed: the state's own tick
 		} else if span, ok := filesSpan(files, parse); ok {
-			o.tick, chosen = spanTick(span.span()), true
-			fmt.Fprintf(stderr, "epochsketch top: the records span %s: -tick %s, so that every record counts at least half (give a shorter -tick to weigh the latest more)\n",
+			o.tick, chosen = spanTick(span.lo, span.hi), true
+			fmt.Fprintf(stderr, "epochsketch top: the records span %s: -tick %s, one tick that holds them all, so that every record counts whole (give a shorter -tick to weigh the latest more)\n",
 				span, tickFlag(o.tick))
 		}
 	}
@@ -194,7 +194,7 @@ func runTop(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		// Standard input cannot be scanned ahead for its span: say what
 		// the report covers and which flag covers the whole input.
 		fmt.Fprintf(stderr, "epochsketch top: the records span %s, but with -tick %s a count halves every %s and reads 0 after about 24 of them: the report shows the last %s or so. For the whole span, run again with -tick %s\n",
-			st.span, tickFlag(o.tick), tickFlag(o.tick), formatDuration(24*o.tick), tickFlag(spanTick(st.span.span())))
+			st.span, tickFlag(o.tick), tickFlag(o.tick), formatDuration(24*o.tick), tickFlag(spanTick(st.span.lo, st.span.hi)))
 	}
 	if o.state != "" {
 		if err := saveState(o.state, st, clk); err != nil {

@@ -46,7 +46,10 @@ func New(l *limit.Limiter, key func(ctx context.Context) string) *Limiter {
 
 // Limit admits the call of ctx, or refuses it with a status error of code
 // ResourceExhausted that says when to retry; then, on a server, it also
-// sets the trailer retry-after, in whole seconds.
+// sets the trailer retry-after, in whole seconds. go-grpc-middleware's
+// interceptors put their own words before this message ("... is rejected by
+// grpc_ratelimit middleware, please retry later. rpc error: ..."); the code
+// and the trailer are what a client should read.
 func (g *Limiter) Limit(ctx context.Context) error {
 	d := g.l.Decide(time.Time{}, g.key(ctx), 1)
 	if d.Allowed {

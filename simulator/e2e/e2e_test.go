@@ -368,7 +368,12 @@ func TestSimulatorInChromium(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatalf("SIMULATOR_SHOTS: %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+			t.Fatalf("SIMULATOR_SHOTS: %v", err)
+		}
 	}
 	// The layout at 1,400 px: no frame button wraps, and no key, however
 	// long, widens the page or reaches into the right-hand column.

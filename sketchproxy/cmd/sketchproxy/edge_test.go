@@ -111,23 +111,30 @@ type rawResponse struct {
 // loopback address), and reads the answer.
 func raw(t *testing.T, addr, from, method, target string, hdr ...string) rawResponse {
 	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: shop.test\r\nConnection: close\r\n", method, target)
 	for i := 0; i+1 < len(hdr); i += 2 {
 		fmt.Fprintf(&b, "%s: %s\r\n", hdr[i], hdr[i+1])
 	}
 	b.WriteString("\r\n")
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(c, b.String())
+	return sendRaw(t, addr, from, b.String())
+}
+
+// sendRaw writes request, every byte as given, from the loopback address
+// from, and reads the answer.
+func sendRaw(t *testing.T, addr, from, request string) rawResponse {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(c, request)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, target, err)
+		t.Fatalf("%q: %v", request, err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
