@@ -328,7 +328,8 @@ func TestCaddyBinary(t *testing.T) {
 	a, b := clientFrom("127.0.0.1"), clientFrom("127.0.0.2")
 	// per_ip's counts halve every 5 minutes (10m with bursts of 5: the
 	// tick is half the window, sketchproxy/limit.go): the checks below
-	// start at least 20 s before a halving (they take about 8) and fail if they outlast it.
+	// start at least 20 s before a halving (they take about 8) and fail
+	// if they outlast it.
 	const tick = 5 * time.Minute
 	end := awayFromTickEdge(tick, 20*time.Second)
 	defer func() {
