@@ -66,21 +66,8 @@ type caddyServer struct {
 	dir          string
 	port, admin  int
 	cmd          *exec.Cmd
-	log          bytes.Buffer
-	logMu        sync.Mutex
+	log          lockedBuffer // its output
 	upstreamAddr string
-}
-
-func (s *caddyServer) Write(p []byte) (int, error) {
-	s.logMu.Lock()
-	defer s.logMu.Unlock()
-	return s.log.Write(p)
-}
-
-func (s *caddyServer) logText() string {
-	s.logMu.Lock()
-	defer s.logMu.Unlock()
-	return s.log.String()
 }
 
 // freePort returns a loopback port nothing listens on now.
@@ -158,7 +145,7 @@ func startCaddy(t testing.TB, site, upstream string) *caddyServer {
 		}
 		s.cmd = exec.Command(bin, "run", "--config", conf, "--adapter", "caddyfile")
 		s.cmd.Env = append(os.Environ(), "HOME="+s.dir, "XDG_DATA_HOME="+s.dir, "XDG_CONFIG_HOME="+s.dir)
-		s.cmd.Stdout, s.cmd.Stderr = s, s
+		s.cmd.Stdout, s.cmd.Stderr = &s.log, &s.log
 		if err := s.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -174,14 +161,14 @@ func startCaddy(t testing.TB, site, upstream string) *caddyServer {
 					<-exited
 				}
 				if t.Failed() {
-					t.Logf("caddy's log:\n%s", s.logText())
+					t.Logf("caddy's log:\n%s", s.log.String())
 				}
 			})
 			return s
 		}
 		s.cmd.Process.Kill()
 		<-exited
-		t.Logf("caddy did not start (try %d):\n%s", try+1, s.logText())
+		t.Logf("caddy did not start (try %d):\n%s", try+1, s.log.String())
 	}
 	t.Fatal("caddy did not start in 5 tries")
 	return nil
