@@ -22,6 +22,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,12 +59,35 @@ type Handler struct {
 	poolKey string
 	headers []string // the zones' internal key headers, by zone (sorted by name)
 	keys    []string // the zones' key placeholders, in the same order
+	prefix  bool     // a key uses {http.epochsketch.client_prefix}
+}
+
+// prefixPlaceholder is the client's address as SketchProxy's ip key groups
+// it: Caddy's {client_ip} (the connection's address, or past Caddy's
+// trusted_proxies the one they name), an IPv6 address cut to its /64, the
+// one subscriber's whole network, so that rotating through it gains no
+// requests. {remote_host} is the exact address.
+const prefixPlaceholder = "http.epochsketch.client_prefix"
+
+// clientPrefix is prefixPlaceholder's value for r: "-" if Caddy has no
+// client address.
+func clientPrefix(r *http.Request) string {
+	s, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return "-"
+	}
+	if a = a.Unmap(); a.Is6() {
+		return netip.PrefixFrom(a, 64).Masked().String()
+	}
+	return a.String()
 }
 
 // Zone is one limit: Events requests per Window for each value of Key.
 type Zone struct {
 	// Key is the placeholder a request's key is read from, e.g.
-	// {remote_host} or {http.request.header.X-API-Key}. A placeholder that
+	// {remote_host}, {http.epochsketch.client_prefix} (IPv6 by /64) or
+	// {http.request.header.X-API-Key}. A placeholder that
 	// resolves to nothing (a missing header) is the key "-": all such
 	// requests share one count.
 	Key string `json:"key"`
@@ -225,6 +249,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for i, name := range h.names() {
 		h.headers = append(h.headers, keyHeaderPrefix+strconv.Itoa(i))
 		h.keys = append(h.keys, h.Zones[name].Key)
+		h.prefix = h.prefix || strings.Contains(h.Zones[name].Key, "{"+prefixPlaceholder+"}")
 	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		_ = h.Cleanup()
@@ -275,6 +300,9 @@ func callNext(w http.ResponseWriter, r *http.Request) {
 // returns the next handler's error if the request went on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if h.prefix {
+		repl.Set(prefixPlaceholder, clientPrefix(r))
+	}
 	stripKeyHeaders(r.Header)
 	for i, k := range h.keys {
 		r.Header.Set(h.headers[i], repl.ReplaceAll(k, ""))

@@ -121,3 +121,46 @@ func TestPoolAcrossReloads(t *testing.T) {
 		t.Error("the Middleware stays in the pool after its last Cleanup")
 	}
 }
+
+func TestClientPrefix(t *testing.T) {
+	for _, tc := range []struct{ ip, want string }{
+		{"2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
+		{"203.0.113.7", "203.0.113.7"},
+		{"::ffff:203.0.113.7", "203.0.113.7"},
+		{"", "-"},
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: tc.ip}))
+		if got := clientPrefix(r); got != tc.want {
+			t.Errorf("%q: %q, want %q", tc.ip, got, tc.want)
+		}
+	}
+}
+
+// A zone keyed on {http.epochsketch.client_prefix}: two addresses of one
+// IPv6 /64 share a count, another /64 has its own.
+func TestClientPrefixZone(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	h := &Handler{Zones: map[string]*Zone{"net": {Key: "{http.epochsketch.client_prefix}", Events: 1, Window: caddy.Duration(time.Hour)}}}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Cleanup()
+	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+	var codes []int
+	for _, ip := range []string{"2001:db8::1", "2001:db8::2", "2001:db8:0:1::1"} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		repl := caddy.NewReplacer()
+		c := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)
+		r = r.WithContext(context.WithValue(c, caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: ip}))
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, r, ok); err != nil {
+			t.Fatal(err)
+		}
+		codes = append(codes, w.Code)
+	}
+	if fmt.Sprint(codes) != "[200 429 200]" {
+		t.Errorf("one /64 twice, then another /64: %v, want [200 429 200]", codes)
+	}
+}
