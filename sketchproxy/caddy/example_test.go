@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,6 +124,18 @@ func TestExampleScript(t *testing.T) {
 	if !strings.Contains(last.policy, `"per_ip-`) || !strings.Contains(last.policy, `"api_keys-`) ||
 		!strings.Contains(last.rateLimit, `"per_ip-`) || strings.Contains(last.rateLimit, `"api_keys-`) {
 		t.Errorf("the /api/ refusal: RateLimit-Policy %q, RateLimit %q: want both policies, and per_ip alone in RateLimit", last.policy, last.rateLimit)
+	}
+
+	// The engine's own checks, through Caddy: a path no rule can judge,
+	// and TRACE.
+	if ans := get(t, clientFrom("127.0.3.1"), url+"a%2Fb"); ans.code != http.StatusBadRequest {
+		t.Errorf("/a%%2Fb: %d, want 400", ans.code)
+	}
+	req, _ := http.NewRequest(http.MethodTrace, url, nil)
+	if resp, err := clientFrom("127.0.3.2").Do(req); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("TRACE: %v %v, want 405", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 
 	syscall.Kill(cmd.Process.Pid, syscall.SIGINT)
