@@ -53,7 +53,8 @@ func (fa *ForwardAuthConfig) isCheck(p string) bool {
 	if p == "" || p[0] != '/' {
 		return false
 	}
-	for _, q := range [2]string{cleanPath(p), loosePath(cleanPath(p))} {
+	c := cleanPath(p)
+	for _, q := range [2]string{c, loosePath(c)} {
 		if len(q) > 1 {
 			q = strings.TrimSuffix(q, "/")
 		}

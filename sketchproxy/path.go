@@ -17,11 +17,13 @@ import (
 // before any rule runs: an encoded slash (%2F) or backslash (%5C), a
 // backslash, NUL or any other control byte, a dot segment with parameters
 // ("/..;/", which Java servers read as ".."), and a path that is not a path
-// (no leading slash, except "*" for OPTIONS, which rules for "/" match).
-// Spellings that only some upstreams fold onto another path, segment
-// parameters ("/api;jsessionid=1/x" is /api/x to Tomcat) and trailing dots
-// and spaces ("/api./x" and "/api%20/x" are /api/x to IIS), are forwarded
-// as sent, and rules match both the path and its folded form (loosePath).
+// (no leading slash, except "*" for OPTIONS, which rules for "/" judge where
+// a server passes it on at all: Go's answers it itself). Spellings that only
+// some upstreams fold onto another path, segment parameters
+// ("/api;jsessionid=1/x" is /api/x to Tomcat), NTFS stream names and
+// trailing dots and spaces ("/api::$DATA/x" and "/api./x" are /api/x to
+// IIS), are forwarded as sent, and rules match both the path and its folded
+// form (loosePath).
 
 // pathProblem says why a request's path is refused, or "" if it is fine.
 func pathProblem(r *http.Request) string {
