@@ -448,22 +448,7 @@ func (c *Config) walk(path ...any) (line int, found bool) {
 // (none: no warmup, no delay, no leeway): a field left out (or left empty)
 // takes def, an explicit 0 in the file is 0, and so is a negative value set
 // in code. A negative value in the file is an error.
-func (c *Config) orNone(p *Duration, def time.Duration, path ...any) error {
-	v := int64(*p)
-	err := c.orNoneValue(&v, int64(def), path...)
-	*p = Duration(v)
-	return err
-}
-
-// orNoneInt is orNone for a count.
-func (c *Config) orNoneInt(p *int, def int, path ...any) error {
-	v := int64(*p)
-	err := c.orNoneValue(&v, int64(def), path...)
-	*p = int(v)
-	return err
-}
-
-func (c *Config) orNoneValue(p *int64, def int64, path ...any) error {
+func orNone[T ~int | ~int64](c *Config, p *T, def T, path ...any) error {
 	given := c.given(path...)
 	switch {
 	case *p < 0 && given:
@@ -604,7 +589,7 @@ func (c *Config) prepare() error {
 	if sv.BodyTimeout < Duration(10*time.Millisecond) || sv.BodyTimeout > Duration(time.Hour) {
 		return c.errAt("want 10ms to 1h", "server", "body_timeout")
 	}
-	if err := c.orNone(&sv.UpstreamTimeout, time.Minute, "server", "upstream_timeout"); err != nil {
+	if err := orNone(c, &sv.UpstreamTimeout, Duration(time.Minute), "server", "upstream_timeout"); err != nil {
 		return err
 	}
 	if sv.UpstreamTimeout > Duration(24*time.Hour) {
@@ -674,16 +659,16 @@ func (c *Config) prepare() error {
 	if t.BanFor == 0 {
 		t.BanFor = Duration(10 * time.Minute)
 	}
-	if err := c.orNone(&t.MaxDelay, 5*time.Second, "tarpit", "max_delay"); err != nil {
+	if err := orNone(c, &t.MaxDelay, Duration(5*time.Second), "tarpit", "max_delay"); err != nil {
 		return err
 	}
 	if t.DripInterval == 0 {
 		t.DripInterval = Duration(500 * time.Millisecond)
 	}
-	if err := c.orNoneInt(&t.MaxHeld, 256, "tarpit", "max_held"); err != nil {
+	if err := orNone(c, &t.MaxHeld, 256, "tarpit", "max_held"); err != nil {
 		return err
 	}
-	if err := c.orNoneInt(&t.MaxHeldPerKey, 2, "tarpit", "max_held_per_key"); err != nil {
+	if err := orNone(c, &t.MaxHeldPerKey, 2, "tarpit", "max_held_per_key"); err != nil {
 		return err
 	}
 	if !(1 <= t.DelayAbove && t.DelayAbove <= t.DripAbove && t.DripAbove <= t.RejectAbove && t.RejectAbove <= t.BanAbove) {
@@ -721,7 +706,7 @@ func (c *Config) prepare() error {
 	if nk.Remember < nk.Window || nk.Remember > Duration(30*24*time.Hour) {
 		return c.errAt("want window (default 1m) to 30d", "new_keys", "remember")
 	}
-	if err := c.orNone(&nk.Warmup, time.Minute, "new_keys", "warmup"); err != nil {
+	if err := orNone(c, &nk.Warmup, Duration(time.Minute), "new_keys", "warmup"); err != nil {
 		return err
 	}
 	if nk.Warmup < 0 || nk.Warmup > Duration(24*time.Hour) {
@@ -855,7 +840,7 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 		if b.Unit == 0 {
 			b.Unit = 1
 		}
-		if err := c.orNone(&b.ReconcileWait, time.Minute, "rules", i, "budget", "reconcile_wait"); err != nil {
+		if err := orNone(c, &b.ReconcileWait, Duration(time.Minute), "rules", i, "budget", "reconcile_wait"); err != nil {
 			return err
 		}
 		if err := checkRate(b.Units, time.Duration(b.Per)); err != nil {

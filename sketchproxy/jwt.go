@@ -79,7 +79,7 @@ func (c *Config) validateJWT() error {
 	if !validHeaderName(j.Header) {
 		return at(fmt.Sprintf("%q: not a header name", j.Header), "header")
 	}
-	if err := c.orNone(&j.Leeway, 30*time.Second, "jwt", "leeway"); err != nil {
+	if err := orNone(c, &j.Leeway, Duration(30*time.Second), "jwt", "leeway"); err != nil {
 		return err
 	}
 	if j.JWKSRefresh == 0 {
