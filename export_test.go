@@ -28,10 +28,10 @@ var (
 	SaltSize  = unsafe.Sizeof(saltState{})
 )
 
-func SipHash(p []byte, k0, k1 uint64, c, d int) uint64 { return sipHash(p, k0, k1, c, d) }
-func SipHash13String(p string, k0, k1 uint64) uint64   { return sipHash13(p, k0, k1) }
-func Wyhash(p []byte, seed uint64) uint64              { return wyhash(p, seed) }
-func WyhashString(p string, seed uint64) uint64        { return wyhash(p, seed) }
+func SipHash13(p []byte, k0, k1 uint64) uint64       { return sipHash13(p, k0, k1) }
+func SipHash13String(p string, k0, k1 uint64) uint64 { return sipHash13(p, k0, k1) }
+func Wyhash(p []byte, seed uint64) uint64            { return wyhash(p, seed) }
+func WyhashString(p string, seed uint64) uint64      { return wyhash(p, seed) }
 
 // HashString is the sketch's hash of a key.
 func (s *Sketch) HashString(k string) uint64 { return s.h.str(k) }

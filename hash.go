@@ -168,11 +168,12 @@ func wyhash[K key](p K, seed uint64) uint64 {
 }
 
 // sipHash13 is SipHash-1-3 (one compression round, three finalization
-// rounds) with the 128-bit key (k0, k1), checked against the reference
-// implementation's vectors in hash_test.go.
-func sipHash13[K key](p K, k0, k1 uint64) uint64 { return sipHash(p, k0, k1, 1, 3) }
-
-func sipHash[K key](p K, k0, k1 uint64, cRounds, dRounds int) uint64 {
+// rounds) with the 128-bit key (k0, k1), checked word for word against a
+// plain reference and the reference implementation's vectors in
+// hash_test.go. The rounds are written out, not looped over a count, and
+// the last 0 to 7 bytes are read in at most two loads, all in one function
+// so that the state stays in registers (docs/LIMITERS.md has the cost).
+func sipHash13[K key](p K, k0, k1 uint64) uint64 {
 	v0 := k0 ^ 0x736f6d6570736575
 	v1 := k1 ^ 0x646f72616e646f6d
 	v2 := k0 ^ 0x6c7967656e657261
@@ -182,24 +183,26 @@ func sipHash[K key](p K, k0, k1 uint64, cRounds, dRounds int) uint64 {
 	for ; n-o >= 8; o += 8 {
 		m := le64(p, o)
 		v3 ^= m
-		for range cRounds {
-			v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
-		}
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
 		v0 ^= m
 	}
-	last := uint64(n) << 56
-	for i := 0; o+i < n; i++ {
-		last |= uint64(p[o+i]) << (8 * i)
+	// The last word: the length's low byte on top, the tail's bytes below.
+	// Two 4-byte loads overlap for 4 to 7 bytes (a shared byte lands on the
+	// same bits in both, so OR keeps it); three byte loads for 1 to 3.
+	m := uint64(n) << 56
+	switch r := n - o; {
+	case r >= 4:
+		m |= le32(p, o) | le32(p, n-4)<<(8*(r-4)&63)
+	case r > 0:
+		m |= uint64(p[o]) | uint64(p[o+r>>1])<<(8*(r>>1)&63) | uint64(p[n-1])<<(8*(r-1)&63)
 	}
-	v3 ^= last
-	for range cRounds {
-		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
-	}
-	v0 ^= last
+	v3 ^= m
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0 ^= m
 	v2 ^= 0xff
-	for range dRounds {
-		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
-	}
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
 	return v0 ^ v1 ^ v2 ^ v3
 }
 

@@ -115,3 +115,35 @@ func BenchmarkObserveParts(b *testing.B) {
 		sk.Close()
 	}
 }
+
+// BenchmarkHash times the key hashes alone on the benchmarks' keys (the
+// Zipf stream's 12 to 19 bytes, the hot key's 5), in a tight loop as
+// BenchmarkObserve's throughput mode and package limit's BenchmarkAllow
+// run: what each hash adds to a call. "kind" goes through the sketch's
+// hasher, as Observe does; the others call the hash directly.
+func BenchmarkHash(b *testing.B) {
+	wy := hasher{kind: HashWyhash, k0: 0x1234}
+	sip := hasher{kind: HashSipHash13, k0: 0x1234, k1: 0x5678}
+	for _, w := range []*keystream.Stream{keystream.Zipf(1), keystream.Hot()} {
+		for _, h := range []struct {
+			name string
+			f    func(w *keystream.Stream, i int) uint64
+		}{
+			{"wyhash", func(w *keystream.Stream, i int) uint64 { return wyhash(w.String(i), wy.k0) }},
+			{"siphash13", func(w *keystream.Stream, i int) uint64 { return sipHash13(w.String(i), sip.k0, sip.k1) }},
+			{"wyhash-kind", func(w *keystream.Stream, i int) uint64 { return wy.str(w.String(i)) }},
+			{"siphash13-kind", func(w *keystream.Stream, i int) uint64 { return sip.str(w.String(i)) }},
+			{"siphash13-bytes", func(w *keystream.Stream, i int) uint64 { return sipHash13(w.Bytes(i), sip.k0, sip.k1) }},
+		} {
+			b.Run(fmt.Sprintf("workload=%s/hash=%s", w.Name, h.name), func(b *testing.B) {
+				var s uint64
+				i := 0
+				for b.Loop() {
+					s += h.f(w, i)
+					i++
+				}
+				partsSink += s
+			})
+		}
+	}
+}
