@@ -171,8 +171,9 @@ func wyhash[K key](p K, seed uint64) uint64 {
 // rounds) with the 128-bit key (k0, k1), checked word for word against a
 // plain reference and the reference implementation's vectors in
 // hash_test.go. The rounds are written out, not looped over a count, and
-// the last 0 to 7 bytes are read in at most two loads, all in one function
-// so that the state stays in registers (docs/LIMITERS.md has the cost).
+// the last 0 to 7 bytes are read in one or two loads (three byte loads for
+// a key of 1 to 3 bytes), all in one function so that the state stays in
+// registers (docs/LIMITERS.md has the cost).
 func sipHash13[K key](p K, k0, k1 uint64) uint64 {
 	v0 := k0 ^ 0x736f6d6570736575
 	v1 := k1 ^ 0x646f72616e646f6d
@@ -186,11 +187,16 @@ func sipHash13[K key](p K, k0, k1 uint64) uint64 {
 		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
 		v0 ^= m
 	}
-	// The last word: the length's low byte on top, the tail's bytes below.
-	// Two 4-byte loads overlap for 4 to 7 bytes (a shared byte lands on the
-	// same bits in both, so OR keeps it); three byte loads for 1 to 3.
+	// The last word: the length's low byte on top, the tail's r bytes below.
+	// A key of 8 bytes or more has them at the top of its last 8 bytes,
+	// read in one load and shifted down (by 64 when r is 0, in two steps so
+	// that the shift is never taken mod 64). A shorter one takes two
+	// 4-byte loads that overlap for 4 to 7 bytes (a shared byte lands on
+	// the same bits in both, so OR keeps it), three byte loads for 1 to 3.
 	m := uint64(n) << 56
 	switch r := n - o; {
+	case n >= 8:
+		m |= le64(p, n-8) >> 8 >> (8 * (7 - r) & 63)
 	case r >= 4:
 		m |= le32(p, o) | le32(p, n-4)<<(8*(r-4)&63)
 	case r > 0:
