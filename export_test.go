@@ -103,6 +103,7 @@ var Backoff = backoff
 
 // Admit is the conditional add package limit reaches through internal/admit.
 func (s *Sketch) Admit(t time.Time, key string, n, limit uint32) (uint32, bool) {
-	est, ok, _ := s.admitAt(t, key, n, limit)
+	add, _ := s.admitFuncs()
+	est, ok, _ := add(t, key, n, limit)
 	return est, ok
 }

@@ -81,10 +81,11 @@ func TestFirstShiftIsMultiplyShift(t *testing.T) {
 // (another slot holds the tag?) and the home word's tag and epoch. On
 // random buckets of a few tags chosen to provoke borrows between lanes
 // (0x7fff, 0x8000, 0xffff, neighbours), written this tick or a few ticks
-// ago, with counts and weights that sometimes pass MaxCount, each call
-// must do what a plain loop over the slots says: refresh the key's only
-// slot (decayed, plus the weight, saturated), report a miss, or leave a
-// duplicate.
+// ago, with counts and weights that sometimes pass MaxCount, and limits
+// (admit's) that sometimes refuse, each call must do what a plain loop over
+// the slots says: refresh the key's only slot (decayed, plus the weight,
+// saturated), refuse without writing when that passes the limit, report a
+// miss, or leave a duplicate.
 func TestRefreshCases(t *testing.T) {
 	tags := []uint16{1, 2, 0x00ff, 0x0100, 0x1234, 0x7fff, 0x8000, 0x8001, 0xfffe, 0xffff}
 	ages := []uint32{0, 0, 0, 1, 2, 5}
@@ -112,6 +113,17 @@ func TestRefreshCases(t *testing.T) {
 		if x>>24%4 == 0 {
 			wt = uint32(x>>32)%countMax + 1
 		}
+		// Observe's noLimit half the time; else admit's, at least wt: near
+		// the small counts, near MaxCount, or MaxCount and above.
+		limit := uint32(noLimit)
+		switch x >> 56 % 8 {
+		case 0, 1:
+			limit = max(wt, uint32(x>>40)%120)
+		case 2:
+			limit = max(wt, countMax-uint32(x>>40)%8)
+		case 3:
+			limit = max(wt, countMax+uint32(x>>40)%2)
+		}
 		var words [slotsPerBucket]uint64
 		var m uint8
 		for k := range words {
@@ -120,7 +132,7 @@ func TestRefreshCases(t *testing.T) {
 				m |= 1 << k
 			}
 		}
-		est, first, lost, miss := refresh(&b, h, now, wt)
+		est, first, lost, miss := refresh(&b, h, now, wt, limit)
 		want := words
 		switch {
 		case m == 0:
@@ -141,6 +153,13 @@ func TestRefreshCases(t *testing.T) {
 				seen["away"]++
 			}
 			age := e - epochOf(words[k])
+			if d := countOf(words[k]) >> age; d+wt > limit {
+				seen["refused"]++
+				if est != d|overLimit || lost != 0 || miss {
+					t.Fatalf("tag %04x, home %d, weight %d, limit %d, bucket %x: (%d, %v, %d, %v), want slot %d's %d refused", tag, home, wt, limit, words, est, first, lost, miss, k, d)
+				}
+				break // nothing written
+			}
 			c := min(countOf(words[k])>>age+wt, countMax)
 			if c == countMax {
 				seen["saturated"]++
@@ -159,7 +178,7 @@ func TestRefreshCases(t *testing.T) {
 			}
 		}
 	}
-	for _, c := range []string{"miss", "duplicate", "home", "away", "saturated", "first this tick"} {
+	for _, c := range []string{"miss", "duplicate", "home", "away", "saturated", "first this tick", "refused"} {
 		if seen[c] < 1000 {
 			t.Errorf("only %d trials of case %s", seen[c], c)
 		}
