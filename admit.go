@@ -43,10 +43,16 @@ func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok 
 		return est, ok, now
 	}
 	// The path Observe takes (refresh, then observeBucket), with the limit
-	// checked in refresh's own test against MaxCount; a lost CAS goes to
-	// observe1, since retry adds unconditionally.
+	// in place of MaxCount in refresh's test; a lost CAS goes to observe1,
+	// since retry adds unconditionally. Package limit's limits are below
+	// MaxCount (limit.MaxBurst); a higher one takes observe1 (whose count
+	// saturates) without refresh.
 	i := s.first(h)
 	b := &s.table[i]
+	if limit >= countMax {
+		est, ok = unmark(s.observe1(b, i, h, now, wt, 0, limit))
+		return est, ok, now
+	}
 	e, first, lost, miss := refresh(b, h, now, wt, limit)
 	switch {
 	case e != 0:

@@ -113,16 +113,14 @@ func TestRefreshCases(t *testing.T) {
 		if x>>24%4 == 0 {
 			wt = uint32(x>>32)%countMax + 1
 		}
-		// Observe's noLimit half the time; else admit's, at least wt: near
-		// the small counts, near MaxCount, or MaxCount and above.
-		limit := uint32(noLimit)
-		switch x >> 56 % 8 {
-		case 0, 1:
+		// Observe's top, countMax, half the time; else admit's limit, at
+		// least wt: near the small counts, or just below MaxCount.
+		limit := uint32(countMax)
+		switch x >> 56 % 4 {
+		case 0:
 			limit = max(wt, uint32(x>>40)%120)
-		case 2:
-			limit = max(wt, countMax-uint32(x>>40)%8)
-		case 3:
-			limit = max(wt, countMax+uint32(x>>40)%2)
+		case 1:
+			limit = max(wt, countMax-1-uint32(x>>40)%8)
 		}
 		var words [slotsPerBucket]uint64
 		var m uint8
@@ -153,7 +151,7 @@ func TestRefreshCases(t *testing.T) {
 				seen["away"]++
 			}
 			age := e - epochOf(words[k])
-			if d := countOf(words[k]) >> age; d+wt > limit {
+			if d := countOf(words[k]) >> age; limit < countMax && d+wt > limit {
 				seen["refused"]++
 				if est != d|overLimit || lost != 0 || miss {
 					t.Fatalf("tag %04x, home %d, weight %d, limit %d, bucket %x: (%d, %v, %d, %v), want slot %d's %d refused", tag, home, wt, limit, words, est, first, lost, miss, k, d)

@@ -95,7 +95,7 @@ func BenchmarkObserveParts(b *testing.B) {
 				case "refresh":
 					f = func(k string) uint64 {
 						h := sk.h.str(k)
-						c, _, _, _ := refresh(&sk.table[sk.first(h)], h, sk.now(), 1, noLimit)
+						c, _, _, _ := refresh(&sk.table[sk.first(h)], h, sk.now(), 1, countMax)
 						return uint64(c)
 					}
 				case "observe":

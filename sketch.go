@@ -336,7 +336,7 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	}
 	i := s.first(h)
 	b := &s.table[i]
-	est, first, lost, miss := refresh(b, h, now, wt, noLimit)
+	est, first, lost, miss := refresh(b, h, now, wt, countMax)
 	if est != 0 {
 		return est, first
 	}
@@ -419,21 +419,20 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 // miss, at home and first written this tick, or (for the mask and a second
 // load) the key elsewhere. refresh was a frameless leaf before the home
 // slot; it now has a 32-byte frame and calls matchMask only in that last
-// case, and refreshOver only for a count that would pass countMax
+// case, and refreshOver only for a count that would pass top
 // (docs/EXPERIMENTS.md, The home slot).
 //
-// limit is noLimit for Observe; admit passes its own, and a count that would
-// pass it is refused in the same test that catches one passing countMax:
-// one compare against min(limit, countMax), which the CPU predicts, and
-// refreshOver behind it tells the two apart.
+// top is the highest count a refresh may write: countMax for Observe; for
+// admit, its limit (below countMax), so that a count that would pass the
+// limit is refused in the same test that catches one passing countMax: a
+// branch the CPU predicts, with refreshOver behind it.
 //
 // It returns the estimate (0 when it did not apply; for a refusal, the
 // count that refused it marked overLimit, as observe1 answers), lost: the
 // key's slot plus 1 when its CAS lost to another writer (retry takes it
 // from there), and miss: the key holds no slot, so a claim or challenge
 // may follow (weakestOf checks the ages).
-func refresh(b *bucket, h uint64, now int64, wt, limit uint32) (est uint32, first bool, lost int, miss bool) {
-	top := min(limit, countMax)
+func refresh(b *bucket, h uint64, now int64, wt, top uint32) (est uint32, first bool, lost int, miss bool) {
 	tag := uint64(tagFrom(h)) // never 0, so an empty slot never matches
 	e := uint64(epoch24(now))
 	j := homeOf(h)
@@ -479,7 +478,7 @@ func refresh(b *bucket, h uint64, now int64, wt, limit uint32) (est uint32, firs
 		// each CAS wait for it.
 		c := countOf(x) + wt
 		if c > top {
-			return refreshOver(&b.s[j], j, x, tag, e, false, now, c, wt, limit)
+			return refreshOver(&b.s[j], j, x, tag, e, false, now, c-wt, top)
 		}
 		return refreshCAS(&b.s[j], j, x, x+uint64(wt), c, false, now)
 	} else if x>>tagShift != tag {
@@ -501,7 +500,7 @@ func refresh(b *bucket, h uint64, now int64, wt, limit uint32) (est uint32, firs
 		y = pack(uint16(tag), uint32(e), c)
 	}
 	if c > top {
-		return refreshOver(&b.s[j], j, x, tag, e, first, now, c, wt, limit)
+		return refreshOver(&b.s[j], j, x, tag, e, first, now, c-wt, top)
 	}
 	return refreshCAS(&b.s[j], j, x, y, c, first, now)
 }
@@ -519,18 +518,17 @@ func refreshCAS(p *atomic.Uint64, j int, x, y uint64, c uint32, first bool, now 
 	return c, first, 0, false
 }
 
-// refreshOver is the end of refresh for a count c (the decayed count plus
-// wt) that would pass limit or countMax. Past limit (admit's) it is a
-// refusal that writes nothing, answered with the count that refused it
-// marked overLimit; else the slot is written at countMax. It is its own
-// function so that the compiler keeps refresh's test a branch, which the
-// CPU predicts, instead of a conditional move that every estimate would
-// wait on.
+// refreshOver is the end of refresh for a count that would pass top, the
+// decayed count d plus the weight. Below countMax, top is admit's limit: a
+// refusal that writes nothing, answered with d marked overLimit. Else the
+// slot is written at countMax. It is its own function so that the compiler
+// keeps refresh's test a branch, which the CPU predicts, instead of a
+// conditional move that every estimate would wait on.
 //
 //go:noinline
-func refreshOver(p *atomic.Uint64, j int, x, tag, e uint64, first bool, now int64, c, wt, limit uint32) (est uint32, fst bool, lost int, miss bool) {
-	if c > limit {
-		return (c - wt) | overLimit, false, 0, false
+func refreshOver(p *atomic.Uint64, j int, x, tag, e uint64, first bool, now int64, d, top uint32) (est uint32, fst bool, lost int, miss bool) {
+	if top < countMax {
+		return d | overLimit, false, 0, false
 	}
 	return refreshCAS(p, j, x, pack(uint16(tag), uint32(e), countMax), countMax, first, now)
 }

@@ -49,7 +49,7 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 	if !s.twoChoice {
 		var lost int
 		var miss bool
-		if est, first, lost, miss = refresh(v.b[0], h, now, wt, noLimit); est == 0 {
+		if est, first, lost, miss = refresh(v.b[0], h, now, wt, countMax); est == 0 {
 			est, first = s.observeBucket(v.b[0], v.shard, h, now, wt, lost, miss, noLimit)
 		}
 	} else {
