@@ -73,11 +73,11 @@ func unmark(est uint32, _ bool) (uint32, bool) { return est &^ overLimit, est&ov
 // through the hasher's switch on the kind: one call less on every Allow.
 func (s *Sketch) admitFuncs() (admit.Func, admit.BytesFunc) {
 	if s.h.kind == HashSipHash13 {
-		k0, k1 := s.h.k0, s.h.k1
+		k := s.h.sip
 		return func(t time.Time, key string, wt, limit uint32) (uint32, bool, int64) {
-				return s.admit(t, sipHash13(key, k0, k1), wt, limit)
+				return s.admit(t, sipHash13(key, k), wt, limit)
 			}, func(t time.Time, key []byte, wt, limit uint32) (uint32, bool, int64) {
-				return s.admit(t, sipHash13(key, k0, k1), wt, limit)
+				return s.admit(t, sipHash13(key, k), wt, limit)
 			}
 	}
 	return func(t time.Time, key string, wt, limit uint32) (uint32, bool, int64) {

@@ -28,8 +28,8 @@ var (
 	SaltSize  = unsafe.Sizeof(saltState{})
 )
 
-func SipHash13(p []byte, k0, k1 uint64) uint64       { return sipHash13(p, k0, k1) }
-func SipHash13String(p string, k0, k1 uint64) uint64 { return sipHash13(p, k0, k1) }
+func SipHash13(p []byte, k0, k1 uint64) uint64       { return sipHash13(p, newSipKey(k0, k1)) }
+func SipHash13String(p string, k0, k1 uint64) uint64 { return sipHash13(p, newSipKey(k0, k1)) }
 func Wyhash(p []byte, seed uint64) uint64            { return wyhash(p, seed) }
 func WyhashString(p string, seed uint64) uint64      { return wyhash(p, seed) }
 

@@ -70,6 +70,12 @@ type hasher struct {
 	kind   HashKind
 	mseed  maphash.Seed
 	k0, k1 uint64 // wyhash seed in k0; SipHash key in k0, k1
+	sip    sipKey // newSipKey(k0, k1)
+}
+
+// setKey sets the wyhash seed and SipHash key (k0, k1).
+func (h *hasher) setKey(k0, k1 uint64) {
+	h.k0, h.k1, h.sip = k0, k1, newSipKey(k0, k1)
 }
 
 func (h *hasher) str(s string) uint64 {
@@ -79,7 +85,7 @@ func (h *hasher) str(s string) uint64 {
 	case HashWyhash:
 		return wyhash(s, h.k0)
 	default:
-		return sipHash13(s, h.k0, h.k1)
+		return sipHash13(s, h.sip)
 	}
 }
 
@@ -90,7 +96,7 @@ func (h *hasher) bytes(b []byte) uint64 {
 	case HashWyhash:
 		return wyhash(b, h.k0)
 	default:
-		return sipHash13(b, h.k0, h.k1)
+		return sipHash13(b, h.sip)
 	}
 }
 
@@ -167,44 +173,71 @@ func wyhash[K key](p K, seed uint64) uint64 {
 	return wymix(lo^wyp0^uint64(n), hi^wyp1)
 }
 
-// sipHash13 is SipHash-1-3 (one compression round, three finalization
-// rounds) with the 128-bit key (k0, k1), checked word for word against a
-// plain reference and the reference implementation's vectors in
-// hash_test.go. The rounds are written out, not looped over a count, and
-// the last 0 to 7 bytes are read in one or two loads (three byte loads for
-// a key of 1 to 3 bytes), all in one function so that the state stays in
-// registers (docs/LIMITERS.md has the cost).
-func sipHash13[K key](p K, k0, k1 uint64) uint64 {
+// sipKey is a SipHash-1-3 key as the hash starts from it, computed once per
+// key (newSipKey): the initialized state, with the first quarter of the
+// first round, which reads only the key, already done (v0 and v1 after it;
+// v2 and v3 as initialized).
+type sipKey struct{ v0, v1, v2, v3 uint64 }
+
+func newSipKey(k0, k1 uint64) sipKey {
 	v0 := k0 ^ 0x736f6d6570736575
 	v1 := k1 ^ 0x646f72616e646f6d
-	v2 := k0 ^ 0x6c7967656e657261
-	v3 := k1 ^ 0x7465646279746573
+	v0 += v1
+	v1 = bits.RotateLeft64(v1, 13) ^ v0
+	return sipKey{bits.RotateLeft64(v0, 32), v1, k0 ^ 0x6c7967656e657261, k1 ^ 0x7465646279746573}
+}
+
+// sipHash13 is SipHash-1-3 (one compression round, three finalization
+// rounds) with key k, checked word for word against a plain reference and
+// the reference implementation's vectors in hash_test.go. What reads only
+// the key is done once (sipKey), the rounds are written out, not looped
+// over a count, and the last 0 to 7 bytes are read in one or two loads
+// (three byte loads for a key of 1 to 3 bytes), all in one function so
+// that the state stays in registers (docs/LIMITERS.md has the cost).
+func sipHash13[K key](p K, k sipKey) uint64 {
+	// The first word: a key shorter than 8 bytes is its only one, the
+	// length's low byte on top and its bytes below, read in two 4-byte
+	// loads that overlap for 4 to 7 bytes (a shared byte lands on the same
+	// bits in both, so OR keeps it), three byte loads for 1 to 3.
 	n := len(p)
-	o := 0
-	for ; n-o >= 8; o += 8 {
-		m := le64(p, o)
+	var m uint64
+	switch {
+	case n >= 8:
+		m = le64(p, 0)
+	case n >= 4:
+		m = uint64(n)<<56 | le32(p, 0) | le32(p, n-4)<<(8*(n-4)&63)
+	case n > 0:
+		m = uint64(n)<<56 | uint64(p[0]) | uint64(p[n>>1])<<(8*(n>>1)&63) | uint64(p[n-1])<<(8*(n-1)&63)
+	default:
+		m = 0
+	}
+	// The first round, from its second quarter (sipKey did the first).
+	v3 := k.v3 ^ m
+	v2 := k.v2 + v3
+	v3 = bits.RotateLeft64(v3, 16) ^ v2
+	v0 := k.v0 + v3
+	v3 = bits.RotateLeft64(v3, 21) ^ v0
+	v2 += k.v1
+	v1 := bits.RotateLeft64(k.v1, 17) ^ v2
+	v2 = bits.RotateLeft64(v2, 32)
+	v0 ^= m
+	if n >= 8 {
+		o := 8
+		for ; n-o >= 8; o += 8 {
+			m = le64(p, o)
+			v3 ^= m
+			v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+			v0 ^= m
+		}
+		// The last word: the length's low byte on top, the last n-o bytes
+		// below, which are the top of the key's last 8 bytes: one load,
+		// shifted down (by 64 when n-o is 0, in two steps so that the
+		// shift is never taken mod 64).
+		m = uint64(n)<<56 | le64(p, n-8)>>8>>(8*(7-(n-o))&63)
 		v3 ^= m
 		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
 		v0 ^= m
 	}
-	// The last word: the length's low byte on top, the tail's r bytes below.
-	// A key of 8 bytes or more has them at the top of its last 8 bytes,
-	// read in one load and shifted down (by 64 when r is 0, in two steps so
-	// that the shift is never taken mod 64). A shorter one takes two
-	// 4-byte loads that overlap for 4 to 7 bytes (a shared byte lands on
-	// the same bits in both, so OR keeps it), three byte loads for 1 to 3.
-	m := uint64(n) << 56
-	switch r := n - o; {
-	case n >= 8:
-		m |= le64(p, n-8) >> 8 >> (8 * (7 - r) & 63)
-	case r >= 4:
-		m |= le32(p, o) | le32(p, n-4)<<(8*(r-4)&63)
-	case r > 0:
-		m |= uint64(p[o]) | uint64(p[o+r>>1])<<(8*(r>>1)&63) | uint64(p[n-1])<<(8*(r-1)&63)
-	}
-	v3 ^= m
-	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
-	v0 ^= m
 	v2 ^= 0xff
 	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
 	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)

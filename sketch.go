@@ -71,11 +71,10 @@ func New(cfg Config) *Sketch {
 		s.h.mseed = maphash.MakeSeed()
 		var k [16]byte
 		_, _ = rand.Read(k[:]) // crypto/rand.Read never fails (Go 1.24)
-		s.h.k0 = binary.LittleEndian.Uint64(k[:8])
-		s.h.k1 = binary.LittleEndian.Uint64(k[8:])
+		s.h.setKey(binary.LittleEndian.Uint64(k[:8]), binary.LittleEndian.Uint64(k[8:]))
 	} else {
-		s.h.k0 = splitmix64(cfg.Seed)
-		s.h.k1 = splitmix64(s.h.k0)
+		k0 := splitmix64(cfg.Seed)
+		s.h.setKey(k0, splitmix64(k0))
 		s.seeded = &saltState{}
 		s.seeded.base = splitmix64(s.h.k1)
 	}

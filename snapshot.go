@@ -314,7 +314,7 @@ func (s *Sketch) restore(r io.Reader) (SnapshotInfo, int64, error) {
 		return fail(snapErr("body checksum mismatch (%08x, want %08x): the file is damaged", crc, got))
 	}
 	if s.seeded == nil {
-		s.h.k0, s.h.k1 = h.k0, h.k1 // adopt the snapshot's random key
+		s.h.setKey(h.k0, h.k1) // adopt the snapshot's random key
 	} else if h.seeded {
 		s.seeded.n.Store(h.saltN)
 	}
