@@ -34,7 +34,11 @@ const overLimit = 1 << 31
 // boundary can leave two slots that are then merged into one count above
 // the limit (see dedupe).
 func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok bool, now int64) {
-	now = s.writeAt(t)
+	if t.IsZero() {
+		now = s.now() // writeAt's common case, without a call to writeAt
+	} else {
+		now = s.writeAt(t)
+	}
 	if wt > limit {
 		return s.estimate(h, now), false, now // never fits
 	}
