@@ -418,13 +418,13 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 // miss, at home and first written this tick, or (for the mask and a second
 // load) the key elsewhere. refresh was a frameless leaf before the home
 // slot; it now has a 32-byte frame and calls matchMask only in that last
-// case, and refreshOver only for a count that would pass top
+// case, and refreshSaturated only for a count that would pass countMax
 // (docs/EXPERIMENTS.md, The home slot).
 //
 // top is the highest count a refresh may write: countMax for Observe; for
 // admit, its limit (below countMax), so that a count that would pass the
-// limit is refused in the same test that catches one passing countMax: a
-// branch the CPU predicts, with refreshOver behind it.
+// limit is refused, writing nothing, behind the same test that catches one
+// passing countMax: a branch the CPU predicts.
 //
 // It returns the estimate (0 when it did not apply; for a refusal, the
 // count that refused it marked overLimit, as observe1 answers), lost: the
@@ -477,7 +477,10 @@ func refresh(b *bucket, h uint64, now int64, wt, top uint32) (est uint32, first 
 		// each CAS wait for it.
 		c := countOf(x) + wt
 		if c > top {
-			return refreshOver(&b.s[j], j, x, tag, e, false, now, c-wt, top)
+			if top < countMax {
+				return (c - wt) | overLimit, false, 0, false // admit's refusal: nothing written
+			}
+			return refreshSaturated(&b.s[j], j, x, tag, e, false, now)
 		}
 		return refreshCAS(&b.s[j], j, x, x+uint64(wt), c, false, now)
 	} else if x>>tagShift != tag {
@@ -499,7 +502,10 @@ func refresh(b *bucket, h uint64, now int64, wt, top uint32) (est uint32, first 
 		y = pack(uint16(tag), uint32(e), c)
 	}
 	if c > top {
-		return refreshOver(&b.s[j], j, x, tag, e, first, now, c-wt, top)
+		if top < countMax {
+			return (c - wt) | overLimit, false, 0, false // admit's refusal: nothing written
+		}
+		return refreshSaturated(&b.s[j], j, x, tag, e, first, now)
 	}
 	return refreshCAS(&b.s[j], j, x, y, c, first, now)
 }
@@ -517,18 +523,13 @@ func refreshCAS(p *atomic.Uint64, j int, x, y uint64, c uint32, first bool, now 
 	return c, first, 0, false
 }
 
-// refreshOver is the end of refresh for a count that would pass top, the
-// decayed count d plus the weight. Below countMax, top is admit's limit: a
-// refusal that writes nothing, answered with d marked overLimit. Else the
-// slot is written at countMax. It is its own function so that the compiler
-// keeps refresh's test a branch, which the CPU predicts, instead of a
-// conditional move that every estimate would wait on.
+// refreshSaturated is the end of refresh for a count that would pass
+// countMax: the slot is written at countMax. It is its own function so that
+// the compiler keeps refresh's test a branch, which the CPU predicts,
+// instead of a conditional move that every estimate would wait on.
 //
 //go:noinline
-func refreshOver(p *atomic.Uint64, j int, x, tag, e uint64, first bool, now int64, d, top uint32) (est uint32, fst bool, lost int, miss bool) {
-	if top < countMax {
-		return d | overLimit, false, 0, false
-	}
+func refreshSaturated(p *atomic.Uint64, j int, x, tag, e uint64, first bool, now int64) (est uint32, fst bool, lost int, miss bool) {
 	return refreshCAS(p, j, x, pack(uint16(tag), uint32(e), countMax), countMax, first, now)
 }
 
