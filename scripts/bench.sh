@@ -38,6 +38,7 @@ done
 "$bs" -col /impl bench/peers/single.txt
 "$bs" -col /impl bench/peers/parallel.txt
 cat bench/peers/liveheap.txt
-"$bs" -col /impl bench/core/limit-allow.txt
+"$bs" -filter '.name:Allow' -col /impl bench/core/limit-allow.txt
+"$bs" -filter '.name:AllowTurns' bench/core/limit-allow.txt
 "$bs" -row /workload -col /impl -filter '/case:allow' bench/peers/limiters.txt
 "$bs" -row /impl -col /case,/over,/keys -filter '/case:(heap OR admitted)' bench/peers/limiters.txt
