@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v4"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // Config is SketchProxy's configuration, usually read from YAML with
@@ -492,6 +494,46 @@ func (c *Config) Validate() error {
 
 // prepared returns a copy of c with its defaults applied and checked: what
 // New and Reload run on.
+// spec is the prepared config as the engine compiles it.
+func (c *Config) spec() *engine.Spec {
+	sp := &engine.Spec{
+		Buckets: c.Sketch.Buckets, TwoChoice: c.Sketch.TwoChoice,
+		Tarpit: engine.TarpitSpec{
+			DelayAbove: c.Tarpit.DelayAbove, DripAbove: c.Tarpit.DripAbove,
+			RejectAbove: c.Tarpit.RejectAbove, BanAbove: c.Tarpit.BanAbove,
+			BanFor: time.Duration(c.Tarpit.BanFor), MaxDelay: time.Duration(c.Tarpit.MaxDelay),
+		},
+		NewKeys: engine.NewKeysSpec{
+			Disabled: c.NewKeys.Disabled, SpikeFactor: c.NewKeys.SpikeFactor,
+			MinPerSecond: c.NewKeys.MinPerSecond, BudgetFactor: c.NewKeys.BudgetFactor,
+			Window: time.Duration(c.NewKeys.Window), Remember: time.Duration(c.NewKeys.Remember),
+			Warmup: time.Duration(c.NewKeys.Warmup),
+		},
+	}
+	for _, rc := range c.Rules {
+		sp.Rules = append(sp.Rules, rc.spec())
+	}
+	if r := c.EnvoyRLS; r != nil {
+		for _, rc := range r.rules {
+			sp.RLSRules = append(sp.RLSRules, rc.spec())
+		}
+	}
+	return sp
+}
+
+// spec is the prepared rule as the engine compiles it.
+func (rc *Rule) spec() engine.RuleSpec {
+	rs := engine.RuleSpec{Name: rc.Name, Shadow: rc.Shadow, Tarpit: rc.Tarpit, CountRefused: rc.Refused == "count", MaxInFlight: rc.MaxInFlight}
+	for _, l := range rc.Limits {
+		rs.Limits = append(rs.Limits, engine.LimitSpec{Name: l.Name, Requests: l.Requests, Per: time.Duration(l.Per), Burst: l.Burst})
+	}
+	if b := rc.Budget; b != nil {
+		rs.Budget = &engine.BudgetSpec{Name: b.Name, Units: b.Units, Per: time.Duration(b.Per), Unit: b.Unit, Cost: b.Cost, Reserve: b.Reserve, FailOpen: b.FailOpen,
+			ReconcileHeader: b.ReconcileHeader, ReconcileWait: time.Duration(b.ReconcileWait)}
+	}
+	return rs
+}
+
 func (c *Config) prepared() (*Config, error) {
 	cp := c.clone()
 	return cp, cp.prepare()
@@ -818,12 +860,12 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 			return at(err.Error(), "limits", j)
 		}
 		if l.Burst == 0 {
-			l.Burst = math.Min(l.Requests, maxThreshold)
+			l.Burst = math.Min(l.Requests, engine.MaxThreshold)
 		}
-		if l.Burst < 1 || l.Burst > maxThreshold {
-			return at(fmt.Sprintf("burst %g: want 1 to %d", l.Burst, maxThreshold), "limits", j, "burst")
+		if l.Burst < 1 || l.Burst > engine.MaxThreshold {
+			return at(fmt.Sprintf("burst %g: want 1 to %d", l.Burst, engine.MaxThreshold), "limits", j, "burst")
 		}
-		if tickFor(l.Requests, time.Duration(l.Per), l.Burst) < time.Millisecond {
+		if engine.TickFor(l.Requests, time.Duration(l.Per), l.Burst) < time.Millisecond {
 			return at(fmt.Sprintf("%g per %v with burst %g needs a tick under 1ms: raise the burst", l.Requests, time.Duration(l.Per), l.Burst), "limits", j)
 		}
 	}
@@ -849,9 +891,9 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 		if b.Unit > 1<<40 {
 			return at(fmt.Sprintf("unit %d: at most 2^40", b.Unit), "budget", "unit")
 		}
-		if counts := b.Units / float64(b.Unit); counts > maxThreshold {
+		if counts := b.Units / float64(b.Unit); counts > engine.MaxThreshold {
 			return at(fmt.Sprintf("units %g: at most %d counts per period (a slot's count is 24 bits, read at twice the rate); set unit: %d or more",
-				b.Units, maxThreshold, uint64(math.Ceil(b.Units/maxThreshold))), "budget", "units")
+				b.Units, engine.MaxThreshold, uint64(math.Ceil(b.Units/engine.MaxThreshold))), "budget", "units")
 		} else if counts < 1 {
 			return at(fmt.Sprintf("units %g is less than one unit of %d", b.Units, b.Unit), "budget", "unit")
 		}

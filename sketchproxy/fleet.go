@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
@@ -223,7 +223,7 @@ type hotEntry struct {
 	rkey   string // prefix + {tag} + HMAC(secret, sketch key)
 	marker string // prefix + {tag} + run: the tag's run marker, in the same slot
 	skey   []byte // the local sketch key
-	sk     *epochsketch.Sketch
+	sk     engine.Local
 	tick   time.Duration
 	theta  uint32
 	// base is the part of the local estimate Redis holds, at the tick it
@@ -281,21 +281,23 @@ func (f *fleet) promoteAt(theta uint32) uint32 {
 	return max(1, uint32(f.cfg.PromoteFraction*float64(theta)/float64(f.replicas())))
 }
 
-// estimate is the fleet-wide estimate for a limit whose local estimate is
-// local: for a hot key, the fleet count decayed to now plus what the local
-// sketch counted since the last round. While Redis is down it is local × N: the
-// limit is enforced at θ/N per replica. Mice (below a quarter of the
-// promotion point) cost one comparison: no map, no Redis. Without a fleet
-// (f nil) it is local, so callers need not check; that case inlines.
-func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local uint32, now time.Time) uint32 {
-	if f == nil {
-		return local
-	}
+// Estimate is the fleet-wide estimate for a limit whose local estimate is
+// local (engine.Fleet): for a hot key, the fleet count decayed to now plus
+// what the local sketch counted since the last round. While Redis is down
+// it is local × N: the limit is enforced at θ/N per replica. Mice (below a
+// quarter of the promotion point) cost one comparison: no map, no Redis.
+func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
 	return f.fleetwide(skey, sk, tick, theta, local, now)
 }
 
-// fleetwide is estimate with a fleet.
-func (f *fleet) fleetwide(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local uint32, now time.Time) uint32 {
+// WalletsClosed reports whether wallets fail closed now: Redis is down and
+// wallet_on_failure is closed. A refused client retries after a round.
+func (f *fleet) WalletsClosed() (bool, time.Duration) {
+	return !f.up.Load() && f.cfg.WalletOnFailure == "closed", time.Duration(f.cfg.Interval)
+}
+
+// fleetwide is Estimate.
+func (f *fleet) fleetwide(skey []byte, sk engine.Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
 	p := f.promoteAt(theta)
 	if !f.up.Load() {
 		// Local at θ/N. A hot key's units are in the local sketch, sent

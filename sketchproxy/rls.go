@@ -23,6 +23,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // EnvoyRLSConfig serves Envoy's rate-limit service
@@ -368,8 +370,8 @@ func (r *EnvoyRLSConfig) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name st
 	if !ok {
 		return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "unit")...)
 	}
-	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > maxThreshold {
-		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, maxThreshold), append(p, "requests_per_unit")...)
+	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > engine.MaxThreshold {
+		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, engine.MaxThreshold), append(p, "requests_per_unit")...)
 	}
 	if rl.RequestsPerUnit == 0 && c.root != nil && !c.given(append(p, "requests_per_unit")...) {
 		return c.errAt("missing: requests_per_unit (write 0 to refuse every request)", p...)
@@ -379,7 +381,7 @@ func (r *EnvoyRLSConfig) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name st
 	if rl.RequestsPerUnit == 0 {
 		n.limit = rlsBlock // a rule without limits: metrics only
 	} else {
-		if tickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
+		if engine.TickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
 			return c.errAt(fmt.Sprintf("%g per %s needs a tick under 1ms", rl.RequestsPerUnit, rl.Unit), p...)
 		}
 		n.limit = rlsLimited
@@ -439,15 +441,11 @@ type rlsServer struct {
 
 // rlsHit is one descriptor's decision.
 type rlsHit struct {
-	n        *rlsNode // the node the descriptor leads to, with a rate_limit; nil: no limit
-	ru       *rule
-	key      string
-	hits     uint32
-	est      uint32
-	theta    uint32 // in counts
-	unit     uint32 // counts per request
-	over     bool
-	never    bool // over even at an estimate of 0: more hits than the whole limit
+	n    *rlsNode // the node the descriptor leads to, with a rate_limit; nil: no limit
+	ru   *engine.Rule
+	key  string
+	hits uint32
+	engine.Hits
 	negative bool
 }
 
@@ -538,7 +536,8 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			}
 		}
 	}
-	var buf []byte
+	sc := scratchPool.Get().(*engine.Scratch)
+	defer func() { sc.Reset(); scratchPool.Put(sc) }()
 	var failed, quotas, quotasOver int
 	for i := range decided {
 		h := &decided[i]
@@ -551,21 +550,19 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			h.n = nil
 			continue
 		case rlsBlock:
-			h.ru, h.unit = st.rlsRules[h.n.rule], 1
+			h.ru = st.set.RLSRules[h.n.rule]
+			h.Over, h.Never = h.hits > 0, h.hits > 0 // no room at all
 		case rlsLimited:
-			h.ru = st.rlsRules[h.n.rule]
-			l := h.ru.limits[0]
-			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-			h.est = m.limitEstimate(buf, l, now)
-			h.theta, h.unit = l.theta, l.unit
+			h.ru = st.set.RLSRules[h.n.rule]
+			h.Hits = m.eng.CheckHits(h.ru, h.ru.Limits[0], h.key, h.hits, now, sc)
 		}
-		units := uint64(h.hits) * uint64(h.unit) // counts per request: limit.go, countsFor
-		h.over = !h.negative && uint64(h.est)+units > uint64(h.theta)
-		h.never = !h.negative && units > uint64(h.theta)
+		if h.negative {
+			h.Over, h.Never = false, false
+		}
 		if h.n.quota {
 			quotas++
 		}
-		if h.over && !h.ru.cfg.Shadow {
+		if h.Over && !h.ru.Shadow {
 			if h.n.quota {
 				quotasOver++
 			} else {
@@ -586,10 +583,10 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	const forever = time.Duration(math.MaxInt64)
 	retry, quotaWait := time.Duration(0), forever
 	wait := func(h *rlsHit, d time.Duration) {
-		if !h.over || h.ru.cfg.Shadow {
+		if !h.Over || h.ru.Shadow {
 			return
 		}
-		if h.never {
+		if h.Never {
 			d = forever
 		}
 		if h.n.quota {
@@ -606,51 +603,49 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			continue
 		}
 		out := Allow
-		if h.over {
+		if h.Over {
 			out = Reject
 		}
-		h.ru.met.count(out, h.ru.cfg.Shadow && h.over)
+		h.ru.Counts.Count(out, h.ru.Shadow && h.Over)
 		dst := resp.Statuses[i]
 		dst.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: h.n.name, RequestsPerUnit: h.n.requests, Unit: h.n.unit}
-		if h.over && !h.ru.cfg.Shadow {
+		if h.Over && !h.ru.Shadow {
 			dst.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		if h.n.limit == rlsBlock {
 			wait(h, forever)
 			continue // remaining 0, and no reset: it never comes
 		}
-		l := h.ru.limits[0]
-		est := uint64(h.est)
+		l := h.ru.Limits[0]
 		// An allowed request counts its hits on every matched descriptor
-		// but a quota it was over.
-		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.over) {
-			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-			n := uint32(min(uint64(h.hits)*uint64(h.unit), 2*maxThreshold+2))
-			l.sk.ObserveBytesN(time.Time{}, buf, n)
-			est += uint64(n)
+		// but a quota it was over; the field then says what is left after
+		// them. A refused one says when the hits fit.
+		est, add := h.Est, l.Unit
+		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.Over) {
+			if after := m.eng.CountHits(h.ru, l, h.key, &h.Hits, sc); !h.Over {
+				est = after
+			}
 		}
-		remaining := (int64(h.theta) - int64(min(est, math.MaxInt32))) / int64(h.unit)
-		reset := untilNextTick(now, l.tick)
-		switch {
-		case h.never:
+		if h.Over {
+			add = h.Add // when these hits fit
+		}
+		remaining, reset, _ := engine.Status(l, est, h.Theta, add, now)
+		if h.Never {
 			// More hits than the whole limit pass at no estimate: no
 			// duration_until_reset, which would promise a pass.
 			remaining = 0
-		case h.over:
-			remaining = 0
-			reset = retryAfter(h.est, h.hits*h.unit, h.theta, now, l.tick) // not never: fits in theta
 		}
 		wait(h, reset)
-		dst.LimitRemaining = uint32(max(remaining, 0))
-		if !h.never {
+		dst.LimitRemaining = uint32(min(remaining, math.MaxUint32))
+		if !h.Never {
 			dst.DurationUntilReset = durationpb.New(reset)
 		}
-		if h.ru.cfg.Shadow {
+		if h.ru.Shadow {
 			continue // shadow descriptors send no fields
 		}
-		policies = append(policies, l.item)
-		if allowed || h.over {
-			field = appendItem(field, l.quoted, int64(dst.LimitRemaining), seconds(reset))
+		policies = append(policies, l.Item)
+		if allowed || h.Over {
+			field = engine.AppendItem(field, l.Quoted, int64(dst.LimitRemaining), engine.Seconds(reset))
 		}
 	}
 	if allQuotasOver {
@@ -663,7 +658,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		add("RateLimit-Policy", strings.Join(policies, ", "))
 		add("RateLimit", string(field))
 		if !allowed && retry < forever {
-			add("Retry-After", strconv.FormatInt(seconds(retry), 10))
+			add("Retry-After", strconv.FormatInt(engine.Seconds(retry), 10))
 		}
 	}
 	if !allowed {
