@@ -79,10 +79,10 @@ type Middleware struct {
 // the HTTP doors match with.
 type state struct {
 	cfg   *Config
+	b     *built // what cfg compiled to besides the rules (Envoy's domains: b.rls)
 	set   *engine.Set
-	rules []*rule             // set.Rules, with what requests match
-	rls   map[string]*rlsNode // Envoy rate-limit domains (envoy_rls); their limits are set.RLSRules
-	jwt   *jwtVerifier        // nil without a jwt section
+	rules []*rule      // set.Rules, with what requests match
+	jwt   *jwtVerifier // nil without a jwt section
 	gen   int64
 }
 
@@ -91,6 +91,7 @@ type state struct {
 type rule struct {
 	eng     *engine.Rule
 	cfg     *Rule
+	allow   *allowSet
 	methods map[string]bool
 	// keyHeaders and keyQueries are the key's header:NAME (canonical) and
 	// query:NAME parts, checked for ambiguity.
@@ -119,11 +120,11 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 	if cfg != nil && cfg.Fleet != nil {
 		// The fleet starts before the engine, which asks it; its settings
 		// take a restart, so the config's first word on them stands.
-		p, err := cfg.prepared()
+		p, b, err := cfg.prepared()
 		if err != nil {
 			return nil, err
 		}
-		m.fleet = newFleet(p.Fleet, m.log, m.now)
+		m.fleet = newFleet(p.Fleet, &b.fleet, m.log, m.now)
 	}
 	eo := engine.Options{Clock: opts.Clock, Seed: opts.Seed}
 	if m.fleet != nil {
@@ -184,7 +185,7 @@ func (m *Middleware) Reload(cfg *Config) error {
 }
 
 func (m *Middleware) reload(cfg *Config) error {
-	cfg, err := cfg.prepared()
+	cfg, b, err := cfg.prepared()
 	if err != nil {
 		return err
 	}
@@ -197,26 +198,23 @@ func (m *Middleware) reload(cfg *Config) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	old := m.state.Load()
-	st := &state{cfg: cfg}
+	st := &state{cfg: cfg, b: b}
 	var prev *engine.Set
 	if old != nil {
 		st.gen, prev = old.gen+1, old.set
-	}
-	if cfg.EnvoyRLS != nil {
-		st.rls = cfg.EnvoyRLS.domains
 	}
 	if cfg.JWT != nil {
 		var pj *jwtVerifier
 		if old != nil {
 			pj = old.jwt
 		}
-		v, err := newJWTVerifier(cfg.JWT, pj, m.log)
+		v, err := newJWTVerifier(cfg.JWT, &b.jwt, pj, m.log)
 		if err != nil {
 			return &ConfigError{File: cfg.src, Field: "jwt", Msg: err.Error()}
 		}
 		st.jwt = v
 	}
-	set, err := m.eng.Compile(cfg.spec(), prev)
+	set, err := m.eng.Compile(cfg.spec(b), prev)
 	if err != nil {
 		if st.jwt != nil {
 			st.jwt.stop(nil)
@@ -225,7 +223,7 @@ func (m *Middleware) reload(cfg *Config) error {
 	}
 	st.set = set
 	for i := range cfg.Rules {
-		st.rules = append(st.rules, m.matcher(&cfg.Rules[i], set.Rules[i]))
+		st.rules = append(st.rules, m.matcher(&cfg.Rules[i], &b.allow[i], set.Rules[i]))
 	}
 	for _, ru := range set.RLSRules {
 		m.observer(ru.Name)
@@ -241,8 +239,8 @@ func (m *Middleware) reload(cfg *Config) error {
 }
 
 // matcher is rc as the HTTP doors match it, deciding through ru.
-func (m *Middleware) matcher(rc *Rule, ru *engine.Rule) *rule {
-	r := &rule{eng: ru, cfg: rc, latency: m.observer(rc.Name)}
+func (m *Middleware) matcher(rc *Rule, allow *allowSet, ru *engine.Rule) *rule {
+	r := &rule{eng: ru, cfg: rc, allow: allow, latency: m.observer(rc.Name)}
 	if len(rc.Match.Methods) > 0 {
 		r.methods = map[string]bool{}
 		for _, mt := range rc.Match.Methods {
@@ -477,12 +475,12 @@ func (ru *rule) key(ci *ClientIPConfig, rq *request) string {
 }
 
 func (ru *rule) allowlisted(addr netip.Addr, key string) bool {
-	for _, p := range ru.cfg.Allow.prefixes {
+	for _, p := range ru.allow.prefixes {
 		if addr.IsValid() && p.Contains(addr) {
 			return true
 		}
 	}
-	return ru.cfg.Allow.keys[key]
+	return ru.allow.keys[key]
 }
 
 // ServeHTTP decides and then proxies, holds, or refuses the request.
@@ -599,7 +597,7 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 	}
 	normalizePath(r)
 	r.Host = host // what rules judged is what the upstream is sent
-	*rq = request{r: r, addr: st.cfg.ClientIP.clientAddr(r), host: name, path: r.URL.Path, alt: alt}
+	*rq = request{r: r, addr: st.b.ci.clientAddr(r), host: name, path: r.URL.Path, alt: alt}
 	if rq.path == "*" {
 		rq.path = "/" // OPTIONS *: the server as a whole
 	}

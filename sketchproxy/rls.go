@@ -46,9 +46,7 @@ type EnvoyRLSConfig struct {
 	// domain given twice is an error (envoyproxy/ratelimit's default).
 	MergeDomains bool `yaml:"merge_domains"`
 
-	domains map[string]*rlsNode // compiled
-	rules   []Rule              // one per descriptor with a limit
-	nodes   int                 // descriptors loaded
+	loaded [3]int // what validation loaded: Loaded
 }
 
 // Loaded reports what the validated config's envoy_rls loaded: its domains
@@ -58,11 +56,15 @@ func (r *EnvoyRLSConfig) Loaded() (domains, descriptors, limits int) {
 	if r == nil {
 		return 0, 0, 0
 	}
-	limits = len(r.rules)
-	for _, root := range r.domains {
-		limits += root.unlimitedBelow()
-	}
-	return len(r.domains), r.nodes, limits
+	return r.loaded[0], r.loaded[1], r.loaded[2]
+}
+
+// rlsBuilt is the envoy_rls domains, compiled.
+type rlsBuilt struct {
+	merge   bool                // envoy_rls.merge_domains
+	domains map[string]*rlsNode // by name
+	rules   []Rule              // one per descriptor with a limit
+	nodes   int                 // descriptors loaded
 }
 
 // RLSDomain is one domain: a tree of descriptors.
@@ -223,7 +225,7 @@ func wildcardMatch(parts []string, value string) bool {
 }
 
 // validateEnvoyRLS loads and compiles the domains.
-func (c *Config) validateEnvoyRLS() error {
+func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	r := c.EnvoyRLS
 	if r == nil {
 		return nil
@@ -231,9 +233,9 @@ func (c *Config) validateEnvoyRLS() error {
 	if r.Listen == "" {
 		return c.errAt(`missing: the gRPC address, e.g. listen: "127.0.0.1:8081"`, "envoy_rls", "listen")
 	}
-	r.domains, r.rules, r.nodes = map[string]*rlsNode{}, nil, 0
+	*b = rlsBuilt{merge: r.MergeDomains, domains: map[string]*rlsNode{}}
 	for i := range r.Domains {
-		if err := r.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
+		if err := b.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
 			return err
 		}
 	}
@@ -250,13 +252,18 @@ func (c *Config) validateEnvoyRLS() error {
 		if err != nil {
 			return err
 		}
-		if err := r.compile(fc, d); err != nil {
+		if err := b.compile(fc, d); err != nil {
 			return err
 		}
 	}
-	if len(r.domains) == 0 {
+	if len(b.domains) == 0 {
 		return c.errAt("no domains: give domains or files", "envoy_rls")
 	}
+	limits := len(b.rules)
+	for _, root := range b.domains {
+		limits += root.unlimitedBelow()
+	}
+	r.loaded = [3]int{len(b.domains), b.nodes, limits}
 	return nil
 }
 
@@ -279,7 +286,7 @@ func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 }
 
 // compile adds domain d, found at path in c's document, to r.
-func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
+func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 	at := func(msg string, more ...any) error { return c.errAt(msg, append(cloneAnys(path), more...)...) }
 	if d.Domain == "" {
 		return at("missing: every domain needs a name (domain: edge)", "domain")
@@ -289,7 +296,7 @@ func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
 	case root == nil:
 		root = newRLSNode()
 		r.domains[d.Domain] = root
-	case !r.MergeDomains:
+	case !r.merge:
 		return at(fmt.Sprintf("%q is given twice: give each domain once, or set envoy_rls.merge_domains: true to merge them", d.Domain), "domain")
 	}
 	var walk func(n *rlsNode, ds []RLSDescriptor, names []string, path []any) error
@@ -350,7 +357,7 @@ func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
 
 // limit compiles descriptor dd's rate_limit, at path p, into node n: a
 // rule named name for a counted limit.
-func (r *EnvoyRLSConfig) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, p []any) error {
+func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, p []any) error {
 	rl := dd.RateLimit
 	for j, rp := range rl.Replaces {
 		switch {
@@ -477,7 +484,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if hits == 0 {
 		hits = 1
 	}
-	root := st.rls[req.GetDomain()]
+	root := st.b.rls.domains[req.GetDomain()]
 	if root == nil {
 		m.met.rlsUnknownDomain.Add(1)
 	}
