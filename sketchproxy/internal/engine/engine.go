@@ -11,7 +11,7 @@
 // Evaluate for each rule it matches, counting nothing; then, for an
 // admitted request, CheckBudget and Charge for its wallets and Commit for
 // its limits; RetryAll and Fields give Retry-After and the RateLimit and
-// RateLimit-Policy field values (docs/DESIGN.md, SketchProxy).
+// RateLimit-Policy field values (sketchproxy/README.md, How it is built).
 package engine
 
 import (
