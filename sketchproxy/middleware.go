@@ -660,25 +660,18 @@ func (m *Middleware) holdClient(w http.ResponseWriter, r *http.Request, st *stat
 // decideAll runs every matched rule's limits without counting, and returns
 // the verdicts and the worst of the non-shadow ones.
 func (m *Middleware) decideAll(r *http.Request, st *state, matched []*rule, rq *request, now time.Time) ([]verdict, verdict) {
-	verdicts := make([]verdict, len(matched))
-	worst := verdict{Out: Allow}
-	for i, ru := range matched {
+	var room [8]engine.Fact
+	facts := room[:0]
+	for _, ru := range matched {
 		key := ru.key(&st.cfg.ClientIP, rq)
-		if ru.allowlisted(rq.addr, key) {
-			ru.eng.Counts.Count(Allowlisted, false)
-			verdicts[i] = verdict{Out: Allowlisted, Rule: ru.eng}
-			continue
+		facts = append(facts, engine.Fact{Rule: ru.eng, Key: key, Allowlisted: ru.allowlisted(rq.addr, key)})
+	}
+	verdicts := make([]verdict, len(matched))
+	worst := m.eng.Decide(st.set, facts, now, rq.sc, verdicts)
+	for i := range verdicts {
+		if v := &verdicts[i]; v.Shadow && v.Out != Allow {
+			m.logDecision(r, v, true)
 		}
-		v := m.eng.Evaluate(st.set, ru.eng, key, now, rq.sc)
-		if v.Shadow {
-			if v.Out != Allow {
-				ru.eng.Counts.Count(v.Out, true)
-				m.logDecision(r, &v, true)
-			}
-		} else if worst.Worse(&v) {
-			worst = v
-		}
-		verdicts[i] = v
 	}
 	return verdicts, worst
 }

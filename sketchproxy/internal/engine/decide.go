@@ -203,6 +203,41 @@ func (e *Engine) Evaluate(s *Set, ru *Rule, key string, now time.Time, sc *Scrat
 	return v
 }
 
+// Fact is one rule a request matched and the request's key under it.
+// Allowlisted: the rule's allow list exempts the request (no sketch work).
+type Fact struct {
+	Rule        *Rule
+	Key         string
+	Allowlisted bool
+}
+
+// Decide decides a request's facts at once, counting no request (see
+// Evaluate): a verdict for each, in vs (as long as facts), and the worst
+// of those of rules not in shadow mode (Allow if none refuses). It counts
+// allowlisted decisions and shadow refusals in the rules' Counts; the
+// door counts the rest once it knows what became of the request (a
+// delayed client may leave, a wallet may refuse).
+func (e *Engine) Decide(s *Set, facts []Fact, now time.Time, sc *Scratch, vs []Verdict) (worst Verdict) {
+	worst.Out = Allow
+	for i := range facts {
+		f := &facts[i]
+		if f.Allowlisted {
+			f.Rule.Counts.Count(Allowlisted, false)
+			vs[i] = Verdict{Out: Allowlisted, Rule: f.Rule, Key: f.Key}
+			continue
+		}
+		vs[i] = e.Evaluate(s, f.Rule, f.Key, now, sc)
+		if v := &vs[i]; v.Shadow {
+			if v.Out != Allow {
+				f.Rule.Counts.Count(v.Out, true)
+			}
+		} else if worst.Worse(v) {
+			worst = *v
+		}
+	}
+	return worst
+}
+
 // isNewKey reports whether key counts as new: first seen while new keys
 // spike, within the last window or two. A key active in one of the rule's
 // limits (active) is known; otherwise the memory of keys (new_keys.remember)

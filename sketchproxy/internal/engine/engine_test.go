@@ -27,13 +27,14 @@ func oneRule(t testing.TB, requests float64, per time.Duration) (*Engine, *Set, 
 	return e, s, clk
 }
 
-// decide is one request of key, as every door runs it: evaluate, then
-// commit what an admitted request (or a counting rule) counts.
+// decide is one request of key, as every door runs it: decide its facts,
+// then commit what an admitted request (or a counting rule) counts.
 func decide(e *Engine, s *Set, key string, sc *Scratch) bool {
 	sc.Reset()
-	v := e.Evaluate(s, s.Rules[0], key, e.Now(), sc)
-	ok := v.Out == Allow
-	e.Commit(s, &v, ok, sc)
+	facts := [1]Fact{{Rule: s.Rules[0], Key: key}}
+	var vs [1]Verdict
+	ok := e.Decide(s, facts[:], e.Now(), sc, vs[:]).Out == Allow
+	e.Commit(s, &vs[0], ok, sc)
 	return ok
 }
 
