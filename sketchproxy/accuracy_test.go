@@ -97,9 +97,10 @@ func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint
 		t.Fatal(err)
 	}
 	defer mw.Close()
-	lim := mw.state.Load().rules[0].limits[0]
+	ru := mw.state.Load().rules[0].eng
+	lim := ru.Limits[0]
 	free := refused == "free"
-	ex := &exactLimiter{tick: lim.tick, theta: uint64(lim.theta), free: free, m: map[string]exactCount{}}
+	ex := &exactLimiter{tick: lim.Tick, theta: uint64(lim.Theta), free: free, m: map[string]exactCount{}}
 	sl := &slidingLog{per: time.Minute, l: 100, free: free, m: map[string][]time.Time{}}
 	r := rand.New(rand.NewPCG(seed, 1))
 	zipf := rand.NewZipf(r, 1.2, 1, 49_999)
@@ -121,7 +122,7 @@ func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint
 		}
 		now := clk.Now()
 		allowed := via.serve("X-Key", key) == http.StatusOK
-		est := lim.sk.EstimateBytes(skey(nil, "a", "m", key)) / lim.unit // what the proxy's decision leaves
+		est := mw.eng.Estimate(ru, lim, key) // what the proxy's decision leaves
 		e, exact := ex.observe(key, now)
 		s, window := sl.observe(key, now)
 		if window >= 10 {

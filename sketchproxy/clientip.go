@@ -40,7 +40,7 @@ func (ci *ClientIPConfig) sourceHeader() string {
 // load balancer does not overwrite. A hop that does not parse ("unknown",
 // an obfuscated name, garbage) ends the walk at the trusted proxy that
 // reported it: headers never fail a request.
-func (ci *ClientIPConfig) clientAddr(r *http.Request) netip.Addr {
+func (ci *clientIP) clientAddr(r *http.Request) netip.Addr {
 	peer := parseHost(r.RemoteAddr)
 	if !peer.IsValid() || !ci.isTrusted(peer) {
 		return peer
@@ -78,7 +78,13 @@ func (ci *ClientIPConfig) clientAddr(r *http.Request) netip.Addr {
 	return client
 }
 
-func (ci *ClientIPConfig) isTrusted(a netip.Addr) bool {
+// clientIP is a ClientIPConfig with its trusted proxies parsed.
+type clientIP struct {
+	*ClientIPConfig
+	trusted []netip.Prefix
+}
+
+func (ci *clientIP) isTrusted(a netip.Addr) bool {
 	for _, p := range ci.trusted {
 		if p.Contains(a) {
 			return true
@@ -163,7 +169,7 @@ func forwardedFor(elem string) string {
 //     source header of a single-address source (x-real-ip, header:NAME) is
 //     removed when the peer is not trusted.
 func (m *Middleware) SetForwarded(pr *httputil.ProxyRequest) {
-	ci := &m.state.Load().cfg.ClientIP
+	ci := &m.state.Load().b.ci
 	in, out := pr.In, pr.Out
 	peer := parseHost(in.RemoteAddr)
 	trusted := peer.IsValid() && ci.isTrusted(peer)

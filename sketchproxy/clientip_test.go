@@ -42,7 +42,7 @@ func TestClientAddr(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ci := &cfg.ClientIP
+		ci := mustClientIP(t, cfg)
 		r := httptest.NewRequest("GET", "/", nil)
 		r.RemoteAddr = c.remote
 		for k, v := range c.hdr {
@@ -52,4 +52,13 @@ func TestClientAddr(t *testing.T) {
 			t.Errorf("%s: got %s, want %s", c.name, got, c.want)
 		}
 	}
+}
+
+// mustClientIP is cfg's client_ip section as the doors use it.
+func mustClientIP(t testing.TB, cfg *Config) *clientIP {
+	_, b, err := cfg.prepared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &b.ci
 }

@@ -9,13 +9,15 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v4"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // Config is SketchProxy's configuration, usually read from YAML with
@@ -113,8 +115,6 @@ type ClientIPConfig struct {
 	// subscriber's whole /64 is one client). IPv4Prefix likewise (default 32).
 	IPv6Prefix int `yaml:"ipv6_prefix"`
 	IPv4Prefix int `yaml:"ipv4_prefix"`
-
-	trusted []netip.Prefix
 }
 
 // SketchConfig sizes the sketches: one per distinct tick among the limits.
@@ -208,8 +208,6 @@ type Rule struct {
 	Refused string `yaml:"refused"`
 	// MaxInFlight caps one key's requests in progress (streams), 0 = none.
 	MaxInFlight int `yaml:"max_in_flight"`
-
-	line int
 }
 
 // Match selects requests; empty fields match everything.
@@ -227,9 +225,6 @@ type Match struct {
 type AllowList struct {
 	CIDRs []string `yaml:"cidrs"`
 	Keys  []string `yaml:"keys"` // whole keys, as built from Rule.Key
-
-	prefixes []netip.Prefix
-	keys     map[string]bool
 }
 
 // Limit is "Requests per Per, with bursts of Burst". See LimitMath.
@@ -364,7 +359,7 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 		return nil, yamlError(name, err)
 	}
 	c.src, c.root = name, &root
-	if err := c.prepare(); err != nil { // the parsed Config is ours: defaults applied in place
+	if err := c.prepare(&built{}); err != nil { // the parsed Config is ours: defaults applied in place
 		return nil, err
 	}
 	return c, nil
@@ -486,66 +481,132 @@ func (c *Config) errAt(msg string, path ...any) error {
 // copy (c itself is not changed). Errors name the field and, for parsed
 // files, the line.
 func (c *Config) Validate() error {
-	_, err := c.prepared()
+	_, _, err := c.prepared()
 	return err
 }
 
 // prepared returns a copy of c with its defaults applied and checked: what
 // New and Reload run on.
-func (c *Config) prepared() (*Config, error) {
-	cp := c.clone()
-	return cp, cp.prepare()
+// spec is the prepared config as the engine compiles it.
+func (c *Config) spec(b *built) *engine.Spec {
+	sp := &engine.Spec{
+		Buckets: c.Sketch.Buckets, TwoChoice: c.Sketch.TwoChoice,
+		Tarpit: engine.TarpitSpec{
+			DelayAbove: c.Tarpit.DelayAbove, DripAbove: c.Tarpit.DripAbove,
+			RejectAbove: c.Tarpit.RejectAbove, BanAbove: c.Tarpit.BanAbove,
+			BanFor: time.Duration(c.Tarpit.BanFor), MaxDelay: time.Duration(c.Tarpit.MaxDelay),
+		},
+		NewKeys: engine.NewKeysSpec{
+			Disabled: c.NewKeys.Disabled, SpikeFactor: c.NewKeys.SpikeFactor,
+			MinPerSecond: c.NewKeys.MinPerSecond, BudgetFactor: c.NewKeys.BudgetFactor,
+			Window: time.Duration(c.NewKeys.Window), Remember: time.Duration(c.NewKeys.Remember),
+			Warmup: time.Duration(c.NewKeys.Warmup),
+		},
+	}
+	for _, rc := range c.Rules {
+		sp.Rules = append(sp.Rules, rc.spec())
+	}
+	if r := c.EnvoyRLS; r != nil {
+		for _, rc := range b.rls.rules {
+			sp.RLSRules = append(sp.RLSRules, rc.spec())
+		}
+	}
+	return sp
 }
 
-// clone copies c deeply enough that preparing the copy changes nothing of c
-// (the parsed document, for line numbers, is shared: it is read only).
+// spec is the prepared rule as the engine compiles it.
+func (rc *Rule) spec() engine.RuleSpec {
+	rs := engine.RuleSpec{Name: rc.Name, Shadow: rc.Shadow, Tarpit: rc.Tarpit, CountRefused: rc.Refused == "count", MaxInFlight: rc.MaxInFlight}
+	for _, l := range rc.Limits {
+		rs.Limits = append(rs.Limits, engine.LimitSpec{Name: l.Name, Requests: l.Requests, Per: time.Duration(l.Per), Burst: l.Burst})
+	}
+	if b := rc.Budget; b != nil {
+		rs.Budget = &engine.BudgetSpec{Name: b.Name, Units: b.Units, Per: time.Duration(b.Per), Unit: b.Unit, Cost: b.Cost, Reserve: b.Reserve, FailOpen: b.FailOpen,
+			ReconcileHeader: b.ReconcileHeader, ReconcileWait: time.Duration(b.ReconcileWait)}
+	}
+	return rs
+}
+
+func (c *Config) prepared() (*Config, *built, error) {
+	cp := c.clone()
+	b := &built{}
+	if err := cp.prepare(b); err != nil {
+		return nil, nil, err
+	}
+	return cp, b, nil
+}
+
+// built is what preparing a Config compiles besides its defaults: what the
+// doors match with, and the keys and files they read. It lives beside the
+// Config in the running state, never in it: a Config is plain data.
+type built struct {
+	ci    clientIP
+	allow []allowSet // by rule
+	jwt   jwtKeyset
+	rls   rlsBuilt
+	fleet fleetBuilt
+}
+
+// allowSet is a rule's allow list, compiled.
+type allowSet struct {
+	prefixes []netip.Prefix
+	keys     map[string]bool
+}
+
+// clone copies c deeply: every exported pointer, slice and map is copied,
+// at every depth, so that preparing the copy (defaults are written in
+// place) changes nothing of c, whatever fields a later version adds.
+// Unexported fields (the parsed document, for line numbers) are shared:
+// they are read only.
 func (c *Config) clone() *Config {
 	cp := *c
-	cp.ClientIP.TrustedProxies = slices.Clone(c.ClientIP.TrustedProxies)
-	cp.ClientIP.trusted = nil
-	if c.Server.BufferBody != nil {
-		cp.Server.BufferBody = ptr(*c.Server.BufferBody)
-	}
-	if c.Server.MaxInFlightPerClient != nil {
-		cp.Server.MaxInFlightPerClient = ptr(*c.Server.MaxInFlightPerClient)
-	}
-	if c.ForwardAuth != nil {
-		fa := *c.ForwardAuth
-		cp.ForwardAuth = &fa
-	}
-	if c.EnvoyRLS != nil {
-		r := *c.EnvoyRLS
-		cp.EnvoyRLS = &r
-	}
-	if c.Fleet != nil {
-		f := *c.Fleet
-		cp.Fleet = &f
-	}
-	if c.JWT != nil {
-		j := *c.JWT
-		j.Algorithms = slices.Clone(c.JWT.Algorithms)
-		cp.JWT = &j
-	}
-	cp.Rules = make([]Rule, len(c.Rules))
-	for i, r := range c.Rules {
-		r.Key = slices.Clone(r.Key)
-		r.Limits = slices.Clone(r.Limits)
-		r.Match.Methods = slices.Clone(r.Match.Methods)
-		r.Allow.CIDRs = slices.Clone(r.Allow.CIDRs)
-		r.Allow.Keys = slices.Clone(r.Allow.Keys)
-		r.Allow.prefixes, r.Allow.keys = nil, nil
-		if r.Budget != nil {
-			b := *r.Budget
-			r.Budget = &b
-		}
-		cp.Rules[i] = r
-	}
+	deepen(reflect.ValueOf(&cp).Elem())
 	return &cp
+}
+
+// deepen replaces the pointers, slices and maps reachable from v through
+// exported fields with copies.
+func deepen(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				deepen(v.Field(i))
+			}
+		}
+	case reflect.Pointer:
+		if !v.IsNil() {
+			p := reflect.New(v.Type().Elem())
+			p.Elem().Set(v.Elem())
+			deepen(p.Elem())
+			v.Set(p)
+		}
+	case reflect.Slice:
+		if !v.IsNil() {
+			s := reflect.MakeSlice(v.Type(), v.Len(), v.Len())
+			reflect.Copy(s, v)
+			for i := range s.Len() {
+				deepen(s.Index(i))
+			}
+			v.Set(s)
+		}
+	case reflect.Map:
+		if !v.IsNil() {
+			m := reflect.MakeMapWithSize(v.Type(), v.Len())
+			for it := v.MapRange(); it.Next(); {
+				e := reflect.New(v.Type().Elem()).Elem()
+				e.Set(it.Value())
+				deepen(e)
+				m.SetMapIndex(it.Key(), e)
+			}
+			v.Set(m)
+		}
+	}
 }
 
 // prepare applies the defaults, the one place they are applied, and checks
 // c in place.
-func (c *Config) prepare() error {
+func (c *Config) prepare(b *built) error {
 	if c.Listen == "" {
 		c.Listen = ":8080"
 	}
@@ -608,13 +669,13 @@ func (c *Config) prepare() error {
 		return c.errAt(fmt.Sprintf("%d: want 0 (no cap) to 2^20", *sv.MaxInFlightPerClient), "server", "max_in_flight_per_client")
 	}
 	ci := &c.ClientIP
-	ci.trusted = ci.trusted[:0]
+	b.ci.ClientIPConfig = ci
 	for i, s := range ci.TrustedProxies {
 		p, err := parsePrefix(s)
 		if err != nil {
 			return c.errAt(err.Error(), "client_ip", "trusted_proxies", i)
 		}
-		ci.trusted = append(ci.trusted, p)
+		b.ci.trusted = append(b.ci.trusted, p)
 	}
 	ci.Source = strings.ToLower(strings.TrimSpace(ci.Source))
 	switch name, isHeader := strings.CutPrefix(ci.Source, "header:"); {
@@ -712,16 +773,16 @@ func (c *Config) prepare() error {
 	if nk.Warmup < 0 || nk.Warmup > Duration(24*time.Hour) {
 		return c.errAt("want 0 to 24h", "new_keys", "warmup")
 	}
-	if err := c.validateFleet(); err != nil {
+	if err := c.validateFleet(&b.fleet); err != nil {
 		return err
 	}
 	if err := c.validateForwardAuth(); err != nil {
 		return err
 	}
-	if err := c.validateEnvoyRLS(); err != nil {
+	if err := c.validateEnvoyRLS(&b.rls); err != nil {
 		return err
 	}
-	if err := c.validateJWT(); err != nil {
+	if err := c.validateJWT(&b.jwt); err != nil {
 		return err
 	}
 	if len(c.Rules) == 0 && c.EnvoyRLS == nil {
@@ -729,16 +790,15 @@ func (c *Config) prepare() error {
 	}
 	names := map[string]int{}
 	for i := range c.Rules {
-		if err := c.validateRule(i, names); err != nil {
+		if err := c.validateRule(b, i, names); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (c *Config) validateRule(i int, names map[string]int) error {
+func (c *Config) validateRule(b *built, i int, names map[string]int) error {
 	r := &c.Rules[i]
-	r.line = c.lineOf("rules", i)
 	at := func(msg string, path ...any) error { return c.errAt(msg, append([]any{"rules", i}, path...)...) }
 	if r.Name == "" {
 		r.Name = fmt.Sprintf("rule%d", i+1)
@@ -789,18 +849,18 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 			return at(fmt.Sprintf("%q: want ip, header:NAME, query:NAME or jwt:CLAIM", k), "key", j)
 		}
 	}
-	r.Allow.prefixes = r.Allow.prefixes[:0]
+	allow := allowSet{keys: make(map[string]bool, len(r.Allow.Keys))}
 	for j, s := range r.Allow.CIDRs {
 		p, err := parsePrefix(s)
 		if err != nil {
 			return at(err.Error(), "allow", "cidrs", j)
 		}
-		r.Allow.prefixes = append(r.Allow.prefixes, p)
+		allow.prefixes = append(allow.prefixes, p)
 	}
-	r.Allow.keys = make(map[string]bool, len(r.Allow.Keys))
 	for _, k := range r.Allow.Keys {
-		r.Allow.keys[k] = true
+		allow.keys[k] = true
 	}
+	b.allow = append(b.allow, allow)
 	if len(r.Limits) == 0 && r.Budget == nil && r.MaxInFlight == 0 {
 		return at("the rule limits nothing: give it limits, a budget or max_in_flight", "limits")
 	}
@@ -818,12 +878,12 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 			return at(err.Error(), "limits", j)
 		}
 		if l.Burst == 0 {
-			l.Burst = math.Min(l.Requests, maxThreshold)
+			l.Burst = math.Min(l.Requests, engine.MaxThreshold)
 		}
-		if l.Burst < 1 || l.Burst > maxThreshold {
-			return at(fmt.Sprintf("burst %g: want 1 to %d", l.Burst, maxThreshold), "limits", j, "burst")
+		if l.Burst < 1 || l.Burst > engine.MaxThreshold {
+			return at(fmt.Sprintf("burst %g: want 1 to %d", l.Burst, engine.MaxThreshold), "limits", j, "burst")
 		}
-		if tickFor(l.Requests, time.Duration(l.Per), l.Burst) < time.Millisecond {
+		if engine.TickFor(l.Requests, time.Duration(l.Per), l.Burst) < time.Millisecond {
 			return at(fmt.Sprintf("%g per %v with burst %g needs a tick under 1ms: raise the burst", l.Requests, time.Duration(l.Per), l.Burst), "limits", j)
 		}
 	}
@@ -849,9 +909,9 @@ func (c *Config) validateRule(i int, names map[string]int) error {
 		if b.Unit > 1<<40 {
 			return at(fmt.Sprintf("unit %d: at most 2^40", b.Unit), "budget", "unit")
 		}
-		if counts := b.Units / float64(b.Unit); counts > maxThreshold {
+		if counts := b.Units / float64(b.Unit); counts > engine.MaxThreshold {
 			return at(fmt.Sprintf("units %g: at most %d counts per period (a slot's count is 24 bits, read at twice the rate); set unit: %d or more",
-				b.Units, maxThreshold, uint64(math.Ceil(b.Units/maxThreshold))), "budget", "units")
+				b.Units, engine.MaxThreshold, uint64(math.Ceil(b.Units/engine.MaxThreshold))), "budget", "units")
 		} else if counts < 1 {
 			return at(fmt.Sprintf("units %g is less than one unit of %d", b.Units, b.Unit), "budget", "unit")
 		}

@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -110,4 +112,12 @@ func TestValidateAndNewDoNotChangeTheConfig(t *testing.T) {
 	if got := mw.state.Load().cfg; got.Listen != ":8080" || got.Rules[0].Name != "rule1" || got.Rules[0].Budget.Cost != 1 {
 		t.Errorf("the running copy lacks its defaults: %+v", got)
 	}
+}
+
+func writeSecret(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(p, []byte(strings.Repeat("s", 32)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -1,6 +1,10 @@
 package sketchproxy
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+)
 
 // Decisions calls f with the count of each rule's decisions by outcome, real
 // (shadow false) and shadow, rules in name order, outcomes least severe
@@ -10,19 +14,18 @@ import "sort"
 // program that keeps its own metrics registry (the Caddy module's
 // caddy/metrics.go); f must not call back into the Middleware.
 func (m *Middleware) Decisions(f func(rule string, o Outcome, shadow bool, n uint64)) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	names := make([]string, 0, len(m.ruleMet))
-	for n := range m.ruleMet {
-		names = append(names, n)
+	type named struct {
+		name string
+		c    *engine.Counts
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		rm := m.ruleMet[name]
+	var rules []named
+	m.eng.Decisions(func(name string, c *engine.Counts) { rules = append(rules, named{name, c}) })
+	sort.Slice(rules, func(i, j int) bool { return rules[i].name < rules[j].name })
+	for _, ru := range rules {
 		for o := Outcome(0); o < numOutcomes; o++ {
-			for s := range rm.n[o] {
-				if v := rm.n[o][s].Load(); v > 0 || (s == 0 && (o == Allow || o == Reject)) {
-					f(name, o, s == 1, v)
+			for _, shadow := range [2]bool{false, true} {
+				if v := ru.c.Get(o, shadow); v > 0 || (!shadow && (o == Allow || o == Reject)) {
+					f(ru.name, o, shadow, v)
 				}
 			}
 		}

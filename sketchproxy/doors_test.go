@@ -354,7 +354,7 @@ rules:
 		NewKeys: NewKeysConfig{Warmup: -1},
 		Rules:   []Rule{{Budget: &Budget{Units: 10, Per: Duration(time.Minute), ReconcileWait: -1}}},
 	}
-	p, err := code.prepared()
+	p, _, err := code.prepared()
 	if err != nil {
 		t.Fatal(err)
 	}

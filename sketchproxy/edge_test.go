@@ -313,7 +313,7 @@ rules:
 	clk.Advance(10 * time.Second)
 	mw2, _ := startWithState(t, yaml, clk)
 	defer mw2.Close()
-	if !mw2.restoredMeter.Load() {
+	if !mw2.eng.MeterRestored() {
 		t.Fatal("the state file did not restore the new-key meter")
 	}
 	again := map[string][2]int{}

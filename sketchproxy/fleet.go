@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
@@ -69,9 +69,12 @@ type FleetConfig struct {
 	// WalletOnFailure: "closed" (default) refuses budget routes with 503
 	// while Redis is unreachable; "local" enforces θ/N locally instead.
 	WalletOnFailure string `yaml:"wallet_on_failure"`
+}
 
+// fleetBuilt is what validating a fleet section reads and builds.
+type fleetBuilt struct {
 	secret []byte
-	opts   *redis.UniversalOptions // built by validateFleet
+	opts   *redis.UniversalOptions
 }
 
 // SentinelConfig is a Redis Sentinel deployment: the master's name and the
@@ -93,7 +96,7 @@ type FleetTLS struct {
 	ServerName string `yaml:"server_name"`
 }
 
-func (c *Config) validateFleet() error {
+func (c *Config) validateFleet(fb *fleetBuilt) error {
 	f := c.Fleet
 	if f == nil {
 		return nil
@@ -106,11 +109,11 @@ func (c *Config) validateFleet() error {
 		if err != nil {
 			return c.errAt(err.Error(), "fleet", "secret_file")
 		}
-		f.secret = []byte(strings.TrimSpace(string(b)))
+		fb.secret = []byte(strings.TrimSpace(string(b)))
 	default:
-		f.secret = []byte(f.Secret)
+		fb.secret = []byte(f.Secret)
 	}
-	if len(f.secret) < 16 {
+	if len(fb.secret) < 16 {
 		return c.errAt("a per-deployment secret of at least 16 bytes is required (secret or secret_file): keys are hashed with it before they reach Redis", "fleet", "secret")
 	}
 	if f.Replicas < 0 || f.Replicas > 1000 {
@@ -157,7 +160,7 @@ func (c *Config) validateFleet() error {
 	default:
 		return c.errAt(fmt.Sprintf("%q: want closed or local", f.WalletOnFailure), "fleet", "wallet_on_failure")
 	}
-	return c.fleetOptions()
+	return c.fleetOptions(fb)
 }
 
 // syncScript applies the sketch's halving to a key's fleet count with
@@ -190,6 +193,7 @@ return {c, tick, redis.call('GET', KEYS[2])}
 // fleet is the shared state of one Middleware's replica.
 type fleet struct {
 	cfg    *FleetConfig
+	secret []byte // keys are HMACed with it before they reach Redis
 	rdb    redis.UniversalClient
 	script *redis.Script
 	log    *slog.Logger
@@ -223,7 +227,7 @@ type hotEntry struct {
 	rkey   string // prefix + {tag} + HMAC(secret, sketch key)
 	marker string // prefix + {tag} + run: the tag's run marker, in the same slot
 	skey   []byte // the local sketch key
-	sk     *epochsketch.Sketch
+	sk     engine.Local
 	tick   time.Duration
 	theta  uint32
 	// base is the part of the local estimate Redis holds, at the tick it
@@ -237,10 +241,11 @@ type hotEntry struct {
 	synced  atomic.Bool
 }
 
-func newFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) *fleet {
+func newFleet(cfg *FleetConfig, fb *fleetBuilt, log *slog.Logger, now func() time.Time) *fleet {
 	f := &fleet{
 		cfg: cfg, log: log, now: now,
-		rdb:    redis.NewUniversalClient(cfg.opts),
+		rdb:    redis.NewUniversalClient(fb.opts),
+		secret: fb.secret,
 		script: redis.NewScript(syncScript),
 		runID:  cfg.ID,
 		run:    map[string]string{},
@@ -281,21 +286,23 @@ func (f *fleet) promoteAt(theta uint32) uint32 {
 	return max(1, uint32(f.cfg.PromoteFraction*float64(theta)/float64(f.replicas())))
 }
 
-// estimate is the fleet-wide estimate for a limit whose local estimate is
-// local: for a hot key, the fleet count decayed to now plus what the local
-// sketch counted since the last round. While Redis is down it is local × N: the
-// limit is enforced at θ/N per replica. Mice (below a quarter of the
-// promotion point) cost one comparison: no map, no Redis. Without a fleet
-// (f nil) it is local, so callers need not check; that case inlines.
-func (f *fleet) estimate(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local uint32, now time.Time) uint32 {
-	if f == nil {
-		return local
-	}
+// Estimate is the fleet-wide estimate for a limit whose local estimate is
+// local (engine.Fleet): for a hot key, the fleet count decayed to now plus
+// what the local sketch counted since the last round. While Redis is down
+// it is local × N: the limit is enforced at θ/N per replica. Mice (below a
+// quarter of the promotion point) cost one comparison: no map, no Redis.
+func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
 	return f.fleetwide(skey, sk, tick, theta, local, now)
 }
 
-// fleetwide is estimate with a fleet.
-func (f *fleet) fleetwide(skey []byte, sk *epochsketch.Sketch, tick time.Duration, theta, local uint32, now time.Time) uint32 {
+// WalletsClosed reports whether wallets fail closed now: Redis is down and
+// wallet_on_failure is closed. A refused client retries after a round.
+func (f *fleet) WalletsClosed() (bool, time.Duration) {
+	return !f.up.Load() && f.cfg.WalletOnFailure == "closed", time.Duration(f.cfg.Interval)
+}
+
+// fleetwide is Estimate.
+func (f *fleet) fleetwide(skey []byte, sk engine.Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
 	p := f.promoteAt(theta)
 	if !f.up.Load() {
 		// Local at θ/N. A hot key's units are in the local sketch, sent
@@ -374,7 +381,7 @@ const fleetTags = 16
 // (Redis never sees a client address or an API key), and the run marker of
 // its hash tag.
 func (f *fleet) redisKeys(skey []byte) (key, marker string) {
-	m := hmac.New(sha256.New, f.cfg.secret)
+	m := hmac.New(sha256.New, f.secret)
 	m.Write(skey)
 	sum := m.Sum(nil)
 	tag := f.cfg.Prefix + "{t" + strconv.Itoa(int(sum[16])%fleetTags) + "}"

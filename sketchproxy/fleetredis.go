@@ -15,7 +15,7 @@ import (
 // fleetOptions checks where the fleet's Redis is and how to reach it, and
 // builds the client's options: one server, a Cluster or Sentinel, through
 // go-redis's universal client.
-func (c *Config) fleetOptions() error {
+func (c *Config) fleetOptions(fb *fleetBuilt) error {
 	f := c.Fleet
 	given := 0
 	for _, b := range []bool{f.Redis != "", len(f.Cluster) > 0, f.Sentinel != nil} {
@@ -142,6 +142,6 @@ func (c *Config) fleetOptions() error {
 	if o.IsClusterMode {
 		o.MaxRedirects = 3 // MOVED and ASK during a failover or resharding
 	}
-	f.opts = o
+	fb.opts = o
 	return nil
 }

@@ -89,7 +89,7 @@ func (c *Config) validateForwardAuth() error {
 	default:
 		return c.errAt(fmt.Sprintf("%q: want nginx, caddy or traefik (or leave it out)", fa.Gateway), "forward_auth", "gateway")
 	}
-	if len(c.ClientIP.trusted) == 0 {
+	if len(c.ClientIP.TrustedProxies) == 0 {
 		return c.errAt("no client_ip.trusted_proxies: list the gateway's address, the only caller the endpoint answers", "forward_auth")
 	}
 	return nil
@@ -126,7 +126,7 @@ func (m *Middleware) forwardAuth(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "no upstream here: this address answers only the forward_auth check")
 		return
 	}
-	if peer := parseHost(r.RemoteAddr); !peer.IsValid() || !st.cfg.ClientIP.isTrusted(peer) {
+	if peer := parseHost(r.RemoteAddr); !peer.IsValid() || !st.b.ci.isTrusted(peer) {
 		m.met.badRequests.Add(1)
 		writeProblem(w, http.StatusForbidden, fmt.Sprintf("forward_auth: the caller %s is not in client_ip.trusted_proxies: only the gateway may ask", peer))
 		return

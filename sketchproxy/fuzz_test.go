@@ -32,7 +32,7 @@ func FuzzClientAddr(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ci := &cfg.ClientIP
+		ci := mustClientIP(t, cfg)
 		r := &http.Request{RemoteAddr: remote, Header: http.Header{}}
 		for _, v := range []string{v1, v2} {
 			if v != "" {

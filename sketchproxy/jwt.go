@@ -52,7 +52,11 @@ type JWTConfig struct {
 	// Leeway for exp, nbf and iat (default 30s; 0, or a negative value in
 	// code: none).
 	Leeway Duration `yaml:"leeway"`
+}
 
+// jwtKeyset are the keys a jwt section's files hold, read when it is
+// validated: one of the three.
+type jwtKeyset struct {
 	secret []byte
 	public any
 	jwks   json.RawMessage
@@ -67,7 +71,7 @@ var (
 
 // validateJWT checks the jwt section and reads its key files, so that
 // sketchproxy -check finds a missing or broken key.
-func (c *Config) validateJWT() error {
+func (c *Config) validateJWT(k *jwtKeyset) error {
 	j := c.JWT
 	if j == nil {
 		return nil
@@ -107,9 +111,9 @@ func (c *Config) validateJWT() error {
 		if err != nil {
 			return at(err.Error(), "hmac_secret_file")
 		}
-		j.secret = []byte(strings.TrimRight(string(b), "\r\n"))
-		if len(j.secret) < 32 {
-			return at(fmt.Sprintf("the secret is %d bytes: use at least 32 random bytes", len(j.secret)), "hmac_secret_file")
+		k.secret = []byte(strings.TrimRight(string(b), "\r\n"))
+		if len(k.secret) < 32 {
+			return at(fmt.Sprintf("the secret is %d bytes: use at least 32 random bytes", len(k.secret)), "hmac_secret_file")
 		}
 		algs = hmacAlgs
 	case j.PublicKeyFile != "":
@@ -135,7 +139,7 @@ func (c *Config) validateJWT() error {
 		default:
 			return at(fmt.Sprintf("a %T key: want RSA, ECDSA or Ed25519", pub), "public_key_file")
 		}
-		j.public = pub
+		k.public = pub
 	case j.JWKSFile != "":
 		b, err := os.ReadFile(j.JWKSFile)
 		if err != nil {
@@ -144,7 +148,7 @@ func (c *Config) validateJWT() error {
 		if _, err := keyfunc.NewJWKSetJSON(b); err != nil {
 			return at("not a JSON Web Key Set: "+err.Error(), "jwks_file")
 		}
-		j.jwks = b
+		k.jwks = b
 		algs = append(append(append([]string{}, rsaAlgs...), ecAlgs...), edAlgs...)
 	default:
 		u, err := url.Parse(j.JWKSURL)
@@ -179,7 +183,7 @@ type jwtVerifier struct {
 // newJWTVerifier builds the verifier for j. A key set fetched from the
 // same URL by prev, the running verifier, is kept with its keys: a reload
 // never trades working keys for a fetch that may fail.
-func newJWTVerifier(j *JWTConfig, prev *jwtVerifier, log *slog.Logger) (*jwtVerifier, error) {
+func newJWTVerifier(j *JWTConfig, k *jwtKeyset, prev *jwtVerifier, log *slog.Logger) (*jwtVerifier, error) {
 	opts := []jwt.ParserOption{jwt.WithValidMethods(j.Algorithms), jwt.WithLeeway(time.Duration(j.Leeway))}
 	if j.Issuer != "" {
 		opts = append(opts, jwt.WithIssuer(j.Issuer))
@@ -189,12 +193,12 @@ func newJWTVerifier(j *JWTConfig, prev *jwtVerifier, log *slog.Logger) (*jwtVeri
 	}
 	v := &jwtVerifier{cfg: j, parser: jwt.NewParser(opts...)}
 	switch {
-	case j.secret != nil:
-		v.key = func(*jwt.Token) (any, error) { return j.secret, nil }
-	case j.public != nil:
-		v.key = func(*jwt.Token) (any, error) { return j.public, nil }
-	case j.jwks != nil:
-		kf, err := keyfunc.NewJWKSetJSON(j.jwks)
+	case k.secret != nil:
+		v.key = func(*jwt.Token) (any, error) { return k.secret, nil }
+	case k.public != nil:
+		v.key = func(*jwt.Token) (any, error) { return k.public, nil }
+	case k.jwks != nil:
+		kf, err := keyfunc.NewJWKSetJSON(k.jwks)
 		if err != nil {
 			return nil, err
 		}

@@ -2,7 +2,6 @@ package sketchproxy
 
 import (
 	"net/http"
-	"sort"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -11,23 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
-
-// ruleMetrics counts one rule's decisions by outcome, real and shadow, and
-// holds its latency histogram. It survives reloads (by rule name).
-type ruleMetrics struct {
-	n       [numOutcomes][2]atomic.Uint64
-	latency prometheus.Observer
-}
-
-func (r *ruleMetrics) count(o Outcome, shadow bool) {
-	i := 0
-	if shadow {
-		i = 1
-	}
-	r.n[o][i].Add(1)
-}
 
 type globalMetrics struct {
 	requests        atomic.Uint64
@@ -113,13 +97,13 @@ var (
 
 	sketchStats = []struct {
 		d   desc
-		get func(epochsketch.Stats) uint64
+		get func(engine.Stats) uint64
 	}{
-		{newDesc("sketch_evictions_total", prometheus.CounterValue, "Slots won from a live occupant.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.Evictions }},
-		{newDesc("sketch_chips_total", prometheus.CounterValue, "Counts taken from weakest occupants by the lottery.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.Chips }},
-		{newDesc("sketch_challenges_lost_total", prometheus.CounterValue, "Keys not tracked because their bucket was full of stronger keys.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.ChallengesLost }},
-		{newDesc("sketch_scrubbed_zombies_total", prometheus.CounterValue, "Slots silent for 24 ticks cleared.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.ScrubbedZombies }},
-		{newDesc("sketch_cas_retries_exhausted_total", prometheus.CounterValue, "Increments dropped after 4 lost compare-and-swaps.", "tick", "buckets"), func(s epochsketch.Stats) uint64 { return s.CASRetriesExhausted }},
+		{newDesc("sketch_evictions_total", prometheus.CounterValue, "Slots won from a live occupant.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.Evictions }},
+		{newDesc("sketch_chips_total", prometheus.CounterValue, "Counts taken from weakest occupants by the lottery.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.Chips }},
+		{newDesc("sketch_challenges_lost_total", prometheus.CounterValue, "Keys not tracked because their bucket was full of stronger keys.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.ChallengesLost }},
+		{newDesc("sketch_scrubbed_zombies_total", prometheus.CounterValue, "Slots silent for 24 ticks cleared.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.ScrubbedZombies }},
+		{newDesc("sketch_cas_retries_exhausted_total", prometheus.CounterValue, "Increments dropped after 4 lost compare-and-swaps.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.CASRetriesExhausted }},
 	}
 
 	dFleetUp       = newDesc("fleet_up", prometheus.GaugeValue, "1 while Redis answers and limits are fleet-wide; 0: local at 1/N.")
@@ -182,10 +166,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	emit(dHeld, float64(m.held.Load()))
 	emit(dCapacity, float64(st.cfg.Tarpit.MaxHeld))
-	emit(dNewKeys, float64(m.spike.total.Load()))
-	emit(dNewKeysRate, m.spike.rate(now))
+	spiking, rate, total := m.eng.Spiking(st.set, now)
+	emit(dNewKeys, float64(total))
+	emit(dNewKeysRate, rate)
 	spike := 0.0
-	if nk := &st.cfg.NewKeys; !nk.Disabled && m.spike.active(now, nk) && m.warm(now, nk) {
+	if spiking {
 		spike = 1
 	}
 	emit(dSpike, spike)
@@ -195,37 +180,22 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dReported, float64(m.met.reported.Load()))
 	emit(dReconcileErrors, float64(m.met.reconcileErrors.Load()))
 
-	keys := make([]sketchKey, 0, len(st.sketches))
-	for k := range st.sketches {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		return keys[i].tick < keys[j].tick || keys[i].tick == keys[j].tick && keys[i].buckets < keys[j].buckets
-	})
-	for _, k := range keys {
-		tick, buckets := k.tick.String(), strconv.Itoa(k.buckets)
-		stats := st.sketches[k].Stats()
+	st.set.SketchStats(func(tick time.Duration, buckets int, stats engine.Stats) {
+		t, b := tick.String(), strconv.Itoa(buckets)
 		for _, s := range sketchStats {
-			emit(s.d, float64(s.get(stats)), tick, buckets)
+			emit(s.d, float64(s.get(stats)), t, b)
 		}
-		emit(dSketchBytes, float64(k.buckets*64), tick, buckets)
-	}
+		emit(dSketchBytes, float64(buckets*64), t, b)
+	})
 
-	for _, ru := range st.rules {
-		if len(ru.limits) == 0 {
-			continue
-		}
-		l := ru.limits[0]
+	for _, ru := range st.set.Rules {
 		seen := map[string]bool{}
-		for _, e := range ru.top.List() {
-			est := l.sk.EstimateBytes(skey(nil, ru.cfg.Name, l.name, e.Key))
-			k := m.display(e.Key)
-			if est == 0 || seen[k] {
-				continue
+		m.eng.Top(ru, func(key string, level float64) {
+			if k := m.display(key); !seen[k] {
+				seen[k] = true
+				emit(dTop, level, ru.Name, k)
 			}
-			seen[k] = true
-			emit(dTop, float64(est)/float64(l.theta), ru.cfg.Name, k)
-		}
+		})
 	}
 	if f := m.fleet; f != nil {
 		up := 0.0

@@ -192,15 +192,15 @@ func TestShadowAndAllowlist(t *testing.T) {
 		}
 	}
 	st := h.mw.state.Load()
-	real := st.rules[1]
-	if e := real.limits[0].sk.EstimateBytes(skey(nil, "real", real.limits[0].name, "vip")); e != 0 {
+	real := st.rules[1].eng
+	if e := h.mw.eng.Estimate(real, real.Limits[0], "vip"); e != 0 {
 		t.Errorf("an allowlisted key cost sketch work: estimate %d", e)
 	}
-	shadow := st.rules[0].met.n[Reject][1].Load()
+	shadow := st.rules[0].eng.Counts.Get(Reject, true)
 	if shadow == 0 {
 		t.Error("the shadow rule counted no shadow refusals")
 	}
-	if st.rules[0].met.n[Reject][0].Load() != 0 {
+	if st.rules[0].eng.Counts.Get(Reject, false) != 0 {
 		t.Error("the shadow rule refused for real")
 	}
 	if h.upstream.Load() != 20 {
@@ -454,7 +454,7 @@ rules:
 	for i := range 200 {
 		h.req("198.51.100.1", "X-Key", fmt.Sprint("rot", i))
 	}
-	if !h.mw.spike.active(h.clk.Now(), &h.mw.state.Load().cfg.NewKeys) {
+	if spike, _, _ := h.mw.eng.Spiking(h.mw.state.Load().set, h.clk.Now()); !spike {
 		t.Fatal("200 new keys in a second after 5/s is not a spike")
 	}
 	passed := 0

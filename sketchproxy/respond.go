@@ -13,96 +13,30 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // seconds rounds a wait up to whole seconds, at least 1.
-func seconds(d time.Duration) int64 {
-	return max(1, int64(math.Ceil(d.Seconds())))
-}
+func seconds(d time.Duration) int64 { return engine.Seconds(d) }
 
 // setHeaders writes the RateLimit-Policy and RateLimit fields of
-// draft-ietf-httpapi-ratelimit-headers-10 for every limit of every rule
-// that decided the request (shadow rules send none): each policy's quota
-// as whole requests q per whole seconds w, and for each its remaining r
-// (never above q) and t, the seconds until more quota (the next halving).
-// On a refusal RateLimit lists only the policies the client is over, each
-// with its own wait as t, so that Retry-After (the longest wait) is never
-// earlier than a t. Legacy X-RateLimit-* describe the most constrained
-// limit, if configured.
-func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, rq *request, now time.Time, refused bool) {
-	var cur []byte
-	var pol string
-	rules := 0
-	var legacy struct {
-		q, r, t int64
-		level   float64
-		set     bool
-	}
-	for i := range vs {
-		v := &vs[i]
-		if v.ru == nil || v.shadow || v.out == Allowlisted || len(v.ests) == 0 {
-			continue
-		}
-		if rules++; rules == 1 {
-			pol = v.ru.policy
-		} else {
-			pol += ", " + v.ru.policy
-		}
-		for j, l := range v.ru.limits {
-			est := v.ests[j]
-			if refused {
-				rq.buf = skey(rq.buf, v.ru.cfg.Name, l.name, v.key)
-				est = m.limitEstimate(rq.buf, l, now)
-			} else if !v.banned {
-				est += l.unit // this request, counted
-			}
-			theta := v.thetas[j]
-			r := min((int64(theta)-int64(est))/int64(l.unit), l.q)
-			t := seconds(untilNextTick(now, l.tick))
-			over := uint64(est)+uint64(l.unit) > uint64(theta)
-			if over {
-				r = 0
-				t = seconds(retryAfter(est, l.unit, theta, now, l.tick))
-			}
-			r = max(r, 0)
-			if !refused || over {
-				if cur == nil {
-					cur = make([]byte, 0, 48*len(v.ru.limits))
-				}
-				cur = appendItem(cur, l.quoted, r, t)
-			}
-			if lv := float64(est) / float64(theta); !legacy.set || lv > legacy.level {
-				legacy.q, legacy.r, legacy.t, legacy.level, legacy.set = l.q, r, t, lv, true
-			}
-		}
-	}
-	if rules == 0 {
+// draft-ietf-httpapi-ratelimit-headers-10 (engine.Fields says what they
+// hold), and the legacy X-RateLimit-* if configured.
+func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, sc *engine.Scratch, now time.Time, refused bool) {
+	f, ok := m.eng.Fields(vs, refused, now, sc)
+	if !ok {
 		return
 	}
-	h[hdrPolicy] = []string{pol}
-	if len(cur) > 0 {
-		h[hdrRateLimit] = []string{string(cur)}
+	h[hdrPolicy] = []string{f.Policy}
+	if f.RateLimit != "" {
+		h[hdrRateLimit] = []string{f.RateLimit}
 	}
 	if st.cfg.Headers.Legacy {
-		h.Set("X-RateLimit-Limit", strconv.FormatInt(legacy.q, 10))
-		h.Set("X-RateLimit-Remaining", strconv.FormatInt(legacy.r, 10))
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(legacy.t, 10))
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(f.LegacyLimit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(f.LegacyRemaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(f.LegacyReset, 10))
 	}
-}
-
-// appendItem appends one item of the RateLimit field to b, after a comma
-// if b has items already: the policy's quoted name, its remaining quota r
-// and the seconds t until more. The HTTP responses and Envoy's rate-limit
-// service write the field through it.
-func appendItem(b []byte, quoted string, r, t int64) []byte {
-	if len(b) > 0 {
-		b = append(b, ", "...)
-	}
-	b = append(b, quoted...)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, r, 10)
-	b = append(b, ";t="...)
-	return strconv.AppendInt(b, t, 10)
 }
 
 // The fields' canonical keys (http.CanonicalHeaderKey), set directly.
@@ -131,32 +65,33 @@ const quotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exc
 func (m *Middleware) problemFor(v *verdict, code int) problem {
 	p := problem{
 		Type: "about:blank", Title: http.StatusText(code), Status: code,
-		Outcome: v.out.String(), RetryAfter: seconds(v.retry),
-		Level: math.Round(v.level*100) / 100,
+		Outcome: v.Out.String(), RetryAfter: seconds(v.Retry),
+		Level: math.Round(v.Level*100) / 100,
 	}
-	if v.ru == nil {
+	ru := v.Rule
+	if ru == nil {
 		p.Detail = "too many requests in progress from this client address; retry when one has finished"
 		return p
 	}
-	p.Rule = v.ru.cfg.Name
-	switch v.out {
+	p.Rule = ru.Name
+	switch v.Out {
 	case OverBudget:
-		b := v.ru.budget.cfg
-		p.Type, p.Limit, p.Violated = quotaExceeded, b.Name, []string{v.ru.cfg.Name + "-" + b.Name}
-		p.Detail = fmt.Sprintf("budget %q of %s units per %v is spent; retry after %d s", b.Name, formatNum(b.Units), time.Duration(b.Per), p.RetryAfter)
+		b := &ru.Budget.Spec
+		p.Type, p.Limit, p.Violated = quotaExceeded, b.Name, []string{ru.Name + "-" + b.Name}
+		p.Detail = fmt.Sprintf("budget %q of %s units per %v is spent; retry after %d s", b.Name, formatNum(b.Units), b.Per, p.RetryAfter)
 	case BudgetUnknown:
-		p.Limit = v.ru.budget.cfg.Name
+		p.Limit = ru.Budget.Spec.Name
 		p.Detail = fmt.Sprintf("budget %q cannot be tracked for this client right now, and the route fails closed; retry after %d s", p.Limit, p.RetryAfter)
 	case InFlight:
-		p.Detail = fmt.Sprintf("at most %d requests in flight per client on rule %q", v.ru.cfg.MaxInFlight, v.ru.cfg.Name)
+		p.Detail = fmt.Sprintf("at most %d requests in flight per client on rule %q", ru.MaxInFlight, ru.Name)
 	case TarpitFull:
-		p.Detail = fmt.Sprintf("rule %q: over the limit; retry after %d s", v.ru.cfg.Name, p.RetryAfter)
+		p.Detail = fmt.Sprintf("rule %q: over the limit; retry after %d s", ru.Name, p.RetryAfter)
 	default:
-		if v.lim != nil {
-			p.Type, p.Limit, p.Violated = quotaExceeded, v.lim.name, []string{v.lim.policy}
-			p.Detail = fmt.Sprintf("rule %q limit %q: %s requests per %v; retry after %d s", v.ru.cfg.Name, v.lim.name, formatNum(v.lim.requests), v.lim.per, p.RetryAfter)
+		if l := v.Limit; l != nil {
+			p.Type, p.Limit, p.Violated = quotaExceeded, l.Name, []string{l.Policy}
+			p.Detail = fmt.Sprintf("rule %q limit %q: %s requests per %v; retry after %d s", ru.Name, l.Name, formatNum(l.Requests), l.Per, p.RetryAfter)
 		}
-		if v.out == Ban {
+		if v.Out == Ban {
 			p.Detail = "temporarily banned: " + p.Detail
 		}
 	}
@@ -165,12 +100,14 @@ func (m *Middleware) problemFor(v *verdict, code int) problem {
 
 // refusal sets a refusal's headers and returns its problem+json body.
 func (m *Middleware) refusal(h http.Header, st *state, v *verdict, vs []verdict, code int) []byte {
-	rq := &request{}
-	m.setHeaders(h, st, vs, rq, m.now(), true)
-	h.Set("Retry-After", strconv.FormatInt(seconds(v.retry), 10))
+	sc := scratchPool.Get().(*engine.Scratch)
+	m.setHeaders(h, st, vs, sc, m.now(), true)
+	sc.Reset()
+	scratchPool.Put(sc)
+	h.Set("Retry-After", strconv.FormatInt(seconds(v.Retry), 10))
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	if v.out == Ban {
+	if v.Out == Ban {
 		h.Set("Connection", "close")
 	}
 	body, _ := json.Marshal(m.problemFor(v, code))
@@ -216,13 +153,13 @@ func writeProblem(w http.ResponseWriter, code int, detail string) {
 // touching the upstream, for at most MaxDelay; with the tarpit at its caps it
 // refuses at once.
 func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, v *verdict, vs []verdict) {
-	if !m.hold(v.ru.cfg.Name, v.key, st) {
-		v.out = TarpitFull
-		v.ru.met.count(TarpitFull, false)
+	if !m.hold(v.Rule.Name, v.Key, st) {
+		v.Out = TarpitFull
+		v.Rule.Counts.Count(TarpitFull, false)
 		m.refuse(w, st, v, vs, http.StatusTooManyRequests)
 		return
 	}
-	defer m.release(v.ru.cfg.Name, v.key)
+	defer m.release(v.Rule.Name, v.Key)
 	t := &st.cfg.Tarpit
 	body := m.refusal(w.Header(), st, v, vs, http.StatusTooManyRequests)
 	w.WriteHeader(http.StatusTooManyRequests)
@@ -248,8 +185,8 @@ func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, v *
 // next line says how many were left out.
 func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 	rule := ""
-	if v.ru != nil {
-		rule = v.ru.cfg.Name
+	if v.Rule != nil {
+		rule = v.Rule.Name
 	}
 	if !m.refusals.first(rule, shadow, m.opts.RefusalLogInterval, m.log) {
 		return
@@ -259,12 +196,12 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 		return
 	}
 	attrs := []any{
-		"rule", rule, "outcome", v.out.String(), "shadow", shadow,
-		"key", m.display(v.key), "method", r.Method, "path", truncate(r.URL.Path, 256), // slog quotes and escapes control bytes
-		"retry_after_s", seconds(v.retry),
+		"rule", rule, "outcome", v.Out.String(), "shadow", shadow,
+		"key", m.display(v.Key), "method", r.Method, "path", truncate(r.URL.Path, 256), // slog quotes and escapes control bytes
+		"retry_after_s", seconds(v.Retry),
 	}
-	if v.lim != nil {
-		attrs = append(attrs, "limit", v.lim.name, "estimate", v.est, "threshold", v.theta)
+	if v.Limit != nil {
+		attrs = append(attrs, "limit", v.Limit.Name, "estimate", v.Est, "threshold", v.Theta)
 	}
 	if skipped > 0 {
 		attrs = append(attrs, "log_lines_skipped", skipped)
@@ -322,59 +259,4 @@ func (l *logLimiter) allow(now time.Time) (bool, int64) {
 		return false, 0
 	}
 	return true, l.skipped.Swap(0)
-}
-
-// spikeMeter counts new keys per second and keeps a moving average of past
-// seconds (about 30 s), with no goroutine: the first call in a new second
-// rolls the window.
-type spikeMeter struct {
-	sec   atomic.Int64
-	cur   atomic.Int64
-	last  atomic.Int64  // the last whole second's count
-	avg   atomic.Uint64 // float64 bits: the moving average before that
-	total atomic.Uint64
-}
-
-const spikeAlpha = 1.0 / 30
-
-// first records a new key.
-func (s *spikeMeter) first(now time.Time) {
-	s.roll(now)
-	s.cur.Add(1)
-	s.total.Add(1)
-}
-
-func (s *spikeMeter) roll(now time.Time) {
-	sec := now.Unix()
-	old := s.sec.Load()
-	if old == sec || !s.sec.CompareAndSwap(old, sec) {
-		return
-	}
-	n := s.cur.Swap(0)
-	gap := sec - old
-	if old == 0 || gap < 0 {
-		gap = 1
-	}
-	if gap > 1 {
-		n = 0 // the whole seconds between had none
-	}
-	a := math.Float64frombits(s.avg.Load())
-	prev := s.last.Swap(n)
-	a = a + spikeAlpha*(float64(prev)-a)
-	a *= math.Pow(1-spikeAlpha, float64(min(gap-1, 1000)))
-	s.avg.Store(math.Float64bits(a))
-}
-
-// rate is the new keys per second now: the larger of the last whole second
-// and the current one so far.
-func (s *spikeMeter) rate(now time.Time) float64 {
-	s.roll(now)
-	return float64(max(s.last.Load(), s.cur.Load()))
-}
-
-// active reports a spike: the rate above MinPerSecond and above SpikeFactor
-// times the average of the seconds before.
-func (s *spikeMeter) active(now time.Time, c *NewKeysConfig) bool {
-	r := s.rate(now)
-	return r > c.MinPerSecond && r > c.SpikeFactor*math.Float64frombits(s.avg.Load())
 }

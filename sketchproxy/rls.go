@@ -23,6 +23,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // EnvoyRLSConfig serves Envoy's rate-limit service
@@ -44,9 +46,7 @@ type EnvoyRLSConfig struct {
 	// domain given twice is an error (envoyproxy/ratelimit's default).
 	MergeDomains bool `yaml:"merge_domains"`
 
-	domains map[string]*rlsNode // compiled
-	rules   []Rule              // one per descriptor with a limit
-	nodes   int                 // descriptors loaded
+	loaded [3]int // what validation loaded: Loaded
 }
 
 // Loaded reports what the validated config's envoy_rls loaded: its domains
@@ -56,11 +56,15 @@ func (r *EnvoyRLSConfig) Loaded() (domains, descriptors, limits int) {
 	if r == nil {
 		return 0, 0, 0
 	}
-	limits = len(r.rules)
-	for _, root := range r.domains {
-		limits += root.unlimitedBelow()
-	}
-	return len(r.domains), r.nodes, limits
+	return r.loaded[0], r.loaded[1], r.loaded[2]
+}
+
+// rlsBuilt is the envoy_rls domains, compiled.
+type rlsBuilt struct {
+	merge   bool                // envoy_rls.merge_domains
+	domains map[string]*rlsNode // by name
+	rules   []Rule              // one per descriptor with a limit
+	nodes   int                 // descriptors loaded
 }
 
 // RLSDomain is one domain: a tree of descriptors.
@@ -221,7 +225,7 @@ func wildcardMatch(parts []string, value string) bool {
 }
 
 // validateEnvoyRLS loads and compiles the domains.
-func (c *Config) validateEnvoyRLS() error {
+func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	r := c.EnvoyRLS
 	if r == nil {
 		return nil
@@ -229,9 +233,9 @@ func (c *Config) validateEnvoyRLS() error {
 	if r.Listen == "" {
 		return c.errAt(`missing: the gRPC address, e.g. listen: "127.0.0.1:8081"`, "envoy_rls", "listen")
 	}
-	r.domains, r.rules, r.nodes = map[string]*rlsNode{}, nil, 0
+	*b = rlsBuilt{merge: r.MergeDomains, domains: map[string]*rlsNode{}}
 	for i := range r.Domains {
-		if err := r.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
+		if err := b.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
 			return err
 		}
 	}
@@ -248,13 +252,18 @@ func (c *Config) validateEnvoyRLS() error {
 		if err != nil {
 			return err
 		}
-		if err := r.compile(fc, d); err != nil {
+		if err := b.compile(fc, d); err != nil {
 			return err
 		}
 	}
-	if len(r.domains) == 0 {
+	if len(b.domains) == 0 {
 		return c.errAt("no domains: give domains or files", "envoy_rls")
 	}
+	limits := len(b.rules)
+	for _, root := range b.domains {
+		limits += root.unlimitedBelow()
+	}
+	r.loaded = [3]int{len(b.domains), b.nodes, limits}
 	return nil
 }
 
@@ -277,7 +286,7 @@ func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 }
 
 // compile adds domain d, found at path in c's document, to r.
-func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
+func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 	at := func(msg string, more ...any) error { return c.errAt(msg, append(cloneAnys(path), more...)...) }
 	if d.Domain == "" {
 		return at("missing: every domain needs a name (domain: edge)", "domain")
@@ -287,7 +296,7 @@ func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
 	case root == nil:
 		root = newRLSNode()
 		r.domains[d.Domain] = root
-	case !r.MergeDomains:
+	case !r.merge:
 		return at(fmt.Sprintf("%q is given twice: give each domain once, or set envoy_rls.merge_domains: true to merge them", d.Domain), "domain")
 	}
 	var walk func(n *rlsNode, ds []RLSDescriptor, names []string, path []any) error
@@ -348,7 +357,7 @@ func (r *EnvoyRLSConfig) compile(c *Config, d *RLSDomain, path ...any) error {
 
 // limit compiles descriptor dd's rate_limit, at path p, into node n: a
 // rule named name for a counted limit.
-func (r *EnvoyRLSConfig) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, p []any) error {
+func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, p []any) error {
 	rl := dd.RateLimit
 	for j, rp := range rl.Replaces {
 		switch {
@@ -368,8 +377,8 @@ func (r *EnvoyRLSConfig) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name st
 	if !ok {
 		return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "unit")...)
 	}
-	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > maxThreshold {
-		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, maxThreshold), append(p, "requests_per_unit")...)
+	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > engine.MaxThreshold {
+		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, engine.MaxThreshold), append(p, "requests_per_unit")...)
 	}
 	if rl.RequestsPerUnit == 0 && c.root != nil && !c.given(append(p, "requests_per_unit")...) {
 		return c.errAt("missing: requests_per_unit (write 0 to refuse every request)", p...)
@@ -379,7 +388,7 @@ func (r *EnvoyRLSConfig) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name st
 	if rl.RequestsPerUnit == 0 {
 		n.limit = rlsBlock // a rule without limits: metrics only
 	} else {
-		if tickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
+		if engine.TickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
 			return c.errAt(fmt.Sprintf("%g per %s needs a tick under 1ms", rl.RequestsPerUnit, rl.Unit), p...)
 		}
 		n.limit = rlsLimited
@@ -439,15 +448,11 @@ type rlsServer struct {
 
 // rlsHit is one descriptor's decision.
 type rlsHit struct {
-	n        *rlsNode // the node the descriptor leads to, with a rate_limit; nil: no limit
-	ru       *rule
-	key      string
-	hits     uint32
-	est      uint32
-	theta    uint32 // in counts
-	unit     uint32 // counts per request
-	over     bool
-	never    bool // over even at an estimate of 0: more hits than the whole limit
+	n    *rlsNode // the node the descriptor leads to, with a rate_limit; nil: no limit
+	ru   *engine.Rule
+	key  string
+	hits uint32
+	engine.Hits
 	negative bool
 }
 
@@ -479,7 +484,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if hits == 0 {
 		hits = 1
 	}
-	root := st.rls[req.GetDomain()]
+	root := st.b.rls.domains[req.GetDomain()]
 	if root == nil {
 		m.met.rlsUnknownDomain.Add(1)
 	}
@@ -538,7 +543,8 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			}
 		}
 	}
-	var buf []byte
+	sc := scratchPool.Get().(*engine.Scratch)
+	defer func() { sc.Reset(); scratchPool.Put(sc) }()
 	var failed, quotas, quotasOver int
 	for i := range decided {
 		h := &decided[i]
@@ -551,21 +557,19 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			h.n = nil
 			continue
 		case rlsBlock:
-			h.ru, h.unit = st.rlsRules[h.n.rule], 1
+			h.ru = st.set.RLSRules[h.n.rule]
+			h.Over, h.Never = h.hits > 0, h.hits > 0 // no room at all
 		case rlsLimited:
-			h.ru = st.rlsRules[h.n.rule]
-			l := h.ru.limits[0]
-			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-			h.est = m.limitEstimate(buf, l, now)
-			h.theta, h.unit = l.theta, l.unit
+			h.ru = st.set.RLSRules[h.n.rule]
+			h.Hits = m.eng.CheckHits(h.ru, h.ru.Limits[0], h.key, h.hits, now, sc)
 		}
-		units := uint64(h.hits) * uint64(h.unit) // counts per request: limit.go, countsFor
-		h.over = !h.negative && uint64(h.est)+units > uint64(h.theta)
-		h.never = !h.negative && units > uint64(h.theta)
+		if h.negative {
+			h.Over, h.Never = false, false
+		}
 		if h.n.quota {
 			quotas++
 		}
-		if h.over && !h.ru.cfg.Shadow {
+		if h.Over && !h.ru.Shadow {
 			if h.n.quota {
 				quotasOver++
 			} else {
@@ -586,10 +590,10 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	const forever = time.Duration(math.MaxInt64)
 	retry, quotaWait := time.Duration(0), forever
 	wait := func(h *rlsHit, d time.Duration) {
-		if !h.over || h.ru.cfg.Shadow {
+		if !h.Over || h.ru.Shadow {
 			return
 		}
-		if h.never {
+		if h.Never {
 			d = forever
 		}
 		if h.n.quota {
@@ -606,51 +610,49 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			continue
 		}
 		out := Allow
-		if h.over {
+		if h.Over {
 			out = Reject
 		}
-		h.ru.met.count(out, h.ru.cfg.Shadow && h.over)
+		h.ru.Counts.Count(out, h.ru.Shadow && h.Over)
 		dst := resp.Statuses[i]
 		dst.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: h.n.name, RequestsPerUnit: h.n.requests, Unit: h.n.unit}
-		if h.over && !h.ru.cfg.Shadow {
+		if h.Over && !h.ru.Shadow {
 			dst.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		if h.n.limit == rlsBlock {
 			wait(h, forever)
 			continue // remaining 0, and no reset: it never comes
 		}
-		l := h.ru.limits[0]
-		est := uint64(h.est)
+		l := h.ru.Limits[0]
 		// An allowed request counts its hits on every matched descriptor
-		// but a quota it was over.
-		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.over) {
-			buf = skey(buf, h.ru.cfg.Name, l.name, h.key)
-			n := uint32(min(uint64(h.hits)*uint64(h.unit), 2*maxThreshold+2))
-			l.sk.ObserveBytesN(time.Time{}, buf, n)
-			est += uint64(n)
+		// but a quota it was over; the field then says what is left after
+		// them. A refused one says when the hits fit.
+		est, add := h.Est, l.Unit
+		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.Over) {
+			if after := m.eng.CountHits(h.ru, l, h.key, &h.Hits, sc); !h.Over {
+				est = after
+			}
 		}
-		remaining := (int64(h.theta) - int64(min(est, math.MaxInt32))) / int64(h.unit)
-		reset := untilNextTick(now, l.tick)
-		switch {
-		case h.never:
+		if h.Over {
+			add = h.Add // when these hits fit
+		}
+		remaining, reset, _ := engine.Status(l, est, h.Theta, add, now)
+		if h.Never {
 			// More hits than the whole limit pass at no estimate: no
 			// duration_until_reset, which would promise a pass.
 			remaining = 0
-		case h.over:
-			remaining = 0
-			reset = retryAfter(h.est, h.hits*h.unit, h.theta, now, l.tick) // not never: fits in theta
 		}
 		wait(h, reset)
-		dst.LimitRemaining = uint32(max(remaining, 0))
-		if !h.never {
+		dst.LimitRemaining = uint32(min(remaining, math.MaxUint32))
+		if !h.Never {
 			dst.DurationUntilReset = durationpb.New(reset)
 		}
-		if h.ru.cfg.Shadow {
+		if h.ru.Shadow {
 			continue // shadow descriptors send no fields
 		}
-		policies = append(policies, l.item)
-		if allowed || h.over {
-			field = appendItem(field, l.quoted, int64(dst.LimitRemaining), seconds(reset))
+		policies = append(policies, l.Item)
+		if allowed || h.Over {
+			field = engine.AppendItem(field, l.Quoted, int64(dst.LimitRemaining), engine.Seconds(reset))
 		}
 	}
 	if allQuotasOver {
@@ -663,7 +665,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		add("RateLimit-Policy", strings.Join(policies, ", "))
 		add("RateLimit", string(field))
 		if !allowed && retry < forever {
-			add("Retry-After", strconv.FormatInt(seconds(retry), 10))
+			add("Retry-After", strconv.FormatInt(engine.Seconds(retry), 10))
 		}
 	}
 	if !allowed {

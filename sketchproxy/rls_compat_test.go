@@ -135,7 +135,7 @@ descriptors:
 
 // The window decays instead of resetting: 10 a minute halves the count
 // every 30 s, so after a full burst, 30 s frees 5, not 10 (and a client at
-// a steady 10 a minute is never refused: LimitMath, limit.go). Refused
+// a steady 10 a minute is never refused: LimitMath, internal/engine/limitmath.go). Refused
 // hits are free: hammering while refused costs nothing later.
 func TestRLSDecayingWindowAndFreeRefusals(t *testing.T) {
 	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)

@@ -46,7 +46,11 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := cfg.EnvoyRLS.domains["api"].any["user"]; n == nil || n.requests != 5 || len(cfg.EnvoyRLS.rules) != 1 {
+	_, b, err := cfg.prepared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := b.rls.domains["api"].any["user"]; n == nil || n.requests != 5 || len(b.rls.rules) != 1 {
 		t.Errorf("compiled: %+v", n)
 	}
 	write("more.yaml", "domain: api\ndescriptors:\n  - key: ip\n    descriptors:\n      - {key: path, value: /a, rate_limit: {unlimited: true}}\n      - {key: path, value: /b, rate_limit: {unit: hour, requests_per_unit: 0}}\n")

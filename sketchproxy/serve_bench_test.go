@@ -7,6 +7,9 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // nopWriter is a ResponseWriter that keeps nothing but its headers.
@@ -64,9 +67,7 @@ func BenchmarkSaveState(b *testing.B) {
 	}
 	defer mw.Close()
 	var size int64
-	for _, s := range mw.state.Load().sketches {
-		size += int64(s.NumBuckets()) * 64
-	}
+	mw.state.Load().set.SketchStats(func(_ time.Duration, buckets int, _ engine.Stats) { size += int64(buckets) * 64 })
 	b.SetBytes(size)
 	for b.Loop() {
 		if err := mw.SaveState(); err != nil {

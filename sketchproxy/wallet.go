@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // settlement is one admitted request's account with one wallet: its cost
@@ -18,7 +20,7 @@ import (
 // release gives the reservation back (once).
 type settlement struct {
 	m   *Middleware
-	ru  *rule
+	ru  *engine.Rule
 	key string
 
 	mu       sync.Mutex
@@ -50,8 +52,8 @@ func (s *settlement) settle(h http.Header, trailer bool) bool {
 	if s.settled {
 		return true
 	}
-	b := s.ru.budget
-	name := b.cfg.ReconcileHeader
+	b := &s.ru.Budget.Spec
+	name := b.ReconcileHeader
 	if name == "" || h == nil {
 		return false
 	}
@@ -72,26 +74,13 @@ func (s *settlement) settle(h http.Header, trailer bool) bool {
 		m.met.reconcileErrors.Add(1)
 		if ok, skipped := m.billLogs.allow(m.now()); ok {
 			m.log.Warn("sketchproxy reconcile header is not a whole number: only the cost was charged",
-				"rule", s.ru.cfg.Name, "budget", b.cfg.Name, "key", m.display(s.key), "header", name,
+				"rule", s.ru.Name, "budget", b.Name, "key", m.display(s.key), "header", name,
 				"value", truncate(v, 64), "log_lines_skipped", skipped)
 		}
 		return true
 	}
 	m.met.reported.Add(used)
-	usedC := (used-1)/b.cfg.Unit + 1 // rounded up; used >= 1 here or below
-	if used == 0 {
-		usedC = 0
-	}
-	if usedC <= uint64(b.cost) {
-		return true
-	}
-	extra := uint32(min(usedC-uint64(b.cost), math.MaxUint32))
-	buf := skey(nil, s.ru.cfg.Name, "$"+b.cfg.Name, s.key)
-	before := b.sk.EstimateBytes(buf)
-	after, _ := b.sk.ObserveBytesN(time.Time{}, buf, extra)
-	if after > before {
-		m.met.reconciled.Add(uint64(after-before) * b.cfg.Unit)
-	}
+	m.met.reconciled.Add(m.eng.Settle(s.ru, s.key, used))
 	return true
 }
 
@@ -105,8 +94,7 @@ func (s *settlement) release(fromDrain bool) {
 		return
 	}
 	s.released = true
-	b := s.ru.budget
-	b.held.add(s.ru.cfg.Name, s.key, -int64(b.reserve))
+	s.m.eng.Unhold(s.ru, s.key)
 }
 
 type settlementsKey struct{}
@@ -122,7 +110,7 @@ func (m *Middleware) detach(r *http.Request, ss settlements) (*http.Request, fun
 	}
 	wait := time.Duration(0)
 	for _, s := range ss {
-		wait = max(wait, time.Duration(s.ru.budget.cfg.ReconcileWait))
+		wait = max(wait, s.ru.Budget.Spec.ReconcileWait)
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(context.WithoutCancel(r.Context()), settlementsKey{}, ss))
 	stop := context.AfterFunc(r.Context(), func() { time.AfterFunc(wait, cancel) })

@@ -33,10 +33,9 @@ import (
 // spent is a wallet's spend for key, in units.
 func spent(mw *Middleware, rule, key string) uint64 {
 	st := mw.state.Load()
-	for _, ru := range st.rules {
-		if ru.cfg.Name == rule && ru.budget != nil {
-			b := ru.budget
-			return uint64(b.sk.EstimateBytes(skey(nil, rule, "$"+b.cfg.Name, key))) * b.cfg.Unit
+	for _, ru := range st.set.Rules {
+		if ru.Name == rule && ru.Budget != nil {
+			return mw.eng.Spent(ru, key)
 		}
 	}
 	return 0
@@ -223,7 +222,7 @@ func TestReservationsBoundOverspend(t *testing.T) {
 		if got := spent(mw, "w", "k"); got > c.wantSpentMost {
 			t.Errorf("reserve %d: %d spent, bound %d", c.reserve, got, c.wantSpentMost)
 		}
-		if held := mw.state.Load().rules[0].budget.held.get("w", "k"); held != 0 {
+		if held := mw.state.Load().set.Rules[0].Budget.Held.Get("w", "k"); held != 0 {
 			t.Errorf("reserve %d: %d counts still held after every request ended", c.reserve, held)
 		}
 		mw.Close()

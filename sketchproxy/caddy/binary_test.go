@@ -314,7 +314,7 @@ func TestCaddyBinary(t *testing.T) {
 	s := startCaddy(t, testSite, app(t))
 	a, b := clientFrom("127.0.0.1"), clientFrom("127.0.0.2")
 	// per_ip's counts halve every 5 minutes (10m with bursts of 5: the
-	// tick is half the window, sketchproxy/limit.go): the checks below
+	// tick is half the window, sketchproxy/internal/engine/limitmath.go): the checks below
 	// start at least 20 s before a halving (they take about 8) and fail
 	// if they outlast it.
 	const tick = 5 * time.Minute

@@ -1,4 +1,4 @@
-package sketchproxy
+package engine
 
 import (
 	"fmt"
@@ -21,7 +21,7 @@ func TestLimitMapping(t *testing.T) {
 		{5, 10 * time.Second, 5, 5 * time.Second, 5},
 		{50000, 24 * time.Hour, 50000, 12 * time.Hour, 50000},
 	} {
-		if got := tickFor(c.req, c.per, c.burst); got != c.tick {
+		if got := TickFor(c.req, c.per, c.burst); got != c.tick {
 			t.Errorf("%g per %v burst %g: tick %v, want %v", c.req, c.per, c.burst, got, c.tick)
 		}
 		if got := thresholdFor(c.burst); got != c.theta {
@@ -35,7 +35,7 @@ func TestLimitMapping(t *testing.T) {
 // proxy uses.
 func steady(t *testing.T, req float64, per time.Duration, burst, factor float64) float64 {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
-	tick := tickFor(req, per, burst)
+	tick := TickFor(req, per, burst)
 	theta := thresholdFor(burst)
 	sk := epochsketch.New(epochsketch.Config{NumBuckets: 64, TickDuration: tick, Clock: clk, Seed: 1})
 	gap := time.Duration(float64(per) / (req * factor))
@@ -77,7 +77,7 @@ func TestLimitAccuracySteadyRates(t *testing.T) {
 // it out makes the next request pass, and a second less does not.
 func TestBurstAndRetryAfter(t *testing.T) {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_003, 0))
-	tick := tickFor(10, time.Minute, 10) // 30 s
+	tick := TickFor(10, time.Minute, 10) // 30 s
 	theta := thresholdFor(10)
 	sk := epochsketch.New(epochsketch.Config{NumBuckets: 64, TickDuration: tick, Clock: clk, Seed: 1})
 	for i := range 10 {
@@ -89,7 +89,7 @@ func TestBurstAndRetryAfter(t *testing.T) {
 		sk.Observe("k") // hammering: counted too
 	}
 	est := sk.Estimate("k")
-	ra := retryAfter(est, 1, theta, clk.Now(), tick)
+	ra := RetryAfter(est, 1, theta, clk.Now(), tick)
 	if ra <= 0 || ra > 24*tick {
 		t.Fatalf("retry after %v", ra)
 	}

@@ -1,0 +1,69 @@
+package sketchproxy
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Only internal/engine holds a sketch: every other file of the module
+// (tests aside) names nothing of the library but its Clock, and reaches
+// none of the library's internal packages. The engine imports neither
+// net/http nor gRPC, directly or through another package.
+func TestOnlyTheEngineUsesTheSketch(t *testing.T) {
+	fset := token.NewFileSet()
+	const lib = "github.com/epochsketch/epochsketch"
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); path != "." && err == nil {
+				return filepath.SkipDir // another module (caddy)
+			}
+			if path == filepath.Join("internal", "engine") || d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		names := map[string]bool{}
+		for _, im := range f.Imports {
+			p, _ := strconv.Unquote(im.Path.Value)
+			if strings.HasPrefix(p, lib+"/internal/") {
+				t.Errorf("%s imports %s: only the engine may reach into the library", path, p)
+			}
+			if p == lib {
+				name := "epochsketch"
+				if im.Name != nil {
+					name = im.Name.Name
+				}
+				names[name] = true
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if sel, ok := n.(*ast.SelectorExpr); ok {
+				if id, ok := sel.X.(*ast.Ident); ok && names[id.Name] && sel.Sel.Name != "Clock" {
+					t.Errorf("%s: %s.%s: only internal/engine uses the sketch", fset.Position(sel.Pos()), id.Name, sel.Sel.Name)
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

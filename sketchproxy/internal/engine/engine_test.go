@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+)
+
+// oneRule is an engine with one rule of one limit, requests per per, on a
+// manual clock.
+func oneRule(t testing.TB, requests float64, per time.Duration) (*Engine, *Set, *epochsketch.ManualClock) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	e := New(Options{Clock: clk, Seed: 1})
+	s, err := e.Compile(&Spec{
+		Buckets: 1 << 10,
+		Rules:   []RuleSpec{{Name: "api", Limits: []LimitSpec{{Name: "rate", Requests: requests, Per: per, Burst: requests}}}},
+		Tarpit:  TarpitSpec{DelayAbove: 1, DripAbove: 1.5, RejectAbove: 2, BanAbove: 8, BanFor: 10 * time.Minute},
+		NewKeys: NewKeysSpec{Disabled: true, Window: time.Minute, Remember: time.Hour},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Retire(s, nil) })
+	return e, s, clk
+}
+
+// decide is one request of key, as every door runs it: decide its facts,
+// then commit what an admitted request (or a counting rule) counts.
+func decide(e *Engine, s *Set, key string, sc *Scratch) bool {
+	sc.Reset()
+	facts := [1]Fact{{Rule: s.Rules[0], Key: key}}
+	var vs [1]Verdict
+	ok := e.Decide(s, facts[:], e.Now(), sc, vs[:]).Out == Allow
+	e.Commit(s, &vs[0], ok, sc)
+	return ok
+}
+
+// A client at a steady 2x or 4x its limit is admitted exactly its limit,
+// for every integer limit from 1 to 40 a second: odd ones count each
+// request as two units (countsFor), so the halving loses no half request.
+func TestSteadyOverloadExactEveryLimit(t *testing.T) {
+	for limit := 1; limit <= 40; limit++ {
+		for _, over := range []int{2, 4} {
+			e, s, clk := oneRule(t, float64(limit), time.Second)
+			var sc Scratch
+			gap := time.Second / time.Duration(over*limit)
+			// A minute to settle, then a minute measured.
+			admitted := 0
+			for i := range 2 * 60 * over * limit {
+				if decide(e, s, "k", &sc) && i >= 60*over*limit {
+					admitted++
+				}
+				clk.Advance(gap)
+			}
+			if want := 60 * limit; admitted != want {
+				t.Errorf("%d/s at %dx: %d admitted in a minute, want exactly %d", limit, over, admitted, want)
+			}
+		}
+	}
+}
+
+// Deciding one request of a known key under one rule allocates nothing
+// once the request's Scratch is warm.
+func TestDecideAllocates0(t *testing.T) {
+	e, s, _ := oneRule(t, 1e6, time.Second)
+	var sc Scratch
+	decide(e, s, "192.0.2.1", &sc)
+	if n := testing.AllocsPerRun(1000, func() { decide(e, s, "192.0.2.1", &sc) }); n != 0 {
+		t.Errorf("a decision allocated %.1f times, want 0", n)
+	}
+}
+
+// The state survives a write and a read into a freshly compiled set, and a
+// damaged file leaves every sketch empty.
+func TestStateRoundTrip(t *testing.T) {
+	e, s, _ := oneRule(t, 10, time.Second)
+	var sc Scratch
+	for range 4 {
+		decide(e, s, "k", &sc)
+	}
+	var b bytes.Buffer
+	if _, err := e.WriteState(&b, s); err != nil {
+		t.Fatal(err)
+	}
+	e2, s2, _ := oneRule(t, 10, time.Second)
+	e2.opts.Seed, e2.opts.Clock = e.opts.Seed, e.opts.Clock
+	if _, err := e2.ReadState(bufio.NewReader(bytes.NewReader(b.Bytes())), s2); err != nil {
+		t.Fatal(err)
+	}
+	if got := e2.Estimate(s2.Rules[0], s2.Rules[0].Limits[0], "k"); got != 4 {
+		t.Errorf("restored estimate %d, want 4", got)
+	}
+	if _, err := e2.ReadState(bufio.NewReader(bytes.NewReader(b.Bytes()[:b.Len()-3])), s2); err == nil {
+		t.Error("a truncated state file was read")
+	}
+	if got := e2.Estimate(s2.Rules[0], s2.Rules[0].Limits[0], "k"); got != 0 {
+		t.Errorf("after a rejected file the estimate is %d, want 0 (every sketch empty)", got)
+	}
+}
+
+// BenchmarkDecide is the engine's cost for one rule of one limit, a
+// request of a key it tracks that is admitted: Evaluate and Commit. The
+// manual clock moves a millisecond every 1,000 requests (a million a
+// second), so the key's count decays as a busy client's does and stays
+// under its limit of 4 million a second.
+func BenchmarkDecide(b *testing.B) {
+	e, s, clk := oneRule(b, 4e6, time.Second)
+	var sc Scratch
+	decide(e, s, "192.0.2.1", &sc)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if !decide(e, s, "192.0.2.1", &sc) {
+			b.Fatal("refused")
+		}
+		if i%1000 == 999 {
+			clk.Advance(time.Millisecond)
+		}
+	}
+}
