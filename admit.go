@@ -75,13 +75,14 @@ func unmark(est uint32, _ bool) (uint32, bool) { return est &^ overLimit, est&ov
 // admitFuncs returns s's conditional adds by key, for package limit. With
 // SipHash-1-3, package limit's hash, they call it directly rather than
 // through the hasher's switch on the kind: one call less on every Allow.
+// They read the key from s on every call, so that a key adopted later
+// (ReadFrom) is the one used.
 func (s *Sketch) admitFuncs() (admit.Func, admit.BytesFunc) {
 	if s.h.kind == HashSipHash13 {
-		k := s.h.sip
 		return func(t time.Time, key string, wt, limit uint32) (uint32, bool, int64) {
-				return s.admit(t, sipHash13(key, k), wt, limit)
+				return s.admit(t, sipHash13(key, s.h.sip), wt, limit)
 			}, func(t time.Time, key []byte, wt, limit uint32) (uint32, bool, int64) {
-				return s.admit(t, sipHash13(key, k), wt, limit)
+				return s.admit(t, sipHash13(key, s.h.sip), wt, limit)
 			}
 	}
 	return func(t time.Time, key string, wt, limit uint32) (uint32, bool, int64) {

@@ -1,12 +1,14 @@
 package epochsketch_test
 
 import (
+	"bytes"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/admit"
 )
 
 // TestAdmitWithinLimit: the conditional add adds while the decayed count
@@ -78,5 +80,30 @@ func TestAdmitRacing(t *testing.T) {
 				t.Fatalf("estimate %d, want the %d admitted", est, limit)
 			}
 		})
+	}
+}
+
+// TestAdmitBoundBeforeReadFrom: package limit binds the conditional add once,
+// when it creates its sketch; a snapshot read into that sketch afterwards
+// brings its own SipHash key (a Seed 0 sketch adopts it), and the bound
+// function must hash with that key, or it would miss every restored count.
+func TestAdmitBoundBeforeReadFrom(t *testing.T) {
+	cfg := epochsketch.Config{NumBuckets: 64, Hash: epochsketch.HashSipHash13, Clock: epochsketch.NewManualClock(t0)}
+	src := epochsketch.New(cfg)
+	src.ObserveN(time.Time{}, "client", 8)
+	var snap bytes.Buffer
+	if _, err := src.WriteTo(&snap); err != nil {
+		t.Fatal(err)
+	}
+	dst := epochsketch.New(cfg)
+	add, addBytes := admit.Bind(dst)
+	if _, err := dst.ReadFrom(&snap); err != nil {
+		t.Fatal(err)
+	}
+	if est, ok, _ := add(time.Time{}, "client", 1, 100); !ok || est != 9 {
+		t.Errorf("after ReadFrom: (%d, %v), want (9, true): the bound function kept the old key", est, ok)
+	}
+	if est, ok, _ := addBytes(time.Time{}, []byte("client"), 1, 100); !ok || est != 10 {
+		t.Errorf("bytes form after ReadFrom: (%d, %v), want (10, true)", est, ok)
 	}
 }
