@@ -24,7 +24,7 @@ func (m *Middleware) Decisions(f func(rule string, o Outcome, shadow bool, n uin
 	for _, ru := range rules {
 		for o := Outcome(0); o < numOutcomes; o++ {
 			for _, shadow := range [2]bool{false, true} {
-				if v := ru.c.Get(o, shadow); v > 0 || (!shadow && (o == Allow || o == Reject)) {
+				if v := ru.c.Get(engine.Outcome(o), shadow); v > 0 || (!shadow && (o == Allow || o == Reject)) {
 					f(ru.name, o, shadow, v)
 				}
 			}

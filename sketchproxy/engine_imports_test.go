@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // Only internal/engine holds a sketch: every other file of the module
@@ -65,5 +67,27 @@ func TestOnlyTheEngineUsesTheSketch(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The public outcomes are the engine's, value for value, and keep their
+// names: metrics and the Caddy module's Decisions read one as the other.
+func TestOutcomesMatchTheEngine(t *testing.T) {
+	for _, c := range []struct {
+		pub  Outcome
+		eng  engine.Outcome
+		name string
+	}{
+		{Allow, engine.Allow, "allow"}, {Allowlisted, engine.Allowlisted, "allowlisted"}, {Delay, engine.Delay, "delay"},
+		{Drip, engine.Drip, "drip"}, {TarpitFull, engine.TarpitFull, "tarpit_full"}, {InFlight, engine.InFlight, "in_flight"},
+		{BudgetUnknown, engine.BudgetUnknown, "budget_unknown"}, {OverBudget, engine.OverBudget, "over_budget"},
+		{Reject, engine.Reject, "reject"}, {Ban, engine.Ban, "ban"},
+	} {
+		if uint8(c.pub) != uint8(c.eng) || c.pub.String() != c.name {
+			t.Errorf("%s: %d (%q) here, %d in the engine", c.name, c.pub, c.pub, c.eng)
+		}
+	}
+	if int(numOutcomes) != int(engine.NumOutcomes) {
+		t.Errorf("%d outcomes here, %d in the engine", numOutcomes, engine.NumOutcomes)
 	}
 }

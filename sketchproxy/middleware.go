@@ -324,22 +324,25 @@ func (m *Middleware) now() time.Time {
 }
 
 // Outcome is what happened to a request under one rule.
-type Outcome = engine.Outcome
+type Outcome uint8
 
-// The outcomes, least severe first.
+// The outcomes, least severe first (the engine's, engine.Outcome).
 const (
-	Allow         = engine.Allow
-	Allowlisted   = engine.Allowlisted   // the rule's allow list: no sketch work
-	Delay         = engine.Delay         // held, then proxied
-	Drip          = engine.Drip          // a 429 dripped slowly; never proxied
-	TarpitFull    = engine.TarpitFull    // over the limit with the tarpit at its caps: an immediate 429
-	InFlight      = engine.InFlight      // the key has max_in_flight requests running: 429
-	BudgetUnknown = engine.BudgetUnknown // the wallet cannot be tracked: 503 (fail closed)
-	OverBudget    = engine.OverBudget    // the wallet is spent: 429
-	Reject        = engine.Reject        // over the limit: 429
-	Ban           = engine.Ban           // far over the limit: 429 and Connection: close until the ban ends
-	numOutcomes   = engine.NumOutcomes
+	Allow         Outcome = iota
+	Allowlisted           // the rule's allow list: no sketch work
+	Delay                 // held, then proxied
+	Drip                  // a 429 dripped slowly; never proxied
+	TarpitFull            // over the limit with the tarpit at its caps: an immediate 429
+	InFlight              // the key has max_in_flight requests running: 429
+	BudgetUnknown         // the wallet cannot be tracked: 503 (fail closed)
+	OverBudget            // the wallet is spent: 429
+	Reject                // over the limit: 429
+	Ban                   // far over the limit: 429 and Connection: close until the ban ends
+	numOutcomes
 )
+
+// String returns the outcome's name, as logs and metrics write it.
+func (o Outcome) String() string { return engine.Outcome(o).String() }
 
 // verdict is one rule's decision (engine.Verdict).
 type verdict = engine.Verdict
@@ -651,7 +654,7 @@ func (m *Middleware) holdClient(w http.ResponseWriter, r *http.Request, st *stat
 	}
 	m.met.clientCap.Add(1)
 	closeIfBody(w, r)
-	v := verdict{Out: InFlight, Key: rq.client, Retry: time.Second}
+	v := verdict{Out: engine.InFlight, Key: rq.client, Retry: time.Second}
 	m.logDecision(r, &v, false)
 	m.refuse(w, st, &v, nil, rq.code(http.StatusTooManyRequests))
 	return false
@@ -669,7 +672,7 @@ func (m *Middleware) decideAll(r *http.Request, st *state, matched []*rule, rq *
 	verdicts := make([]verdict, len(matched))
 	worst := m.eng.Decide(st.set, facts, now, rq.sc, verdicts)
 	for i := range verdicts {
-		if v := &verdicts[i]; v.Shadow && v.Out != Allow {
+		if v := &verdicts[i]; v.Shadow && v.Out != engine.Allow {
 			m.logDecision(r, v, true)
 		}
 	}
@@ -698,18 +701,18 @@ func (a *admission) release() {
 // an admitted request. ok is false when the client left while held.
 func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, worst verdict, rq *request, now time.Time) (a admission, ok bool) {
 	a.refusal = worst
-	a.admitted = worst.Out == Allow || worst.Out == Delay
-	if worst.Out == Delay {
+	a.admitted = worst.Out == engine.Allow || worst.Out == engine.Delay
+	if worst.Out == engine.Delay {
 		// Held before anything is reserved or charged: a client that
 		// leaves while held costs nothing (its attempt counted already,
 		// as every attempt does in a tarpit rule).
 		if !m.hold(worst.Rule.Name, worst.Key, st) {
-			a.refusal.Out, a.admitted = TarpitFull, false
+			a.refusal.Out, a.admitted = engine.TarpitFull, false
 		} else {
 			err := m.opts.Sleep(r.Context(), worst.Delay)
 			m.release(worst.Rule.Name, worst.Key)
 			if err != nil {
-				worst.Rule.Counts.Count(Delay, false)
+				worst.Rule.Counts.Count(engine.Delay, false)
 				return a, false
 			}
 		}
@@ -724,7 +727,7 @@ func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, wor
 	for i := 0; a.admitted && i < len(verdicts); i++ {
 		v := &verdicts[i]
 		ru := v.Rule
-		if v.Out == Allowlisted {
+		if v.Out == engine.Allowlisted {
 			continue
 		}
 		if ru.Budget != nil {
@@ -742,9 +745,9 @@ func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, wor
 		}
 		if ru.InFlight != nil {
 			if !ru.InFlight.Acquire(ru.Name, v.Key, ru.MaxInFlight) {
-				iv := verdict{Out: InFlight, Rule: ru, Key: v.Key}
+				iv := verdict{Out: engine.InFlight, Rule: ru, Key: v.Key}
 				if v.Shadow {
-					ru.Counts.Count(InFlight, true)
+					ru.Counts.Count(engine.InFlight, true)
 					m.logDecision(r, &iv, true)
 					continue
 				}
@@ -759,7 +762,7 @@ func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, wor
 			if !m.eng.Charge(verdicts[i].Rule, verdicts[i].Key, rq.sc) {
 				// An admission miss: the lottery may admit the key on a
 				// retry, so it retries soon.
-				a.refusal, a.admitted = verdict{Out: BudgetUnknown, Rule: verdicts[i].Rule, Key: verdicts[i].Key, Retry: time.Second}, false
+				a.refusal, a.admitted = verdict{Out: engine.BudgetUnknown, Rule: verdicts[i].Rule, Key: verdicts[i].Key, Retry: time.Second}, false
 				for _, k := range a.charged[:n] { // costs stay charged; reservations go
 					m.eng.Unhold(verdicts[k].Rule, verdicts[k].Key)
 				}
@@ -778,16 +781,16 @@ func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, wor
 func (m *Middleware) answerRefusal(w http.ResponseWriter, r *http.Request, st *state, verdicts []verdict, refusal *verdict, rq *request, now time.Time) {
 	closeIfBody(w, r)
 	refusal.Retry = max(refusal.Retry, time.Second, m.eng.RetryAll(st.set, verdicts, now, rq.sc))
-	if refusal.Out == InFlight {
+	if refusal.Out == engine.InFlight {
 		refusal.Retry = time.Second // a place frees when a request ends: no promise
 	}
 	refusal.Rule.Counts.Count(refusal.Out, false)
 	m.logDecision(r, refusal, false)
 	code := http.StatusTooManyRequests
-	if refusal.Out == BudgetUnknown {
+	if refusal.Out == engine.BudgetUnknown {
 		code = http.StatusServiceUnavailable
 	}
-	if refusal.Out == Drip && rq.refusal == 0 {
+	if refusal.Out == engine.Drip && rq.refusal == 0 {
 		m.drip(w, r, st, refusal, verdicts)
 		return
 	}
@@ -800,7 +803,7 @@ func (m *Middleware) forward(w http.ResponseWriter, r *http.Request, next http.H
 	defer a.release()
 	charged := a.charged
 	for i := range verdicts {
-		if v := &verdicts[i]; v.Out == Allow || v.Out == Delay {
+		if v := &verdicts[i]; v.Out == engine.Allow || v.Out == engine.Delay {
 			v.Rule.Counts.Count(v.Out, false)
 		}
 	}

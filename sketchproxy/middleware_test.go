@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -196,11 +197,11 @@ func TestShadowAndAllowlist(t *testing.T) {
 	if e := h.mw.eng.Estimate(real, real.Limits[0], "vip"); e != 0 {
 		t.Errorf("an allowlisted key cost sketch work: estimate %d", e)
 	}
-	shadow := st.rules[0].eng.Counts.Get(Reject, true)
+	shadow := st.rules[0].eng.Counts.Get(engine.Reject, true)
 	if shadow == 0 {
 		t.Error("the shadow rule counted no shadow refusals")
 	}
-	if st.rules[0].eng.Counts.Get(Reject, false) != 0 {
+	if st.rules[0].eng.Counts.Get(engine.Reject, false) != 0 {
 		t.Error("the shadow rule refused for real")
 	}
 	if h.upstream.Load() != 20 {

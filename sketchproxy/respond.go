@@ -75,23 +75,23 @@ func (m *Middleware) problemFor(v *verdict, code int) problem {
 	}
 	p.Rule = ru.Name
 	switch v.Out {
-	case OverBudget:
+	case engine.OverBudget:
 		b := &ru.Budget.Spec
 		p.Type, p.Limit, p.Violated = quotaExceeded, b.Name, []string{ru.Name + "-" + b.Name}
 		p.Detail = fmt.Sprintf("budget %q of %s units per %v is spent; retry after %d s", b.Name, formatNum(b.Units), b.Per, p.RetryAfter)
-	case BudgetUnknown:
+	case engine.BudgetUnknown:
 		p.Limit = ru.Budget.Spec.Name
 		p.Detail = fmt.Sprintf("budget %q cannot be tracked for this client right now, and the route fails closed; retry after %d s", p.Limit, p.RetryAfter)
-	case InFlight:
+	case engine.InFlight:
 		p.Detail = fmt.Sprintf("at most %d requests in flight per client on rule %q", ru.MaxInFlight, ru.Name)
-	case TarpitFull:
+	case engine.TarpitFull:
 		p.Detail = fmt.Sprintf("rule %q: over the limit; retry after %d s", ru.Name, p.RetryAfter)
 	default:
 		if l := v.Limit; l != nil {
 			p.Type, p.Limit, p.Violated = quotaExceeded, l.Name, []string{l.Policy}
 			p.Detail = fmt.Sprintf("rule %q limit %q: %s requests per %v; retry after %d s", ru.Name, l.Name, formatNum(l.Requests), l.Per, p.RetryAfter)
 		}
-		if v.Out == Ban {
+		if v.Out == engine.Ban {
 			p.Detail = "temporarily banned: " + p.Detail
 		}
 	}
@@ -107,7 +107,7 @@ func (m *Middleware) refusal(h http.Header, st *state, v *verdict, vs []verdict,
 	h.Set("Retry-After", strconv.FormatInt(seconds(v.Retry), 10))
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	if v.Out == Ban {
+	if v.Out == engine.Ban {
 		h.Set("Connection", "close")
 	}
 	body, _ := json.Marshal(m.problemFor(v, code))
@@ -154,8 +154,8 @@ func writeProblem(w http.ResponseWriter, code int, detail string) {
 // refuses at once.
 func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, v *verdict, vs []verdict) {
 	if !m.hold(v.Rule.Name, v.Key, st) {
-		v.Out = TarpitFull
-		v.Rule.Counts.Count(TarpitFull, false)
+		v.Out = engine.TarpitFull
+		v.Rule.Counts.Count(engine.TarpitFull, false)
 		m.refuse(w, st, v, vs, http.StatusTooManyRequests)
 		return
 	}

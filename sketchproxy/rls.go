@@ -609,9 +609,9 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		if h.n == nil {
 			continue
 		}
-		out := Allow
+		out := engine.Allow
 		if h.Over {
-			out = Reject
+			out = engine.Reject
 		}
 		h.ru.Counts.Count(out, h.ru.Shadow && h.Over)
 		dst := resp.Statuses[i]
