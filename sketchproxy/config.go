@@ -528,6 +528,9 @@ func (rc *Rule) spec() engine.RuleSpec {
 }
 
 func (c *Config) prepared() (*Config, *built, error) {
+	if c == nil {
+		return nil, nil, errors.New("sketchproxy: the *Config is nil: pass one from LoadConfig or ParseConfig, or a Config literal")
+	}
 	cp := c.clone()
 	b := &built{}
 	if err := cp.prepare(b); err != nil {

@@ -121,3 +121,25 @@ func writeSecret(t *testing.T) string {
 	}
 	return p
 }
+
+// A nil *Config is an error that says what to pass, not a crash.
+func TestNilConfig(t *testing.T) {
+	if _, err := New(nil, http.NotFoundHandler(), Options{}); err == nil || !strings.Contains(err.Error(), "nil") {
+		t.Errorf("New(nil): %v", err)
+	}
+	cfg, err := ParseConfig("t", []byte(MinimalConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	if err := mw.Reload(nil); err == nil || !strings.Contains(err.Error(), "nil") {
+		t.Errorf("Reload(nil): %v", err)
+	}
+	if err := (*Config)(nil).Validate(); err == nil {
+		t.Error("a nil Config validated")
+	}
+}

@@ -203,25 +203,25 @@ func (m *Middleware) reload(cfg *Config) error {
 	if old != nil {
 		st.gen, prev = old.gen+1, old.set
 	}
+	set, err := m.eng.Compile(cfg.spec(b), prev)
+	if err != nil {
+		return &ConfigError{File: cfg.src, Msg: err.Error()}
+	}
+	st.set = set
 	if cfg.JWT != nil {
+		// Last: a verifier may take over the running one's key fetcher,
+		// so nothing may fail after it.
 		var pj *jwtVerifier
 		if old != nil {
 			pj = old.jwt
 		}
 		v, err := newJWTVerifier(cfg.JWT, &b.jwt, pj, m.log)
 		if err != nil {
+			m.eng.Retire(set, prev)
 			return &ConfigError{File: cfg.src, Field: "jwt", Msg: err.Error()}
 		}
 		st.jwt = v
 	}
-	set, err := m.eng.Compile(cfg.spec(b), prev)
-	if err != nil {
-		if st.jwt != nil {
-			st.jwt.stop(nil)
-		}
-		return &ConfigError{File: cfg.src, Msg: err.Error()}
-	}
-	st.set = set
 	for i := range cfg.Rules {
 		st.rules = append(st.rules, m.matcher(&cfg.Rules[i], &b.allow[i], set.Rules[i]))
 	}

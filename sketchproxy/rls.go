@@ -651,7 +651,9 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			continue // shadow descriptors send no fields
 		}
 		policies = append(policies, l.Item)
-		if allowed || h.Over {
+		if (allowed || h.Over) && !h.Never {
+			// A call over the whole limit is never let through: its
+			// policy stands, with no item promising a time to retry.
 			field = engine.AppendItem(field, l.Quoted, int64(dst.LimitRemaining), engine.Seconds(reset))
 		}
 	}
@@ -663,7 +665,9 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: k, Value: v})
 		}
 		add("RateLimit-Policy", strings.Join(policies, ", "))
-		add("RateLimit", string(field))
+		if len(field) > 0 {
+			add("RateLimit", string(field))
+		}
 		if !allowed && retry < forever {
 			add("Retry-After", strconv.FormatInt(engine.Seconds(retry), 10))
 		}

@@ -172,8 +172,8 @@ func TestRLSRefusedRequestCountsNothing(t *testing.T) {
 }
 
 // More hits than the whole limit can never pass: OVER_LIMIT with no
-// duration_until_reset and no Retry-After, while a request that fits
-// later is told when.
+// duration_until_reset, no Retry-After and no RateLimit item (whose t
+// would promise a time), while a request that fits later is told when.
 func TestRLSHitsOverTheWholeLimit(t *testing.T) {
 	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
 	resp := h.ask(t, "d", 11, entries("user", "ann"))
@@ -184,8 +184,8 @@ func TestRLSHitsOverTheWholeLimit(t *testing.T) {
 	if ra := header(resp, "Retry-After"); ra != "" {
 		t.Errorf("11 hits of 10: Retry-After %s promises a pass", ra)
 	}
-	if !strings.Contains(header(resp, "RateLimit"), ";r=0;") {
-		t.Errorf("11 hits of 10: RateLimit %q", header(resp, "RateLimit"))
+	if rl, pol := header(resp, "RateLimit"), header(resp, "RateLimit-Policy"); rl != "" || pol == "" {
+		t.Errorf("11 hits of 10: RateLimit %q (want none), RateLimit-Policy %q (want the policy)", rl, pol)
 	}
 	// Beside a descriptor that would pass later, still no Retry-After.
 	h.passes(t, 10, "d", entries("ip", "192.0.2.9"))

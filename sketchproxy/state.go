@@ -16,6 +16,8 @@ import (
 // SaveState writes every sketch to the config's state_file, crash-safely.
 // cmd/sketchproxy calls it every state_every and Close calls it last.
 func (m *Middleware) SaveState() error {
+	m.mu.Lock() // no reload between reading the rule set and writing it
+	defer m.mu.Unlock()
 	st := m.state.Load()
 	path := st.cfg.StateFile
 	if path == "" {
