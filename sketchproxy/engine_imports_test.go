@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,8 +17,7 @@ import (
 
 // Only internal/engine holds a sketch: every other file of the module
 // (tests aside) names nothing of the library but its Clock, and reaches
-// none of the library's internal packages. The engine imports neither
-// net/http nor gRPC, directly or through another package.
+// none of the library's internal packages.
 func TestOnlyTheEngineUsesTheSketch(t *testing.T) {
 	fset := token.NewFileSet()
 	const lib = "github.com/epochsketch/epochsketch"
@@ -89,5 +89,21 @@ func TestOutcomesMatchTheEngine(t *testing.T) {
 	}
 	if int(numOutcomes) != int(engine.NumOutcomes) {
 		t.Errorf("%d outcomes here, %d in the engine", numOutcomes, engine.NumOutcomes)
+	}
+}
+
+// The engine knows no protocol: neither net/http nor gRPC (nor
+// Prometheus, nor YAML) is among its dependencies, direct or not.
+func TestEngineKnowsNoProtocol(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "./internal/engine").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		for _, banned := range []string{"net/http", "google.golang.org/grpc", "github.com/prometheus/", "go.yaml.in/"} {
+			if strings.HasPrefix(p, banned) {
+				t.Errorf("internal/engine depends on %s", p)
+			}
+		}
 	}
 }
