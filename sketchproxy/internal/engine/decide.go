@@ -388,6 +388,7 @@ func (e *Engine) Settle(ru *Rule, key string, used uint64) uint64 {
 	if used == 0 {
 		usedC = 0
 	}
+	usedC = min(usedC, math.MaxUint32) * uint64(b.Scale)
 	if usedC <= uint64(b.Cost) {
 		return 0
 	}
@@ -396,7 +397,7 @@ func (e *Engine) Settle(ru *Rule, key string, used uint64) uint64 {
 	before := b.sk.EstimateBytes(buf)
 	after, _ := b.sk.ObserveBytesN(time.Time{}, buf, extra)
 	if after > before {
-		return uint64(after-before) * b.Spec.Unit
+		return uint64(after-before) / uint64(b.Scale) * b.Spec.Unit
 	}
 	return 0
 }
@@ -584,5 +585,5 @@ func (e *Engine) Estimate(ru *Rule, l *Limit, key string) uint32 {
 // count).
 func (e *Engine) Spent(ru *Rule, key string) uint64 {
 	b := ru.Budget
-	return uint64(b.sk.EstimateBytes(skey2(nil, ru.Name, b.Spec.Name, key))) * b.Spec.Unit
+	return uint64(b.sk.EstimateBytes(skey2(nil, ru.Name, b.Spec.Name, key))) / uint64(b.Scale) * b.Spec.Unit
 }

@@ -198,8 +198,9 @@ type Limit struct {
 type Budget struct {
 	Spec  BudgetSpec
 	Tick  time.Duration
-	Theta uint32 // Units, in counts of Unit units
-	// Cost and Reserve in counts (rounded up).
+	Theta uint32 // Units, in counts of Unit units (times Scale)
+	Scale uint32 // counts per Unit units: 2 for an odd threshold, else 1
+	// Cost and Reserve in counts (rounded up, times Scale).
 	Cost, Reserve uint32
 	Held          *CountMin // counts reserved by requests in flight, per key
 	sk            *epochsketch.Sketch
@@ -290,7 +291,10 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, sketch func(t
 		if l.Requests <= 0 || l.Per <= 0 || l.Burst <= 0 {
 			return nil, fmt.Errorf("rule %q limit %q: %v per %v, burst %v: want all three positive", rs.Name, l.Name, l.Requests, l.Per, l.Burst)
 		}
-		tick := TickFor(l.Requests, l.Per, l.Burst)
+		// The tick follows the whole threshold the sketch counts to, so a
+		// Burst that is not whole (2.5 per second: θ 3) keeps Requests per
+		// Per exact.
+		tick := TickFor(l.Requests, l.Per, float64(thresholdFor(l.Burst)))
 		theta, unit := countsFor(l.Burst)
 		lim := &Limit{
 			Name: l.Name, Policy: rs.Name + "-" + l.Name, Tick: tick,
@@ -310,9 +314,14 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, sketch func(t
 		if b.Unit == 0 || b.Units <= 0 || b.Per <= 0 {
 			return nil, fmt.Errorf("rule %q budget %q: %v units per %v in units of %d: want all three positive", rs.Name, b.Name, b.Units, b.Per, b.Unit)
 		}
-		tick := TickFor(b.Units, b.Per, b.Units)
-		ru.Budget = &Budget{Spec: *b, Tick: tick, Theta: thresholdFor(b.Units / float64(b.Unit)), sk: sketch(tick, buckets),
-			Cost: counts(b.Cost, b.Unit), Reserve: counts(b.Reserve, b.Unit), Held: NewCountMin()}
+		// As a limit's (countsFor): an odd threshold counts everything
+		// twice, so the halving loses no half count; the tick follows the
+		// whole threshold.
+		theta := thresholdFor(b.Units / float64(b.Unit))
+		scale := 1 + theta&1
+		tick := TickFor(b.Units/float64(b.Unit), b.Per, float64(theta))
+		ru.Budget = &Budget{Spec: *b, Tick: tick, Theta: theta * scale, Scale: scale, sk: sketch(tick, buckets),
+			Cost: counts(b.Cost, b.Unit) * scale, Reserve: counts(b.Reserve, b.Unit) * scale, Held: NewCountMin()}
 	}
 	var old *Rule // the same rule in the running Set
 	if prev != nil {

@@ -120,3 +120,70 @@ func BenchmarkDecide(b *testing.B) {
 		}
 	}
 }
+
+// compile is an engine on a manual clock with the rules rs.
+func compile(t testing.TB, rs ...RuleSpec) (*Engine, *Set, *epochsketch.ManualClock) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	e := New(Options{Clock: clk, Seed: 1})
+	s, err := e.Compile(&Spec{
+		Buckets: 1 << 10, Rules: rs,
+		Tarpit:  TarpitSpec{DelayAbove: 1, DripAbove: 1.5, RejectAbove: 2, BanAbove: 8, BanFor: 10 * time.Minute},
+		NewKeys: NewKeysSpec{Disabled: true, Window: time.Minute, Remember: time.Hour},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Retire(s, nil) })
+	return e, s, clk
+}
+
+// A limit whose burst is not whole (2.5 a second: a threshold of 3) is
+// still exact: the tick follows the threshold the sketch counts to.
+func TestFractionalLimitExact(t *testing.T) {
+	for _, c := range []struct{ requests, per float64 }{{2.5, 1}, {0.5, 1}, {7.5, 60}, {1.25, 1}} {
+		per := time.Duration(c.per * float64(time.Second))
+		e, s, clk := compile(t, RuleSpec{Name: "api", Limits: []LimitSpec{{Name: "rate", Requests: c.requests, Per: per, Burst: c.requests}}})
+		var sc Scratch
+		window := 400 * per
+		gap := time.Duration(float64(per) / (3 * c.requests)) // 3x over
+		admitted := 0
+		for start := clk.Now(); clk.Now().Sub(start) < 2*window; clk.Advance(gap) {
+			if decide(e, s, "k", &sc) && clk.Now().Sub(start) >= window {
+				admitted++
+			}
+		}
+		want := 400 * c.requests
+		if got := float64(admitted); got < 0.99*want || got > 1.01*want {
+			t.Errorf("%v per %v at 3x: %d admitted in %v, want %v (to 1%%)", c.requests, per, admitted, window, want)
+		}
+	}
+}
+
+// A wallet spent at a steady 3x its budget is admitted its budget, for
+// odd budgets too (an odd threshold counts everything twice, as a limit).
+func TestWalletSteadyOverloadExact(t *testing.T) {
+	for _, units := range []float64{1, 2, 5, 7, 10} {
+		e, s, clk := compile(t, RuleSpec{Name: "w", Budget: &BudgetSpec{Name: "b", Units: units, Per: time.Second, Unit: 1, Cost: 1, Reserve: 1}})
+		ru := s.Rules[0]
+		var sc Scratch
+		gap := time.Second / time.Duration(3*units)
+		admitted := 0
+		for i := range int(3 * units * 400) {
+			sc.Reset()
+			v := e.Evaluate(s, ru, "k", e.Now(), &sc)
+			if _, ok := e.CheckBudget(s, &v, e.Now(), &sc); ok && e.Charge(ru, "k", &sc) {
+				e.Unhold(ru, "k") // the request ends at once
+				if i >= int(3*units*200) {
+					admitted++
+				}
+			}
+			clk.Advance(gap)
+		}
+		if want := 200 * units; float64(admitted) < 0.99*want || float64(admitted) > 1.01*want {
+			t.Errorf("%v units a second at 3x: %d admitted in 200 s, want %v (to 1%%)", units, admitted, want)
+		}
+		if got := e.Spent(ru, "k"); got > uint64(units) {
+			t.Errorf("%v units a second: Spent says %d, over the budget", units, got)
+		}
+	}
+}
