@@ -561,7 +561,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			h.Over, h.Never = h.hits > 0, h.hits > 0 // no room at all
 		case rlsLimited:
 			h.ru = st.set.RLSRules[h.n.rule]
-			h.Hits = m.eng.CheckHits(h.ru, h.ru.Limits[0], h.key, h.hits, now, sc)
+			h.Hits = m.eng.CheckHits(st.set, h.ru, h.ru.Limits[0], h.key, h.hits, now, sc)
 		}
 		if h.negative {
 			h.Over, h.Never = false, false
@@ -629,7 +629,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		// them. A refused one says when the hits fit.
 		est, add := h.Est, l.Unit
 		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.Over) {
-			if after := m.eng.CountHits(h.ru, l, h.key, &h.Hits, sc); !h.Over {
+			if after := m.eng.CountHits(st.set, h.ru, l, h.key, &h.Hits, sc); !h.Over {
 				est = after
 			}
 		}

@@ -12,6 +12,8 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/epochsketch/epochsketch"
 )
 
 // answer is what a client learns from one decision, whatever the door:
@@ -161,4 +163,45 @@ func TestSteadyOverloadIsExact(t *testing.T) {
 			})
 		}
 	}
+}
+
+// Key rotation meets the same defence through every door: during a spike
+// of new keys, each new key gets the new keys' share of the limit, through
+// the proxy as through Envoy's rate-limit service (the same engine call).
+func TestDoorsShareTheNewKeyDefence(t *testing.T) {
+	const cfg = `client_ip: {trusted_proxies: [127.0.0.1/32]}
+new_keys: {warmup: 0s, min_per_second: 5}
+envoy_rls:
+  listen: 127.0.0.1:0
+  domains:
+    - domain: edge
+      descriptors:
+        - key: remote_address
+          rate_limit: {unit: minute, requests_per_unit: 8}
+rules:
+  - name: per-client
+    limits: [{requests: 8, per: 1m}]
+`
+	// 300 new addresses, 8 requests each, over 3 seconds.
+	rotate := func(ask func(client string) bool, clk *epochsketch.ManualClock) (admitted int) {
+		for i := range 300 {
+			client := fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)
+			for range 8 {
+				if ask(client) {
+					admitted++
+				}
+				clk.Advance(3 * time.Second / 2400)
+			}
+		}
+		return admitted
+	}
+	hp := newHarness(t, cfg)
+	proxy := rotate(func(c string) bool { return hp.req(c).Code == http.StatusOK }, hp.clk)
+	he := newHarness(t, cfg)
+	d := &doorsHarness{harness: he, rls: &rlsServer{m: he.mw}}
+	envoy := rotate(func(c string) bool { return d.envoy(t, c).allowed }, he.clk)
+	if proxy != envoy || proxy > 2400/2 {
+		t.Errorf("300 rotating keys x 8 requests: the proxy admitted %d, Envoy's service %d; want the same, and well under the 2400 sent", proxy, envoy)
+	}
+	t.Logf("admitted of 2400: proxy %d, Envoy %d", proxy, envoy)
 }

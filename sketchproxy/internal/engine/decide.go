@@ -525,10 +525,15 @@ type Hits struct {
 	Over, Never bool
 }
 
-// CheckHits checks n requests of key against ru's limit l, counting nothing.
-func (e *Engine) CheckHits(ru *Rule, l *Limit, key string, n uint32, now time.Time, sc *Scratch) Hits {
+// CheckHits checks n requests of key against ru's limit l, counting
+// nothing. A key first seen during a spike of new keys gets the new keys'
+// share of the limit, as in Evaluate.
+func (e *Engine) CheckHits(s *Set, ru *Rule, l *Limit, key string, n uint32, now time.Time, sc *Scratch) Hits {
 	sc.buf = skey(sc.buf, ru.Name, l.Name, key)
 	h := Hits{Est: e.estimate(sc.buf, l, now), Theta: l.Theta}
+	if e.isNewKey(s, ru, key, now, h.Est > 0, sc) {
+		h.Theta = max(l.Unit, uint32(float64(h.Theta)*s.nk.BudgetFactor))
+	}
 	units := uint64(n) * uint64(l.Unit)
 	h.Add = uint32(min(units, 2*MaxThreshold+2))
 	h.Over = uint64(h.Est)+units > uint64(h.Theta)
@@ -537,10 +542,14 @@ func (e *Engine) CheckHits(ru *Rule, l *Limit, key string, n uint32, now time.Ti
 }
 
 // CountHits counts h's requests of key in ru's limit l, and returns the
-// estimate with them.
-func (e *Engine) CountHits(ru *Rule, l *Limit, key string, h *Hits, sc *Scratch) uint32 {
+// estimate with them. As Commit, it teaches the memory of keys once per
+// tick a key is active.
+func (e *Engine) CountHits(s *Set, ru *Rule, l *Limit, key string, h *Hits, sc *Scratch) uint32 {
 	sc.buf = skey(sc.buf, ru.Name, l.Name, key)
-	l.sk.ObserveBytesN(time.Time{}, sc.buf, h.Add)
+	if _, first := l.sk.ObserveBytesN(time.Time{}, sc.buf, h.Add); first && !s.nk.Disabled {
+		sc.buf = skey(sc.buf, ru.Name, tagKnown, key)
+		s.known.ObserveBytes(sc.buf)
+	}
 	return uint32(min(uint64(h.Est)+uint64(h.Add), math.MaxUint32))
 }
 
