@@ -2,8 +2,8 @@ package sketchproxy
 
 import (
 	"fmt"
-	"net/http"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
