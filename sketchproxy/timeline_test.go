@@ -38,9 +38,9 @@ type doorsHarness struct {
 	rls *rlsServer
 }
 
-func newDoorsHarness(t *testing.T, requests int, per string) *doorsHarness {
+func newDoorsHarness(t *testing.T, requests int, per string, extra ...string) *doorsHarness {
 	unit := map[string]string{"1s": "second", "1m": "minute"}[per]
-	h := newHarness(t, fmt.Sprintf(`client_ip: {trusted_proxies: [127.0.0.1/32]}
+	h := newHarness(t, strings.Join(extra, "")+fmt.Sprintf(`client_ip: {trusted_proxies: [127.0.0.1/32]}
 forward_auth: {gateway: caddy}
 envoy_rls:
   listen: 127.0.0.1:0
@@ -169,19 +169,6 @@ func TestSteadyOverloadIsExact(t *testing.T) {
 // of new keys, each new key gets the new keys' share of the limit, through
 // the proxy as through Envoy's rate-limit service (the same engine call).
 func TestDoorsShareTheNewKeyDefence(t *testing.T) {
-	const cfg = `client_ip: {trusted_proxies: [127.0.0.1/32]}
-new_keys: {warmup: 0s, min_per_second: 5}
-envoy_rls:
-  listen: 127.0.0.1:0
-  domains:
-    - domain: edge
-      descriptors:
-        - key: remote_address
-          rate_limit: {unit: minute, requests_per_unit: 8}
-rules:
-  - name: per-client
-    limits: [{requests: 8, per: 1m}]
-`
 	// 300 new addresses, 8 requests each, over 3 seconds.
 	rotate := func(ask func(client string) bool, clk *epochsketch.ManualClock) (admitted int) {
 		for i := range 300 {
@@ -195,11 +182,11 @@ rules:
 		}
 		return admitted
 	}
-	hp := newHarness(t, cfg)
-	proxy := rotate(func(c string) bool { return hp.req(c).Code == http.StatusOK }, hp.clk)
-	he := newHarness(t, cfg)
-	d := &doorsHarness{harness: he, rls: &rlsServer{m: he.mw}}
-	envoy := rotate(func(c string) bool { return d.envoy(t, c).allowed }, he.clk)
+	const spiky = "new_keys: {warmup: 0s, min_per_second: 5}\n"
+	hp := newDoorsHarness(t, 8, "1m", spiky)
+	proxy := rotate(func(c string) bool { return hp.proxy(c).allowed }, hp.clk)
+	he := newDoorsHarness(t, 8, "1m", spiky)
+	envoy := rotate(func(c string) bool { return he.envoy(t, c).allowed }, he.clk)
 	if proxy != envoy || proxy > 2400/2 {
 		t.Errorf("300 rotating keys x 8 requests: the proxy admitted %d, Envoy's service %d; want the same, and well under the 2400 sent", proxy, envoy)
 	}

@@ -12,19 +12,7 @@ import (
 // oneRule is an engine with one rule of one limit, requests per per, on a
 // manual clock.
 func oneRule(t testing.TB, requests float64, per time.Duration) (*Engine, *Set, *epochsketch.ManualClock) {
-	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
-	e := New(Options{Clock: clk, Seed: 1})
-	s, err := e.Compile(&Spec{
-		Buckets: 1 << 10,
-		Rules:   []RuleSpec{{Name: "api", Limits: []LimitSpec{{Name: "rate", Requests: requests, Per: per, Burst: requests}}}},
-		Tarpit:  TarpitSpec{DelayAbove: 1, DripAbove: 1.5, RejectAbove: 2, BanAbove: 8, BanFor: 10 * time.Minute},
-		NewKeys: NewKeysSpec{Disabled: true, Window: time.Minute, Remember: time.Hour},
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Retire(s, nil) })
-	return e, s, clk
+	return compile(t, RuleSpec{Name: "api", Limits: []LimitSpec{{Name: "rate", Requests: requests, Per: per, Burst: requests}}})
 }
 
 // decide is one request of key, as every door runs it: decide its facts,
