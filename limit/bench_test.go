@@ -83,8 +83,9 @@ func BenchmarkAllow(b *testing.B) {
 // another and drift apart (by up to 20% between two runs of one binary
 // here). It reports each row's ns per call, the ratios of Allow to
 // Observe with the default hash and with SipHash-1-3, and that of the two
-// Observes (the keyed hash's own cost); ns/op is one turn of all four rows. The four tables share the caches, so on Zipf each row
-// reads slower than alone.
+// Observes (the keyed hash's own cost); ns/op is one turn of all four
+// rows. The four tables share the caches, so on Zipf each row reads
+// slower than alone.
 func BenchmarkAllowTurns(b *testing.B) {
 	const turn = 256
 	for _, w := range []*keystream.Stream{keystream.Zipf(1), keystream.Hot()} {
