@@ -117,28 +117,27 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		clients:   engine.NewCountMin(),
 		latencies: map[string]prometheus.Observer{},
 	}
-	if cfg != nil && cfg.Fleet != nil {
-		// The fleet starts before the engine, which asks it; its settings
-		// take a restart, so the config's first word on them stands.
-		p, b, err := cfg.prepared()
-		if err != nil {
-			return nil, err
-		}
-		m.fleet = newFleet(p.Fleet, &b.fleet, m.log, m.now)
+	cfg, b, err := cfg.prepared()
+	if err != nil {
+		return nil, err
 	}
 	eo := engine.Options{Clock: opts.Clock, Seed: opts.Seed}
-	if m.fleet != nil {
+	if cfg.Fleet != nil {
+		// The fleet starts before the engine, which asks it; its settings
+		// take a restart.
+		m.fleet = newFleet(cfg.Fleet, &b.fleet, m.log, m.now)
 		eo.Fleet = m.fleet
 	}
 	m.eng = engine.New(eo)
 	m.initRedaction()
 	m.initMetrics()
-	if err := m.Reload(cfg); err != nil {
+	if err := m.install(cfg, b); err != nil {
 		if m.fleet != nil {
 			m.fleet.close()
 		}
 		return nil, err
 	}
+	m.met.reloads[0].Add(1)
 	cfg = m.state.Load().cfg // the prepared copy
 	if fa := cfg.ForwardAuth; fa != nil && fa.Listen == "" {
 		m.startCheck = fa
@@ -176,7 +175,11 @@ func (m *Middleware) saver(every time.Duration) {
 // counts; the others start empty. If cfg is invalid the current
 // configuration stays and the error says why.
 func (m *Middleware) Reload(cfg *Config) error {
-	if err := m.reload(cfg); err != nil {
+	cfg, b, err := cfg.prepared()
+	if err == nil {
+		err = m.install(cfg, b)
+	}
+	if err != nil {
 		m.met.reloads[1].Add(1)
 		return err
 	}
@@ -184,11 +187,8 @@ func (m *Middleware) Reload(cfg *Config) error {
 	return nil
 }
 
-func (m *Middleware) reload(cfg *Config) error {
-	cfg, b, err := cfg.prepared()
-	if err != nil {
-		return err
-	}
+// install compiles the prepared cfg (with what it built, b) and swaps it in.
+func (m *Middleware) install(cfg *Config, b *built) error {
 	if old := m.state.Load(); old != nil && (old.cfg.Fleet == nil) != (cfg.Fleet == nil) {
 		return &ConfigError{File: cfg.src, Field: "fleet", Msg: "adding or removing the fleet takes a restart"}
 	}
