@@ -113,11 +113,16 @@ const (
 // estimate is a sketch key's count in l's sketch: this replica's, or the
 // fleet's where the key is heavy enough to share.
 func (e *Engine) estimate(k []byte, l *Limit, now time.Time) uint32 {
-	est := l.sk.EstimateBytes(k)
+	return e.shared(k, l.sk, l.Tick, l.Theta, l.sk.EstimateBytes(k), now)
+}
+
+// shared is the fleet's count of the sketch key k whose count in this
+// replica's sketch sk is local (just read), or local without a fleet.
+func (e *Engine) shared(k []byte, sk Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
 	if e.opts.Fleet == nil {
-		return est
+		return local
 	}
-	return e.opts.Fleet.Estimate(k, l.sk, l.Tick, l.Theta, est, now)
+	return e.opts.Fleet.Estimate(k, sk, tick, theta, local, now)
 }
 
 // Evaluate decides rule ru for key at now without counting the request
@@ -144,9 +149,7 @@ func (e *Engine) Evaluate(s *Set, ru *Rule, key string, now time.Time, sc *Scrat
 		var est uint32
 		if v.counted {
 			after, first := l.sk.ObserveBytesN(time.Time{}, sc.buf, l.Unit)
-			if e.opts.Fleet != nil {
-				after = e.opts.Fleet.Estimate(sc.buf, l.sk, l.Tick, l.Theta, after, now)
-			}
+			after = e.shared(sc.buf, l.sk, l.Tick, l.Theta, after, now)
 			est = max(after, l.Unit) - l.Unit
 			if i == 0 {
 				v.first = first
@@ -327,10 +330,7 @@ func (e *Engine) Commit(s *Set, v *Verdict, admitted bool, sc *Scratch) {
 func (e *Engine) budgetEstimate(s *Set, ru *Rule, key string, newKey bool, now time.Time, sc *Scratch) (est, theta uint32) {
 	b := ru.Budget
 	sc.buf = skey2(sc.buf, ru.Name, b.Spec.Name, key)
-	est = b.sk.EstimateBytes(sc.buf)
-	if e.opts.Fleet != nil {
-		est = e.opts.Fleet.Estimate(sc.buf, b.sk, b.Tick, b.Theta, est, now)
-	}
+	est = e.shared(sc.buf, b.sk, b.Tick, b.Theta, b.sk.EstimateBytes(sc.buf), now)
 	theta = b.Theta
 	if newKey {
 		theta = max(b.Reserve, uint32(float64(theta)*s.nk.BudgetFactor))
