@@ -17,9 +17,6 @@ import (
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
-// seconds rounds a wait up to whole seconds, at least 1.
-func seconds(d time.Duration) int64 { return engine.Seconds(d) }
-
 // setHeaders writes the RateLimit-Policy and RateLimit fields of
 // draft-ietf-httpapi-ratelimit-headers-10 (engine.Fields says what they
 // hold), and the legacy X-RateLimit-* if configured.
@@ -65,7 +62,7 @@ const quotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exc
 func (m *Middleware) problemFor(v *verdict, code int) problem {
 	p := problem{
 		Type: "about:blank", Title: http.StatusText(code), Status: code,
-		Outcome: v.Out.String(), RetryAfter: seconds(v.Retry),
+		Outcome: v.Out.String(), RetryAfter: engine.Seconds(v.Retry),
 		Level: math.Round(v.Level*100) / 100,
 	}
 	ru := v.Rule
@@ -104,7 +101,7 @@ func (m *Middleware) refusal(h http.Header, st *state, v *verdict, vs []verdict,
 	m.setHeaders(h, st, vs, sc, m.now(), true)
 	sc.Reset()
 	scratchPool.Put(sc)
-	h.Set("Retry-After", strconv.FormatInt(seconds(v.Retry), 10))
+	h.Set("Retry-After", strconv.FormatInt(engine.Seconds(v.Retry), 10))
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	if v.Out == engine.Ban {
@@ -198,7 +195,7 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 	attrs := []any{
 		"rule", rule, "outcome", v.Out.String(), "shadow", shadow,
 		"key", m.display(v.Key), "method", r.Method, "path", truncate(r.URL.Path, 256), // slog quotes and escapes control bytes
-		"retry_after_s", seconds(v.Retry),
+		"retry_after_s", engine.Seconds(v.Retry),
 	}
 	if v.Limit != nil {
 		attrs = append(attrs, "limit", v.Limit.Name, "estimate", v.Est, "threshold", v.Theta)
