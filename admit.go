@@ -33,18 +33,18 @@ const overLimit = 1 << 31
 // (THEORY.md section 3), and racing claims of one new key across a tick
 // boundary can leave two slots that are then merged into one count above
 // the limit (see dedupe).
-func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok bool, now int64) {
+func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok, first bool, now int64) {
 	if t.IsZero() {
 		now = s.now() // writeAt's common case, without a call to writeAt
 	} else {
 		now = s.writeAt(t)
 	}
 	if wt > limit {
-		return s.estimate(h, now), false, now // never fits
+		return s.estimate(h, now), false, false, now // never fits
 	}
 	if s.twoChoice {
-		est, ok = unmark(s.observeView(h, now, wt, limit))
-		return est, ok, now
+		est, ok, first = unmark(s.observeView(h, now, wt, limit))
+		return est, ok, first, now
 	}
 	// The path Observe takes (refresh, then observeBucket), with the limit
 	// in place of MaxCount in refresh's test; a lost CAS goes to observe1,
@@ -54,23 +54,26 @@ func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok 
 	i := s.first(h)
 	b := &s.table[i]
 	if limit >= countMax {
-		est, ok = unmark(s.observe1(b, i, h, now, wt, 0, limit))
-		return est, ok, now
+		est, ok, first = unmark(s.observe1(b, i, h, now, wt, 0, limit))
+		return est, ok, first, now
 	}
-	e, first, lost, miss := refresh(b, h, now, wt, limit)
+	e, f, lost, miss := refresh(b, h, now, wt, limit)
 	switch {
 	case e != 0:
-		est, ok = unmark(e, first)
+		est, ok, first = unmark(e, f)
 	case lost != 0:
-		est, ok = unmark(s.observe1(b, i, h, now, wt, 1, limit))
+		est, ok, first = unmark(s.observe1(b, i, h, now, wt, 1, limit))
 	default:
-		est, ok = unmark(s.observeBucket(b, i, h, now, wt, 0, miss, limit))
+		est, ok, first = unmark(s.observeBucket(b, i, h, now, wt, 0, miss, limit))
 	}
-	return est, ok, now
+	return est, ok, first, now
 }
 
-// unmark turns observe's answer under a limit into admit's.
-func unmark(est uint32, _ bool) (uint32, bool) { return est &^ overLimit, est&overLimit == 0 }
+// unmark turns observe's answer under a limit into admit's: the count,
+// whether it added, and whether it was the key's first sighting this tick.
+func unmark(est uint32, first bool) (uint32, bool, bool) {
+	return est &^ overLimit, est&overLimit == 0, first
+}
 
 // admitFuncs returns s's conditional adds by key, for package limit. With
 // SipHash-1-3, package limit's hash, they call it directly rather than
@@ -80,14 +83,16 @@ func unmark(est uint32, _ bool) (uint32, bool) { return est &^ overLimit, est&ov
 func (s *Sketch) admitFuncs() (admit.Func, admit.BytesFunc) {
 	if s.h.kind == HashSipHash13 {
 		return func(t time.Time, key string, wt, limit uint32) (uint32, bool, int64) {
-				return s.admit(t, sipHash13(key, s.h.sip), wt, limit)
-			}, func(t time.Time, key []byte, wt, limit uint32) (uint32, bool, int64) {
+				est, ok, _, now := s.admit(t, sipHash13(key, s.h.sip), wt, limit)
+				return est, ok, now
+			}, func(t time.Time, key []byte, wt, limit uint32) (uint32, bool, bool, int64) {
 				return s.admit(t, sipHash13(key, s.h.sip), wt, limit)
 			}
 	}
 	return func(t time.Time, key string, wt, limit uint32) (uint32, bool, int64) {
-			return s.admit(t, s.h.str(key), wt, limit)
-		}, func(t time.Time, key []byte, wt, limit uint32) (uint32, bool, int64) {
+			est, ok, _, now := s.admit(t, s.h.str(key), wt, limit)
+			return est, ok, now
+		}, func(t time.Time, key []byte, wt, limit uint32) (uint32, bool, bool, int64) {
 			return s.admit(t, s.h.bytes(key), wt, limit)
 		}
 }

@@ -103,7 +103,7 @@ func TestAdmitBoundBeforeReadFrom(t *testing.T) {
 	if est, ok, _ := add(time.Time{}, "client", 1, 100); !ok || est != 9 {
 		t.Errorf("after ReadFrom: (%d, %v), want (9, true): the bound function kept the old key", est, ok)
 	}
-	if est, ok, _ := addBytes(time.Time{}, []byte("client"), 1, 100); !ok || est != 10 {
+	if est, ok, _, _ := addBytes(time.Time{}, []byte("client"), 1, 100); !ok || est != 10 {
 		t.Errorf("bytes form after ReadFrom: (%d, %v), want (10, true)", est, ok)
 	}
 }

@@ -1,31 +1,24 @@
 package limit
 
 import (
+	"errors"
 	"fmt"
-	"math"
-	"math/bits"
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
-// MaxBurst is the largest Burst, 8,388,607: a key's count holds two units
-// per request and saturates at epochsketch.MaxCount.
-const MaxBurst = epochsketch.MaxCount / unit
-
-// unit is what one request adds to a key's count. Two, so that an odd
-// Burst still halves to a whole number of units each tick, and a key over
-// its limit gets exactly Burst/2 requests per tick on average, not the
-// Burst/2 rounded up (see Limiter).
-const unit = 2
+// MaxBurst is the largest Burst, 8,388,607 (rate.MaxBurst): a key's count
+// holds two counts per request and parks at epochsketch.MaxCount.
+const MaxBurst = rate.MaxBurst
 
 // Config configures a Limiter. Requests and Per are required; every other
 // zero field means the documented default. NewWith copies the Config; it
 // never mutates it.
 type Config struct {
 	// Requests per Per is the limit: a key sending more is admitted at
-	// exactly this rate, and a key sending at most Requests in every
-	// window of Per is never refused (with the default Burst).
+	// exactly this rate.
 	Requests int
 	Per      time.Duration
 
@@ -67,65 +60,33 @@ func (c Config) Validate() error {
 
 // compiled is what a Limiter needs from a Config.
 type compiled struct {
-	burst int
-	tick  time.Duration
-	cfg   epochsketch.Config
+	lim rate.Limit
+	cfg epochsketch.Config
 }
 
+// compile checks c and compiles its rate (package rate: the same words
+// give the same limit as SketchProxy's) and its sketch's configuration.
 func (c Config) compile() (compiled, error) {
 	var p compiled
 	switch {
 	case c.Requests < 1:
 		return p, fmt.Errorf("limit: Config.Requests is %d: want at least 1 request per Per", c.Requests)
-	case c.Per <= 0:
-		return p, fmt.Errorf("limit: Config.Per is %v: want a positive duration, such as time.Second", c.Per)
 	case c.Burst < 0 || c.Burst > MaxBurst:
-		return p, fmt.Errorf("limit: Config.Burst is %d: want 0 (2 × Requests) or 1 to %d", c.Burst, MaxBurst)
-	case c.Burst == 0 && c.Requests > MaxBurst/2:
-		return p, fmt.Errorf("limit: Config.Requests is %d: the default Burst, 2 × Requests, passes %d; set Burst, or count in coarser units", c.Requests, MaxBurst)
+		return p, fmt.Errorf("limit: Config.Burst is %d: want 0 (the same as Requests) or 1 to %d", c.Burst, MaxBurst)
 	case c.Name != "" && !printable(c.Name):
 		return p, fmt.Errorf("limit: Config.Name is %q: want printable ASCII without quotes or backslashes (it goes in a header)", c.Name)
 	}
-	p.burst = c.Burst
-	if p.burst == 0 {
-		p.burst = 2 * c.Requests
+	lim, err := rate.Rate{Requests: float64(c.Requests), Per: c.Per, Burst: float64(c.Burst)}.Compile()
+	var re *rate.Error
+	if errors.As(err, &re) {
+		return p, fmt.Errorf("limit: Config.%s: %s", re.Field, re.Msg)
 	}
-	// tick = Per × Burst / (2 × Requests), in 128 bits: a key over the
-	// limit gets Burst/2 requests a tick, Requests per Per.
-	hi, lo := bits.Mul64(uint64(c.Per), uint64(p.burst))
-	den := 2 * uint64(c.Requests)
-	var q uint64
-	if hi < den {
-		q, _ = bits.Div64(hi, lo, den)
-	}
-	if hi >= den || q > math.MaxInt64 {
-		return p, fmt.Errorf("limit: %d per %v with Burst %d needs a tick beyond 292 years: lower Burst or Per", c.Requests, c.Per, p.burst)
-	}
-	p.tick = time.Duration(q)
-	if p.tick < epochsketch.MinTickDuration {
-		if mb := minBurst(c.Requests, c.Per); mb > MaxBurst {
-			return p, fmt.Errorf("limit: %d per %v needs a tick of %v, under %v, and no Burst up to MaxBurst (%d) lengthens it enough: write the rate over a Per of %v or more, with Requests to match", c.Requests, c.Per, p.tick, epochsketch.MinTickDuration, MaxBurst, epochsketch.MinTickDuration)
-		}
-		return p, fmt.Errorf("limit: %d per %v with Burst %d needs a tick of %v, under %v: raise Burst to at least %d", c.Requests, c.Per, p.burst, p.tick, epochsketch.MinTickDuration, minBurst(c.Requests, c.Per))
-	}
-	p.cfg = epochsketch.Config{NumBuckets: c.NumBuckets, TickDuration: p.tick, Clock: c.Clock, Seed: c.Seed, Hash: epochsketch.HashSipHash13}
+	p.lim = lim
+	p.cfg = epochsketch.Config{NumBuckets: c.NumBuckets, TickDuration: lim.Tick, Clock: c.Clock, Seed: c.Seed, Hash: epochsketch.HashSipHash13}
 	if err := p.cfg.Validate(); err != nil {
 		return p, fmt.Errorf("limit: %w", err)
 	}
 	return p, nil
-}
-
-// minBurst is the smallest Burst whose tick is at least MinTickDuration.
-func minBurst(requests int, per time.Duration) uint64 {
-	hi, lo := bits.Mul64(2*uint64(requests), uint64(epochsketch.MinTickDuration))
-	if hi >= uint64(per) {
-		return math.MaxUint64
-	}
-	q, r := bits.Div64(hi, lo, uint64(per))
-	if r != 0 {
-		q++
-	}
-	return q
 }
 
 // printable reports whether s can go between the quotes of a structured

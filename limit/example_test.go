@@ -11,7 +11,7 @@ import (
 )
 
 // A client sending 20 requests a second, twice its limit of 10, for a
-// minute: it gets 20 at once (the default Burst), then exactly 10 a second.
+// minute: it gets 10 at once (the default Burst), then exactly 10 a second.
 func Example() {
 	clk := epochsketch.NewManualClock(time.Unix(1_800_000_000, 0))
 	l := limit.NewWith(limit.Config{Requests: 10, Per: time.Second, Clock: clk})
@@ -25,7 +25,7 @@ func Example() {
 		clk.Advance(50 * time.Millisecond)
 	}
 	fmt.Println("admitted in 60 s:", admitted)
-	// Output: admitted in 60 s: 610
+	// Output: admitted in 60 s: 605
 }
 
 // Decide answers with what the response headers need.
@@ -40,13 +40,13 @@ func ExampleLimiter_Decide() {
 		fmt.Printf("allowed %v, remaining %d, reset %v, retry after %v\n", d.Allowed, d.Remaining, d.Reset, d.RetryAfter)
 	}
 	// Output:
-	// allowed true, remaining 1, reset 40s, retry after 0s
-	// allowed true, remaining 0, reset 40s, retry after 0s
-	// allowed false, remaining 0, reset 40s, retry after 40s
+	// allowed true, remaining 0, reset 10s, retry after 0s
+	// allowed false, remaining 0, reset 10s, retry after 40s
+	// allowed false, remaining 0, reset 10s, retry after 40s
 }
 
 // Middleware limits each client address to 10 requests a second: here the
-// 21st request at once is refused (the default Burst is 2 × 10).
+// 11th request at once is refused (the default Burst is 10).
 func ExampleMiddleware() {
 	clk := epochsketch.NewManualClock(time.Unix(1_800_000_000, 0)) // limit.New(10, time.Second) in production
 	l := limit.NewWith(limit.Config{Requests: 10, Per: time.Second, Clock: clk})
@@ -56,7 +56,7 @@ func ExampleMiddleware() {
 	handler := limit.Middleware(l, limit.RemoteIP)(mux) // http.ListenAndServe(":8080", handler)
 
 	var w *httptest.ResponseRecorder
-	for range 21 {
+	for range 11 {
 		w = httptest.NewRecorder()
 		r := httptest.NewRequest("GET", "/", nil) // from 192.0.2.1:1234
 		handler.ServeHTTP(w, r)

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // Middleware limits each key to l's rate: key(r) names the client of
@@ -34,7 +36,7 @@ func Middleware(l *Limiter, key func(*http.Request) string) func(http.Handler) h
 			h[hdrPolicy] = []string{l.policy}
 			h[hdrRateLimit] = []string{l.item(d)}
 			if !d.Allowed {
-				wait := strconv.FormatInt(seconds(d.RetryAfter), 10)
+				wait := strconv.FormatInt(rate.Seconds(d.RetryAfter), 10)
 				h.Set("Retry-After", wait)
 				http.Error(w, "too many requests: retry after "+wait+" s", http.StatusTooManyRequests)
 				return
@@ -68,46 +70,17 @@ func (l *Limiter) setPolicy(name string) {
 	if name == "" {
 		name = "default"
 	}
-	q, w := wholePolicy(l.requests, l.per)
 	l.quoted = strconv.Quote(name)
-	l.quota = q
-	l.policy = l.quoted + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
+	l.policy = l.lim.PolicyItem(l.quoted)
 }
 
 // item is the RateLimit field for decision d: r is the requests left (at
 // most q), t the seconds until more quota, or until the refused request
 // fits.
 func (l *Limiter) item(d Decision) string {
-	r, t := min(int64(d.Remaining), l.quota), seconds(d.Reset)
+	r, t := min(int64(d.Remaining), l.lim.Q), rate.Seconds(d.Reset)
 	if !d.Allowed {
-		r, t = 0, seconds(d.RetryAfter)
+		r, t = 0, rate.Seconds(d.RetryAfter)
 	}
-	b := make([]byte, 0, len(l.quoted)+24)
-	b = append(b, l.quoted...)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, r, 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, t, 10)
-	return string(b)
-}
-
-// seconds rounds a wait up to whole seconds, at least 1: the fields and
-// Retry-After count in seconds, and a client that retries early is refused.
-func seconds(d time.Duration) int64 {
-	return max(1, int64((d+time.Second-1)/time.Second))
-}
-
-// wholePolicy writes requests per per as whole requests q per whole
-// seconds w, as RateLimit-Policy needs: it scales both by the smallest m up
-// to 1000 that makes m × per whole seconds (2 per 500ms is q=4;w=1, 3 per
-// 1.5s is q=6;w=3). Otherwise w is per rounded up to seconds and q is
-// rounded down, so that a client keeping to it stays under the limit.
-func wholePolicy(requests int, per time.Duration) (q, w int64) {
-	for m := int64(1); m <= 1000; m++ {
-		if p := m * int64(per); p/m == int64(per) && p%int64(time.Second) == 0 {
-			return m * int64(requests), p / int64(time.Second)
-		}
-	}
-	w = int64((per + time.Second - 1) / time.Second)
-	return int64(float64(requests) * float64(w) * float64(time.Second) / float64(per)), w
+	return string(rate.AppendItem(make([]byte, 0, len(l.quoted)+24), l.quoted, r, t))
 }

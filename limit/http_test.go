@@ -14,7 +14,7 @@ import (
 // RateLimit-Policy; a refused one gets 429, Retry-After and r=0 with the
 // same wait as t, and never reaches the handler.
 func TestMiddleware(t *testing.T) {
-	l, clk := newManual(t, limit.Config{Requests: 2, Per: time.Second, Name: "api"})
+	l, clk := newManual(t, limit.Config{Requests: 2, Per: time.Second, Burst: 4, Name: "api"})
 	clk.Advance(300 * time.Millisecond)
 	served := 0
 	h := limit.Middleware(l, limit.RemoteIP)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -22,9 +22,11 @@
 //     still gets its limit.
 //   - A key that keeps sending more than its limit, at any overload, is
 //     admitted exactly Requests per Per over time, also for odd limits; an
-//     idle key may first send Burst at once.
-//   - With the default Burst, 2 × Requests, a key that sends at most
-//     Requests in every window of Per is never refused.
+//     idle key may first send Burst at once (by default Requests).
+//   - A key that spreads its requests evenly at up to Requests per Per is
+//     never refused; with Burst set to 2 × Requests, neither is a key that
+//     sends at most Requests in every window of Per, however it bunches
+//     them.
 //   - Check and count are one atomic step: goroutines racing on one key
 //     never admit more than the limit together.
 //   - Memory is Config.NumBuckets × 64 bytes (4 MiB by default), whatever the
@@ -33,16 +35,15 @@
 //
 // # How
 //
-// One request adds 2 units to the key's count; the threshold is 2 × Burst
-// units; the sketch's tick (its half-life) is Per × Burst / (2 × Requests),
-// which is Per with the default Burst. A key held at the threshold halves
-// to Burst units each tick and so gets exactly Burst/2 requests back per
-// tick: Requests per Per. Two units per request keep that exact when Burst
-// is odd (the halving floors, and the admissions alternate between the two
-// neighbours of Burst/2). A key that sends at most Burst/2 per tick never
-// passes the threshold: its count is at most Burst units (half the
-// threshold) after the halving, plus Burst units for its Burst/2 requests.
-// Ticks are anchored on the Unix epoch, as the sketch's are.
+// Package rate compiles the limit, as it does for SketchProxy, so the same
+// words mean the same limit in both: one request adds 2 counts to the key's
+// count; the threshold is 2 × Burst counts; the sketch's tick (its
+// half-life) is Per × Burst / (2 × Requests), Per/2 with the default
+// Burst. A key held at the threshold halves to Burst counts each tick and
+// so gets exactly Burst/2 requests back per tick: Requests per Per. Two
+// counts per request keep that exact when Burst is odd. Ticks are anchored
+// on the Unix epoch, as the sketch's are. Package rate's documentation
+// gives the reasoning and the choice of the default Burst.
 //
 // # Where it can be wrong
 //
@@ -63,6 +64,7 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/internal/admit"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // Limiter admits each key at most Requests per Per (see the package
@@ -78,16 +80,11 @@ type Limiter struct {
 
 	add      admit.Func
 	addBytes admit.BytesFunc
-	limit    uint32 // the threshold: unit × burst
-	burst    int
-	requests int
-	per      time.Duration
-	tick     time.Duration
+	lim      rate.Limit // the compiled rate: tick, threshold, policy
 	clock    epochsketch.Clock
 	sk       *epochsketch.Sketch
 	policy   string // the RateLimit-Policy field
 	quoted   string // the policy's name, quoted
-	quota    int64  // q of the policy, the most r ever says
 }
 
 // New returns a Limiter for requests per per, with the defaults of Config.
@@ -105,17 +102,7 @@ func NewWith(cfg Config) *Limiter {
 	}
 	sk := epochsketch.New(p.cfg)
 	add, addBytes := admit.Bind(sk)
-	l := &Limiter{
-		add:      add,
-		addBytes: addBytes,
-		limit:    uint32(unit * p.burst),
-		burst:    p.burst,
-		requests: cfg.Requests,
-		per:      cfg.Per,
-		tick:     p.tick,
-		clock:    cfg.Clock,
-		sk:       sk,
-	}
+	l := &Limiter{add: add, addBytes: addBytes, lim: p.lim, clock: cfg.Clock, sk: sk}
 	l.setPolicy(cfg.Name)
 	return l
 }
@@ -128,14 +115,14 @@ func (l *Limiter) Close() error { return l.sk.Close() }
 // Allow reports whether one request of key may happen now, and counts it if
 // so. It is AllowN(time.Time{}, key, 1).
 func (l *Limiter) Allow(key string) bool {
-	_, ok, _ := l.add(time.Time{}, key, unit, l.limit)
+	_, ok, _ := l.add(time.Time{}, key, rate.Unit, l.lim.Threshold)
 	return ok
 }
 
 // AllowBytes is Allow for a key held in a byte slice: the same key space as
 // Allow(string(key)), without the allocation that conversion costs.
 func (l *Limiter) AllowBytes(key []byte) bool {
-	_, ok, _ := l.addBytes(time.Time{}, key, unit, l.limit)
+	_, ok, _, _ := l.addBytes(time.Time{}, key, rate.Unit, l.lim.Threshold)
 	return ok
 }
 
@@ -155,10 +142,10 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) bool {
 	if n <= 0 {
 		return true
 	}
-	if n > l.burst {
+	if n > int(l.lim.Burst) {
 		return false
 	}
-	_, ok, _ := l.add(t, key, unit*uint32(n), l.limit)
+	_, ok, _ := l.add(t, key, rate.Counts(uint64(n)), l.lim.Threshold)
 	return ok
 }
 
@@ -189,37 +176,25 @@ func (l *Limiter) Decide(t time.Time, key string, n int) Decision {
 	var est, wt uint32
 	var ok bool
 	var tick int64
-	if n > 0 && n <= l.burst {
-		wt = unit * uint32(n)
-		est, ok, tick = l.add(t, key, wt, l.limit)
+	if n > 0 && n <= int(l.lim.Burst) {
+		wt = rate.Counts(uint64(n))
+		est, ok, tick = l.add(t, key, wt, l.lim.Threshold)
 	} else {
 		// A weight above the threshold only reads the count.
-		est, _, tick = l.add(t, key, l.limit+1, l.limit)
+		est, _, tick = l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
 		ok = n <= 0
 	}
-	d := Decision{Allowed: ok, Reset: l.untilTick(t, tick, 1)}
-	if est < l.limit {
-		d.Remaining = int(l.limit-est) / unit
-	}
-	if !ok && n <= l.burst {
-		// The first tick k at which est >> k leaves room; 0 when it fits
-		// now (the add lost its compare-and-swaps to racing writers).
-		k := int64(0)
-		for k < 24 && (est>>k)+wt > l.limit {
-			k++
-		}
-		if k > 0 {
-			d.RetryAfter = l.untilTick(t, tick, k)
-		}
+	// A t earlier than the tick it was counted in (a late caller, counted
+	// at the latest time) waits from that tick's start, so a stale t never
+	// lengthens a wait.
+	now := time.Unix(0, max(t.UnixNano(), tick*int64(l.lim.Tick)))
+	d := Decision{Allowed: ok, Reset: rate.UntilTick(now, l.lim.Tick, 1), Remaining: int(l.lim.Remaining(est))}
+	if !ok && n <= int(l.lim.Burst) {
+		// 0 when it fits now (the add lost its compare-and-swaps to
+		// racing writers).
+		d.RetryAfter = l.lim.Wait(est, wt, now)
 	}
 	return d
-}
-
-// untilTick is the time from t to the start of the k-th tick after tick.
-// A t earlier than tick's start (a late caller, counted at the latest time)
-// waits from that start, so a stale t never lengthens a wait.
-func (l *Limiter) untilTick(t time.Time, tick, k int64) time.Duration {
-	return time.Duration((tick+k)*int64(l.tick) - max(t.UnixNano(), tick*int64(l.tick)))
 }
 
 func (l *Limiter) now() time.Time {

@@ -26,15 +26,18 @@ func newManual(t *testing.T, cfg limit.Config) (*limit.Limiter, *epochsketch.Man
 	return l, clk
 }
 
-// The limits the behaviour tests run on: odd ones, a per-minute one, and
-// ones with a Burst below the default (an odd one among them).
+// The limits the behaviour tests run on: odd ones, a per-minute one, ones
+// with a Burst of 2 × Requests (never refusing Requests in any window of
+// Per), and ones with a Burst below the default (an odd one among them).
 var limits = []limit.Config{
 	{Requests: 5, Per: time.Second},
 	{Requests: 7, Per: time.Second},
 	{Requests: 3, Per: time.Second},
 	{Requests: 10, Per: time.Second},
 	{Requests: 100, Per: time.Minute},
-	{Requests: 5, Per: time.Second, Burst: 5},
+	{Requests: 5, Per: time.Second, Burst: 10},
+	{Requests: 7, Per: time.Second, Burst: 14},
+	{Requests: 100, Per: time.Minute, Burst: 200},
 	{Requests: 7, Per: time.Second, Burst: 3},
 	{Requests: 100, Per: time.Minute, Burst: 25},
 }
@@ -68,7 +71,7 @@ func TestOverloadExact(t *testing.T) {
 				want := int(int64(c.Requests) * int64(window) / int64(c.Per))
 				burst := c.Burst
 				if burst == 0 {
-					burst = 2 * c.Requests
+					burst = c.Requests
 				}
 				cold := send(l, clk, "k", gap, c.Per)
 				if cold > burst+c.Requests || cold < c.Requests {
@@ -85,11 +88,11 @@ func TestOverloadExact(t *testing.T) {
 }
 
 // TestUnderLimitNeverRefused: a client that keeps to its limit is never
-// refused. With the default Burst that is any client sending at most
+// refused. With a Burst of 2 × Requests that is any client sending at most
 // Requests in every window of Per (sliding, not aligned to anything): here
 // a client that sends whenever its last Per holds fewer than Requests, at
-// random gaps, and one sending at exactly the limit at a random phase.
-// With a smaller Burst, a client sending at most Burst/2 per tick.
+// random gaps. With any Burst, a client sending at exactly the limit at a
+// random phase (at most Burst/2 per tick).
 func TestUnderLimitNeverRefused(t *testing.T) {
 	for _, c := range limits {
 		t.Run(name(c), func(t *testing.T) {
@@ -97,7 +100,7 @@ func TestUnderLimitNeverRefused(t *testing.T) {
 				rng := rand.New(rand.NewPCG(seed, 7))
 				l, clk := newManual(t, c)
 				clk.Advance(time.Duration(rng.Int64N(int64(c.Per))))
-				if c.Burst == 0 {
+				if c.Burst == 2*c.Requests {
 					// Sliding window: hug the limit.
 					var sent []time.Time
 					for range 40 * c.Requests {
@@ -116,9 +119,9 @@ func TestUnderLimitNeverRefused(t *testing.T) {
 					}
 				}
 				// Exactly the limit, evenly (at most Burst/2 per tick when
-				// the Burst is set: the even rate at a ceiling).
+				// the Burst is below Requests: the even rate at a ceiling).
 				gap := c.Per / time.Duration(c.Requests)
-				if c.Burst != 0 {
+				if c.Burst != 0 && c.Burst < c.Requests {
 					tick := c.Per * time.Duration(c.Burst) / time.Duration(2*c.Requests)
 					gap = tick/time.Duration(c.Burst/2) + 1
 				}
@@ -136,7 +139,7 @@ func TestUnderLimitNeverRefused(t *testing.T) {
 // TestRacingOneKey: goroutines racing on one key at one instant are
 // admitted the Burst, exactly, together. Run under -race.
 func TestRacingOneKey(t *testing.T) {
-	l, _ := newManual(t, limit.Config{Requests: 100, Per: time.Second})
+	l, _ := newManual(t, limit.Config{Requests: 100, Per: time.Second, Burst: 200})
 	const goroutines, calls = 8, 100
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
@@ -194,7 +197,7 @@ func TestFloodKeepsHeavyKey(t *testing.T) {
 
 // TestDecide: what Decide says for headers, at known times.
 func TestDecide(t *testing.T) {
-	l, clk := newManual(t, limit.Config{Requests: 5, Per: time.Second})
+	l, clk := newManual(t, limit.Config{Requests: 5, Per: time.Second, Burst: 10})
 	clk.Advance(250 * time.Millisecond)
 	for i := 1; i <= 10; i++ {
 		d := l.Decide(time.Time{}, "k", 1)
@@ -241,13 +244,12 @@ func TestConfigValidate(t *testing.T) {
 		want string
 	}{
 		{limit.Config{Per: time.Second}, "Config.Requests is 0"},
-		{limit.Config{Requests: 1}, "Config.Per is 0s"},
+		{limit.Config{Requests: 1}, "Config.Per: 0s: want a positive duration"},
 		{limit.Config{Requests: 1, Per: time.Second, Burst: -1}, "Config.Burst is -1"},
 		{limit.Config{Requests: 1, Per: time.Second, Burst: limit.MaxBurst + 1}, "Config.Burst is 8388608"},
-		{limit.Config{Requests: 5_000_000, Per: time.Second}, "set Burst"},
-		{limit.Config{Requests: 1000, Per: time.Second, Burst: 1}, "raise Burst to at least 2"},
+		{limit.Config{Requests: 1000, Per: time.Second, Burst: 1}, "raise the burst to at least 2"},
 		{limit.Config{Requests: 5, Per: time.Nanosecond}, "write the rate over a Per of 1ms or more"},
-		{limit.Config{Requests: 1, Per: 1 << 62, Burst: 8}, "lower Burst or Per"},
+		{limit.Config{Requests: 1, Per: 1 << 62, Burst: 8}, "lower the burst or Per"},
 		{limit.Config{Requests: 1, Per: time.Second, NumBuckets: -1}, "limit: epochsketch: Config.NumBuckets is -1"},
 		{limit.Config{Requests: 1, Per: time.Second, Name: `a"b`}, "Config.Name"},
 	} {

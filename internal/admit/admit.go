@@ -14,8 +14,10 @@ import "time"
 type Func func(t time.Time, key string, n, limit uint32) (est uint32, ok bool, tick int64)
 
 // BytesFunc is Func for a key held in a byte slice: the same key space as
-// Func with string(key), without the conversion.
-type BytesFunc func(t time.Time, key []byte, n, limit uint32) (est uint32, ok bool, tick int64)
+// Func with string(key), without the conversion. It also reports whether
+// the add was the key's first sighting in its tick (Observe's first), which
+// SketchProxy's engine needs to teach its memory of keys.
+type BytesFunc func(t time.Time, key []byte, n, limit uint32) (est uint32, ok, first bool, tick int64)
 
 var bind func(sk any) (Func, BytesFunc)
 
