@@ -14,15 +14,17 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // exactLimiter is the same decision with exact per-key counts: an unbounded
-// map, the same tick and integer halving. The difference from the proxy is
-// only what the sketch's fixed memory costs.
+// map, the same tick, threshold and integer halving of counts (rate.Unit
+// per request). The difference from the proxy is only what the sketch's
+// fixed memory costs.
 type exactLimiter struct {
 	tick  time.Duration
-	theta uint64
-	free  bool // refused requests do not count
+	theta uint64 // in counts
+	free  bool   // refused requests do not count
 	m     map[string]exactCount
 }
 
@@ -38,12 +40,12 @@ func (e *exactLimiter) observe(key string, now time.Time) (bool, uint64) {
 	if age := tk - x.t; age < 64 {
 		c = x.c >> age
 	}
-	ok := c+1 <= e.theta
+	ok := c+rate.Unit <= e.theta
 	if ok || !e.free {
-		c++
+		c += rate.Unit
 	}
 	e.m[key] = exactCount{c, tk}
-	return ok, c
+	return ok, c / rate.Unit
 }
 
 // slidingLog is the textbook exact limiter: at most L requests (counted
@@ -100,7 +102,7 @@ func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint
 	ru := mw.state.Load().rules[0].eng
 	lim := ru.Limits[0]
 	free := refused == "free"
-	ex := &exactLimiter{tick: lim.Tick, theta: uint64(lim.Theta), free: free, m: map[string]exactCount{}}
+	ex := &exactLimiter{tick: lim.Tick, theta: uint64(lim.Threshold), free: free, m: map[string]exactCount{}}
 	sl := &slidingLog{per: time.Minute, l: 100, free: free, m: map[string][]time.Time{}}
 	r := rand.New(rand.NewPCG(seed, 1))
 	zipf := rand.NewZipf(r, 1.2, 1, 49_999)

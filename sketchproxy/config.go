@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v4"
 
+	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -208,6 +209,8 @@ type Rule struct {
 	Refused string `yaml:"refused"`
 	// MaxInFlight caps one key's requests in progress (streams), 0 = none.
 	MaxInFlight int `yaml:"max_in_flight"`
+
+	block bool // every hit is over: Envoy's requests_per_unit: 0
 }
 
 // Match selects requests; empty fields match everything.
@@ -232,8 +235,9 @@ type Limit struct {
 	Name     string   `yaml:"name"`
 	Requests float64  `yaml:"requests"`
 	Per      Duration `yaml:"per"`
-	// Burst is the most requests a quiet key may send at once (default
-	// Requests, at most 2^23).
+	// Burst is the most requests a quiet key may send at once: default
+	// (0) Requests, rounded; 1 to 8,388,607 (package rate, which compiles
+	// every door's limits and package limit's alike).
 	Burst float64 `yaml:"burst"`
 }
 
@@ -495,6 +499,7 @@ func (c *Config) spec(b *built) *engine.Spec {
 			DelayAbove: c.Tarpit.DelayAbove, DripAbove: c.Tarpit.DripAbove,
 			RejectAbove: c.Tarpit.RejectAbove, BanAbove: c.Tarpit.BanAbove,
 			BanFor: time.Duration(c.Tarpit.BanFor), MaxDelay: time.Duration(c.Tarpit.MaxDelay),
+			MaxHeld: c.Tarpit.MaxHeld, MaxHeldPerKey: c.Tarpit.MaxHeldPerKey,
 		},
 		NewKeys: engine.NewKeysSpec{
 			Disabled: c.NewKeys.Disabled, SpikeFactor: c.NewKeys.SpikeFactor,
@@ -516,9 +521,9 @@ func (c *Config) spec(b *built) *engine.Spec {
 
 // spec is the prepared rule as the engine compiles it.
 func (rc *Rule) spec() engine.RuleSpec {
-	rs := engine.RuleSpec{Name: rc.Name, Shadow: rc.Shadow, Tarpit: rc.Tarpit, CountRefused: rc.Refused == "count", MaxInFlight: rc.MaxInFlight}
+	rs := engine.RuleSpec{Name: rc.Name, Shadow: rc.Shadow, Tarpit: rc.Tarpit, CountRefused: rc.Refused == "count", MaxInFlight: rc.MaxInFlight, Block: rc.block}
 	for _, l := range rc.Limits {
-		rs.Limits = append(rs.Limits, engine.LimitSpec{Name: l.Name, Requests: l.Requests, Per: time.Duration(l.Per), Burst: l.Burst})
+		rs.Limits = append(rs.Limits, engine.LimitSpec{Name: l.Name, Rate: l.rate()})
 	}
 	if b := rc.Budget; b != nil {
 		rs.Budget = &engine.BudgetSpec{Name: b.Name, Units: b.Units, Per: time.Duration(b.Per), Unit: b.Unit, Cost: b.Cost, Reserve: b.Reserve, FailOpen: b.FailOpen,
@@ -880,15 +885,12 @@ func (c *Config) validateRule(b *built, i int, names map[string]int) error {
 		if err := checkRate(l.Requests, time.Duration(l.Per)); err != nil {
 			return at(err.Error(), "limits", j)
 		}
-		if l.Burst == 0 {
-			l.Burst = math.Min(l.Requests, engine.MaxThreshold)
+		rl, err := compileRate(l.rate(), func(msg string, field string) error { return at(msg, "limits", j, field) })
+		if err != nil {
+			return err
 		}
-		if l.Burst < 1 || l.Burst > engine.MaxThreshold {
-			return at(fmt.Sprintf("burst %g: want 1 to %d", l.Burst, engine.MaxThreshold), "limits", j, "burst")
-		}
-		if engine.TickFor(l.Requests, time.Duration(l.Per), l.Burst) < time.Millisecond {
-			return at(fmt.Sprintf("%g per %v with burst %g needs a tick under 1ms: raise the burst", l.Requests, time.Duration(l.Per), l.Burst), "limits", j)
-		}
+		l.Burst = float64(rl.Burst) // the default applied, as compiled
+
 	}
 	if b := r.Budget; b != nil {
 		if b.Name == "" {
@@ -912,9 +914,9 @@ func (c *Config) validateRule(b *built, i int, names map[string]int) error {
 		if b.Unit > 1<<40 {
 			return at(fmt.Sprintf("unit %d: at most 2^40", b.Unit), "budget", "unit")
 		}
-		if counts := b.Units / float64(b.Unit); counts > engine.MaxThreshold {
-			return at(fmt.Sprintf("units %g: at most %d counts per period (a slot's count is 24 bits, read at twice the rate); set unit: %d or more",
-				b.Units, engine.MaxThreshold, uint64(math.Ceil(b.Units/engine.MaxThreshold))), "budget", "units")
+		if counts := b.Units / float64(b.Unit); counts > rate.MaxBurst {
+			return at(fmt.Sprintf("units %g: at most %d counts per period (a slot's count is 24 bits, two per unit); set unit: %d or more",
+				b.Units, rate.MaxBurst, uint64(math.Ceil(b.Units/rate.MaxBurst))), "budget", "units")
 		} else if counts < 1 {
 			return at(fmt.Sprintf("units %g is less than one unit of %d", b.Units, b.Unit), "budget", "unit")
 		}
@@ -975,6 +977,23 @@ func defaultLimitName(per time.Duration, taken map[string]bool) string {
 		name = fmt.Sprintf("per-%s-%d", strings.ReplaceAll(s, ".", "_"), n)
 	}
 	return name
+}
+
+// rate is the limit as package rate compiles it, as every door's limits
+// are.
+func (l *Limit) rate() rate.Rate {
+	return rate.Rate{Requests: l.Requests, Per: time.Duration(l.Per), Burst: l.Burst}
+}
+
+// compileRate compiles r, or says what is wrong through at, with the YAML
+// name of the field at fault (requests, per or burst).
+func compileRate(r rate.Rate, at func(msg, field string) error) (rate.Limit, error) {
+	l, err := r.Compile()
+	var re *rate.Error
+	if errors.As(err, &re) {
+		return l, at(re.Msg, strings.ToLower(re.Field))
+	}
+	return l, nil
 }
 
 func checkRate(n float64, per time.Duration) error {

@@ -603,3 +603,35 @@ func codeKey(mw *Middleware, key string) int {
 	mw.ServeHTTP(w, r)
 	return w.Code
 }
+
+// A padded key part is judged as any other: counted under a digest of it
+// (the same padding is the same key), and a per-client rule beside it
+// still refuses the client at its limit, whatever each request pads.
+func TestPaddedKeyPartJudgedAlone(t *testing.T) {
+	h := newHarness(t, `rules:
+  - name: per-client
+    limits: [{requests: 3, per: 1m}]
+  - name: per-key
+    key: ["header:X-API-Key"]
+    limits: [{requests: 2, per: 1m}]
+`)
+	pad := strings.Repeat("k", 5000)
+	for i := range 2 {
+		if w := h.req("192.0.2.7", "X-API-Key", pad); w.Code != 200 {
+			t.Fatalf("request %d with a 5,000-byte key: %d", i+1, w.Code)
+		}
+	}
+	if w := h.req("192.0.2.8", "X-API-Key", pad); w.Code != http.StatusTooManyRequests {
+		t.Errorf("the same 5,000-byte key a third time (2 a minute): %d", w.Code)
+	}
+	// One client, a new padding each time: its per-client limit holds.
+	admitted := 0
+	for i := range 6 {
+		if h.req("192.0.2.9", "X-API-Key", pad+strconv.Itoa(i)).Code == 200 {
+			admitted++
+		}
+	}
+	if admitted != 3 {
+		t.Errorf("a client rotating 5,000-byte keys was admitted %d of 6, want its 3", admitted)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -86,7 +87,7 @@ var (
 	dReconciled      = newDesc("budget_reconciled_units_total", prometheus.CounterValue, "Units charged from the upstream's reports beyond the up-front cost: what the wallets were charged, after rounding to the unit and saturation.")
 	dReported        = newDesc("budget_reported_units_total", prometheus.CounterValue, "Units the upstream reported in reconcile headers and trailers (a report beyond 2^64-1 counts as 2^64-1).")
 	dReconcileErrors = newDesc("budget_reconcile_errors_total", prometheus.CounterValue, "Reconcile reports that were not a whole number (logged; only the cost was charged).")
-	dSketchBytes     = newDesc("sketch_bytes", prometheus.GaugeValue, "Memory of each sketch's table.", "tick", "buckets")
+	dSketchBytes     = newDesc("sketch_bytes", prometheus.GaugeValue, "Memory of each sketch's table.", "tick", "burst", "buckets")
 	dTop             = newDesc("top_offender_level", prometheus.GaugeValue, "Each rule's heaviest keys now (by keyed hash): estimate / threshold of the rule's first limit.", "rule", "key")
 	dStateSaves      = newDesc("state_saves_total", prometheus.CounterValue, "State file saves by result.", "result")
 	dStateLoads      = newDesc("state_loads_total", prometheus.CounterValue, "State file loads at start by result.", "result")
@@ -99,11 +100,11 @@ var (
 		d   desc
 		get func(engine.Stats) uint64
 	}{
-		{newDesc("sketch_evictions_total", prometheus.CounterValue, "Slots won from a live occupant.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.Evictions }},
-		{newDesc("sketch_chips_total", prometheus.CounterValue, "Counts taken from weakest occupants by the lottery.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.Chips }},
-		{newDesc("sketch_challenges_lost_total", prometheus.CounterValue, "Keys not tracked because their bucket was full of stronger keys.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.ChallengesLost }},
-		{newDesc("sketch_scrubbed_zombies_total", prometheus.CounterValue, "Slots silent for 24 ticks cleared.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.ScrubbedZombies }},
-		{newDesc("sketch_cas_retries_exhausted_total", prometheus.CounterValue, "Increments dropped after 4 lost compare-and-swaps.", "tick", "buckets"), func(s engine.Stats) uint64 { return s.CASRetriesExhausted }},
+		{newDesc("sketch_evictions_total", prometheus.CounterValue, "Slots won from a live occupant.", "tick", "burst", "buckets"), func(s engine.Stats) uint64 { return s.Evictions }},
+		{newDesc("sketch_chips_total", prometheus.CounterValue, "Counts taken from weakest occupants by the lottery.", "tick", "burst", "buckets"), func(s engine.Stats) uint64 { return s.Chips }},
+		{newDesc("sketch_challenges_lost_total", prometheus.CounterValue, "Keys not tracked because their bucket was full of stronger keys.", "tick", "burst", "buckets"), func(s engine.Stats) uint64 { return s.ChallengesLost }},
+		{newDesc("sketch_scrubbed_zombies_total", prometheus.CounterValue, "Slots silent for 24 ticks cleared.", "tick", "burst", "buckets"), func(s engine.Stats) uint64 { return s.ScrubbedZombies }},
+		{newDesc("sketch_cas_retries_exhausted_total", prometheus.CounterValue, "Increments dropped after 4 lost compare-and-swaps.", "tick", "burst", "buckets"), func(s engine.Stats) uint64 { return s.CASRetriesExhausted }},
 	}
 
 	dFleetUp       = newDesc("fleet_up", prometheus.GaugeValue, "1 while Redis answers and limits are fleet-wide; 0: local at 1/N.")
@@ -164,11 +165,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit(dDecisions, float64(n), rule, o.String(), strconv.FormatBool(shadow))
 	})
 
-	emit(dHeld, float64(m.held.Load()))
+	emit(dHeld, float64(m.eng.Held()))
 	emit(dCapacity, float64(st.cfg.Tarpit.MaxHeld))
-	spiking, rate, total := m.eng.Spiking(st.set, now)
+	spiking, newPerSecond, total := m.eng.Spiking(st.set, now)
 	emit(dNewKeys, float64(total))
-	emit(dNewKeysRate, rate)
+	emit(dNewKeysRate, newPerSecond)
 	spike := 0.0
 	if spiking {
 		spike = 1
@@ -180,12 +181,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dReported, float64(m.met.reported.Load()))
 	emit(dReconcileErrors, float64(m.met.reconcileErrors.Load()))
 
-	st.set.SketchStats(func(tick time.Duration, buckets int, stats engine.Stats) {
-		t, b := tick.String(), strconv.Itoa(buckets)
+	st.set.SketchStats(func(tick time.Duration, threshold uint32, buckets int, stats engine.Stats) {
+		t, u, b := tick.String(), strconv.Itoa(int(threshold/rate.Unit)), strconv.Itoa(buckets)
 		for _, s := range sketchStats {
-			emit(s.d, float64(s.get(stats)), t, b)
+			emit(s.d, float64(s.get(stats)), t, u, b)
 		}
-		emit(dSketchBytes, float64(buckets*64), t, b)
+		emit(dSketchBytes, float64(buckets*64), t, u, b)
 	})
 
 	for _, ru := range st.set.Rules {

@@ -50,11 +50,7 @@ type Middleware struct {
 	// the start, if any: its path stays the check's there (checkHere).
 	startCheck *ForwardAuthConfig
 
-	eng      *engine.Engine     // every decision; the only holder of sketches
-	held     atomic.Int64       // tarpitted requests held now
-	heldKeys *engine.CountMin   // the same, per key
-	wallets  engine.WalletLocks // a wallet's check and its charge, as one step per key
-	clients  *engine.CountMin   // requests in progress per client address
+	eng      *engine.Engine // every decision; the only holder of sketches
 	logs     logLimiter
 	refusals refusalLog // the decision log, aggregated by rule
 	billLogs logLimiter // reconcile errors: a flood of refusals never hides them
@@ -107,21 +103,19 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		opts.Logger = slog.Default()
 	}
 	if opts.Sleep == nil {
-		opts.Sleep = sleepCtx
+		opts.Sleep = engine.Sleep
 	}
 	m := &Middleware{
 		next:      next,
 		opts:      opts,
 		log:       opts.Logger,
-		heldKeys:  engine.NewCountMin(),
-		clients:   engine.NewCountMin(),
 		latencies: map[string]prometheus.Observer{},
 	}
 	cfg, b, err := cfg.prepared()
 	if err != nil {
 		return nil, err
 	}
-	eo := engine.Options{Clock: opts.Clock, Seed: opts.Seed}
+	eo := engine.Options{Clock: opts.Clock, Seed: opts.Seed, Sleep: opts.Sleep}
 	if cfg.Fleet != nil {
 		// The fleet starts before the engine, which asks it; its settings
 		// take a restart.
@@ -491,7 +485,7 @@ func (ru *rule) allowlisted(addr netip.Addr, key string) bool {
 // Every rule decides first, counting nothing. A request that every rule
 // admits is then counted in every limit and charged to every wallet; a
 // refused one is counted only by rules with refused: count, and charged to
-// no wallet.
+// no wallet (engine.Decide).
 func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.checkHere(r.URL.Path) {
 		m.forwardAuth(w, r) // the check's path, in any spelling, is never proxied
@@ -540,10 +534,6 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if chk != nil && st.cfg.ForwardAuth != nil {
 		rq.refusal = st.cfg.ForwardAuth.RefusalStatus
 	}
-	if !m.holdClient(w, r, st, rq) {
-		return
-	}
-	defer m.clients.Add("", rq.client, -1)
 	if len(matched) > 0 {
 		defer func() {
 			d := time.Since(begin).Seconds()
@@ -552,21 +542,35 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 		}()
 	}
-	verdicts, worst := m.decideAll(r, st, matched, rq, now)
-	a, ok := m.reserve(r, st, verdicts, worst, rq, now)
-	if !ok {
-		return // the client went away while the tarpit held it
+	d := m.decide(r, st, matched, rq, now, chk != nil)
+	defer d.Done()
+	for i := range d.Verdicts {
+		if v := &d.Verdicts[i]; v.Shadow && v.Out.Refuses() {
+			m.logDecision(r, v, true)
+		}
 	}
-	// Count: everything for an admitted request, only refused: count rules
-	// for a refused one.
-	for i := range verdicts {
-		m.eng.Commit(st.set, &verdicts[i], a.admitted, rq.sc)
+	switch {
+	case d.Gone: // the client went away while the tarpit held it
+	case !d.Admitted:
+		m.answerRefusal(w, r, st, &d, rq)
+	default:
+		m.forward(w, r, next, st, &d)
 	}
-	if !a.admitted {
-		m.answerRefusal(w, r, st, verdicts, &a.refusal, rq, now)
-		return
+}
+
+// decide hands the request's facts to the engine: for each matched rule,
+// the request's key under it and whether the rule's allow list exempts it.
+func (m *Middleware) decide(r *http.Request, st *state, matched []*rule, rq *request, now time.Time, check bool) engine.Decision {
+	var room [8]engine.Fact
+	facts := room[:0]
+	for _, ru := range matched {
+		key := ru.key(&st.cfg.ClientIP, rq)
+		facts = append(facts, engine.Fact{Rule: ru.eng, Key: key, Allowlisted: ru.allowlisted(rq.addr, key)})
 	}
-	m.forward(w, r, next, st, verdicts, &a, rq, now)
+	rq.client = st.cfg.ClientIP.group(rq.addr)
+	return m.eng.Decide(r.Context(), st.set, now, &engine.Request{
+		Facts: facts, Client: rq.client, ClientCap: *st.cfg.Server.MaxInFlightPerClient, NoDrip: check,
+	}, rq.sc)
 }
 
 // screen refuses what no rule can judge safely (an ambiguous path or key,
@@ -639,206 +643,56 @@ func (rq *request) free() {
 	}
 }
 
-// holdClient takes one of the client address's places for requests in
-// progress (server.max_in_flight_per_client), or refuses the request with
-// 429. The caller gives the place back when the request ends.
-func (m *Middleware) holdClient(w http.ResponseWriter, r *http.Request, st *state, rq *request) bool {
-	rq.client = st.cfg.ClientIP.group(rq.addr)
-	n := *st.cfg.Server.MaxInFlightPerClient
-	if n <= 0 {
-		m.clients.Add("", rq.client, 1) // counted, so the caller's release balances
-		return true
-	}
-	if m.clients.Acquire("", rq.client, n) {
-		return true
-	}
-	m.met.clientCap.Add(1)
+// answerRefusal writes a refusal: 429 (503 for a wallet that cannot be
+// tracked, or the forward-auth check's status), dripped if the tarpit
+// says so.
+func (m *Middleware) answerRefusal(w http.ResponseWriter, r *http.Request, st *state, d *engine.Decision, rq *request) {
 	closeIfBody(w, r)
-	v := verdict{Out: engine.InFlight, Key: rq.client, Retry: time.Second}
-	m.logDecision(r, &v, false)
-	m.refuse(w, st, &v, nil, rq.code(http.StatusTooManyRequests))
-	return false
-}
-
-// decideAll runs every matched rule's limits without counting, and returns
-// the verdicts and the worst of the non-shadow ones.
-func (m *Middleware) decideAll(r *http.Request, st *state, matched []*rule, rq *request, now time.Time) ([]verdict, verdict) {
-	var room [8]engine.Fact
-	facts := room[:0]
-	for _, ru := range matched {
-		key := ru.key(&st.cfg.ClientIP, rq)
-		facts = append(facts, engine.Fact{Rule: ru.eng, Key: key, Allowlisted: ru.allowlisted(rq.addr, key)})
+	if d.Worst.Rule == nil {
+		m.met.clientCap.Add(1) // server.max_in_flight_per_client
+		d.Worst.Key = rq.client
 	}
-	verdicts := make([]verdict, len(matched))
-	worst := m.eng.Decide(st.set, facts, now, rq.sc, verdicts)
-	for i := range verdicts {
-		if v := &verdicts[i]; v.Shadow && v.Out != engine.Allow {
-			m.logDecision(r, v, true)
-		}
-	}
-	return verdicts, worst
-}
-
-// admission is what reserve decided: admitted, or the refusal; the wallets
-// to charge (verdict indexes) and the in-flight places held.
-type admission struct {
-	admitted bool
-	refusal  verdict
-	charged  []int
-	inflight []charge
-}
-
-// release gives the in-flight places back.
-func (a *admission) release() {
-	for _, c := range a.inflight {
-		c.ru.InFlight.Add(c.ru.Name, c.key, -1)
-	}
-	a.inflight = nil
-}
-
-// reserve holds a delayed request in the tarpit, then reserves what can be
-// given back (wallets' room, in-flight places) and charges the wallets of
-// an admitted request. ok is false when the client left while held.
-func (m *Middleware) reserve(r *http.Request, st *state, verdicts []verdict, worst verdict, rq *request, now time.Time) (a admission, ok bool) {
-	a.refusal = worst
-	a.admitted = worst.Out == engine.Allow || worst.Out == engine.Delay
-	if worst.Out == engine.Delay {
-		// Held before anything is reserved or charged: a client that
-		// leaves while held costs nothing (its attempt counted already,
-		// as every attempt does in a tarpit rule).
-		if !m.hold(worst.Rule.Name, worst.Key, st) {
-			a.refusal.Out, a.admitted = engine.TarpitFull, false
-		} else {
-			err := m.opts.Sleep(r.Context(), worst.Delay)
-			m.release(worst.Rule.Name, worst.Key)
-			if err != nil {
-				worst.Rule.Counts.Count(engine.Delay, false)
-				return a, false
-			}
-		}
-	}
-	if a.admitted {
-		// From a wallet's check to its charge, no other request may check
-		// the same wallet: two that both saw room for one more reservation
-		// would both take it, past the budget.
-		locked := m.wallets.Lock(verdicts)
-		defer m.wallets.Unlock(locked)
-	}
-	for i := 0; a.admitted && i < len(verdicts); i++ {
-		v := &verdicts[i]
-		ru := v.Rule
-		if v.Out == engine.Allowlisted {
-			continue
-		}
-		if ru.Budget != nil {
-			if bv, ok := m.eng.CheckBudget(st.set, v, now, rq.sc); !ok {
-				if v.Shadow {
-					ru.Counts.Count(bv.Out, true)
-					m.logDecision(r, &bv, true)
-				} else {
-					a.refusal, a.admitted = bv, false
-					break
-				}
-			} else {
-				a.charged = append(a.charged, i)
-			}
-		}
-		if ru.InFlight != nil {
-			if !ru.InFlight.Acquire(ru.Name, v.Key, ru.MaxInFlight) {
-				iv := verdict{Out: engine.InFlight, Rule: ru, Key: v.Key}
-				if v.Shadow {
-					ru.Counts.Count(engine.InFlight, true)
-					m.logDecision(r, &iv, true)
-					continue
-				}
-				a.refusal, a.admitted = iv, false
-				break
-			}
-			a.inflight = append(a.inflight, charge{ru: ru, key: v.Key})
-		}
-	}
-	if a.admitted {
-		for n, i := range a.charged {
-			if !m.eng.Charge(verdicts[i].Rule, verdicts[i].Key, rq.sc) {
-				// An admission miss: the lottery may admit the key on a
-				// retry, so it retries soon.
-				a.refusal, a.admitted = verdict{Out: engine.BudgetUnknown, Rule: verdicts[i].Rule, Key: verdicts[i].Key, Retry: time.Second}, false
-				for _, k := range a.charged[:n] { // costs stay charged; reservations go
-					m.eng.Unhold(verdicts[k].Rule, verdicts[k].Key)
-				}
-				break
-			}
-		}
-	}
-	if !a.admitted {
-		a.release()
-	}
-	return a, true
-}
-
-// answerRefusal writes a refusal with a Retry-After that covers every
-// limit, ban and wallet the request matched.
-func (m *Middleware) answerRefusal(w http.ResponseWriter, r *http.Request, st *state, verdicts []verdict, refusal *verdict, rq *request, now time.Time) {
-	closeIfBody(w, r)
-	refusal.Retry = max(refusal.Retry, time.Second, m.eng.RetryAll(st.set, verdicts, now, rq.sc))
-	if refusal.Out == engine.InFlight {
-		refusal.Retry = time.Second // a place frees when a request ends: no promise
-	}
-	refusal.Rule.Counts.Count(refusal.Out, false)
-	m.logDecision(r, refusal, false)
+	m.logDecision(r, &d.Worst, false)
 	code := http.StatusTooManyRequests
-	if refusal.Out == engine.BudgetUnknown {
+	if d.Unavailable() {
 		code = http.StatusServiceUnavailable
 	}
-	if refusal.Out == engine.Drip && rq.refusal == 0 {
-		m.drip(w, r, st, refusal, verdicts)
+	if d.Drip {
+		m.drip(w, r, st, d)
 		return
 	}
-	m.refuse(w, st, refusal, verdicts, rq.code(code))
+	m.refuse(w, st, d, rq.code(code))
 }
 
 // forward sends an admitted request on: the rate-limit fields, the body's
 // deadline and buffer, the wallets' settlements, then the next handler.
-func (m *Middleware) forward(w http.ResponseWriter, r *http.Request, next http.Handler, st *state, verdicts []verdict, a *admission, rq *request, now time.Time) {
-	defer a.release()
-	charged := a.charged
-	for i := range verdicts {
-		if v := &verdicts[i]; v.Out == engine.Allow || v.Out == engine.Delay {
-			v.Rule.Counts.Count(v.Out, false)
-		}
-	}
+func (m *Middleware) forward(w http.ResponseWriter, r *http.Request, next http.Handler, st *state, d *engine.Decision) {
 	if !st.cfg.Headers.Off {
-		m.setHeaders(w.Header(), st, verdicts, rq.sc, now, false)
+		m.setHeaders(w.Header(), st, &d.Fields)
 	}
 	if !m.prepareBody(w, r, &st.cfg.Server) {
 		return
 	}
 	m.met.inFlight.Add(1)
 	defer m.met.inFlight.Add(-1)
-	if len(charged) > 0 {
-		rcs := make(settlements, len(charged))
-		for j, i := range charged {
-			rcs[j] = &settlement{m: m, ru: verdicts[i].Rule, key: verdicts[i].Key}
+	if len(d.Wallets) > 0 {
+		rcs := make(settlements, len(d.Wallets))
+		for i, wl := range d.Wallets {
+			rcs[i] = &settlement{m: m, w: wl}
 		}
 		var done func()
 		r, done = m.detach(r, rcs)
 		rw := &reconcileWriter{ResponseWriter: w, rcs: rcs}
 		defer func() {
 			// Usage sent as a trailer is in the header map now; whatever
-			// was never reported, the reservation is released.
+			// was never reported, Done releases the reservation (unless a
+			// drain of the response still looks for the report).
 			rcs.settle(rw.Header(), true)
-			rcs.release()
 			done()
 		}()
 		w = rw
 	}
 	next.ServeHTTP(w, r)
-}
-
-// charge is a rule and the key a request was counted under in it.
-type charge struct {
-	ru  *engine.Rule
-	key string
 }
 
 // reconcileWriter settles a request's wallets from the response header
@@ -867,36 +721,6 @@ func (rw *reconcileWriter) Write(p []byte) (int, error) {
 // Unwrap lets http.ResponseController reach Flush and Hijack (SSE,
 // WebSocket).
 func (rw *reconcileWriter) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
-
-// hold takes a tarpit place for key, or reports the caps full.
-func (m *Middleware) hold(rule, key string, st *state) bool {
-	t := &st.cfg.Tarpit
-	if m.held.Add(1) > int64(t.MaxHeld) {
-		m.held.Add(-1)
-		return false
-	}
-	if !m.heldKeys.Acquire(rule, key, t.MaxHeldPerKey) {
-		m.held.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (m *Middleware) release(rule, key string) {
-	m.heldKeys.Add(rule, key, -1)
-	m.held.Add(-1)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
 
 func formatNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 

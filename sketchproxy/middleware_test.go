@@ -317,10 +317,10 @@ rules:
 	// before it takes itself off (the check against the cap), so the sum
 	// alone can reach 300 one refusal early: wait for both.
 	deadline := time.Now().Add(10 * time.Second)
-	for (h.mw.held.Load() != 20 || full.Load() != keys*3-20) && time.Now().Before(deadline) {
+	for (h.mw.eng.Held() != 20 || full.Load() != keys*3-20) && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	held := h.mw.held.Load()
+	held := h.mw.eng.Held()
 	gor := runtime.NumGoroutine() - base
 	if held != 20 {
 		t.Errorf("held %d, want the cap of 20", held)
@@ -333,8 +333,8 @@ rules:
 	}
 	close(release)
 	wg.Wait()
-	if passed.Load() != 20 || h.mw.held.Load() != 0 {
-		t.Errorf("after release: %d passed, %d still held", passed.Load(), h.mw.held.Load())
+	if passed.Load() != 20 || h.mw.eng.Held() != 0 {
+		t.Errorf("after release: %d passed, %d still held", passed.Load(), h.mw.eng.Held())
 	}
 	t.Logf("300 tarpitted requests: 20 held, %d goroutines above baseline, %d refused at once", gor, full.Load())
 }
@@ -522,7 +522,7 @@ func TestMetrics(t *testing.T) {
 		{"sketchproxy_decisions_total", `outcome="reject",rule="api",shadow="false"`, 15},
 		{"sketchproxy_new_keys_total", ``, 2},
 		{"sketchproxy_tarpit_held", ``, 0},
-		{"sketchproxy_sketch_bytes", `buckets="65536",tick="5s"`, 4194304},
+		{"sketchproxy_sketch_bytes", `buckets="65536",burst="5",tick="5s"`, 4194304},
 		{"sketchproxy_top_offender_level", `key="` + h.mw.display("203.0.113.66") + `",rule="api"`, 1},
 		{"sketchproxy_request_duration_seconds", `rule="api"`, 21}, // a histogram: its count
 	} {

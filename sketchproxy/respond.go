@@ -14,20 +14,20 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // setHeaders writes the RateLimit-Policy and RateLimit fields of
 // draft-ietf-httpapi-ratelimit-headers-10 (engine.Fields says what they
 // hold), and the legacy X-RateLimit-* if configured.
-func (m *Middleware) setHeaders(h http.Header, st *state, vs []verdict, sc *engine.Scratch, now time.Time, refused bool) {
-	f, ok := m.eng.Fields(vs, refused, now, sc)
-	if !ok {
+func (m *Middleware) setHeaders(h http.Header, st *state, f *engine.Fields) {
+	if !f.Any {
 		return
 	}
 	h[hdrPolicy] = []string{f.Policy}
-	if f.RateLimit != "" {
-		h[hdrRateLimit] = []string{f.RateLimit}
+	if len(f.RateLimit) > 0 {
+		h[hdrRateLimit] = []string{string(f.RateLimit)}
 	}
 	if st.cfg.Headers.Legacy {
 		h.Set("X-RateLimit-Limit", strconv.FormatInt(f.LegacyLimit, 10))
@@ -59,10 +59,10 @@ type problem struct {
 // quotaExceeded is the draft's problem type for a client over its quota.
 const quotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
-func (m *Middleware) problemFor(v *verdict, code int) problem {
+func (m *Middleware) problemFor(v *verdict, retry time.Duration, code int) problem {
 	p := problem{
 		Type: "about:blank", Title: http.StatusText(code), Status: code,
-		Outcome: v.Out.String(), RetryAfter: engine.Seconds(v.Retry),
+		Outcome: v.Out.String(), RetryAfter: rate.Seconds(retry),
 		Level: math.Round(v.Level*100) / 100,
 	}
 	ru := v.Rule
@@ -96,26 +96,23 @@ func (m *Middleware) problemFor(v *verdict, code int) problem {
 }
 
 // refusal sets a refusal's headers and returns its problem+json body.
-func (m *Middleware) refusal(h http.Header, st *state, v *verdict, vs []verdict, code int) []byte {
-	sc := scratchPool.Get().(*engine.Scratch)
-	m.setHeaders(h, st, vs, sc, m.now(), true)
-	sc.Reset()
-	scratchPool.Put(sc)
-	h.Set("Retry-After", strconv.FormatInt(engine.Seconds(v.Retry), 10))
+func (m *Middleware) refusal(h http.Header, st *state, d *engine.Decision, code int) []byte {
+	m.setHeaders(h, st, &d.Fields)
+	h.Set("Retry-After", strconv.FormatInt(rate.Seconds(d.Retry), 10))
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	if v.Out == engine.Ban {
+	if d.Close() {
 		h.Set("Connection", "close")
 	}
-	body, _ := json.Marshal(m.problemFor(v, code))
+	body, _ := json.Marshal(m.problemFor(&d.Worst, d.Retry, code))
 	body = append(body, '\n')
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	return body
 }
 
 // refuse writes a refusal at once.
-func (m *Middleware) refuse(w http.ResponseWriter, st *state, v *verdict, vs []verdict, code int) {
-	body := m.refusal(w.Header(), st, v, vs, code)
+func (m *Middleware) refuse(w http.ResponseWriter, st *state, d *engine.Decision, code int) {
+	body := m.refusal(w.Header(), st, d, code)
 	w.WriteHeader(code)
 	w.Write(body)
 }
@@ -147,18 +144,11 @@ func writeProblem(w http.ResponseWriter, code int, detail string) {
 }
 
 // drip holds the client with a 429 written a byte at a time, without
-// touching the upstream, for at most MaxDelay; with the tarpit at its caps it
-// refuses at once.
-func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, v *verdict, vs []verdict) {
-	if !m.hold(v.Rule.Name, v.Key, st) {
-		v.Out = engine.TarpitFull
-		v.Rule.Counts.Count(engine.TarpitFull, false)
-		m.refuse(w, st, v, vs, http.StatusTooManyRequests)
-		return
-	}
-	defer m.release(v.Rule.Name, v.Key)
+// touching the upstream, for at most MaxDelay (the engine holds its
+// tarpit place until the decision is Done).
+func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, d *engine.Decision) {
 	t := &st.cfg.Tarpit
-	body := m.refusal(w.Header(), st, v, vs, http.StatusTooManyRequests)
+	body := m.refusal(w.Header(), st, d, http.StatusTooManyRequests)
 	w.WriteHeader(http.StatusTooManyRequests)
 	rc := http.NewResponseController(w)
 	deadline := time.Duration(t.MaxDelay)
@@ -195,7 +185,7 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 	attrs := []any{
 		"rule", rule, "outcome", v.Out.String(), "shadow", shadow,
 		"key", m.display(v.Key), "method", r.Method, "path", truncate(r.URL.Path, 256), // slog quotes and escapes control bytes
-		"retry_after_s", engine.Seconds(v.Retry),
+		"retry_after_s", rate.Seconds(v.Retry),
 	}
 	if v.Limit != nil {
 		attrs = append(attrs, "limit", v.Limit.Name, "estimate", v.Est, "threshold", v.Theta)

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -377,8 +378,8 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, 
 	if !ok {
 		return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "unit")...)
 	}
-	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > engine.MaxThreshold {
-		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, engine.MaxThreshold), append(p, "requests_per_unit")...)
+	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > rate.MaxBurst {
+		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, rate.MaxBurst), append(p, "requests_per_unit")...)
 	}
 	if rl.RequestsPerUnit == 0 && c.root != nil && !c.given(append(p, "requests_per_unit")...) {
 		return c.errAt("missing: requests_per_unit (write 0 to refuse every request)", p...)
@@ -386,13 +387,19 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, 
 	n.unit, n.requests = u.u, uint32(rl.RequestsPerUnit)
 	rule := Rule{Shadow: dd.ShadowMode, Refused: "free"}
 	if rl.RequestsPerUnit == 0 {
-		n.limit = rlsBlock // a rule without limits: metrics only
+		n.limit, rule.block = rlsBlock, true // every hit is over
 	} else {
-		if engine.TickFor(rl.RequestsPerUnit, u.d, rl.RequestsPerUnit) < time.Millisecond {
-			return c.errAt(fmt.Sprintf("%g per %s needs a tick under 1ms", rl.RequestsPerUnit, rl.Unit), p...)
+		// requests_per_unit per unit, with package rate's default burst
+		// (as many at once): the same words mean the same limit as a
+		// rule's requests and per.
+		lim := Limit{Name: "limit", Requests: rl.RequestsPerUnit, Per: Duration(u.d)}
+		rl, err := compileRate(lim.rate(), func(msg, _ string) error { return c.errAt(msg, p...) })
+		if err != nil {
+			return err
 		}
+		lim.Burst = float64(rl.Burst)
 		n.limit = rlsLimited
-		rule.Limits = []Limit{{Name: "limit", Requests: rl.RequestsPerUnit, Per: Duration(u.d), Burst: rl.RequestsPerUnit}}
+		rule.Limits = []Limit{lim}
 	}
 	// The rule's name keys its counts and metrics: unique, even where
 	// printable folded two names into one.
@@ -422,14 +429,6 @@ func printable(s string) string {
 	return string(b)
 }
 
-// Bounds on one ShouldRateLimit request: Envoy sends a few descriptors of a
-// few short entries; anything far larger is refused, not hashed.
-const (
-	maxRLSDescriptors = 64
-	maxRLSEntries     = 16
-	maxRLSValue       = 4096
-)
-
 // RegisterRateLimitService registers Envoy's rate-limit service, answered
 // from the envoy_rls domains of the running config, and the standard gRPC
 // health service on s.
@@ -446,22 +445,28 @@ type rlsServer struct {
 	m *Middleware
 }
 
-// rlsHit is one descriptor's decision.
-type rlsHit struct {
-	n    *rlsNode // the node the descriptor leads to, with a rate_limit; nil: no limit
-	ru   *engine.Rule
-	key  string
+// rlsMatch is one descriptor of a request, as matched against the domain's
+// tree: the node it leads to (nil: no limit applies) and the fact it
+// becomes.
+type rlsMatch struct {
+	n    *rlsNode
+	fact int // its index among the request's facts; -1: none
 	hits uint32
-	engine.Hits
-	negative bool
+	zero bool // hits_addend of 0 on the descriptor: judged, not counted
+	neg  bool // is_negative_hits
+	key  string
 }
 
-// ShouldRateLimit decides every descriptor as envoyproxy/ratelimit does
-// (the limit of the node the whole descriptor leads to, unless another
-// matched descriptor's limit replaces it; none: OK), then counts the hits
-// of every matched descriptor if the request is allowed (refusals are
-// free, as rules' refused: free). Unknown domains are OK: the limiter
-// fails open.
+// ShouldRateLimit answers Envoy: it matches every descriptor against the
+// domain's tree as envoyproxy/ratelimit does (the limit of the node the
+// whole descriptor leads to, unless another matched descriptor's limit
+// replaces it; none: OK), hands the matched ones to the engine as one
+// request's facts, and translates its decision into one status per
+// descriptor and the response's headers. Each descriptor is judged on its
+// own: one that is oversized, malformed or unknown never turns the call
+// into an error (Envoy would let the whole request through), it only finds
+// no limit, or is counted under a digest of its value (engine.MaxKey).
+// Unknown domains are OK: the limiter fails open.
 func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	m := s.m
 	st := m.state.Load()
@@ -477,211 +482,148 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if len(ds) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "no descriptors")
 	}
-	if len(ds) > maxRLSDescriptors {
-		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors: at most %d", len(ds), maxRLSDescriptors)
-	}
-	hits := req.GetHitsAddend()
-	if hits == 0 {
-		hits = 1
-	}
 	root := st.b.rls.domains[req.GetDomain()]
 	if root == nil {
 		m.met.rlsUnknownDomain.Add(1)
 	}
+	var mroom [8]rlsMatch
+	var froom [8]engine.Fact
+	matches := matchDescriptors(root, req, mroom[:0])
+	facts := rlsFacts(st, matches, froom[:0])
+	sc := scratchPool.Get().(*engine.Scratch)
+	defer func() { sc.Reset(); scratchPool.Put(sc) }()
+	d := m.eng.Decide(ctx, st.set, now, &engine.Request{Facts: facts, NoDrip: true}, sc)
+	defer d.Done()
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
-	decided := make([]rlsHit, len(ds))
-	// Match every descriptor first: a limit applies only if no other
-	// matched limit replaces it.
+	for i := range matches {
+		resp.Statuses[i] = rlsStatus(&matches[i], d.Verdicts, now)
+	}
+	if !d.Admitted {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		m.met.rlsOverLimit.Add(1)
+	}
+	if d.Fields.Any && !st.cfg.Headers.Off {
+		resp.ResponseHeadersToAdd = rlsHeaders(&d)
+	}
+	return resp, nil
+}
+
+// matchDescriptors matches each descriptor of req against the domain's
+// tree root (nil: an unknown domain), appending one rlsMatch per
+// descriptor to ms.
+func matchDescriptors(root *rlsNode, req *rlsv3.RateLimitRequest, ms []rlsMatch) []rlsMatch {
+	hits := req.GetHitsAddend()
+	if hits == 0 {
+		hits = 1
+	}
 	replaced := false
-	for i, d := range ds {
-		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		es := d.GetEntries()
-		if len(es) > maxRLSEntries {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries: at most %d", i, len(es), maxRLSEntries)
-		}
-		h := &decided[i]
-		h.hits = hits
+	var key strings.Builder
+	for _, d := range req.GetDescriptors() {
+		mt := rlsMatch{fact: -1, hits: hits, neg: d.GetIsNegativeHits()}
 		if ha := d.GetHitsAddend(); ha != nil {
-			h.hits = uint32(min(ha.GetValue(), math.MaxUint32))
+			mt.hits = uint32(min(ha.GetValue(), math.MaxUint32))
+			mt.zero = mt.hits == 0
 		}
-		h.negative = d.GetIsNegativeHits()
 		n := root
-		var key strings.Builder
-		for j, e := range es {
-			if e.GetKey() == "" {
-				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d entry %d has no key", i, j)
+		key.Reset()
+		for _, e := range d.GetEntries() {
+			if n == nil {
+				break // past the tree: no limit
 			}
-			if len(e.GetKey()) > maxRLSValue || len(e.GetValue()) > maxRLSValue {
-				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d entry %d is longer than %d bytes", i, j, maxRLSValue)
-			}
+			var shared bool
 			v := e.GetValue()
-			if n != nil {
-				var shared bool
-				if n, shared = n.child(e.GetKey(), v); shared {
-					v = n.pattern // share_threshold: one count for every matching value
-				}
+			if n, shared = n.child(e.GetKey(), v); shared {
+				v = n.pattern // share_threshold: one count for every matching value
 			}
 			key.WriteString(strconv.Itoa(len(v)))
 			key.WriteByte(':')
 			key.WriteString(v)
 		}
 		// No entries lead nowhere: no limit, as in envoyproxy/ratelimit.
-		if len(es) > 0 && n != nil && n.limit != rlsNone {
-			h.n, h.key = n, key.String()
+		if len(d.GetEntries()) > 0 && n != nil && n.limit != rlsNone {
+			mt.n, mt.key = n, key.String()
 			replaced = replaced || len(n.replaces) > 0
 		}
+		ms = append(ms, mt)
 	}
 	if replaced {
 		// Every matched limit's replaces count, even a replaced one's.
-		gone := make([]bool, len(decided))
-		for i, h := range decided {
-			gone[i] = h.n != nil && h.n.name != "" && replacedBy(decided, h.n.name)
+		gone := make([]bool, len(ms))
+		for i, mt := range ms {
+			gone[i] = mt.n != nil && mt.n.name != "" && replacedBy(ms, mt.n.name)
 		}
-		for i := range decided {
+		for i := range ms {
 			if gone[i] {
-				decided[i].n = nil
+				ms[i].n = nil
 			}
 		}
 	}
-	sc := scratchPool.Get().(*engine.Scratch)
-	defer func() { sc.Reset(); scratchPool.Put(sc) }()
-	var failed, quotas, quotasOver int
-	for i := range decided {
-		h := &decided[i]
-		if h.n == nil {
+	return ms
+}
+
+// rlsFacts turns the matched descriptors with a counted or blocking limit
+// into the engine's facts (unlimited ones need none), noting each one's
+// index.
+func rlsFacts(st *state, ms []rlsMatch, facts []engine.Fact) []engine.Fact {
+	for i := range ms {
+		mt := &ms[i]
+		if mt.n == nil || mt.n.limit == rlsUnlimited {
 			continue
 		}
-		switch h.n.limit {
-		case rlsUnlimited:
-			resp.Statuses[i].LimitRemaining = math.MaxUint32 // as envoyproxy/ratelimit
-			h.n = nil
-			continue
-		case rlsBlock:
-			h.ru = st.set.RLSRules[h.n.rule]
-			h.Over, h.Never = h.hits > 0, h.hits > 0 // no room at all
-		case rlsLimited:
-			h.ru = st.set.RLSRules[h.n.rule]
-			h.Hits = m.eng.CheckHits(st.set, h.ru, h.ru.Limits[0], h.key, h.hits, now, sc)
-		}
-		if h.negative {
-			h.Over, h.Never = false, false
-		}
-		if h.n.quota {
-			quotas++
-		}
-		if h.Over && !h.ru.Shadow {
-			if h.n.quota {
-				quotasOver++
-			} else {
-				failed++
-			}
-		}
+		mt.fact = len(facts)
+		facts = append(facts, engine.Fact{
+			Rule: st.set.RLSRules[mt.n.rule], Key: mt.key, Hits: mt.hits,
+			ZeroHits: mt.zero, Negative: mt.neg, Quota: mt.n.quota,
+		})
 	}
-	// Over if an ordinary descriptor is, or every quota descriptor is
-	// (envoyproxy/ratelimit's quota_mode: one quota with room is enough).
-	allQuotasOver := quotas > 0 && quotasOver == quotas
-	if failed > 0 || allQuotasOver {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	return facts
+}
+
+// rlsStatus is one descriptor's status: OK without a limit; the maximum
+// remaining for an unlimited one (as envoyproxy/ratelimit); else its
+// verdict's code, limit, remaining and time until reset (none for a limit
+// its hits can never fit: that would promise a pass).
+func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	switch {
+	case mt.n == nil:
+		return st
+	case mt.n.limit == rlsUnlimited:
+		st.LimitRemaining = math.MaxUint32
+		return st
 	}
-	allowed := resp.OverallCode == rlsv3.RateLimitResponse_OK
-	// Retry-After: the longest wait of an ordinary descriptor over, and
-	// the shortest of the quota descriptors if all are over; forever (no
-	// Retry-After) where one can never pass.
-	const forever = time.Duration(math.MaxInt64)
-	retry, quotaWait := time.Duration(0), forever
-	wait := func(h *rlsHit, d time.Duration) {
-		if !h.Over || h.ru.Shadow {
-			return
-		}
-		if h.Never {
-			d = forever
-		}
-		if h.n.quota {
-			quotaWait = min(quotaWait, d)
-		} else {
-			retry = max(retry, d)
-		}
+	v := &vs[mt.fact]
+	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.name, RequestsPerUnit: mt.n.requests, Unit: mt.n.unit}
+	if v.Over && !v.Shadow {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	var policies []string
-	var field []byte // the RateLimit field
-	for i := range decided {
-		h := &decided[i]
-		if h.n == nil {
-			continue
-		}
-		out := engine.Allow
-		if h.Over {
-			out = engine.Reject
-		}
-		h.ru.Counts.Count(out, h.ru.Shadow && h.Over)
-		dst := resp.Statuses[i]
-		dst.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: h.n.name, RequestsPerUnit: h.n.requests, Unit: h.n.unit}
-		if h.Over && !h.ru.Shadow {
-			dst.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-		}
-		if h.n.limit == rlsBlock {
-			wait(h, forever)
-			continue // remaining 0, and no reset: it never comes
-		}
-		l := h.ru.Limits[0]
-		// An allowed request counts its hits on every matched descriptor
-		// but a quota it was over; the field then says what is left after
-		// them. A refused one says when the hits fit.
-		est, add := h.Est, l.Unit
-		if allowed && !h.negative && h.hits > 0 && !(h.n.quota && h.Over) {
-			if after := m.eng.CountHits(st.set, h.ru, l, h.key, &h.Hits, sc); !h.Over {
-				est = after
-			}
-		}
-		if h.Over {
-			add = h.Add // when these hits fit
-		}
-		remaining, reset, _ := engine.Status(l, est, h.Theta, add, now)
-		if h.Never {
-			// More hits than the whole limit pass at no estimate: no
-			// duration_until_reset, which would promise a pass.
-			remaining = 0
-		}
-		wait(h, reset)
-		dst.LimitRemaining = uint32(min(remaining, math.MaxUint32))
-		if !h.Never {
-			dst.DurationUntilReset = durationpb.New(reset)
-		}
-		if h.ru.Shadow {
-			continue // shadow descriptors send no fields
-		}
-		policies = append(policies, l.Item)
-		if (allowed || h.Over) && !h.Never {
-			// A call over the whole limit is never let through: its
-			// policy stands, with no item promising a time to retry.
-			field = engine.AppendItem(field, l.Quoted, int64(dst.LimitRemaining), engine.Seconds(reset))
-		}
+	if v.Never {
+		return st // remaining 0, and no reset: it never comes
 	}
-	if allQuotasOver {
-		retry = max(retry, quotaWait)
+	remaining, reset := v.Status(now)
+	st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
+	st.DurationUntilReset = durationpb.New(reset)
+	return st
+}
+
+// rlsHeaders are the response headers Envoy adds for its client: the
+// RateLimit-Policy and RateLimit fields, and Retry-After on a refusal that
+// a wait can end.
+func rlsHeaders(d *engine.Decision) []*corev3.HeaderValue {
+	hs := []*corev3.HeaderValue{{Key: "RateLimit-Policy", Value: d.Fields.Policy}}
+	if len(d.Fields.RateLimit) > 0 {
+		hs = append(hs, &corev3.HeaderValue{Key: "RateLimit", Value: string(d.Fields.RateLimit)})
 	}
-	if len(policies) > 0 && !st.cfg.Headers.Off {
-		add := func(k, v string) {
-			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: k, Value: v})
-		}
-		add("RateLimit-Policy", strings.Join(policies, ", "))
-		if len(field) > 0 {
-			add("RateLimit", string(field))
-		}
-		if !allowed && retry < forever {
-			add("Retry-After", strconv.FormatInt(engine.Seconds(retry), 10))
-		}
+	if !d.Admitted && !d.Never {
+		hs = append(hs, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(rate.Seconds(d.Retry), 10)})
 	}
-	if !allowed {
-		m.met.rlsOverLimit.Add(1)
-	}
-	return resp, nil
+	return hs
 }
 
 // replacedBy reports whether a matched descriptor's limit replaces the
 // limit named name.
-func replacedBy(decided []rlsHit, name string) bool {
-	for _, o := range decided {
+func replacedBy(ms []rlsMatch, name string) bool {
+	for _, o := range ms {
 		if o.n != nil && slices.Contains(o.n.replaces, name) {
 			return true
 		}

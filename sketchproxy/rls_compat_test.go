@@ -31,6 +31,7 @@ import (
 // free port, and a client of it.
 type rlsHarness struct {
 	client rlsv3.RateLimitServiceClient
+	conn   *grpc.ClientConn
 	clk    *epochsketch.ManualClock
 }
 
@@ -64,7 +65,7 @@ func newRLSHarness(t *testing.T, extra string, files ...string) *rlsHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(RateLimitServerOptions()...)
 	mw.RegisterRateLimitService(srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -80,7 +81,7 @@ func newRLSHarness(t *testing.T, extra string, files ...string) *rlsHarness {
 		srv.Stop()
 		mw.Close()
 	})
-	return &rlsHarness{client: rlsv3.NewRateLimitServiceClient(conn), clk: clk}
+	return &rlsHarness{client: rlsv3.NewRateLimitServiceClient(conn), conn: conn, clk: clk}
 }
 
 // ask sends one request of descriptors to domain with hits hits (0: the
@@ -135,7 +136,7 @@ descriptors:
 
 // The window decays instead of resetting: 10 a minute halves the count
 // every 30 s, so after a full burst, 30 s frees 5, not 10 (and a client at
-// a steady 10 a minute is never refused: LimitMath, internal/engine/limitmath.go). Refused
+// a steady 10 a minute is never refused: package rate). Refused
 // hits are free: hammering while refused costs nothing later.
 func TestRLSDecayingWindowAndFreeRefusals(t *testing.T) {
 	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)

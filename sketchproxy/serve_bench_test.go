@@ -67,7 +67,7 @@ func BenchmarkSaveState(b *testing.B) {
 	}
 	defer mw.Close()
 	var size int64
-	mw.state.Load().set.SketchStats(func(_ time.Duration, buckets int, _ engine.Stats) { size += int64(buckets) * 64 })
+	mw.state.Load().set.SketchStats(func(_ time.Duration, _ uint32, buckets int, _ engine.Stats) { size += int64(buckets) * 64 })
 	b.SetBytes(size)
 	for b.Loop() {
 		if err := mw.SaveState(); err != nil {

@@ -8,25 +8,21 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
-// settlement is one admitted request's account with one wallet: its cost
-// was charged and its reservation held at admission; settle charges the
-// usage the upstream reports (once, from a header or a trailer) and
-// release gives the reservation back (once).
+// settlement is one admitted request's account with one wallet
+// (engine.Wallet): settle charges the usage the upstream reports (once,
+// from a header or a trailer); the Decision's Done gives the reservation
+// back, unless the transport still drains the response for a trailer,
+// which then releases it when the drain ends.
 type settlement struct {
-	m   *Middleware
-	ru  *engine.Rule
-	key string
-
-	mu       sync.Mutex
-	settled  bool
-	released bool
-	draining bool // the transport reads the rest of the response for a trailer
+	m        *Middleware
+	w        *engine.Wallet
+	draining atomic.Bool // the transport reads the rest of the response for a trailer
 }
 
 type settlements []*settlement
@@ -37,22 +33,14 @@ func (ss settlements) settle(h http.Header, trailer bool) {
 	}
 }
 
-func (ss settlements) release() {
-	for _, s := range ss {
-		s.release(false)
-	}
-}
-
 // settle charges the usage h reports in the wallet's reconcile header (with
 // trailer, also as an undeclared trailer, http.TrailerPrefix+name). It
 // reports whether the settlement is done.
 func (s *settlement) settle(h http.Header, trailer bool) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.settled {
+	if s.w.Settled() {
 		return true
 	}
-	b := &s.ru.Budget.Spec
+	b := s.w.Spec()
 	name := b.ReconcileHeader
 	if name == "" || h == nil {
 		return false
@@ -64,37 +52,28 @@ func (s *settlement) settle(h http.Header, trailer bool) bool {
 	if v == "" {
 		return false
 	}
-	s.settled = true
 	m := s.m
 	used, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
 	if errors.Is(err, strconv.ErrRange) {
 		used, err = math.MaxUint64, nil // saturate: a huge report is a huge charge, never a free one
 	}
 	if err != nil {
+		if !s.w.MarkSettled() {
+			return true
+		}
 		m.met.reconcileErrors.Add(1)
 		if ok, skipped := m.billLogs.allow(m.now()); ok {
 			m.log.Warn("sketchproxy reconcile header is not a whole number: only the cost was charged",
-				"rule", s.ru.Name, "budget", b.Name, "key", m.display(s.key), "header", name,
+				"rule", s.w.Rule().Name, "budget", b.Name, "key", m.display(s.w.Key()), "header", name,
 				"value", truncate(v, 64), "log_lines_skipped", skipped)
 		}
 		return true
 	}
-	m.met.reported.Add(used)
-	m.met.reconciled.Add(m.eng.Settle(s.ru, s.key, used))
-	return true
-}
-
-// release gives the reservation back, once. The transport's drain, if one
-// runs, releases when it ends (fromDrain); the handler's release then does
-// nothing.
-func (s *settlement) release(fromDrain bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.released || s.draining && !fromDrain {
-		return
+	if charged, first := s.w.Settle(used); first {
+		m.met.reported.Add(used)
+		m.met.reconciled.Add(charged)
 	}
-	s.released = true
-	s.m.eng.Unhold(s.ru, s.key)
+	return true
 }
 
 type settlementsKey struct{}
@@ -110,7 +89,7 @@ func (m *Middleware) detach(r *http.Request, ss settlements) (*http.Request, fun
 	}
 	wait := time.Duration(0)
 	for _, s := range ss {
-		wait = max(wait, s.ru.Budget.Spec.ReconcileWait)
+		wait = max(wait, s.w.Spec().ReconcileWait)
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(context.WithoutCancel(r.Context()), settlementsKey{}, ss))
 	stop := context.AfterFunc(r.Context(), func() { time.AfterFunc(wait, cancel) })
@@ -118,9 +97,7 @@ func (m *Middleware) detach(r *http.Request, ss settlements) (*http.Request, fun
 		stop()
 		draining := false
 		for _, s := range ss {
-			s.mu.Lock()
-			draining = draining || s.draining
-			s.mu.Unlock()
+			draining = draining || s.draining.Load()
 		}
 		if !draining {
 			cancel()
@@ -188,17 +165,20 @@ func (b *settleBody) Close() error {
 	if b.eof {
 		return b.ReadCloser.Close()
 	}
+	var drained settlements
 	for _, s := range b.ss {
-		s.mu.Lock()
-		s.draining = !s.settled
-		s.mu.Unlock()
+		if !s.w.Settled() {
+			s.w.Keep() // the drain releases it, not the request's Done
+			s.draining.Store(true)
+			drained = append(drained, s)
+		}
 	}
 	go func() {
 		io.Copy(io.Discard, b.ReadCloser) // ends at EOF or when reconcile_wait cancels the request
 		b.ReadCloser.Close()
 		b.ss.settle(b.resp.Trailer, true)
-		for _, s := range b.ss {
-			s.release(true)
+		for _, s := range drained {
+			s.w.Release()
 		}
 	}()
 	return nil

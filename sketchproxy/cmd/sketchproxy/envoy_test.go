@@ -178,20 +178,36 @@ func TestBinaryEnvoyRLS(t *testing.T) {
 		for i := range many {
 			many[i] = desc("remote_address", fmt.Sprint(i))
 		}
+		// A call that names no domain or no descriptor is malformed as a
+		// whole.
 		for _, c := range []struct {
 			name string
 			req  *rlsv3.RateLimitRequest
 		}{
 			{"no domain", &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", "x")}}},
 			{"no descriptors", &rlsv3.RateLimitRequest{Domain: "edge"}},
+		} {
+			_, err := client.ShouldRateLimit(ctx, c.req)
+			if status.Code(err) != grpccodes.InvalidArgument || status.Convert(err).Message() == "" {
+				t.Errorf("%s: %v, want InvalidArgument with a reason", c.name, err)
+			}
+		}
+		// One bad descriptor is judged on its own: the call is answered,
+		// with a status for each descriptor (the service's own test,
+		// TestRLSEachDescriptorJudgedAlone, shows a limit beside it still
+		// refusing).
+		for _, c := range []struct {
+			name string
+			req  *rlsv3.RateLimitRequest
+		}{
 			{"17 entries", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc(strings.Split(strings.Repeat("k,v,", 17), ",")...)}}},
 			{"an entry without a key", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("", "x")}}},
 			{"65 descriptors", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: many}},
 			{"a 5000-byte value", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", strings.Repeat("x", 5000))}}},
 		} {
-			_, err := client.ShouldRateLimit(ctx, c.req)
-			if status.Code(err) != grpccodes.InvalidArgument || status.Convert(err).Message() == "" {
-				t.Errorf("%s: %v, want InvalidArgument with a reason", c.name, err)
+			resp, err := client.ShouldRateLimit(ctx, c.req)
+			if err != nil || len(resp.GetStatuses()) != len(c.req.GetDescriptors()) {
+				t.Errorf("%s: %v, %v; want an answer for each descriptor", c.name, resp, err)
 			}
 		}
 		// A descriptor without entries has no limit, as in

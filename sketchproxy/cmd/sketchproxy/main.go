@@ -165,7 +165,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var gs *grpc.Server
 	if gln != nil {
-		gs = grpc.NewServer(grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024))
+		opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(1 << 20), grpc.MaxConcurrentStreams(1024)}, sketchproxy.RateLimitServerOptions()...)
+		gs = grpc.NewServer(opts...)
 		mw.RegisterRateLimitService(gs)
 		go func() { errc <- gs.Serve(gln) }()
 		log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),

@@ -30,10 +30,7 @@ func (c *CountMin) Idx(rule, key string) (int, int) {
 }
 
 // Add adds d to the key's count and returns the count.
-func (c *CountMin) Add(rule, key string, d int64) int64 {
-	i, j := c.Idx(rule, key)
-	return min(c.rows[0][i].Add(d), c.rows[1][j].Add(d))
-}
+func (c *CountMin) Add(rule, key string, d int64) int64 { return c.addAt(c.idx(rule, key), d) }
 
 // Get returns the key's count.
 func (c *CountMin) Get(rule, key string) int64 {
@@ -43,8 +40,24 @@ func (c *CountMin) Get(rule, key string) int64 {
 
 // Acquire adds one unless the key already has limit.
 func (c *CountMin) Acquire(rule, key string, limit int) bool {
-	if n := c.Add(rule, key, 1); n > int64(limit) {
-		c.Add(rule, key, -1)
+	return c.acquireAt(c.idx(rule, key), limit)
+}
+
+// idx is Idx as one value, for addAt and acquireAt.
+func (c *CountMin) idx(rule, key string) [2]int {
+	i, j := c.Idx(rule, key)
+	return [2]int{i, j}
+}
+
+// addAt is Add for a key's cells.
+func (c *CountMin) addAt(ij [2]int, d int64) int64 {
+	return min(c.rows[0][ij[0]].Add(d), c.rows[1][ij[1]].Add(d))
+}
+
+// acquireAt is Acquire for a key's cells.
+func (c *CountMin) acquireAt(ij [2]int, limit int) bool {
+	if c.addAt(ij, 1) > int64(limit) {
+		c.addAt(ij, -1)
 		return false
 	}
 	return true

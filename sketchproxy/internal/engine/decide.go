@@ -1,119 +1,345 @@
 package engine
 
 import (
+	"context"
 	"math"
-	"math/bits"
-	"sync"
 	"time"
+
+	"github.com/epochsketch/epochsketch/rate"
 )
 
-// Outcome is what happened to a request under one rule.
-type Outcome uint8
+// Request is what a door knows of one request: the rules it matched with
+// its key under each, and what the door can do.
+type Request struct {
+	Facts []Fact
+	// Client is the client's address (grouped by prefix) and ClientCap
+	// the most requests in progress it may have (0: no cap): the
+	// proxy's server.max_in_flight_per_client, over all rules.
+	Client    string
+	ClientCap int
+	// NoDrip: the door answers at once (a forward-auth check, a gRPC
+	// call), so a refusal the tarpit would drip is refused at once.
+	NoDrip bool
+}
 
-// The outcomes, least severe first.
-const (
-	Allow         Outcome = iota
-	Allowlisted           // the rule's allow list: no sketch work
-	Delay                 // held, then proxied
-	Drip                  // a 429 dripped slowly; never proxied
-	TarpitFull            // over the limit with the tarpit at its caps: an immediate 429
-	InFlight              // the key has max_in_flight requests running: 429
-	BudgetUnknown         // the wallet cannot be tracked: 503 (fail closed)
-	OverBudget            // the wallet is spent: 429
-	Reject                // over the limit: 429
-	Ban                   // far over the limit: 429 and Connection: close until the ban ends
-	NumOutcomes
-)
+// Fact is one rule a request matched and the request's key under it.
+type Fact struct {
+	Rule *Rule
+	Key  string
+	// Hits is how many requests the fact counts (0 means 1): Envoy's
+	// hits_addend.
+	Hits uint32
+	// ZeroHits: the fact counts nothing and is judged as is (Envoy's
+	// hits_addend of 0 on a descriptor). Negative: it is never over and
+	// counts nothing (Envoy's is_negative_hits).
+	ZeroHits, Negative bool
+	// Allowlisted: the rule's allow list exempts the request (no sketch
+	// work).
+	Allowlisted bool
+	// Quota makes the fact one quota among the request's (Envoy's
+	// quota_mode): the request is refused by quotas only when every quota
+	// fact is over; one it is over counts nothing.
+	Quota bool
+}
 
-var outcomeNames = [...]string{"allow", "allowlisted", "delay", "drip", "tarpit_full", "in_flight", "budget_unknown", "over_budget", "reject", "ban"}
-
-func (o Outcome) String() string { return outcomeNames[o] }
-
-// Verdict is a rule's decision, with what the commit, Retry-After and the
-// fields need.
-type Verdict struct {
-	Out   Outcome
-	Level float64 // (estimate + 1) / threshold of the most constrained limit
-	Rule  *Rule   // nil for the per-client in-flight cap
-	Limit *Limit  // the most constrained limit; nil if the rule has none
-	Est   uint32  // its estimate, this request included
-	Theta uint32  // its threshold
+// Decision is everything a door needs to answer a request, and what the
+// request holds until it ends. Its slices live in the request's Scratch.
+type Decision struct {
+	// Admitted: the request goes on. Then it is counted in every limit,
+	// its wallets are charged, and it holds its in-flight places until
+	// Done.
+	Admitted bool
+	// Gone: the client went away while the tarpit held it; there is
+	// nothing to answer.
+	Gone bool
+	// Worst is the refusal (Admitted false), or the most constrained of
+	// the verdicts that admitted it (Allow or Delay).
+	Worst Verdict
+	// Verdicts are the facts' verdicts, in order: shadow ones that refuse
+	// are for the log.
+	Verdicts []Verdict
+	// Retry is a refusal's Retry-After, at least a second, covering every
+	// limit, ban and wallet the request matched; Never when no wait is
+	// enough (Retry is then 0).
 	Retry time.Duration
-	Delay time.Duration // Delay: how long the tarpit holds the request
-	Key   string
-	// Shadow: the rule decides, logs and counts, but never refuses.
-	Shadow bool
-	// Each limit's estimate before this request and its threshold (the
-	// new keys' factor applied), in Rule.Limits order.
-	ests, thetas []uint32
-	newKey       bool // first seen during a spike of new keys
-	banned       bool // under a ban already: not counted
-	setBan       bool // climbed past ban_above: the commit bans it
-	counted      bool // Evaluate counted it already (refused: count)
-	first        bool // its first request in the first limit's tick
+	Never bool
+	// Drip: the door drips the refusal slowly (the tarpit); a place is
+	// held for it until Done.
+	Drip bool
+	// Fields are the RateLimit-Policy and RateLimit fields (Fields).
+	Fields Fields
+	// Wallets are the charged wallets of an admitted request, to settle
+	// with what the upstream reports.
+	Wallets []*Wallet
+
+	e      *Engine
+	client [2]int  // the client's place, if one is held: its CountMin cells
+	held   bool    // a client's place is held
+	places []place // in-flight and tarpit places, in the Scratch
+	worst  int     // the index of Worst's verdict; -1 for none
 }
 
-// Worse reports whether o is a worse outcome for the request than v: a
-// more severe outcome, or the same one at a higher level. Allowlisted is
-// never worse.
-func (v *Verdict) Worse(o *Verdict) bool {
-	if o.Out != v.Out {
-		return o.Out > v.Out && o.Out != Allowlisted
+// Close reports whether the connection should close after the answer: a
+// ban's.
+func (d *Decision) Close() bool { return d.Worst.Out == Ban }
+
+// Unavailable reports whether the refusal is not the client's doing: a
+// wallet that cannot be tracked and fails closed (503, not 429).
+func (d *Decision) Unavailable() bool { return d.Worst.Out == BudgetUnknown }
+
+// place is something a request holds until it ends: an in-flight place of
+// a rule, or a tarpit's hold of a dripped refusal.
+type place struct {
+	cm        *CountMin
+	rule, key string
+	tarpit    bool
+}
+
+// Done releases what the request holds: its client's place, its in-flight
+// places, a drip's hold, and every wallet's reservation that the door did
+// not Keep. Call it once the request ends (after the upstream's answer, or
+// after the refusal is written). It is safe to call more than once.
+func (d *Decision) Done() {
+	if d.e == nil {
+		return
 	}
-	return o.Level > v.Level
+	e := d.e
+	if d.held {
+		e.clients.addAt(d.client, -1)
+	}
+	for _, p := range d.places {
+		if p.tarpit {
+			e.release(p.rule, p.key)
+		} else {
+			p.cm.Add(p.rule, p.key, -1)
+		}
+	}
+	for _, w := range d.Wallets {
+		w.releaseUnlessKept()
+	}
+	d.e, d.held, d.places = nil, false, nil
 }
 
-// Scratch is one request's working memory: the sketch keys it builds and
-// its verdicts' estimates. Reuse one per request (Reset between requests)
-// and a decision allocates nothing.
-type Scratch struct {
-	buf  []byte
-	nums []uint32
+// Decide is the one call that decides a request at now, for every door.
+// It evaluates each fact's rule, holds a delayed request in the tarpit
+// (sleeping until its delay passes or ctx ends: the client went away),
+// checks the wallets
+// and the in-flight caps, counts an admitted request in every limit (each
+// a conditional add: a limit that racing requests filled in the meantime
+// refuses it rather than let it pass), charges its wallets, counts every
+// rule's outcome, and computes Retry-After and the fields. A refused
+// request is counted only by rules that count refused requests.
+//
+// The door answers from the Decision and calls Done when the request ends.
+func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request, sc *Scratch) Decision {
+	d := Decision{e: e, worst: -1, Admitted: true}
+	d.Worst.Out = Allow
+	if rq.ClientCap > 0 {
+		// The client's cells, not its name: nothing of rq outlives the
+		// call, so a door's facts stay on its stack.
+		d.client = e.clients.idx("", rq.Client)
+		if !e.clients.acquireAt(d.client, rq.ClientCap) {
+			d.Admitted = false
+			d.Worst = Verdict{Out: InFlight, Retry: time.Second}
+			d.Retry = time.Second // a place frees when a request ends: no promise
+			return d
+		}
+		d.held = true
+	}
+	d.Verdicts = sc.takeVerdicts(len(rq.Facts))
+	e.evaluateAll(s, now, rq, sc, &d)
+	if d.Admitted && d.Worst.Out == Delay {
+		e.holdDelayed(ctx, s, &d)
+	}
+	if d.Admitted {
+		e.admit(s, now, sc, &d)
+	}
+	for i := range d.Verdicts {
+		e.afterCount(s, &d.Verdicts[i], sc)
+	}
+	if d.Gone {
+		d.places = sc.places
+		return d // nothing to answer: the client went away while held
+	}
+	if !d.Admitted {
+		e.refusal(s, now, rq.NoDrip, sc, &d)
+	}
+	e.countOutcomes(&d)
+	d.Fields = e.fields(d.Verdicts, !d.Admitted, now, sc)
+	d.places = sc.places
+	return d
 }
 
-// Reset empties sc for the next request.
-func (sc *Scratch) Reset() {
-	sc.buf = sc.buf[:0]
-	sc.nums = sc.nums[:0]
+// evaluateAll evaluates every fact into d.Verdicts and finds the worst of
+// the verdicts not in shadow mode; quota facts refuse only all together.
+func (e *Engine) evaluateAll(s *Set, now time.Time, rq *Request, sc *Scratch, d *Decision) {
+	quotas, quotasOver, quota := 0, 0, -1
+	for i := range rq.Facts {
+		f := &rq.Facts[i]
+		v := &d.Verdicts[i]
+		if f.Allowlisted {
+			f.Rule.Counts.Count(Allowlisted, false)
+			*v = Verdict{Out: Allowlisted, Rule: f.Rule, Key: f.Key}
+			continue
+		}
+		*v = e.evaluate(s, f, now, sc)
+		switch {
+		case v.Shadow:
+			if v.Out != Allow {
+				f.Rule.Counts.Count(v.Out, true)
+			}
+		case v.Quota:
+			quotas++
+			if v.Out.Refuses() {
+				quotasOver++
+				quota = i
+			}
+		case d.Worst.Worse(v):
+			d.Worst, d.worst = *v, i
+		}
+	}
+	if quotas > 0 && quotasOver == quotas && !d.Worst.Out.Refuses() {
+		d.Worst, d.worst = d.Verdicts[quota], quota
+	}
+	d.Admitted = !d.Worst.Out.Refuses()
 }
 
-// take returns n zeroed numbers of sc's.
-func (sc *Scratch) take(n int) []uint32 {
-	i := len(sc.nums)
-	sc.nums = append(sc.nums, make([]uint32, n)...)
-	return sc.nums[i : i+n : i+n]
+// holdDelayed holds a request the tarpit delays for its delay, before
+// anything is reserved or charged: a client that leaves while held costs
+// nothing (its attempt is counted already, as every attempt of a tarpit
+// rule is), and the decision is Gone. With the tarpit's caps full it is
+// refused at once.
+func (e *Engine) holdDelayed(ctx context.Context, s *Set, d *Decision) {
+	w := &d.Worst
+	if !e.hold(w.Rule.Name, w.Key, &s.tarpit) {
+		w.Out, d.Admitted = TarpitFull, false
+		return
+	}
+	err := e.opts.Sleep(ctx, w.Delay)
+	e.release(w.Rule.Name, w.Key)
+	if err != nil {
+		w.Rule.Counts.Count(Delay, false)
+		d.Admitted, d.Gone = false, true
+	}
 }
 
-// skey builds "rule\x00limit\x00key" in buf. Limit names are letters,
-// digits, - and _, so the side sketches' tags (tagBan, ...) and budgets'
-// "$name" never meet a limit's key.
-func skey(buf []byte, a, b, key string) []byte {
-	buf = append(buf[:0], a...)
-	buf = append(buf, 0)
-	buf = append(buf, b...)
-	buf = append(buf, 0)
-	return append(buf, key...)
+// admit reserves and counts an admitted request: its wallets' room and its
+// in-flight places, then its hits in every limit, then its wallets'
+// charges. The first of them that fails refuses the request; what was
+// reserved is given back (a limit counted before a later one refused
+// stays counted: the safe direction).
+func (e *Engine) admit(s *Set, now time.Time, sc *Scratch, d *Decision) {
+	// From a wallet's check to its charge, no other request may check the
+	// same wallet: two that both saw room for one more reservation would
+	// both take it, past the budget.
+	locked := e.wallets.Lock(d.Verdicts)
+	defer e.wallets.Unlock(locked)
+	var charged [8]int
+	toCharge := charged[:0]
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		if v.Out == Allowlisted {
+			continue
+		}
+		if v.Rule.Budget != nil {
+			if r, ok := e.checkBudget(s, v, now, sc); ok {
+				toCharge = append(toCharge, i)
+			} else if !e.refuseOrShadow(d, v, i, r) {
+				break
+			}
+		}
+		if ru := v.Rule; ru.InFlight != nil {
+			if ru.InFlight.Acquire(ru.Name, v.Key, ru.MaxInFlight) {
+				sc.places = append(sc.places, place{cm: ru.InFlight, rule: ru.Name, key: v.Key})
+			} else if !e.refuseOrShadow(d, v, i, Verdict{Out: InFlight, Rule: ru, Key: v.Key, Retry: time.Second}) {
+				break
+			}
+		}
+	}
+	for i := 0; d.Admitted && i < len(d.Verdicts); i++ {
+		if v := &d.Verdicts[i]; !e.count(s, v, sc) {
+			d.Worst, d.worst, d.Admitted = *v, i, false
+		}
+	}
+	if d.Admitted {
+		e.chargeAll(d, toCharge, sc)
+	}
+	if !d.Admitted {
+		for _, p := range sc.places {
+			p.cm.Add(p.rule, p.key, -1)
+		}
+		sc.places = sc.places[:0]
+	}
 }
 
-// skey2 is skey with "$" before b, a budget's name.
-func skey2(buf []byte, a, b, key string) []byte {
-	buf = append(buf[:0], a...)
-	buf = append(buf, 0, '$')
-	buf = append(buf, b...)
-	buf = append(buf, 0)
-	return append(buf, key...)
+// refuseOrShadow applies refusal r, found after evaluation (a wallet, an
+// in-flight cap), to verdict i: a shadow rule counts it and goes on (it
+// reports true); any other refuses the request.
+func (e *Engine) refuseOrShadow(d *Decision, v *Verdict, i int, r Verdict) bool {
+	if v.Shadow {
+		v.Rule.Counts.Count(r.Out, true)
+		if v.Worse(&r) {
+			v.Out = r.Out
+		}
+		return true
+	}
+	d.Worst, d.worst, d.Admitted = r, i, false
+	return false
 }
 
-const (
-	tagBan   = "!ban"
-	tagNew   = "!new"
-	tagKnown = "!known"
-)
+// refusal finishes a refused request: Retry-After over every limit, ban
+// and wallet it matched (or Never), and a drip's hold.
+func (e *Engine) refusal(s *Set, now time.Time, noDrip bool, sc *Scratch, d *Decision) {
+	w := &d.Worst
+	switch {
+	case w.Out == InFlight:
+		d.Retry = time.Second // a place frees when a request ends: no promise
+	default:
+		wait, never := e.retryAll(s, d.Verdicts, now, sc)
+		d.Never = never
+		if !never {
+			d.Retry = max(w.Retry, time.Second, wait)
+		}
+	}
+	w.Retry = d.Retry
+	if w.Out == Drip && !noDrip {
+		if e.hold(w.Rule.Name, w.Key, &s.tarpit) {
+			d.Drip = true
+			sc.places = append(sc.places, place{rule: w.Rule.Name, key: w.Key, tarpit: true})
+		} else {
+			w.Out = TarpitFull
+		}
+	}
+	if d.worst >= 0 {
+		d.Verdicts[d.worst].Out = w.Out // the final outcome, as counted
+	}
+}
+
+// countOutcomes counts each rule's outcome: for an admitted request every
+// verdict's (a quota it was over counts its refusal); for a refused one
+// the refusal of every rule that refused it. Shadow refusals were counted
+// as they were found; allowlisted decisions too.
+func (e *Engine) countOutcomes(d *Decision) {
+	if d.Gone {
+		return
+	}
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		switch {
+		case v.Rule == nil || v.Out == Allowlisted || v.Shadow && v.Out.Refuses():
+		case d.Admitted, v.Out.Refuses():
+			v.Rule.Counts.Count(v.Out, false)
+		}
+	}
+}
 
 // estimate is a sketch key's count in l's sketch: this replica's, or the
-// fleet's where the key is heavy enough to share.
-func (e *Engine) estimate(k []byte, l *Limit, now time.Time) uint32 {
-	return e.shared(k, l.sk, l.Tick, l.Theta, l.sk.EstimateBytes(k), now)
+// fleet's where the key is heavy enough to share; and the part of it
+// that other replicas hold.
+func (e *Engine) estimate(k []byte, l *Limit, now time.Time) (est, others uint32) {
+	local := l.sk.EstimateBytes(k)
+	est = e.shared(k, l.sk, l.Tick, l.Threshold, local, now)
+	return est, est - min(est, local)
 }
 
 // shared is the fleet's count of the sketch key k whose count in this
@@ -125,474 +351,154 @@ func (e *Engine) shared(k []byte, sk Local, tick time.Duration, theta, local uin
 	return e.opts.Fleet.Estimate(k, sk, tick, theta, local, now)
 }
 
-// Evaluate decides rule ru for key at now without counting the request
-// (Commit does that, once every rule has decided), unless the rule counts
-// refused requests: then it counts this one now, whatever the verdicts.
-func (e *Engine) Evaluate(s *Set, ru *Rule, key string, now time.Time, sc *Scratch) Verdict {
-	v := Verdict{Rule: ru, Key: key, Shadow: ru.Shadow}
-	// A ban lasts at most 5 ticks of ban_for/4: without one that recent, no
-	// key is banned, and the lookup is skipped.
-	if last := e.lastBan.Load(); len(ru.Limits) > 0 && last != 0 && now.UnixNano()-last <= 8*int64(s.banTick) {
-		sc.buf = skey(sc.buf, ru.Name, tagBan, key)
-		v.banned = s.bans.EstimateBytes(sc.buf) > 0
+// count counts v's hits in its limits, as decided: a rule that counted
+// them in evaluate already (refused: count), a shadow rule or a quota adds
+// them unconditionally; any other adds them only if they still fit (one
+// compare-and-swap: check and count in one step), and reports false if a
+// limit no longer has room for them (racing requests took it).
+func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
+	ru := v.Rule
+	if ru == nil || v.Out == Allowlisted || len(v.ests) == 0 || v.banned || v.counted || v.noCount || v.Quota && v.Over {
+		return true
 	}
-	active := false
-	if len(ru.Limits) > 0 {
-		v.ests, v.thetas = sc.take(len(ru.Limits)), sc.take(len(ru.Limits))
-	}
-	// A rule that counts refused requests counts this one whatever the
-	// verdicts (unless it is banned): it observes now, in one pass, and
-	// its estimate before this request is the one after, less it.
-	v.counted = ru.CountRefused && !v.banned
+	strict := !v.Shadow && !v.Quota
 	for i, l := range ru.Limits {
-		sc.buf = skey(sc.buf, ru.Name, l.Name, key)
-		var est uint32
-		if v.counted {
-			after, first := l.sk.ObserveBytesN(time.Time{}, sc.buf, l.Unit)
-			after = e.shared(sc.buf, l.sk, l.Tick, l.Theta, after, now)
-			est = max(after, l.Unit) - l.Unit
-			if i == 0 {
-				v.first = first
-			}
-		} else {
-			est = e.estimate(sc.buf, l, now)
+		sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
+		top := uint32(math.MaxUint32) // unconditional
+		if strict {
+			top = v.thetas[i] - min(v.thetas[i], v.others[i])
 		}
-		v.ests[i] = est
-		active = active || est > 0
-	}
-	if len(ru.Limits) > 0 || ru.Budget != nil {
-		v.newKey = e.isNewKey(s, ru, key, now, active, sc)
-	}
-	for i, l := range ru.Limits {
-		est := v.ests[i]
-		theta := l.Theta
-		if v.newKey {
-			theta = max(l.Unit, uint32(float64(theta)*s.nk.BudgetFactor))
-		}
-		v.thetas[i] = theta
-		after := uint64(est) + uint64(l.Unit)
-		lv := float64(after) / float64(theta)
-		if v.Limit == nil || lv > v.Level {
-			v.Level, v.Limit, v.Est, v.Theta = lv, l, uint32(min(after, math.MaxUint32)), theta
-		}
-	}
-	if len(ru.Limits) > 0 {
-		if u := ru.Limits[0].Unit; 2*(uint64(v.ests[0])+uint64(u)) > uint64(v.thetas[0]) {
-			ru.top.Offer(key, v.ests[0]+u) // the first limit's: the TopK's clock
-		}
-	}
-	t := &s.tarpit
-	switch {
-	case v.banned:
-		v.Out = Ban
-	case v.Limit == nil || v.Level <= 1:
-		v.Out = Allow
-	case !ru.Tarpit:
-		v.Out = Reject
-	case v.Level > t.BanAbove:
-		v.Out, v.setBan = Ban, true
-	case v.Level > t.RejectAbove:
-		v.Out = Reject
-	case v.Level > t.DripAbove:
-		v.Out = Drip
-	case v.Level > t.DelayAbove:
-		v.Out = Delay
-		span := max(t.DripAbove-t.DelayAbove, 1e-9)
-		v.Delay = time.Duration(float64(t.MaxDelay) * min(1, (v.Level-t.DelayAbove)/span))
-		v.Delay = max(v.Delay, 50*time.Millisecond)
-	default:
-		v.Out = Allow // exactly at the ladder's first step
-	}
-	return v
-}
-
-// Fact is one rule a request matched and the request's key under it.
-// Allowlisted: the rule's allow list exempts the request (no sketch work).
-type Fact struct {
-	Rule        *Rule
-	Key         string
-	Allowlisted bool
-}
-
-// Decide decides a request's facts at once, counting no request (see
-// Evaluate): a verdict for each, in vs (as long as facts), and the worst
-// of those of rules not in shadow mode (Allow if none refuses). It counts
-// allowlisted decisions and shadow refusals in the rules' Counts; the
-// door counts the rest once it knows what became of the request (a
-// delayed client may leave, a wallet may refuse).
-func (e *Engine) Decide(s *Set, facts []Fact, now time.Time, sc *Scratch, vs []Verdict) (worst Verdict) {
-	worst.Out = Allow
-	for i := range facts {
-		f := &facts[i]
-		if f.Allowlisted {
-			f.Rule.Counts.Count(Allowlisted, false)
-			vs[i] = Verdict{Out: Allowlisted, Rule: f.Rule, Key: f.Key}
-			continue
-		}
-		vs[i] = e.Evaluate(s, f.Rule, f.Key, now, sc)
-		if v := &vs[i]; v.Shadow {
-			if v.Out != Allow {
-				f.Rule.Counts.Count(v.Out, true)
-			}
-		} else if worst.Worse(v) {
-			worst = *v
-		}
-	}
-	return worst
-}
-
-// isNewKey reports whether key counts as new: first seen while new keys
-// spike, within the last window or two. A key active in one of the rule's
-// limits (active) is known; otherwise the memory of keys (new_keys.remember)
-// says. Rules with limits teach that memory in Commit, once per tick a key
-// is active; budget-only rules here.
-func (e *Engine) isNewKey(s *Set, ru *Rule, key string, now time.Time, active bool, sc *Scratch) bool {
-	nk := &s.nk
-	if nk.Disabled {
-		return false
-	}
-	// A mark lasts at most two windows: without one that recent, no key is
-	// marked, and the lookup is skipped.
-	if last := e.lastNew.Load(); last != 0 && now.UnixNano()-last <= 3*int64(nk.Window) {
-		sc.buf = skey(sc.buf, ru.Name, tagNew, key)
-		if s.newKeys.EstimateBytes(sc.buf) > 0 {
-			return true
-		}
-	}
-	if active {
-		return false
-	}
-	sc.buf = skey(sc.buf, ru.Name, tagKnown, key)
-	if len(ru.Limits) > 0 {
-		if s.known.EstimateBytes(sc.buf) > 0 {
+		est, ok, first, _ := l.sk.add(time.Time{}, sc.buf, v.add, top)
+		if !ok {
+			v.Out, v.Over, v.Limit, v.Est, v.Theta = Reject, true, l, est+v.others[i], v.thetas[i]
+			v.Level = float64(uint64(v.Est)+uint64(v.add)) / float64(v.Theta)
 			return false
 		}
-	} else if seen, _ := s.known.ObserveBytes(sc.buf); seen > 1 {
-		return false
+		v.ests[i] = est + v.others[i]
+		v.first = v.first || i == 0 && first
 	}
-	e.spike.first(now)
-	if !e.spike.active(now, nk) || !e.warm(now, nk) {
-		return false
-	}
-	// Marked for between one and two windows (a count of 2 halves to 0 at
-	// the second window boundary).
-	sc.buf = skey(sc.buf, ru.Name, tagNew, key)
-	s.newKeys.ObserveBytesN(time.Time{}, sc.buf, 2)
-	e.lastNew.Store(now.UnixNano())
+	v.counted = true
 	return true
 }
 
-// warm reports whether the spike meter has learned enough to call a spike.
-func (e *Engine) warm(now time.Time, nk *NewKeysSpec) bool {
-	return e.restoredMeter.Load() || now.Sub(e.started) >= nk.Warmup
-}
-
-// Spiking reports whether new keys spike now, as Evaluate would judge it,
-// and the meter's rate (new keys per second) and total.
-func (e *Engine) Spiking(s *Set, now time.Time) (spike bool, rate float64, total uint64) {
-	rate, total = e.spike.rate(now), e.spike.total.Load()
-	return !s.nk.Disabled && e.spike.active(now, &s.nk) && e.warm(now, &s.nk), rate, total
-}
-
-// Commit counts v's request in its rule's limits, if it should be counted:
-// every request a rule decided when the request is admitted, and a refused
-// one only where the rule counts refused requests (Evaluate did). A banned
-// key's attempts are not counted: the ban is its punishment. It bans the
-// key if it climbed past ban_above.
-func (e *Engine) Commit(s *Set, v *Verdict, admitted bool, sc *Scratch) {
-	ru := v.Rule
-	if ru == nil || v.Out == Allowlisted || len(v.ests) == 0 || v.banned || !admitted && !v.counted {
+// afterCount does what follows a counted verdict: once per tick a key is
+// active, it teaches the memory of keys (so that the lottery keeps steady
+// clients over one-off keys), and a key that climbed past ban_above is
+// banned. A banned key's attempts are not counted: the ban is its
+// punishment.
+func (e *Engine) afterCount(s *Set, v *Verdict, sc *Scratch) {
+	if !v.counted || v.Rule == nil {
 		return
 	}
-	first := v.first
-	for i, l := range ru.Limits {
-		if v.counted {
-			break // Evaluate observed already
-		}
-		sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
-		_, f := l.sk.ObserveBytesN(time.Time{}, sc.buf, l.Unit)
-		first = first || i == 0 && f
-	}
-	if first && !s.nk.Disabled {
-		// Once per tick a key is active: the memory of keys grows with
-		// activity, so the lottery keeps steady clients over one-off keys.
-		sc.buf = skey(sc.buf, ru.Name, tagKnown, v.Key)
+	if v.first && !s.nk.Disabled {
+		sc.buf = skey(sc.buf, v.Rule.Name, tagKnown, v.Key)
 		s.known.ObserveBytes(sc.buf)
 	}
 	if v.setBan {
-		sc.buf = skey(sc.buf, ru.Name, tagBan, v.Key)
+		sc.buf = skey(sc.buf, v.Rule.Name, tagBan, v.Key)
 		s.bans.ObserveBytesN(time.Time{}, sc.buf, 16) // 16 >> 4 ticks of ban_for/4: about ban_for
 		e.lastBan.Store(e.Now().UnixNano())
 	}
 }
 
-// budgetEstimate is a wallet's spend for key and the threshold that applies.
-func (e *Engine) budgetEstimate(s *Set, ru *Rule, key string, newKey bool, now time.Time, sc *Scratch) (est, theta uint32) {
-	b := ru.Budget
-	sc.buf = skey2(sc.buf, ru.Name, b.Spec.Name, key)
-	est = e.shared(sc.buf, b.sk, b.Tick, b.Theta, b.sk.EstimateBytes(sc.buf), now)
-	theta = b.Theta
-	if newKey {
-		theta = max(b.Reserve, uint32(float64(theta)*s.nk.BudgetFactor))
+// evaluate decides fact f at now. It counts nothing, unless its rule
+// counts refused requests: then it counts this one now, whatever the
+// verdicts, in one pass.
+func (e *Engine) evaluate(s *Set, f *Fact, now time.Time, sc *Scratch) Verdict {
+	ru := f.Rule
+	v := Verdict{Rule: ru, Key: f.Key, Shadow: ru.Shadow, Quota: f.Quota, noCount: f.ZeroHits || f.Negative}
+	hits := max(f.Hits, 1)
+	if !f.ZeroHits {
+		v.add = rate.Counts(uint64(hits))
 	}
-	return est, theta
-}
-
-// CheckBudget decides v's wallet without charging it: OverBudget if the
-// cost does not fit, BudgetUnknown if the fleet cannot say and the wallet
-// fails closed. ok reports that it fits.
-func (e *Engine) CheckBudget(s *Set, v *Verdict, now time.Time, sc *Scratch) (refusal Verdict, ok bool) {
-	ru, key := v.Rule, v.Key
-	b := ru.Budget
-	if f := e.opts.Fleet; f != nil {
-		if closed, wait := f.WalletsClosed(); closed {
-			return Verdict{Out: BudgetUnknown, Rule: ru, Key: key, Retry: wait}, false
+	if ru.Block {
+		if v.Over = v.add > 0 && !f.Negative; v.Over {
+			v.Out, v.Never, v.Level = Reject, true, math.Inf(1)
+		}
+		return v
+	}
+	// A ban lasts at most 5 ticks of ban_for/4: without one that recent, no
+	// key is banned, and the lookup is skipped.
+	if last := e.lastBan.Load(); len(ru.Limits) > 0 && last != 0 && now.UnixNano()-last <= 8*int64(s.banTick) {
+		sc.buf = skey(sc.buf, ru.Name, tagBan, f.Key)
+		v.banned = s.bans.EstimateBytes(sc.buf) > 0
+	}
+	active := e.readCounts(&v, now, sc)
+	if len(ru.Limits) > 0 || ru.Budget != nil {
+		v.newKey = e.isNewKey(s, ru, f.Key, now, active, sc)
+	}
+	for i, l := range ru.Limits {
+		theta := l.Threshold
+		if v.newKey {
+			theta = max(rate.Unit, uint32(float64(theta)*s.nk.BudgetFactor))
+		}
+		v.thetas[i] = theta
+		after := uint64(v.before(i)) + uint64(v.add)
+		lv := float64(after) / float64(theta)
+		if v.Limit == nil || lv > v.Level {
+			v.Level, v.Limit, v.Est, v.Theta = lv, l, uint32(min(after, math.MaxUint32)), theta
+		}
+		v.Over = v.Over || after > uint64(theta)
+		v.Never = v.Never || v.add > theta
+	}
+	if f.Negative {
+		v.Over, v.Never, v.Level = false, false, 0
+	}
+	if len(ru.Limits) > 0 {
+		if b := uint64(v.before(0)) + rate.Unit; 2*b > uint64(v.thetas[0]) {
+			ru.top.Offer(f.Key, uint32(min(b, math.MaxUint32))) // the first limit's: the TopK's clock
 		}
 	}
-	est, theta := e.budgetEstimate(s, ru, key, v.newKey, now, sc)
-	held := uint64(max(0, b.Held.Get(ru.Name, key)))
-	if uint64(est)+held+uint64(b.Reserve) > uint64(theta) {
-		return Verdict{Out: OverBudget, Rule: ru, Key: key, Est: est, Theta: theta,
-			Level: float64(est) / float64(theta)}, false
-	}
-	return Verdict{}, true
+	v.Out, v.Delay, v.setBan = s.tarpit.ladder(&v)
+	return v
 }
 
-// Charge charges key's wallet in ru its cost and holds its reservation. It
-// reports false when the sketch did not take the key (its bucket is full
-// of bigger spenders) and the wallet does not fail open: the spend is not
-// tracked, so nothing was charged or held.
-func (e *Engine) Charge(ru *Rule, key string, sc *Scratch) bool {
-	b := ru.Budget
-	sc.buf = skey2(sc.buf, ru.Name, b.Spec.Name, key)
-	b.sk.ObserveBytesN(time.Time{}, sc.buf, b.Cost)
-	if b.sk.EstimateBytes(sc.buf) == 0 && !b.Spec.FailOpen {
+// readCounts reads v's count in each of its rule's limits into v.ests
+// (counting this request first where the rule counts refused requests),
+// and reports whether the key is active in any.
+func (e *Engine) readCounts(v *Verdict, now time.Time, sc *Scratch) (active bool) {
+	ru := v.Rule
+	if len(ru.Limits) == 0 {
 		return false
 	}
-	b.Held.Add(ru.Name, key, int64(b.Reserve))
-	return true
-}
-
-// Unhold gives back the reservation Charge held for key in ru's wallet.
-func (e *Engine) Unhold(ru *Rule, key string) {
-	b := ru.Budget
-	b.Held.Add(ru.Name, key, -int64(b.Reserve))
-}
-
-// Settle charges key's wallet in ru what an upstream reported beyond the
-// cost: used units in all. It returns the units charged (0 when used fits
-// in the cost, or the sketch counts no more).
-func (e *Engine) Settle(ru *Rule, key string, used uint64) uint64 {
-	b := ru.Budget
-	usedC := (used-1)/b.Spec.Unit + 1 // rounded up; used >= 1 here or below
-	if used == 0 {
-		usedC = 0
-	}
-	usedC = min(usedC, math.MaxUint32) * uint64(b.Scale)
-	if usedC <= uint64(b.Cost) {
-		return 0
-	}
-	extra := uint32(min(usedC-uint64(b.Cost), math.MaxUint32))
-	buf := skey2(nil, ru.Name, b.Spec.Name, key)
-	before := b.sk.EstimateBytes(buf)
-	after, _ := b.sk.ObserveBytesN(time.Time{}, buf, extra)
-	if after > before {
-		return uint64(after-before) / uint64(b.Scale) * b.Spec.Unit
-	}
-	return 0
-}
-
-// RetryAll is how long a refused client must wait before its next request
-// is let through by every rule it matches: the longest wait over every
-// limit (with what this request added), every ban and every wallet, so
-// that waiting Retry-After is always enough (for a client that sends
-// nothing meanwhile).
-func (e *Engine) RetryAll(s *Set, vs []Verdict, now time.Time, sc *Scratch) time.Duration {
-	var d time.Duration
-	for i := range vs {
-		v := &vs[i]
-		if v.Rule == nil || v.Out == Allowlisted || v.Shadow {
-			continue
-		}
-		ru := v.Rule
-		for j, l := range ru.Limits {
-			sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
-			est := e.estimate(sc.buf, l, now)
-			if uint64(est)+uint64(l.Unit) > uint64(v.thetas[j]) {
-				d = max(d, RetryAfter(est, l.Unit, v.thetas[j], now, l.Tick))
-			}
-		}
-		if len(ru.Limits) > 0 {
-			sc.buf = skey(sc.buf, ru.Name, tagBan, v.Key)
-			if ban := s.bans.EstimateBytes(sc.buf); ban > 0 {
-				d = max(d, RetryAfter(ban, 1, 1, now, s.banTick))
-			}
-		}
-		if b := ru.Budget; b != nil {
-			// Reservations of requests in flight may all be spent: wait as
-			// if they were (in-flight requests end when they end).
-			est, theta := e.budgetEstimate(s, ru, v.Key, v.newKey, now, sc)
-			need := min(uint64(theta), uint64(b.Reserve)+uint64(max(0, b.Held.Get(ru.Name, v.Key))))
-			if uint64(est)+need > uint64(theta) {
-				d = max(d, RetryAfter(est, uint32(need), theta, now, b.Tick))
-			}
-		}
-	}
-	return d
-}
-
-// Status is what the RateLimit field says of limit l for a key whose
-// estimate is est against theta, before a next request of add counts: r,
-// the requests that still fit at once, and t, the time until more quota
-// (the next halving); over when add does not fit now, and then r is 0 and
-// t the time until it fits.
-func Status(l *Limit, est, theta, add uint32, now time.Time) (r int64, t time.Duration, over bool) {
-	r = (int64(theta) - int64(est)) / int64(l.Unit)
-	t = UntilNextTick(now, l.Tick)
-	if over = uint64(est)+uint64(add) > uint64(theta); over {
-		r = 0
-		t = RetryAfter(est, add, theta, now, l.Tick)
-	}
-	return max(r, 0), t, over
-}
-
-// Fields are the values of the RateLimit-Policy and RateLimit fields of
-// draft-ietf-httpapi-ratelimit-headers-10, and of the legacy X-RateLimit-*
-// fields (which describe the most constrained limit).
-type Fields struct {
-	Policy    string
-	RateLimit string // "" on a refusal that no limit explains (a wallet's, a ban's)
-	// Legacy: X-RateLimit-Limit, -Remaining and -Reset.
-	LegacyLimit, LegacyRemaining, LegacyReset int64
-}
-
-// Fields returns the fields for every limit of every rule that decided the
-// request (shadow rules send none), and false when there are none. Each
-// policy's quota is whole requests q per whole seconds w; for each, its
-// remaining r (never above q) and t, the seconds until more quota. On a
-// refusal the RateLimit field lists only the policies the client is over,
-// each with its own wait as t, so that Retry-After (the longest wait) is
-// never earlier than a t.
-func (e *Engine) Fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) (Fields, bool) {
-	var f Fields
-	var cur []byte
-	rules := 0
-	var level float64
-	legacy := false
-	for i := range vs {
-		v := &vs[i]
-		if v.Rule == nil || v.Shadow || v.Out == Allowlisted || len(v.ests) == 0 {
-			continue
-		}
-		if rules++; rules == 1 {
-			f.Policy = v.Rule.Policy
+	n := len(ru.Limits)
+	v.ests, v.thetas, v.others = sc.take(n), sc.take(n), sc.take(n)
+	v.counted = ru.CountRefused && !v.banned && !v.noCount
+	for i, l := range ru.Limits {
+		sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
+		if v.counted {
+			after, first := l.sk.ObserveBytesN(time.Time{}, sc.buf, v.add)
+			shared := e.shared(sc.buf, l.sk, l.Tick, l.Threshold, after, now)
+			v.ests[i], v.others[i] = shared, shared-min(shared, after)
+			v.first = v.first || i == 0 && first
 		} else {
-			f.Policy += ", " + v.Rule.Policy
+			v.ests[i], v.others[i] = e.estimate(sc.buf, l, now)
 		}
-		for j, l := range v.Rule.Limits {
-			est := v.ests[j]
-			if refused {
-				sc.buf = skey(sc.buf, v.Rule.Name, l.Name, v.Key)
-				est = e.estimate(sc.buf, l, now)
-			} else if !v.banned {
-				est += l.Unit // this request, counted
-			}
-			theta := v.thetas[j]
-			r, wait, over := Status(l, est, theta, l.Unit, now)
-			r, t := min(r, l.Q), Seconds(wait)
-			if !refused || over {
-				if cur == nil {
-					cur = make([]byte, 0, 48*len(v.Rule.Limits))
-				}
-				cur = AppendItem(cur, l.Quoted, r, t)
-			}
-			if lv := float64(est) / float64(theta); !legacy || lv > level {
-				f.LegacyLimit, f.LegacyRemaining, f.LegacyReset, level, legacy = l.Q, r, t, lv, true
-			}
-		}
+		active = active || v.before(i) > 0
 	}
-	f.RateLimit = string(cur)
-	return f, rules > 0
+	return active
 }
 
-// Hits is one limit's check of n requests at once, as Envoy's descriptors
-// ask (hits_addend): the estimate before them and the threshold, in
-// counts, and the counts they add.
-type Hits struct {
-	Est, Theta, Add uint32
-	// Over: they do not fit now. Never: they would not fit at an
-	// estimate of 0 (more than the whole limit).
-	Over, Never bool
-}
-
-// CheckHits checks n requests of key against ru's limit l, counting
-// nothing. A key first seen during a spike of new keys gets the new keys'
-// share of the limit, as in Evaluate.
-func (e *Engine) CheckHits(s *Set, ru *Rule, l *Limit, key string, n uint32, now time.Time, sc *Scratch) Hits {
-	sc.buf = skey(sc.buf, ru.Name, l.Name, key)
-	h := Hits{Est: e.estimate(sc.buf, l, now), Theta: l.Theta}
-	if e.isNewKey(s, ru, key, now, h.Est > 0, sc) {
-		h.Theta = max(l.Unit, uint32(float64(h.Theta)*s.nk.BudgetFactor))
+// ladder is the tarpit's outcome for a verdict at its level: its outcome,
+// a delay's length, and whether it bans the key.
+func (t *TarpitSpec) ladder(v *Verdict) (Outcome, time.Duration, bool) {
+	switch {
+	case v.banned:
+		return Ban, 0, false
+	case v.Limit == nil || !v.Over:
+		return Allow, 0, false
+	case !v.Rule.Tarpit:
+		return Reject, 0, false
+	case v.Level > t.BanAbove:
+		return Ban, 0, true
+	case v.Level > t.RejectAbove:
+		return Reject, 0, false
+	case v.Level > t.DripAbove:
+		return Drip, 0, false
+	case v.Level > t.DelayAbove:
+		span := max(t.DripAbove-t.DelayAbove, 1e-9)
+		d := time.Duration(float64(t.MaxDelay) * min(1, (v.Level-t.DelayAbove)/span))
+		return Delay, max(d, 50*time.Millisecond), false
 	}
-	units := uint64(n) * uint64(l.Unit)
-	h.Add = uint32(min(units, 2*MaxThreshold+2))
-	h.Over = uint64(h.Est)+units > uint64(h.Theta)
-	h.Never = units > uint64(h.Theta)
-	return h
-}
-
-// CountHits counts h's requests of key in ru's limit l, and returns the
-// estimate with them. As Commit, it teaches the memory of keys once per
-// tick a key is active.
-func (e *Engine) CountHits(s *Set, ru *Rule, l *Limit, key string, h *Hits, sc *Scratch) uint32 {
-	sc.buf = skey(sc.buf, ru.Name, l.Name, key)
-	if _, first := l.sk.ObserveBytesN(time.Time{}, sc.buf, h.Add); first && !s.nk.Disabled {
-		sc.buf = skey(sc.buf, ru.Name, tagKnown, key)
-		s.known.ObserveBytes(sc.buf)
-	}
-	return uint32(min(uint64(h.Est)+uint64(h.Add), math.MaxUint32))
-}
-
-// WalletLocks makes a wallet's check and its charge one step for each
-// (rule, key): 64 mutexes, a wallet's chosen by its cell in the budget's
-// held counts (the seeded hash of its rule and key). A request locks the
-// stripes of all its wallets at once, in ascending order, so two requests
-// with wallets in common cannot deadlock.
-type WalletLocks [64]sync.Mutex
-
-// Lock locks the stripes of the wallets among vs and returns them as a
-// mask, for Unlock.
-func (l *WalletLocks) Lock(vs []Verdict) uint64 {
-	var mask uint64
-	for i := range vs {
-		if v := &vs[i]; v.Rule != nil && v.Rule.Budget != nil && v.Out != Allowlisted {
-			cell, _ := v.Rule.Budget.Held.Idx(v.Rule.Name, v.Key)
-			mask |= 1 << (cell & 63)
-		}
-	}
-	for m := mask; m != 0; m &= m - 1 {
-		l[bits.TrailingZeros64(m)].Lock()
-	}
-	return mask
-}
-
-// Unlock unlocks the stripes Lock locked.
-func (l *WalletLocks) Unlock(mask uint64) {
-	for m := mask; m != 0; m &= m - 1 {
-		l[bits.TrailingZeros64(m)].Unlock()
-	}
-}
-
-// Estimate is key's count in ru's limit l now, in requests (rounded
-// down): this replica's, or the fleet's for a key heavy enough to share.
-func (e *Engine) Estimate(ru *Rule, l *Limit, key string) uint32 {
-	k := skey(nil, ru.Name, l.Name, key)
-	return e.estimate(k, l, e.Now()) / l.Unit
-}
-
-// Spent is what key has spent of ru's wallet, in units (this replica's
-// count).
-func (e *Engine) Spent(ru *Rule, key string) uint64 {
-	b := ru.Budget
-	return uint64(b.sk.EstimateBytes(skey2(nil, ru.Name, b.Spec.Name, key))) / uint64(b.Scale) * b.Spec.Unit
+	return Allow, 0, false // exactly at the ladder's first step
 }

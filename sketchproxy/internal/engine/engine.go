@@ -1,28 +1,35 @@
 // Package engine decides SketchProxy's rate limits, wallets, bans and
-// tarpit levels for every door: the HTTP middleware, the forward-auth check
-// and Envoy's rate-limit service (and any later one). It is the only code
-// of the module that holds a sketch. It imports neither net/http nor gRPC:
-// a door finds the rules a request matches and its key under each, asks
-// the engine, and translates the verdicts into its own protocol.
+// tarpit levels for every door: the HTTP middleware, the forward-auth
+// check, Envoy's rate-limit service and the Caddy module. It is the only
+// code of the module that holds a sketch. It imports neither net/http nor
+// gRPC: a door finds the rules a request matches and its key under each,
+// hands them to Decide as a Request, and translates the Decision it gets
+// back into its own protocol.
 //
 // A configuration compiles into an immutable Set (Compile); a reload
-// compiles the new one, reusing the sketches whose tick and size it keeps,
-// swaps it in, and retires the old (Retire). Deciding a request is
-// Evaluate for each rule it matches, counting nothing; then, for an
-// admitted request, CheckBudget and Charge for its wallets and Commit for
-// its limits; RetryAll and Fields give Retry-After and the RateLimit and
-// RateLimit-Policy field values (sketchproxy/README.md, How it is built).
+// compiles the new one, reusing the sketches it keeps, swaps it in, and
+// retires the old (Retire). Every limit is compiled by package rate, as
+// package limit's are, so the same words mean the same limit everywhere.
+// Decide is the one call that decides: it evaluates every rule, holds a
+// tarpitted request, checks and charges wallets, takes in-flight places,
+// counts the request (one conditional add per limit: check and count in one
+// atomic step), counts the outcome and computes Retry-After and the
+// RateLimit fields. The door then answers, and calls Decision.Done when the
+// request ends (sketchproxy/README.md, How it is built).
 package engine
 
 import (
+	"context"
+	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/admit"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // Options are what an Engine needs besides its rule sets.
@@ -33,6 +40,9 @@ type Options struct {
 	Seed uint64
 	// Fleet shares heavy keys' counts with other replicas (nil: none).
 	Fleet Fleet
+	// Sleep waits for d or until ctx ends: a tarpit's hold (nil: a timer).
+	// Tests inject it.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Fleet is the count other replicas share, behind an interface so that the
@@ -63,6 +73,11 @@ type Engine struct {
 	mu     sync.Mutex // Compile, Retire, SaveState: one at a time
 	counts map[string]*Counts
 
+	clients  *CountMin    // requests in progress per client (Request.ClientCap)
+	held     atomic.Int64 // tarpitted requests held now
+	heldKeys *CountMin    // the same, per rule and key
+	wallets  WalletLocks  // a wallet's check and its charge, as one step per key
+
 	spike         spikeMeter
 	restoredMeter atomic.Bool  // a state file restored the new-key meter
 	lastNew       atomic.Int64 // when a key was last marked new (Unix ns; 0: never)
@@ -71,9 +86,25 @@ type Engine struct {
 
 // New returns an Engine.
 func New(opts Options) *Engine {
-	e := &Engine{opts: opts, counts: map[string]*Counts{}}
+	if opts.Sleep == nil {
+		opts.Sleep = Sleep
+	}
+	e := &Engine{opts: opts, counts: map[string]*Counts{}, clients: NewCountMin(), heldKeys: NewCountMin()}
 	e.started = e.Now()
 	return e
+}
+
+// Sleep waits for d, or until ctx ends (then it returns ctx's error): the
+// tarpit's wait, on a timer.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Now reads the engine's clock.
@@ -104,14 +135,16 @@ type RuleSpec struct {
 	Tarpit       bool
 	CountRefused bool // refused: count
 	MaxInFlight  int
+	// Block refuses every request that adds hits, with no limit to count
+	// in (Envoy's requests_per_unit: 0).
+	Block bool
 }
 
-// LimitSpec is Requests per Per with bursts of Burst (LimitMath).
+// LimitSpec is a named limit: Requests per Per with bursts of Burst, as
+// package rate compiles it (a zero Burst is Requests).
 type LimitSpec struct {
-	Name     string
-	Requests float64
-	Per      time.Duration
-	Burst    float64
+	Name string
+	rate.Rate
 }
 
 // BudgetSpec is a wallet: Units per Per, spent Unit at a time.
@@ -128,10 +161,12 @@ type BudgetSpec struct {
 	ReconcileWait   time.Duration
 }
 
-// TarpitSpec is the tarpit's ladder, in levels (estimate / threshold).
+// TarpitSpec is the tarpit's ladder, in levels (estimate / threshold),
+// and its caps: requests held at once in all (MaxHeld) and per key.
 type TarpitSpec struct {
 	DelayAbove, DripAbove, RejectAbove, BanAbove float64
 	BanFor, MaxDelay                             time.Duration
+	MaxHeld, MaxHeldPerKey                       int
 }
 
 // NewKeysSpec is the new-key defence (sketchproxy.NewKeysConfig).
@@ -147,19 +182,34 @@ type Set struct {
 	Rules    []*Rule
 	RLSRules []*Rule
 
-	sketches map[sketchKey]*epochsketch.Sketch
-	newKeys  *epochsketch.Sketch // keys first seen during a spike
-	known    *epochsketch.Sketch // keys seen within about new_keys.remember
-	bans     *epochsketch.Sketch // temporary bans
+	sketches map[sketchKey]*sketch
+	newKeys  *sketch // keys first seen during a spike
+	known    *sketch // keys seen within about new_keys.remember
+	bans     *sketch // temporary bans
 	banTick  time.Duration
 	tarpit   TarpitSpec
 	nk       NewKeysSpec
 }
 
+// sketchKey is what sketches are shared by: limits and wallets with the
+// same tick and the same threshold share one sketch, so that the keys in a
+// bucket are compared by their standing against one threshold: a flood of
+// one rule's keys under their limit never evicts another rule's keys at
+// theirs (a 20-an-hour client, count 40, beside 1,000-an-hour keys at 25
+// requests, count 50, would otherwise lose its slot). The side sketches
+// (new keys, known keys, bans) have a threshold of 0.
 type sketchKey struct {
-	tick    time.Duration
-	buckets int
-	two     bool
+	tick      time.Duration
+	threshold uint32
+	buckets   int
+	two       bool
+}
+
+// sketch is one of a Set's sketches, with its conditional add (the check
+// and the count of a limit in one compare-and-swap, as package limit's).
+type sketch struct {
+	*epochsketch.Sketch
+	add admit.BytesFunc
 }
 
 // Rule is a compiled rule.
@@ -168,6 +218,7 @@ type Rule struct {
 	Shadow       bool
 	Tarpit       bool
 	CountRefused bool
+	Block        bool
 	MaxInFlight  int
 	Limits       []*Limit
 	Budget       *Budget   // nil: no wallet
@@ -178,32 +229,27 @@ type Rule struct {
 	top    *epochsketch.TopK
 }
 
-// Limit is a compiled limit: its threshold and tick, and its policy as the
-// RateLimit fields name it.
+// Limit is a compiled limit: package rate's (its tick, threshold and
+// policy) with its name as the RateLimit fields give it.
 type Limit struct {
-	Name     string
-	Policy   string // the RateLimit policy's name: rule-limit
-	Quoted   string // the policy's name, quoted, for RateLimit items
-	Item     string // its RateLimit-Policy item: "rule-limit";q=Q;w=W
-	Q, W     int64  // the policy as whole requests Q per W seconds
-	Requests float64
-	Per      time.Duration
-	Tick     time.Duration
-	Theta    uint32 // the threshold, in counts: burst × Unit
-	Unit     uint32 // counts per request (LimitMath: 2 for an odd burst)
-	sk       *epochsketch.Sketch
+	rate.Limit
+	Name   string
+	Policy string // the RateLimit policy's name: rule-limit
+	Quoted string // the policy's name, quoted, for RateLimit items
+	Item   string // its RateLimit-Policy item: "rule-limit";q=Q;w=W
+	sk     *sketch
 }
 
-// Budget is a compiled wallet.
+// Budget is a compiled wallet: Units per Per in counts of Spec.Unit units,
+// as package rate compiles a limit of that many requests (each charged
+// unit adds rate.Unit counts).
 type Budget struct {
-	Spec  BudgetSpec
-	Tick  time.Duration
-	Theta uint32 // Units, in counts of Unit units (times Scale)
-	Scale uint32 // counts per Unit units: 2 for an odd threshold, else 1
-	// Cost and Reserve in counts (rounded up, times Scale).
+	Spec BudgetSpec
+	Lim  rate.Limit
+	// Cost and Reserve in counts (rounded up to whole units).
 	Cost, Reserve uint32
 	Held          *CountMin // counts reserved by requests in flight, per key
-	sk            *epochsketch.Sketch
+	sk            *sketch
 }
 
 // Counts counts a rule's decisions by outcome, real and shadow.
@@ -230,16 +276,16 @@ func (c *Counts) Get(o Outcome, shadow bool) uint64 {
 }
 
 // Compile compiles spec into a Set. Sketches of prev (the running Set, or
-// nil) whose tick and size spec keeps are shared, with their counts, and
-// so are in-flight counts, reservations and top offenders of rules that
-// keep their names. Nothing of prev changes: call Retire once the new Set
-// is in use.
+// nil) whose tick, threshold and size spec keeps are shared, with their
+// counts, and so are in-flight counts, reservations and top offenders of
+// rules that keep their names. Nothing of prev changes: call Retire once
+// the new Set is in use.
 func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s := &Set{sketches: map[sketchKey]*epochsketch.Sketch{}, tarpit: spec.Tarpit, nk: spec.NewKeys}
-	sketch := func(tick time.Duration, buckets int) *epochsketch.Sketch {
-		k := sketchKey{tick, buckets, spec.TwoChoice}
+	s := &Set{sketches: map[sketchKey]*sketch{}, tarpit: spec.Tarpit, nk: spec.NewKeys}
+	get := func(tick time.Duration, threshold uint32, buckets int) *sketch {
+		k := sketchKey{tick, threshold, buckets, spec.TwoChoice}
 		if sk, ok := s.sketches[k]; ok {
 			return sk
 		}
@@ -249,19 +295,20 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 				return sk
 			}
 		}
-		sk := epochsketch.New(epochsketch.Config{
+		sk := &sketch{Sketch: epochsketch.New(epochsketch.Config{
 			NumBuckets: buckets, TickDuration: tick, Clock: e.opts.Clock,
 			Seed: e.opts.Seed, TwoChoice: spec.TwoChoice,
 			// Keys are chosen by clients: a keyed hash (THEORY.md section
 			// 6), whose key a state file can keep.
 			Hash: epochsketch.HashSipHash13,
-		})
+		})}
+		_, sk.add = admit.Bind(sk.Sketch)
 		s.sketches[k] = sk
 		return sk
 	}
 	for j, rs := range [2][]RuleSpec{spec.Rules, spec.RLSRules} {
 		for i := range rs {
-			ru, err := e.compileRule(&rs[i], prev, spec.Buckets, sketch)
+			ru, err := e.compileRule(&rs[i], prev, spec.Buckets, get)
 			if err != nil {
 				for k, sk := range s.sketches {
 					if prev == nil || prev.sketches[k] != sk {
@@ -278,32 +325,24 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 		}
 	}
 	// Side sketches: keys seen lately, new keys during a spike, and bans.
-	s.known = sketch(spec.NewKeys.Remember, spec.Buckets)
-	s.newKeys = sketch(spec.NewKeys.Window, 1<<12)
+	s.known = get(spec.NewKeys.Remember, 0, spec.Buckets)
+	s.newKeys = get(spec.NewKeys.Window, 0, 1<<12)
 	s.banTick = max(time.Millisecond, spec.Tarpit.BanFor/4)
-	s.bans = sketch(s.banTick, 1<<12)
+	s.bans = get(s.banTick, 0, 1<<12)
 	return s, nil
 }
 
-func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, sketch func(time.Duration, int) *epochsketch.Sketch) (*Rule, error) {
-	ru := &Rule{Name: rs.Name, Shadow: rs.Shadow, Tarpit: rs.Tarpit, CountRefused: rs.CountRefused, MaxInFlight: rs.MaxInFlight}
+func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time.Duration, uint32, int) *sketch) (*Rule, error) {
+	ru := &Rule{Name: rs.Name, Shadow: rs.Shadow, Tarpit: rs.Tarpit, CountRefused: rs.CountRefused, Block: rs.Block, MaxInFlight: rs.MaxInFlight}
 	for _, l := range rs.Limits {
-		if l.Requests <= 0 || l.Per <= 0 || l.Burst <= 0 {
-			return nil, fmt.Errorf("rule %q limit %q: %v per %v, burst %v: want all three positive", rs.Name, l.Name, l.Requests, l.Per, l.Burst)
+		rl, err := l.Rate.Compile()
+		var re *rate.Error
+		if errors.As(err, &re) {
+			return nil, fmt.Errorf("rule %q limit %q: %s: %s", rs.Name, l.Name, re.Field, re.Msg)
 		}
-		// The tick follows the whole threshold the sketch counts to, so a
-		// Burst that is not whole (2.5 per second: θ 3) keeps Requests per
-		// Per exact.
-		tick := TickFor(l.Requests, l.Per, float64(thresholdFor(l.Burst)))
-		theta, unit := countsFor(l.Burst)
-		lim := &Limit{
-			Name: l.Name, Policy: rs.Name + "-" + l.Name, Tick: tick,
-			Theta: theta, Unit: unit, Requests: l.Requests, Per: l.Per,
-			sk: sketch(tick, buckets),
-		}
-		lim.Q, lim.W = WholePolicy(l.Requests, l.Per)
+		lim := &Limit{Limit: rl, Name: l.Name, Policy: rs.Name + "-" + l.Name, sk: get(rl.Tick, rl.Threshold, buckets)}
 		lim.Quoted = strconv.Quote(lim.Policy)
-		lim.Item = fmt.Sprintf("%s;q=%d;w=%d", lim.Quoted, lim.Q, lim.W)
+		lim.Item = rl.PolicyItem(lim.Quoted)
 		if ru.Policy != "" {
 			ru.Policy += ", "
 		}
@@ -314,14 +353,16 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, sketch func(t
 		if b.Unit == 0 || b.Units <= 0 || b.Per <= 0 {
 			return nil, fmt.Errorf("rule %q budget %q: %v units per %v in units of %d: want all three positive", rs.Name, b.Name, b.Units, b.Per, b.Unit)
 		}
-		// As a limit's (countsFor): an odd threshold counts everything
-		// twice, so the halving loses no half count; the tick follows the
-		// whole threshold.
-		theta := thresholdFor(b.Units / float64(b.Unit))
-		scale := 1 + theta&1
-		tick := TickFor(b.Units/float64(b.Unit), b.Per, float64(theta))
-		ru.Budget = &Budget{Spec: *b, Tick: tick, Theta: theta * scale, Scale: scale, sk: sketch(tick, buckets),
-			Cost: counts(b.Cost, b.Unit) * scale, Reserve: counts(b.Reserve, b.Unit) * scale, Held: NewCountMin()}
+		// A wallet of N counts per Per is a limit of N requests per Per,
+		// burst N: each unit charged adds rate.Unit counts.
+		counts := b.Units / float64(b.Unit)
+		rl, err := rate.Rate{Requests: counts, Per: b.Per, Burst: max(1, counts)}.Compile()
+		var re *rate.Error
+		if errors.As(err, &re) {
+			return nil, fmt.Errorf("rule %q budget %q: %s: %s", rs.Name, b.Name, re.Field, re.Msg)
+		}
+		ru.Budget = &Budget{Spec: *b, Lim: rl, sk: get(rl.Tick, rl.Threshold, buckets),
+			Cost: countsOf(b.Cost, b.Unit), Reserve: countsOf(b.Reserve, b.Unit), Held: NewCountMin()}
 	}
 	var old *Rule // the same rule in the running Set
 	if prev != nil {
@@ -341,7 +382,7 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, sketch func(t
 	case old != nil && len(old.Limits) > 0 && old.Limits[0].sk == ru.Limits[0].sk:
 		ru.top = old.top
 	default:
-		ru.top = epochsketch.NewTopKFor(ru.Limits[0].sk, 10)
+		ru.top = epochsketch.NewTopKFor(ru.Limits[0].sk.Sketch, 10)
 	}
 	if rs.MaxInFlight > 0 {
 		ru.InFlight = NewCountMin()
@@ -385,7 +426,11 @@ func (e *Engine) Decisions(f func(rule string, c *Counts)) {
 	}
 }
 
-// counts is units in counts of unit, rounded up, at most a uint32.
-func counts(units, unit uint64) uint32 {
-	return uint32(min((units+unit-1)/unit, math.MaxUint32))
+// countsOf is units in counts of a wallet whose unit is unit: whole units
+// rounded up, rate.Unit counts each.
+func countsOf(units, unit uint64) uint32 {
+	if units == 0 {
+		return 0
+	}
+	return rate.Counts((units-1)/unit + 1)
 }

@@ -3,32 +3,36 @@ package engine
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // oneRule is an engine with one rule of one limit, requests per per, on a
 // manual clock.
 func oneRule(t testing.TB, requests float64, per time.Duration) (*Engine, *Set, *epochsketch.ManualClock) {
-	return compile(t, RuleSpec{Name: "api", Limits: []LimitSpec{{Name: "rate", Requests: requests, Per: per, Burst: requests}}})
+	return compile(t, RuleSpec{Name: "api", Limits: []LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: requests, Per: per}}}})
 }
 
-// decide is one request of key, as every door runs it: decide its facts,
-// then commit what an admitted request (or a counting rule) counts.
+// decide is one request of key under the first rule, as every door runs
+// it: one Decide, then Done once the request ends.
 func decide(e *Engine, s *Set, key string, sc *Scratch) bool {
 	sc.Reset()
 	facts := [1]Fact{{Rule: s.Rules[0], Key: key}}
-	var vs [1]Verdict
-	ok := e.Decide(s, facts[:], e.Now(), sc, vs[:]).Out == Allow
-	e.Commit(s, &vs[0], ok, sc)
-	return ok
+	d := e.Decide(context.Background(), s, e.Now(), &Request{Facts: facts[:]}, sc)
+	d.Done()
+	return d.Admitted
 }
 
 // A client at a steady 2x or 4x its limit is admitted exactly its limit,
-// for every integer limit from 1 to 40 a second: odd ones count each
-// request as two units (countsFor), so the halving loses no half request.
+// for every integer limit from 1 to 40 a second: each request counts two
+// (package rate), so the halving of an odd burst loses no half request.
 func TestSteadyOverloadExactEveryLimit(t *testing.T) {
 	for limit := 1; limit <= 40; limit++ {
 		for _, over := range []int{2, 4} {
@@ -115,7 +119,7 @@ func compile(t testing.TB, rs ...RuleSpec) (*Engine, *Set, *epochsketch.ManualCl
 	e := New(Options{Clock: clk, Seed: 1})
 	s, err := e.Compile(&Spec{
 		Buckets: 1 << 10, Rules: rs,
-		Tarpit:  TarpitSpec{DelayAbove: 1, DripAbove: 1.5, RejectAbove: 2, BanAbove: 8, BanFor: 10 * time.Minute},
+		Tarpit:  TarpitSpec{DelayAbove: 1, DripAbove: 1.5, RejectAbove: 2, BanAbove: 8, BanFor: 10 * time.Minute, MaxHeld: 256, MaxHeldPerKey: 2},
 		NewKeys: NewKeysSpec{Disabled: true, Window: time.Minute, Remember: time.Hour},
 	}, nil)
 	if err != nil {
@@ -130,7 +134,7 @@ func compile(t testing.TB, rs ...RuleSpec) (*Engine, *Set, *epochsketch.ManualCl
 func TestFractionalLimitExact(t *testing.T) {
 	for _, c := range []struct{ requests, per float64 }{{2.5, 1}, {0.5, 1}, {7.5, 60}, {1.25, 1}} {
 		per := time.Duration(c.per * float64(time.Second))
-		e, s, clk := compile(t, RuleSpec{Name: "api", Limits: []LimitSpec{{Name: "rate", Requests: c.requests, Per: per, Burst: c.requests}}})
+		e, s, clk := compile(t, RuleSpec{Name: "api", Limits: []LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: c.requests, Per: per}}}})
 		var sc Scratch
 		window := 400 * per
 		gap := time.Duration(float64(per) / (3 * c.requests)) // 3x over
@@ -148,7 +152,7 @@ func TestFractionalLimitExact(t *testing.T) {
 }
 
 // A wallet spent at a steady 3x its budget is admitted its budget, for
-// odd budgets too (an odd threshold counts everything twice, as a limit).
+// odd budgets too (every unit counts two, as a request of a limit does).
 func TestWalletSteadyOverloadExact(t *testing.T) {
 	for _, units := range []float64{1, 2, 5, 7, 10} {
 		e, s, clk := compile(t, RuleSpec{Name: "w", Budget: &BudgetSpec{Name: "b", Units: units, Per: time.Second, Unit: 1, Cost: 1, Reserve: 1}})
@@ -157,13 +161,9 @@ func TestWalletSteadyOverloadExact(t *testing.T) {
 		gap := time.Second / time.Duration(3*units)
 		admitted := 0
 		for i := range int(3 * units * 400) {
-			sc.Reset()
-			v := e.Evaluate(s, ru, "k", e.Now(), &sc)
-			if _, ok := e.CheckBudget(s, &v, e.Now(), &sc); ok && e.Charge(ru, "k", &sc) {
-				e.Unhold(ru, "k") // the request ends at once
-				if i >= int(3*units*200) {
-					admitted++
-				}
+			// The request ends at once: Done gives its reservation back.
+			if decide(e, s, "k", &sc) && i >= int(3*units*200) {
+				admitted++
 			}
 			clk.Advance(gap)
 		}
@@ -172,6 +172,108 @@ func TestWalletSteadyOverloadExact(t *testing.T) {
 		}
 		if got := e.Spent(ru, "k"); got > uint64(units) {
 			t.Errorf("%v units a second: Spent says %d, over the budget", units, got)
+		}
+	}
+}
+
+// decideRule is decide under rule i of s.
+func decideRule(e *Engine, s *Set, i int, key string, sc *Scratch) bool {
+	sc.Reset()
+	facts := [1]Fact{{Rule: s.Rules[i], Key: key}}
+	d := e.Decide(context.Background(), s, e.Now(), &Request{Facts: facts[:]}, sc)
+	d.Done()
+	return d.Admitted
+}
+
+// No rule's traffic makes the engine forget another rule's clients at
+// their limit: a 1,000-an-hour rule's 5,000 values at 25 calls each (2.5%
+// of their limit) beside three tenants of a 20-an-hour rule at 100% of
+// theirs, on a small table. With one sketch per tick (the rules' ticks are
+// equal) the flood's counts, 50, beat the tenants', 40, and each tenant got
+// its 20 again. Limits with the same tick but other thresholds now count
+// in sketches of their own (sketchKey).
+func TestNoRuleEvictsAnothersClients(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	e := New(Options{Clock: clk, Seed: 1})
+	s, err := e.Compile(&Spec{
+		Buckets: 1 << 4,
+		Rules: []RuleSpec{
+			{Name: "tenants", Limits: []LimitSpec{{Name: "h", Rate: rate.Rate{Requests: 20, Per: time.Hour}}}},
+			{Name: "values", Limits: []LimitSpec{{Name: "h", Rate: rate.Rate{Requests: 1000, Per: time.Hour}}}},
+		},
+		NewKeys: NewKeysSpec{Disabled: true, Window: time.Minute, Remember: time.Hour},
+		Tarpit:  TarpitSpec{BanFor: time.Minute},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Retire(s, nil)
+	var sc Scratch
+	for _, tenant := range []string{"t1", "t2", "t3"} {
+		for i := range 20 {
+			if !decideRule(e, s, 0, tenant, &sc) {
+				t.Fatalf("%s: request %d of its 20 refused", tenant, i+1)
+			}
+		}
+		if decideRule(e, s, 0, tenant, &sc) {
+			t.Fatalf("%s: a 21st request admitted before the flood", tenant)
+		}
+	}
+	for v := range 5000 {
+		for range 25 {
+			decideRule(e, s, 1, "value"+strconv.Itoa(v), &sc)
+		}
+	}
+	for _, tenant := range []string{"t1", "t2", "t3"} {
+		if decideRule(e, s, 0, tenant, &sc) {
+			t.Errorf("%s, at its limit before the flood, was admitted after it: the other rule's values evicted it", tenant)
+		}
+	}
+	admitted := 0
+	for range 40 {
+		if decideRule(e, s, 0, "fresh", &sc) {
+			admitted++
+		}
+	}
+	if admitted > 20 {
+		t.Errorf("a fresh tenant got %d of 20", admitted)
+	}
+}
+
+// Requests racing on one key at one instant are admitted the burst,
+// exactly, together: each limit's check and count is one conditional add.
+// With the check and the count apart, two racers that both saw room for
+// the last request were both admitted. Run under -race.
+func TestRacingRequestsNeverPassTheLimit(t *testing.T) {
+	for _, rules := range [][]RuleSpec{
+		{{Name: "one", Limits: []LimitSpec{{Name: "s", Rate: rate.Rate{Requests: 100, Per: time.Second}}}}},
+		{{Name: "two", Limits: []LimitSpec{
+			{Name: "s", Rate: rate.Rate{Requests: 100, Per: time.Second}},
+			{Name: "m", Rate: rate.Rate{Requests: 1000, Per: time.Minute}},
+		}}},
+	} {
+		e, s, _ := compile(t, rules...)
+		const goroutines, calls = 8, 100
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var sc Scratch
+				<-start
+				for range calls {
+					if decide(e, s, "hot", &sc) {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if n := admitted.Load(); n != 100 {
+			t.Errorf("%s: %d goroutines racing on one key were admitted %d, want exactly the burst, 100", rules[0].Name, goroutines, n)
 		}
 	}
 }

@@ -14,13 +14,16 @@ import (
 // The state file holds every sketch of a Set (limits, budgets, new keys,
 // bans): "SKPXSTAT", a version (uint16) and a count (uint32); since version
 // 2 the new-key meter's moving average (float64 bits, uint64); then per
-// sketch its tick (ns), bucket count and two-choice flag, and its
-// epochsketch snapshot; then "SKPXEND!". Version 1 files (no meter) are
-// still read. It holds the sketches' hash keys: keep it private.
+// sketch its tick (ns), since version 3 its threshold (uint32), its bucket
+// count and two-choice flag, and its epochsketch snapshot; then
+// "SKPXEND!". Versions 1 and 2 (a sketch per tick, counting one unit per
+// request for an even burst) are still read: their meter is restored and
+// their sketches skipped, since their counts mean other numbers. It holds
+// the sketches' hash keys: keep it private.
 const (
 	stateMagic   = "SKPXSTAT"
 	stateEnd     = "SKPXEND!"
-	stateVersion = 2
+	stateVersion = 3
 )
 
 // sortedKeys returns s's sketches' keys by tick, then size.
@@ -32,6 +35,9 @@ func (s *Set) sortedKeys() []sketchKey {
 	sort.Slice(keys, func(i, j int) bool {
 		if keys[i].tick != keys[j].tick {
 			return keys[i].tick < keys[j].tick
+		}
+		if keys[i].threshold != keys[j].threshold {
+			return keys[i].threshold < keys[j].threshold
 		}
 		return keys[i].buckets < keys[j].buckets
 	})
@@ -54,11 +60,12 @@ func (e *Engine) WriteState(w io.Writer, s *Set) (int, error) {
 	binary.LittleEndian.PutUint64(meter[:], e.spike.avg.Load())
 	bw.Write(meter[:])
 	for _, k := range keys {
-		var b [17]byte
+		var b [21]byte
 		binary.LittleEndian.PutUint64(b[0:], uint64(k.tick))
-		binary.LittleEndian.PutUint64(b[8:], uint64(k.buckets))
+		binary.LittleEndian.PutUint32(b[8:], k.threshold)
+		binary.LittleEndian.PutUint64(b[12:], uint64(k.buckets))
 		if k.two {
-			b[16] = 1
+			b[20] = 1
 		}
 		bw.Write(b[:])
 		if _, err := s.sketches[k].WriteTo(bw); err != nil {
@@ -126,16 +133,25 @@ func readState(r *bufio.Reader, s *Set) (sum StateSummary, meter *uint64, err er
 		return sum, nil, fmt.Errorf("%d sketches: damaged", n)
 	}
 	for range n {
-		var b [17]byte
-		if _, err = io.ReadFull(r, b[:]); err != nil {
+		var b [21]byte
+		hdr := b[:21]
+		if v < 3 {
+			hdr = b[:17] // no threshold
+		}
+		if _, err = io.ReadFull(r, hdr); err != nil {
 			return sum, nil, fmt.Errorf("truncated")
 		}
-		k := sketchKey{tick: time.Duration(binary.LittleEndian.Uint64(b[0:])), buckets: int(binary.LittleEndian.Uint64(b[8:])), two: b[16] == 1}
+		k := sketchKey{tick: time.Duration(binary.LittleEndian.Uint64(b[0:]))}
+		if v < 3 {
+			k.buckets, k.two = int(binary.LittleEndian.Uint64(b[8:])), b[16] == 1
+		} else {
+			k.threshold, k.buckets, k.two = binary.LittleEndian.Uint32(b[8:]), int(binary.LittleEndian.Uint64(b[12:])), b[20] == 1
+		}
 		if k.buckets < 1 || k.buckets > 1<<26 {
 			return sum, nil, fmt.Errorf("a sketch of %d buckets: damaged", k.buckets)
 		}
 		sk, ok := s.sketches[k]
-		if !ok {
+		if !ok || v < 3 {
 			if _, err = io.CopyN(io.Discard, r, epochsketch.SnapshotSize(k.buckets)); err != nil {
 				return sum, nil, fmt.Errorf("truncated")
 			}
@@ -161,10 +177,11 @@ func readState(r *bufio.Reader, s *Set) (sum StateSummary, meter *uint64, err er
 // Stats is a sketch's counters (epochsketch.Stats).
 type Stats = epochsketch.Stats
 
-// SketchStats calls f for each of s's sketches, by tick, then size.
-func (s *Set) SketchStats(f func(tick time.Duration, buckets int, st Stats)) {
+// SketchStats calls f for each of s's sketches, by tick, threshold (in
+// counts; 0 for the side sketches), then size.
+func (s *Set) SketchStats(f func(tick time.Duration, threshold uint32, buckets int, st Stats)) {
 	for _, k := range s.sortedKeys() {
-		f(k.tick, k.buckets, s.sketches[k].Stats())
+		f(k.tick, k.threshold, k.buckets, s.sketches[k].Stats())
 	}
 }
 
@@ -179,7 +196,7 @@ func (e *Engine) Top(ru *Rule, f func(key string, level float64)) {
 	for _, t := range ru.top.List() {
 		buf = skey(buf, ru.Name, l.Name, t.Key)
 		if est := l.sk.EstimateBytes(buf); est > 0 {
-			f(t.Key, float64(est)/float64(l.Theta))
+			f(t.Key, float64(est)/float64(l.Threshold))
 		}
 	}
 }

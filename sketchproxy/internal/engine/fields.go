@@ -1,0 +1,158 @@
+package engine
+
+import (
+	"math"
+	"math/bits"
+	"time"
+
+	"github.com/epochsketch/epochsketch/rate"
+)
+
+// Fields are the values of the RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers-10, and of the legacy X-RateLimit-*
+// fields (which describe the most constrained limit).
+type Fields struct {
+	// Any: some limit decided the request, so the fields apply.
+	Any    bool
+	Policy string
+	// RateLimit is the RateLimit field, in the request's Scratch; empty on
+	// a refusal that no limit explains (a wallet's, a ban's).
+	RateLimit []byte
+	// Legacy: X-RateLimit-Limit, -Remaining and -Reset.
+	LegacyLimit, LegacyRemaining, LegacyReset int64
+}
+
+// fields returns the fields for every limit of every rule that decided the
+// request (shadow rules send none). Each policy's quota is whole requests
+// q per whole seconds w; for each, its remaining r (never above q) and t,
+// the seconds until more quota. On a refusal the RateLimit field lists
+// only the policies the client is over, each with its own wait as t, so
+// that Retry-After (the longest wait) is never earlier than a t; a limit
+// no wait can satisfy (more hits than it holds) gets no item.
+func (e *Engine) fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) Fields {
+	var f Fields
+	rules := 0
+	var level float64
+	b := sc.field[:0]
+	for i := range vs {
+		v := &vs[i]
+		if v.Rule == nil || v.Shadow || v.Out == Allowlisted || len(v.ests) == 0 {
+			continue
+		}
+		if rules++; rules == 1 {
+			f.Policy = v.Rule.Policy
+		} else {
+			f.Policy += ", " + v.Rule.Policy
+		}
+		add := uint32(rate.Unit) // a next request
+		if refused {
+			add = v.add // when these hits fit
+		}
+		for j, l := range v.Rule.Limits {
+			rl := l.Limit
+			rl.Threshold = v.thetas[j]
+			est := v.ests[j]
+			r, t, over := rl.Status(est, add, now)
+			r, secs := min(r, rl.Q), rate.Seconds(t)
+			if (!refused || over) && add <= rl.Threshold {
+				b = rate.AppendItem(b, l.Quoted, r, secs)
+			}
+			if lv := float64(est) / float64(rl.Threshold); !f.Any || lv > level {
+				f.LegacyLimit, f.LegacyRemaining, f.LegacyReset, level, f.Any = rl.Q, r, secs, lv, true
+			}
+		}
+	}
+	sc.field = b
+	f.RateLimit = b
+	f.Any = rules > 0
+	return f
+}
+
+// Status is what a verdict's first limit says to a client, as Envoy's
+// descriptor statuses give it: the requests remaining and the time until
+// more quota; for a verdict over, 0 and the time until its hits fit.
+func (v *Verdict) Status(now time.Time) (remaining int64, reset time.Duration) {
+	if len(v.ests) == 0 {
+		return 0, 0
+	}
+	add := uint32(rate.Unit)
+	if v.Over {
+		add = v.add
+	}
+	rl := v.Rule.Limits[0].Limit
+	rl.Threshold = v.thetas[0]
+	r, t, _ := rl.Status(v.ests[0], add, now)
+	return r, t
+}
+
+// forever is a wait no client can sit out.
+const forever = time.Duration(math.MaxInt64)
+
+// retryAll is how long a refused client must wait before its next request
+// is let through by every rule it matches: the longest wait over every
+// limit (with what this request added), every ban and every wallet, so
+// that waiting Retry-After is always enough (for a client that sends
+// nothing meanwhile). Quota facts wait the shortest of their waits when
+// every one is over. never: some wait is forever.
+func (e *Engine) retryAll(s *Set, vs []Verdict, now time.Time, sc *Scratch) (d time.Duration, never bool) {
+	quotas, quotasOver := 0, 0
+	quotaWait := forever
+	for i := range vs {
+		v := &vs[i]
+		if v.Rule == nil || v.Out == Allowlisted || v.Shadow {
+			continue
+		}
+		w := e.waitFor(s, v, now, sc)
+		if v.Quota {
+			quotas++
+			if v.Over {
+				quotasOver++
+				quotaWait = min(quotaWait, w)
+			}
+			continue
+		}
+		d = max(d, w)
+	}
+	if quotas > 0 && quotasOver == quotas {
+		d = max(d, quotaWait)
+	}
+	return d, d == forever
+}
+
+// waitFor is how long v's key waits before its hits fit in every limit,
+// ban and wallet of its rule: forever if they never fit.
+func (e *Engine) waitFor(s *Set, v *Verdict, now time.Time, sc *Scratch) time.Duration {
+	ru := v.Rule
+	if v.Never {
+		return forever
+	}
+	var d time.Duration
+	for j, l := range ru.Limits {
+		rl := l.Limit
+		rl.Threshold = v.thetas[j]
+		d = max(d, rl.Wait(v.ests[j], v.add, now))
+	}
+	if len(ru.Limits) > 0 {
+		sc.buf = skey(sc.buf, ru.Name, tagBan, v.Key)
+		if ban := s.bans.EstimateBytes(sc.buf); ban > 0 {
+			d = max(d, rate.UntilTick(now, s.banTick, int64(bits.Len32(ban))))
+		}
+	}
+	if b := ru.Budget; b != nil {
+		// Reservations of requests in flight may all be spent: wait as
+		// if they were (in-flight requests end when they end).
+		est, theta := e.budgetEstimate(s, ru, v.Key, v.newKey, now, sc)
+		need := min(uint64(theta), uint64(b.Reserve)+uint64(max(0, b.Held.Get(ru.Name, v.Key))))
+		rl := b.Lim
+		rl.Threshold = theta
+		d = max(d, rl.Wait(est, uint32(need), now))
+	}
+	return d
+}
+
+// Estimate is key's count in ru's limit l now, in requests (rounded
+// down): this replica's, or the fleet's for a key heavy enough to share.
+func (e *Engine) Estimate(ru *Rule, l *Limit, key string) uint32 {
+	est, _ := e.estimate(skey(nil, ru.Name, l.Name, key), l, e.Now())
+	return est / rate.Unit
+}

@@ -1,0 +1,141 @@
+package sketchproxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+)
+
+// Each descriptor is judged on its own: a request whose other descriptors
+// are oversized, malformed or too many is still refused by the per-client
+// limit it is over, and, under that limit, is answered (never an error
+// for the whole call, which Envoy would let through: failure_mode_deny is
+// false by default).
+func TestRLSEachDescriptorJudgedAlone(t *testing.T) {
+	h := newRLSHarness(t, "", "edge.yaml", `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: "/files/*"
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`)
+	many := make([]*rlv3.RateLimitDescriptor, 64)
+	for i := range many {
+		many[i] = entries("junk", fmt.Sprint(i))
+	}
+	deep := entries(strings.Split(strings.Repeat("k,v,", 17), ",")...)
+	bad := []struct {
+		name string
+		ds   []*rlv3.RateLimitDescriptor
+	}{
+		{"a 5,000-byte value", []*rlv3.RateLimitDescriptor{entries("path", "/files/"+strings.Repeat("x", 5000))}},
+		{"17 entries", []*rlv3.RateLimitDescriptor{deep}},
+		{"65 descriptors", many},
+		{"an empty entry key", []*rlv3.RateLimitDescriptor{entries("", "x")}},
+	}
+	for i, c := range bad {
+		client := fmt.Sprintf("192.0.2.%d", i+1)
+		ds := append(append([]*rlv3.RateLimitDescriptor(nil), c.ds...), entries("remote_address", client))
+		for n := range 3 {
+			if resp := h.ask(t, "edge", 0, ds...); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(resp.GetStatuses()) != len(ds) {
+				t.Fatalf("%s: call %d of 3 under the limit: %v", c.name, n+1, resp)
+			}
+		}
+		resp := h.ask(t, "edge", 0, ds...)
+		last := resp.GetStatuses()[len(ds)-1]
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || last.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("%s: the 4th call of a client limited to 3: %v, want OVER_LIMIT from its own descriptor", c.name, resp)
+		}
+	}
+	// The oversized value is counted under a digest of it: the same value
+	// is the same count, a value one byte longer another.
+	long := "/files/" + strings.Repeat("y", 5000)
+	for range 100 {
+		h.ask(t, "edge", 0, entries("path", long))
+	}
+	if resp := h.ask(t, "edge", 0, entries("path", long)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the 101st call of one 5,000-byte value limited to 100: %v", resp.GetOverallCode())
+	}
+	if resp := h.ask(t, "edge", 0, entries("path", long+"y")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("another long value shares the first one's count: %v", resp.GetOverallCode())
+	}
+}
+
+// rawCodec sends a message's bytes as they are, so that a test can send
+// what no proto library would (invalid UTF-8 in a string field), and reads
+// the answer as a proto message.
+type rawCodec struct{}
+
+type rawMsg []byte
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*rawMsg))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+// A descriptor value that is not UTF-8 (proto3 refuses the whole message)
+// is judged by its bytes, and the per-client limit beside it still refuses.
+func TestRLSInvalidUTF8JudgedAlone(t *testing.T) {
+	h := newRLSHarness(t, "", "edge.yaml", `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`)
+	// A valid request, then its placeholder value replaced by invalid
+	// UTF-8 bytes of the same length.
+	valid, err := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{
+		entries("user", "PLACEHOLDER"), entries("remote_address", "198.51.100.9"),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawMsg(bytes.Replace(valid, []byte("PLACEHOLDER"), []byte("\xff\xfe\xc0\x80ab\xed\xa0\x80xy"), 1))
+	if proto.Unmarshal(raw, &rlsv3.RateLimitRequest{}) == nil {
+		t.Fatal("the raw request is valid proto3: the test would test nothing")
+	}
+	call := func() *rlsv3.RateLimitResponse {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp := &rlsv3.RateLimitResponse{}
+		if err := h.conn.Invoke(ctx, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &raw, resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+			t.Fatalf("a value that is not UTF-8 failed the whole call: %v", err)
+		}
+		return resp
+	}
+	// The user descriptor (2 a minute) refuses the third call, by the
+	// value's own bytes; the client's (3) the fourth.
+	for n := range 2 {
+		if resp := call(); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("call %d: %v", n+1, resp)
+		}
+	}
+	resp := call()
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the 3rd call: %v, want the user descriptor (2 a minute) OVER_LIMIT", resp)
+	}
+	// The refused call counted nothing: the client has one call left,
+	// then its own limit refuses beside the invalid value.
+	if resp := h.ask(t, "edge", 0, entries("remote_address", "198.51.100.9")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("the client's 3rd counted call: %v", resp.GetOverallCode())
+	}
+	if resp := call(); resp.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the client over its 3 a minute, beside a value that is not UTF-8: %v", resp)
+	}
+}
