@@ -3,6 +3,7 @@ package rate_test
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -184,6 +185,36 @@ func TestSeconds(t *testing.T) {
 	for d, want := range map[time.Duration]int64{0: 1, 1: 1, time.Second: 1, time.Second + 1: 2, 90 * time.Second: 90} {
 		if got := rate.Seconds(d); got != want {
 			t.Errorf("Seconds(%v) = %d, want %d", d, got, want)
+		}
+	}
+}
+
+// Wait is honest: at now + Wait the count, halved once per tick crossed,
+// leaves room for the hits, and a nanosecond earlier it does not (a client
+// that retries early is refused, one that waits it out passes), for random
+// counts, hits and instants.
+func TestWaitIsHonest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, r := range []rate.Rate{{Requests: 10, Per: time.Minute}, {Requests: 7, Per: time.Second, Burst: 3}, {Requests: 2.5, Per: time.Second}} {
+		l := compile(t, r)
+		for range 20000 {
+			est := uint32(rng.IntN(int(4 * l.Threshold)))
+			add := rate.Counts(uint64(1 + rng.IntN(int(l.Burst))))
+			now := time.Unix(1_700_000_000, rng.Int64N(int64(time.Hour)))
+			w := l.Wait(est, add, now)
+			fits := func(at time.Time) bool {
+				k := at.UnixNano()/int64(l.Tick) - now.UnixNano()/int64(l.Tick)
+				return uint64(est>>min(k, 31))+uint64(add) <= uint64(l.Threshold)
+			}
+			if w == 0 {
+				if !fits(now) {
+					t.Fatalf("%+v: count %d, %d more: Wait 0 but they do not fit", r, est, add)
+				}
+				continue
+			}
+			if !fits(now.Add(w)) || fits(now.Add(w-1)) {
+				t.Fatalf("%+v: count %d, %d more, at %v: Wait %v is not the first instant they fit", r, est, add, now, w)
+			}
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/limit"
 )
 
 // answer is what a client learns from one decision, whatever the door:
@@ -32,10 +33,12 @@ func answerOf(allowed bool, retry, rateLimit string) answer {
 
 // doorsHarness drives one Middleware through its three doors: the proxy
 // (ServeHTTP), the forward-auth check, and Envoy's rate-limit service,
-// each with clients of its own, under one rule of requests per per.
+// each with clients of its own, under one rule of requests per per; and
+// package limit's Middleware with the same words, on the same clock.
 type doorsHarness struct {
 	*harness
 	rls *rlsServer
+	lim http.Handler
 }
 
 func newDoorsHarness(t *testing.T, requests int, per string, extra ...string) *doorsHarness {
@@ -53,7 +56,20 @@ rules:
   - name: per-client
     limits: [{requests: %d, per: %s}]
 `, unit, requests, requests, per))
-	return &doorsHarness{harness: h, rls: &rlsServer{m: h.mw}}
+	p, _ := time.ParseDuration(per)
+	l := limit.NewWith(limit.Config{Requests: requests, Per: p, Clock: h.clk, Seed: 1, Name: "per-client-per-" + per})
+	t.Cleanup(func() { l.Close() })
+	lim := limit.Middleware(l, limit.RemoteIP)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	return &doorsHarness{harness: h, rls: &rlsServer{m: h.mw}, lim: lim}
+}
+
+// limit is one request through package limit's Middleware.
+func (d *doorsHarness) limit(client string) answer {
+	r := httptest.NewRequest("GET", "http://api.test/v1/x", nil)
+	r.RemoteAddr = client + ":1234"
+	w := httptest.NewRecorder()
+	d.lim.ServeHTTP(w, r)
+	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
 }
 
 func (d *doorsHarness) proxy(client string) answer {
@@ -88,7 +104,9 @@ func (d *doorsHarness) envoy(t *testing.T, client string) answer {
 
 // One timeline through every door gets the same decisions, Retry-After and
 // RateLimit values: a client at twice, then four times, its limit, then
-// quiet, then at exactly its limit, on a manual clock.
+// quiet, then at exactly its limit, on a manual clock. Package limit's
+// Middleware, given the same words, answers the same too: package rate
+// compiles both.
 func TestDoorsAgree(t *testing.T) {
 	for _, c := range []struct {
 		requests int
@@ -102,21 +120,27 @@ func TestDoorsAgree(t *testing.T) {
 				rate float64 // times the limit; 0: quiet
 				for_ time.Duration
 			}
-			n, disagreements := 0, 0
+			n, disagreements, refused := 0, 0, 0
 			for _, p := range []phase{{2, 10 * per}, {4, 10 * per}, {0, 5 * per}, {1, 10 * per}} {
 				if p.rate == 0 {
 					d.clk.Advance(p.for_)
 					continue
 				}
 				for end := d.clk.Now().Add(p.for_); d.clk.Now().Before(end); d.clk.Advance(gap(p.rate)) {
-					a, b, e := d.proxy("203.0.113.1"), d.check("203.0.113.2"), d.envoy(t, "203.0.113.3")
+					a, b, e, l := d.proxy("203.0.113.1"), d.check("203.0.113.2"), d.envoy(t, "203.0.113.3"), d.limit("203.0.113.4")
 					n++
-					if a != b || a != e {
+					if !a.allowed {
+						refused++
+					}
+					if a != b || a != e || a != l {
 						if disagreements++; disagreements <= 5 {
-							t.Errorf("request %d at %v: proxy %+v, check %+v, envoy %+v", n, d.clk.Now().Sub(t0), a, b, e)
+							t.Errorf("request %d at %v: proxy %+v, check %+v, envoy %+v, package limit %+v", n, d.clk.Now().Sub(t0), a, b, e, l)
 						}
 					}
 				}
+			}
+			if refused == 0 {
+				t.Fatalf("no door refused any of %d requests: the limits never ran", n)
 			}
 			if disagreements > 0 {
 				t.Errorf("%d of %d decisions differ between the doors", disagreements, n)

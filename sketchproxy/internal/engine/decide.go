@@ -174,6 +174,8 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 // the verdicts not in shadow mode; quota facts refuse only all together.
 func (e *Engine) evaluateAll(s *Set, now time.Time, rq *Request, sc *Scratch, d *Decision) {
 	quotas, quotasOver, quota := 0, 0, -1
+	allow := Verdict{Out: Allow}
+	worst := &allow
 	for i := range rq.Facts {
 		f := &rq.Facts[i]
 		v := &d.Verdicts[i]
@@ -182,7 +184,7 @@ func (e *Engine) evaluateAll(s *Set, now time.Time, rq *Request, sc *Scratch, d 
 			*v = Verdict{Out: Allowlisted, Rule: f.Rule, Key: f.Key}
 			continue
 		}
-		*v = e.evaluate(s, f, now, sc)
+		e.evaluate(s, f, now, sc, v)
 		switch {
 		case v.Shadow:
 			if v.Out != Allow {
@@ -194,13 +196,14 @@ func (e *Engine) evaluateAll(s *Set, now time.Time, rq *Request, sc *Scratch, d 
 				quotasOver++
 				quota = i
 			}
-		case d.Worst.Worse(v):
-			d.Worst, d.worst = *v, i
+		case worst.Worse(v):
+			worst, d.worst = v, i
 		}
 	}
-	if quotas > 0 && quotasOver == quotas && !d.Worst.Out.Refuses() {
-		d.Worst, d.worst = d.Verdicts[quota], quota
+	if quotas > 0 && quotasOver == quotas && !worst.Out.Refuses() {
+		worst, d.worst = &d.Verdicts[quota], quota
 	}
+	d.Worst = *worst
 	d.Admitted = !d.Worst.Out.Refuses()
 }
 
@@ -401,12 +404,12 @@ func (e *Engine) afterCount(s *Set, v *Verdict, sc *Scratch) {
 	}
 }
 
-// evaluate decides fact f at now. It counts nothing, unless its rule
-// counts refused requests: then it counts this one now, whatever the
+// evaluate decides fact f at now into v. It counts nothing, unless its
+// rule counts refused requests: then it counts this one now, whatever the
 // verdicts, in one pass.
-func (e *Engine) evaluate(s *Set, f *Fact, now time.Time, sc *Scratch) Verdict {
+func (e *Engine) evaluate(s *Set, f *Fact, now time.Time, sc *Scratch, v *Verdict) {
 	ru := f.Rule
-	v := Verdict{Rule: ru, Key: f.Key, Shadow: ru.Shadow, Quota: f.Quota, noCount: f.ZeroHits || f.Negative}
+	*v = Verdict{Rule: ru, Key: f.Key, Shadow: ru.Shadow, Quota: f.Quota, noCount: f.ZeroHits || f.Negative}
 	hits := max(f.Hits, 1)
 	if !f.ZeroHits {
 		v.add = rate.Counts(uint64(hits))
@@ -415,7 +418,7 @@ func (e *Engine) evaluate(s *Set, f *Fact, now time.Time, sc *Scratch) Verdict {
 		if v.Over = v.add > 0 && !f.Negative; v.Over {
 			v.Out, v.Never, v.Level = Reject, true, math.Inf(1)
 		}
-		return v
+		return
 	}
 	// A ban lasts at most 5 ticks of ban_for/4: without one that recent, no
 	// key is banned, and the lookup is skipped.
@@ -423,7 +426,7 @@ func (e *Engine) evaluate(s *Set, f *Fact, now time.Time, sc *Scratch) Verdict {
 		sc.buf = skey(sc.buf, ru.Name, tagBan, f.Key)
 		v.banned = s.bans.EstimateBytes(sc.buf) > 0
 	}
-	active := e.readCounts(&v, now, sc)
+	active := e.readCounts(v, now, sc)
 	if len(ru.Limits) > 0 || ru.Budget != nil {
 		v.newKey = e.isNewKey(s, ru, f.Key, now, active, sc)
 	}
@@ -449,8 +452,7 @@ func (e *Engine) evaluate(s *Set, f *Fact, now time.Time, sc *Scratch) Verdict {
 			ru.top.Offer(f.Key, uint32(min(b, math.MaxUint32))) // the first limit's: the TopK's clock
 		}
 	}
-	v.Out, v.Delay, v.setBan = s.tarpit.ladder(&v)
-	return v
+	v.Out, v.Delay, v.setBan = s.tarpit.ladder(v)
 }
 
 // readCounts reads v's count in each of its rule's limits into v.ests
