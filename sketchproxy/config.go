@@ -210,7 +210,8 @@ type Rule struct {
 	// MaxInFlight caps one key's requests in progress (streams), 0 = none.
 	MaxInFlight int `yaml:"max_in_flight"`
 
-	block bool // every hit is over: Envoy's requests_per_unit: 0
+	block  bool   // every hit is over: Envoy's requests_per_unit: 0
+	policy string // the limits' name in the RateLimit fields, if not rule-limit
 }
 
 // Match selects requests; empty fields match everything.
@@ -523,7 +524,7 @@ func (c *Config) spec(b *built) *engine.Spec {
 func (rc *Rule) spec() engine.RuleSpec {
 	rs := engine.RuleSpec{Name: rc.Name, Shadow: rc.Shadow, Tarpit: rc.Tarpit, CountRefused: rc.Refused == "count", MaxInFlight: rc.MaxInFlight, Block: rc.block}
 	for _, l := range rc.Limits {
-		rs.Limits = append(rs.Limits, engine.LimitSpec{Name: l.Name, Rate: l.rate()})
+		rs.Limits = append(rs.Limits, engine.LimitSpec{Name: l.Name, Policy: rc.policy, Rate: l.rate()})
 	}
 	if b := rc.Budget; b != nil {
 		rs.Budget = &engine.BudgetSpec{Name: b.Name, Units: b.Units, Per: time.Duration(b.Per), Unit: b.Unit, Cost: b.Cost, Reserve: b.Reserve, FailOpen: b.FailOpen,

@@ -50,11 +50,12 @@ type Middleware struct {
 	// the start, if any: its path stays the check's there (checkHere).
 	startCheck *ForwardAuthConfig
 
-	eng      *engine.Engine // every decision; the only holder of sketches
-	logs     logLimiter
-	refusals refusalLog // the decision log, aggregated by rule
-	billLogs logLimiter // reconcile errors: a flood of refusals never hides them
-	redact   [32]byte   // the key of the hash that stands for keys in logs and metrics
+	eng       *engine.Engine // every decision; the only holder of sketches
+	rlsValues rlsValues      // Envoy's detailed_metric descriptors, per value
+	logs      logLimiter
+	refusals  refusalLog // the decision log, aggregated by rule
+	billLogs  logLimiter // reconcile errors: a flood of refusals never hides them
+	redact    [32]byte   // the key of the hash that stands for keys in logs and metrics
 
 	transport atomic.Bool // Transport is in use: wallet requests outlive their clients
 

@@ -167,10 +167,17 @@ func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, d *
 	w.Write(body[i:])
 }
 
-// logDecision logs a refusal (or a shadow one): the first of its rule's
-// interval (refusallog.go), at most logsPerSecond a second in all; the
-// next line says how many were left out.
+// logDecision logs an HTTP door's refusal (or a shadow one): logVerdict,
+// with the request's method and path.
 func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
+	m.logVerdict(v, shadow, "method", r.Method, "path", truncate(r.URL.Path, 256)) // slog quotes and escapes control bytes
+}
+
+// logVerdict logs a refusal (or a shadow one) of any door, with the door's
+// own attributes: the first of its rule's interval (refusallog.go), at
+// most logsPerSecond a second in all; the next line says how many were
+// left out. Counts are in requests.
+func (m *Middleware) logVerdict(v *verdict, shadow bool, door ...any) {
 	rule := ""
 	if v.Rule != nil {
 		rule = v.Rule.Name
@@ -182,13 +189,10 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
 	if !ok {
 		return
 	}
-	attrs := []any{
-		"rule", rule, "outcome", v.Out.String(), "shadow", shadow,
-		"key", m.display(v.Key), "method", r.Method, "path", truncate(r.URL.Path, 256), // slog quotes and escapes control bytes
-		"retry_after_s", rate.Seconds(v.Retry),
-	}
+	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", m.display(v.Key)}, door...)
+	attrs = append(attrs, "retry_after_s", rate.Seconds(v.Retry))
 	if v.Limit != nil {
-		attrs = append(attrs, "limit", v.Limit.Name, "estimate", v.Est, "threshold", v.Theta)
+		attrs = append(attrs, "limit", v.Limit.Name, "estimate", v.Est/rate.Unit, "threshold", v.Theta/rate.Unit)
 	}
 	if skipped > 0 {
 		attrs = append(attrs, "log_lines_skipped", skipped)

@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
@@ -46,9 +47,40 @@ type EnvoyRLSConfig struct {
 	// a descriptor given twice at one level is still an error. Off, a
 	// domain given twice is an error (envoyproxy/ratelimit's default).
 	MergeDomains bool `yaml:"merge_domains"`
+	// ResponseHeaders is what the service asks Envoy to add to its
+	// client's response: "none" (the default, as envoyproxy/ratelimit's
+	// LIMIT_RESPONSE_HEADERS_ENABLED=false); "ratelimit", as
+	// envoyproxy/ratelimit sends them when enabled: RateLimit-Limit,
+	// RateLimit-Remaining and RateLimit-Reset of the most limiting
+	// descriptor; or "draft", the RateLimit-Policy and RateLimit fields of
+	// draft-ietf-httpapi-ratelimit-headers-10 and Retry-After, each policy
+	// named by its rate_limit's name, or by its unit (per-second, ...): a
+	// descriptor's keys and values never reach a client.
+	ResponseHeaders string `yaml:"response_headers"`
+	// Refused says whether the hits of a call answered OVER_LIMIT count:
+	// "free" (the default) counts nothing of a refused call, so a client
+	// over its limit keeps getting its limit; "count" counts every
+	// descriptor's hits, refused or not, as envoyproxy/ratelimit does
+	// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false, its default).
+	Refused string `yaml:"refused"`
+	// ShadowMode answers every call OK while deciding and counting as
+	// usual (envoyproxy/ratelimit's SHADOW_MODE): what would have been
+	// refused is counted as a shadow refusal and logged.
+	ShadowMode bool `yaml:"shadow_mode"`
+	// ResponseDynamicMetadata returns the call's domain, descriptors, hits
+	// and quota_mode violations as dynamic metadata, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
+	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata"`
 
 	loaded [3]int // what validation loaded: Loaded
 }
+
+// The envoy_rls.response_headers modes.
+const (
+	rlsHeadersNone      = "none"
+	rlsHeadersRateLimit = "ratelimit"
+	rlsHeadersDraft     = "draft"
+)
 
 // Loaded reports what the validated config's envoy_rls loaded: its domains
 // (merged ones once), its descriptors, and how many of those have a
@@ -63,6 +95,7 @@ func (r *EnvoyRLSConfig) Loaded() (domains, descriptors, limits int) {
 // rlsBuilt is the envoy_rls domains, compiled.
 type rlsBuilt struct {
 	merge   bool                // envoy_rls.merge_domains
+	count   bool                // envoy_rls.refused: count
 	domains map[string]*rlsNode // by name
 	rules   []Rule              // one per descriptor with a limit
 	nodes   int                 // descriptors loaded
@@ -94,9 +127,10 @@ type RLSDescriptor struct {
 	// ShareThreshold makes every value a wildcard Value matches share one
 	// count, instead of one count per value. It needs a * in Value.
 	ShareThreshold bool `yaml:"share_threshold"`
-	// DetailedMetric and ValueToMetric are accepted for
-	// envoyproxy/ratelimit's files: they name its statistics, and
-	// SketchProxy's metrics are per descriptor already.
+	// DetailedMetric (or ValueToMetric) counts the descriptor's calls per
+	// value it matched, as envoyproxy/ratelimit's statistics do:
+	// sketchproxy_envoy_rls_value_*_total, the value shown by keyed hash,
+	// at most 100 values per descriptor (the rest as "other").
 	DetailedMetric bool `yaml:"detailed_metric"`
 	ValueToMetric  bool `yaml:"value_to_metric"`
 }
@@ -150,6 +184,7 @@ type rlsNode struct {
 	share     bool   // share_threshold: count every matching value as one
 	pattern   string // the wildcard value this node was declared with
 	wildParts []string
+	detailed  bool // detailed_metric or value_to_metric: a series per value
 }
 
 // rlsLimitKind is what a node's rate_limit says.
@@ -234,7 +269,21 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	if r.Listen == "" {
 		return c.errAt(`missing: the gRPC address, e.g. listen: "127.0.0.1:8081"`, "envoy_rls", "listen")
 	}
-	*b = rlsBuilt{merge: r.MergeDomains, domains: map[string]*rlsNode{}}
+	switch r.ResponseHeaders = strings.ToLower(r.ResponseHeaders); r.ResponseHeaders {
+	case "":
+		r.ResponseHeaders = rlsHeadersNone
+	case rlsHeadersNone, rlsHeadersRateLimit, rlsHeadersDraft:
+	default:
+		return c.errAt(fmt.Sprintf("%q: want none (the default), ratelimit (envoyproxy/ratelimit's RateLimit-Limit, -Remaining and -Reset) or draft (RateLimit-Policy and RateLimit)", r.ResponseHeaders), "envoy_rls", "response_headers")
+	}
+	switch r.Refused {
+	case "":
+		r.Refused = "free"
+	case "free", "count":
+	default:
+		return c.errAt(fmt.Sprintf("%q: want free (a refused call counts nothing) or count (every hit counts, as envoyproxy/ratelimit)", r.Refused), "envoy_rls", "refused")
+	}
+	*b = rlsBuilt{merge: r.MergeDomains, count: r.Refused == "count", domains: map[string]*rlsNode{}}
 	for i := range r.Domains {
 		if err := b.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
 			return err
@@ -336,6 +385,7 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 			if dd.ShareThreshold && !strings.Contains(dd.Value, "*") {
 				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value (with *), not %q", dd.Value), append(p, "share_threshold")...)
 			}
+			child.detailed = dd.DetailedMetric || dd.ValueToMetric
 			r.nodes++
 			label := dd.Key
 			if dd.Value != "" {
@@ -386,6 +436,15 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, 
 	}
 	n.unit, n.requests = u.u, uint32(rl.RequestsPerUnit)
 	rule := Rule{Shadow: dd.ShadowMode, Refused: "free"}
+	if r.count {
+		rule.Refused = "count"
+	}
+	// The policy's name in the draft's fields: the limit's own name, or
+	// its unit; never the descriptor's keys and values.
+	rule.policy = printable(rl.Name)
+	if rule.policy == "" {
+		rule.policy = "per-" + strings.ToLower(rl.Unit)
+	}
 	if rl.RequestsPerUnit == 0 {
 		n.limit, rule.block = rlsBlock, true // every hit is over
 	} else {
@@ -492,7 +551,8 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	facts := rlsFacts(st, matches, froom[:0])
 	sc := scratchPool.Get().(*engine.Scratch)
 	defer func() { sc.Reset(); scratchPool.Put(sc) }()
-	d := m.eng.Decide(ctx, st.set, now, &engine.Request{Facts: facts, NoDrip: true}, sc)
+	rc := st.cfg.EnvoyRLS
+	d := m.eng.Decide(ctx, st.set, now, &engine.Request{Facts: facts, NoDrip: true, Shadow: rc.ShadowMode}, sc)
 	defer d.Done()
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
 	for i := range matches {
@@ -502,8 +562,17 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		m.met.rlsOverLimit.Add(1)
 	}
-	if d.Fields.Any && !st.cfg.Headers.Off {
-		resp.ResponseHeadersToAdd = rlsHeaders(&d)
+	m.rlsObserve(req.GetDomain(), matches, &d)
+	switch rc.ResponseHeaders {
+	case rlsHeadersDraft:
+		if d.Fields.Any {
+			resp.ResponseHeadersToAdd = rlsDraftHeaders(&d)
+		}
+	case rlsHeadersRateLimit:
+		resp.ResponseHeadersToAdd = rlsLimitHeaders(resp.Statuses)
+	}
+	if rc.ResponseDynamicMetadata {
+		resp.DynamicMetadata = rlsMetadata(req, matches, d.Verdicts)
 	}
 	return resp, nil
 }
@@ -594,8 +663,8 @@ func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimi
 	}
 	v := &vs[mt.fact]
 	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.name, RequestsPerUnit: mt.n.requests, Unit: mt.n.unit}
-	if v.Over && !v.Shadow {
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	if v.Over && !v.Shadow && !v.Quota {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT // a quota over stays OK, as in envoyproxy/ratelimit
 	}
 	if v.Never {
 		return st // remaining 0, and no reset: it never comes
@@ -606,10 +675,9 @@ func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimi
 	return st
 }
 
-// rlsHeaders are the response headers Envoy adds for its client: the
-// RateLimit-Policy and RateLimit fields, and Retry-After on a refusal that
-// a wait can end.
-func rlsHeaders(d *engine.Decision) []*corev3.HeaderValue {
+// rlsDraftHeaders are the RateLimit-Policy and RateLimit fields, and
+// Retry-After on a refusal that a wait can end (response_headers: draft).
+func rlsDraftHeaders(d *engine.Decision) []*corev3.HeaderValue {
 	hs := []*corev3.HeaderValue{{Key: "RateLimit-Policy", Value: d.Fields.Policy}}
 	if len(d.Fields.RateLimit) > 0 {
 		hs = append(hs, &corev3.HeaderValue{Key: "RateLimit", Value: string(d.Fields.RateLimit)})
@@ -618,6 +686,71 @@ func rlsHeaders(d *engine.Decision) []*corev3.HeaderValue {
 		hs = append(hs, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(rate.Seconds(d.Retry), 10)})
 	}
 	return hs
+}
+
+// rlsLimitHeaders are envoyproxy/ratelimit's headers (response_headers:
+// ratelimit): RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of
+// the most limiting descriptor, the one over its limit or else the one
+// with the least remaining; Reset is the seconds until its count leaves
+// room (theirs: until the window's end), left out where none ever will.
+func rlsLimitHeaders(sts []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	var most *rlsv3.RateLimitResponse_DescriptorStatus
+	for _, st := range sts {
+		switch {
+		case st.GetCurrentLimit() == nil:
+		case most == nil, st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && most.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT,
+			st.GetCode() == most.GetCode() && st.GetLimitRemaining() < most.GetLimitRemaining():
+			most = st
+		}
+	}
+	if most == nil {
+		return nil
+	}
+	hs := []*corev3.HeaderValue{
+		{Key: "RateLimit-Limit", Value: strconv.FormatUint(uint64(most.GetCurrentLimit().GetRequestsPerUnit()), 10)},
+		{Key: "RateLimit-Remaining", Value: strconv.FormatUint(uint64(most.GetLimitRemaining()), 10)},
+	}
+	if r := most.GetDurationUntilReset(); r != nil {
+		hs = append(hs, &corev3.HeaderValue{Key: "RateLimit-Reset", Value: strconv.FormatInt(rate.Seconds(r.AsDuration()), 10)})
+	}
+	return hs
+}
+
+// rlsMetadata is the call as envoyproxy/ratelimit's dynamic metadata
+// gives it (response_dynamic_metadata): its domain, its descriptors'
+// entries as key=value, its hits, and which descriptors were over a quota.
+func rlsMetadata(req *rlsv3.RateLimitRequest, ms []rlsMatch, vs []engine.Verdict) *structpb.Struct {
+	var descs, violations []*structpb.Value
+	quotas := false
+	for i, d := range req.GetDescriptors() {
+		var es []*structpb.Value
+		for _, e := range d.GetEntries() {
+			es = append(es, structpb.NewStringValue(e.GetKey()+"="+e.GetValue()))
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: es})}
+		if h := d.GetHitsAddend(); h != nil {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: f}))
+		if mt := &ms[i]; mt.fact >= 0 && mt.n.quota {
+			quotas = true
+			if vs[mt.fact].Over {
+				violations = append(violations, structpb.NewNumberValue(float64(i)))
+			}
+		}
+	}
+	f := map[string]*structpb.Value{
+		"domain":           structpb.NewStringValue(req.GetDomain()),
+		"descriptors":      structpb.NewListValue(&structpb.ListValue{Values: descs}),
+		"quotaModeEnabled": structpb.NewBoolValue(quotas),
+	}
+	if h := req.GetHitsAddend(); h != 0 {
+		f["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	if len(violations) > 0 {
+		f["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: violations})
+	}
+	return &structpb.Struct{Fields: f}
 }
 
 // replacedBy reports whether a matched descriptor's limit replaces the

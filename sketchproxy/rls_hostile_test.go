@@ -139,3 +139,99 @@ descriptors:
 		t.Errorf("the client over its 3 a minute, beside a value that is not UTF-8: %v", resp)
 	}
 }
+
+// The headers Envoy adds for its client: none by default, as
+// envoyproxy/ratelimit; its RateLimit-Limit, -Remaining and -Reset of the
+// most limiting descriptor; or the draft's fields, whose policies are named
+// by the limit's name or its unit, never by the descriptor's keys and
+// values.
+func TestRLSResponseHeaders(t *testing.T) {
+	file := `domain: edge
+descriptors:
+  - key: source_cluster
+    value: proxy
+    descriptors:
+      - key: destination_cluster
+        value: bkthomps
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: remote_address
+    rate_limit: {name: per-client, unit: second, requests_per_unit: 3}
+`
+	ds := []*rlv3.RateLimitDescriptor{entries("source_cluster", "proxy", "destination_cluster", "bkthomps"), entries("remote_address", "192.0.2.1")}
+	for _, c := range []struct {
+		mode string
+		want map[string]string // header: value ("" absent)
+	}{
+		{"", map[string]string{"RateLimit-Policy": "", "RateLimit": "", "RateLimit-Limit": ""}},
+		{"ratelimit", map[string]string{"RateLimit-Limit": "3", "RateLimit-Remaining": "2", "RateLimit-Reset": "1", "RateLimit-Policy": ""}},
+		{"draft", map[string]string{"RateLimit-Policy": `"per-minute";q=5;w=60, "per-client";q=3;w=1`, "RateLimit": `"per-minute";r=4;t=30, "per-client";r=2;t=1`, "RateLimit-Limit": ""}},
+	} {
+		extra := ""
+		if c.mode != "" {
+			extra = "  response_headers: " + c.mode + "\n"
+		}
+		h := newRLSHarness(t, extra, "edge.yaml", file)
+		resp := h.ask(t, "edge", 0, ds...)
+		for k, want := range c.want {
+			if got := header(resp, k); got != want {
+				t.Errorf("response_headers %q: %s %q, want %q", c.mode, k, got, want)
+			}
+		}
+		for _, hv := range resp.GetResponseHeadersToAdd() {
+			if strings.Contains(hv.GetValue(), "bkthomps") || strings.Contains(hv.GetValue(), "source_cluster") {
+				t.Errorf("response_headers %q: %s names a descriptor: %q", c.mode, hv.GetKey(), hv.GetValue())
+			}
+		}
+	}
+	// Over the limit, ratelimit's headers describe the descriptor over it.
+	h := newRLSHarness(t, "  response_headers: ratelimit\n", "edge.yaml", file)
+	for range 3 {
+		h.ask(t, "edge", 0, ds...)
+	}
+	resp := h.ask(t, "edge", 0, ds...)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || header(resp, "RateLimit-Limit") != "3" || header(resp, "RateLimit-Remaining") != "0" {
+		t.Errorf("over the per-client limit: %v", resp)
+	}
+}
+
+// envoy_rls.shadow_mode answers every call OK, counting and logging what
+// it would have refused; refused: count counts every hit of a refused call,
+// as envoyproxy/ratelimit does by default.
+func TestRLSGlobalShadowAndCountedRefusals(t *testing.T) {
+	file := `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+	h := newRLSHarness(t, "  shadow_mode: true\n", "d.yaml", file)
+	for i := range 5 {
+		if resp := h.ask(t, "d", 0, entries("user", "ann")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("shadow mode, call %d: %v", i+1, resp.GetOverallCode())
+		}
+	}
+	var shadow uint64
+	h.mw.Decisions(func(rule string, o Outcome, sh bool, n uint64) {
+		if o == Reject && sh {
+			shadow += n
+		}
+	})
+	if shadow != 3 {
+		t.Errorf("shadow mode: %d shadow refusals counted, want 3 (calls 3 to 5)", shadow)
+	}
+
+	// free (the default): refused calls cost nothing, so half a minute
+	// later (one halving) a client that kept calling gets one back.
+	for _, c := range []struct {
+		refused string
+		want    rlsv3.RateLimitResponse_Code
+	}{{"free", rlsv3.RateLimitResponse_OK}, {"count", rlsv3.RateLimitResponse_OVER_LIMIT}} {
+		h := newRLSHarness(t, "  refused: "+c.refused+"\n", "d.yaml", file)
+		for range 10 {
+			h.ask(t, "d", 0, entries("user", "bob"))
+		}
+		h.clk.Advance(30 * time.Second)
+		if got := h.ask(t, "d", 0, entries("user", "bob")).GetOverallCode(); got != c.want {
+			t.Errorf("refused: %s, 10 calls of a limit of 2, then half a minute: %v, want %v", c.refused, got, c.want)
+		}
+	}
+}

@@ -47,6 +47,7 @@ func newDoorsHarness(t *testing.T, requests int, per string, extra ...string) *d
 forward_auth: {gateway: caddy}
 envoy_rls:
   listen: 127.0.0.1:0
+  response_headers: draft
   domains:
     - domain: edge
       descriptors:

@@ -20,6 +20,9 @@ type Request struct {
 	// NoDrip: the door answers at once (a forward-auth check, a gRPC
 	// call), so a refusal the tarpit would drip is refused at once.
 	NoDrip bool
+	// Shadow decides every fact in shadow mode: nothing is refused, and
+	// every hit is counted (Envoy's global shadow mode).
+	Shadow bool
 }
 
 // Fact is one rule a request matched and the request's key under it.
@@ -36,9 +39,9 @@ type Fact struct {
 	// Allowlisted: the rule's allow list exempts the request (no sketch
 	// work).
 	Allowlisted bool
-	// Quota makes the fact one quota among the request's (Envoy's
-	// quota_mode): the request is refused by quotas only when every quota
-	// fact is over; one it is over counts nothing.
+	// Quota makes the fact a quota (Envoy's quota_mode): it is judged and
+	// counted like any other, but never refuses the request; the door
+	// reports that it is over.
 	Quota bool
 }
 
@@ -171,9 +174,8 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 }
 
 // evaluateAll evaluates every fact into d.Verdicts and finds the worst of
-// the verdicts not in shadow mode; quota facts refuse only all together.
+// the verdicts that may refuse (not in shadow mode, not a quota).
 func (e *Engine) evaluateAll(s *Set, now time.Time, rq *Request, sc *Scratch, d *Decision) {
-	quotas, quotasOver, quota := 0, 0, -1
 	allow := Verdict{Out: Allow}
 	worst := &allow
 	for i := range rq.Facts {
@@ -185,23 +187,16 @@ func (e *Engine) evaluateAll(s *Set, now time.Time, rq *Request, sc *Scratch, d 
 			continue
 		}
 		e.evaluate(s, f, now, sc, v)
+		v.Shadow = v.Shadow || rq.Shadow
 		switch {
 		case v.Shadow:
 			if v.Out != Allow {
 				f.Rule.Counts.Count(v.Out, true)
 			}
-		case v.Quota:
-			quotas++
-			if v.Out.Refuses() {
-				quotasOver++
-				quota = i
-			}
+		case v.Quota: // never refuses; counted as decided (countOutcomes)
 		case worst.Worse(v):
 			worst, d.worst = v, i
 		}
-	}
-	if quotas > 0 && quotasOver == quotas && !worst.Out.Refuses() {
-		worst, d.worst = &d.Verdicts[quota], quota
 	}
 	d.Worst = *worst
 	d.Admitted = !d.Worst.Out.Refuses()
@@ -319,9 +314,10 @@ func (e *Engine) refusal(s *Set, now time.Time, noDrip bool, sc *Scratch, d *Dec
 }
 
 // countOutcomes counts each rule's outcome: for an admitted request every
-// verdict's (a quota it was over counts its refusal); for a refused one
-// the refusal of every rule that refused it. Shadow refusals were counted
-// as they were found; allowlisted decisions too.
+// verdict's (a quota it was over counts its refusal), and whether it left
+// the key near its limit; for a refused one the refusal of every rule that
+// refused it. Shadow refusals were counted as they were found; allowlisted
+// decisions too.
 func (e *Engine) countOutcomes(d *Decision) {
 	if d.Gone {
 		return
@@ -332,9 +328,33 @@ func (e *Engine) countOutcomes(d *Decision) {
 		case v.Rule == nil || v.Out == Allowlisted || v.Shadow && v.Out.Refuses():
 		case d.Admitted, v.Out.Refuses():
 			v.Rule.Counts.Count(v.Out, false)
+			if v.Out == Allow && v.Limit != nil && nearLimit(v.Est, v.Theta) {
+				v.Rule.Counts.near.Add(1)
+			}
 		}
 	}
 }
+
+// NearLimit reports whether an admitted verdict left its key near its
+// limit (above NearLimitNum/NearLimitDen of it).
+func (v *Verdict) NearLimit() bool {
+	return v.Limit != nil && !v.Over && nearLimit(v.Est, v.Theta)
+}
+
+// nearLimit reports whether a count est, this request included, is above
+// NearLimitRatio of its threshold theta: envoyproxy/ratelimit's
+// near_limit, a client close to being refused.
+func nearLimit(est, theta uint32) bool {
+	return uint64(est)*NearLimitDen > uint64(theta)*NearLimitNum
+}
+
+// NearLimitNum / NearLimitDen is the share of a limit above which an
+// admitted request is near its limit: 4/5, envoyproxy/ratelimit's
+// NEAR_LIMIT_RATIO default of 0.8.
+const (
+	NearLimitNum = 4
+	NearLimitDen = 5
+)
 
 // estimate is a sketch key's count in l's sketch: this replica's, or the
 // fleet's where the key is heavy enough to share; and the part of it
@@ -355,13 +375,15 @@ func (e *Engine) shared(k []byte, sk Local, tick time.Duration, theta, local uin
 }
 
 // count counts v's hits in its limits, as decided: a rule that counted
-// them in evaluate already (refused: count), a shadow rule or a quota adds
-// them unconditionally; any other adds them only if they still fit (one
-// compare-and-swap: check and count in one step), and reports false if a
-// limit no longer has room for them (racing requests took it).
+// them in evaluate already (refused: count) counts nothing more; a shadow
+// rule or a quota adds them unconditionally (whether over or not, as
+// envoyproxy/ratelimit counts every hit); any other adds them only if
+// they still fit (one compare-and-swap: check and count in one step), and
+// reports false if a limit no longer has room for them (racing requests
+// took it).
 func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 	ru := v.Rule
-	if ru == nil || v.Out == Allowlisted || len(v.ests) == 0 || v.banned || v.counted || v.noCount || v.Quota && v.Over {
+	if ru == nil || v.Out == Allowlisted || len(v.ests) == 0 || v.banned || v.counted || v.noCount {
 		return true
 	}
 	strict := !v.Shadow && !v.Quota

@@ -141,9 +141,11 @@ type RuleSpec struct {
 }
 
 // LimitSpec is a named limit: Requests per Per with bursts of Burst, as
-// package rate compiles it (a zero Burst is Requests).
+// package rate compiles it (a zero Burst is Requests). Policy, if set,
+// names it in the RateLimit fields instead of "rule-limit".
 type LimitSpec struct {
-	Name string
+	Name   string
+	Policy string
 	rate.Rate
 }
 
@@ -252,10 +254,16 @@ type Budget struct {
 	sk            *sketch
 }
 
-// Counts counts a rule's decisions by outcome, real and shadow.
+// Counts counts a rule's decisions by outcome, real and shadow, and the
+// admitted requests that left their key near its limit.
 type Counts struct {
-	n [NumOutcomes][2]atomic.Uint64
+	n    [NumOutcomes][2]atomic.Uint64
+	near atomic.Uint64
 }
+
+// Near is how many admitted requests left their key above
+// NearLimitNum/NearLimitDen of its limit.
+func (c *Counts) Near() uint64 { return c.near.Load() }
 
 // Count counts one decision.
 func (c *Counts) Count(o Outcome, shadow bool) {
@@ -340,7 +348,10 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time
 		if errors.As(err, &re) {
 			return nil, fmt.Errorf("rule %q limit %q: %s: %s", rs.Name, l.Name, re.Field, re.Msg)
 		}
-		lim := &Limit{Limit: rl, Name: l.Name, Policy: rs.Name + "-" + l.Name, sk: get(rl.Tick, rl.Threshold, buckets)}
+		lim := &Limit{Limit: rl, Name: l.Name, Policy: l.Policy, sk: get(rl.Tick, rl.Threshold, buckets)}
+		if lim.Policy == "" {
+			lim.Policy = rs.Name + "-" + l.Name
+		}
 		lim.Quoted = strconv.Quote(lim.Policy)
 		lim.Item = rl.PolicyItem(lim.Quoted)
 		if ru.Policy != "" {

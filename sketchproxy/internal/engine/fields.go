@@ -26,9 +26,10 @@ type Fields struct {
 // request (shadow rules send none). Each policy's quota is whole requests
 // q per whole seconds w; for each, its remaining r (never above q) and t,
 // the seconds until more quota. On a refusal the RateLimit field lists
-// only the policies the client is over, each with its own wait as t, so
-// that Retry-After (the longest wait) is never earlier than a t; a limit
-// no wait can satisfy (more hits than it holds) gets no item.
+// only the policies the client is over (but quotas, which refuse
+// nothing), each with its own wait as t, so that Retry-After (the longest
+// wait) is never earlier than a t; a limit no wait can satisfy (more hits
+// than it holds) gets no item.
 func (e *Engine) fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) Fields {
 	var f Fields
 	rules := 0
@@ -54,7 +55,7 @@ func (e *Engine) fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) 
 			est := v.ests[j]
 			r, t, over := rl.Status(est, add, now)
 			r, secs := min(r, rl.Q), rate.Seconds(t)
-			if (!refused || over) && add <= rl.Threshold {
+			if (!refused || over && !v.Quota) && add <= rl.Threshold {
 				b = rate.AppendItem(b, l.Quoted, r, secs)
 			}
 			if lv := float64(est) / float64(rl.Threshold); !f.Any || lv > level {
@@ -92,29 +93,15 @@ const forever = time.Duration(math.MaxInt64)
 // is let through by every rule it matches: the longest wait over every
 // limit (with what this request added), every ban and every wallet, so
 // that waiting Retry-After is always enough (for a client that sends
-// nothing meanwhile). Quota facts wait the shortest of their waits when
-// every one is over. never: some wait is forever.
+// nothing meanwhile). never: some wait is forever. Shadow rules and
+// quotas, which never refuse, are not waited for.
 func (e *Engine) retryAll(s *Set, vs []Verdict, now time.Time, sc *Scratch) (d time.Duration, never bool) {
-	quotas, quotasOver := 0, 0
-	quotaWait := forever
 	for i := range vs {
 		v := &vs[i]
-		if v.Rule == nil || v.Out == Allowlisted || v.Shadow {
+		if v.Rule == nil || v.Out == Allowlisted || v.Shadow || v.Quota {
 			continue
 		}
-		w := e.waitFor(s, v, now, sc)
-		if v.Quota {
-			quotas++
-			if v.Over {
-				quotasOver++
-				quotaWait = min(quotaWait, w)
-			}
-			continue
-		}
-		d = max(d, w)
-	}
-	if quotas > 0 && quotasOver == quotas {
-		d = max(d, quotaWait)
+		d = max(d, e.waitFor(s, v, now, sc))
 	}
 	return d, d == forever
 }
