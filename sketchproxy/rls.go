@@ -45,8 +45,20 @@ type EnvoyRLSConfig struct {
 	// a descriptor given twice at one level is still an error. Off, a
 	// domain given twice is an error (envoyproxy/ratelimit's default).
 	MergeDomains bool `yaml:"merge_domains"`
+	// Directory is a directory of envoyproxy/ratelimit configuration
+	// files, relative to this config's directory: every *.yaml and *.yml
+	// file directly in it is loaded as Files are, in name order; names
+	// starting with "." (Kubernetes' ..data) and subdirectories are
+	// skipped. cmd/sketchproxy reloads the config when the directory's
+	// files change, a symlink swap included (rlsdir.go).
+	Directory string `yaml:"directory"`
+	// WatchEvery is how often cmd/sketchproxy looks for changes in
+	// Directory (default 1s).
+	WatchEvery Duration `yaml:"watch_every"`
 
-	loaded [3]int // what validation loaded: Loaded
+	loaded   [3]int   // what validation loaded: Loaded
+	warnings []string // what validation ignored: Warnings
+	digest   string   // what validation read of Directory: LoadedDirectoryDigest
 }
 
 // Loaded reports what the validated config's envoy_rls loaded: its domains
@@ -65,6 +77,8 @@ type rlsBuilt struct {
 	domains map[string]*rlsNode // by name
 	rules   []Rule              // one per descriptor with a limit
 	nodes   int                 // descriptors loaded
+	warned  []string            // fields loaded and ignored (rlsdir.go)
+	digest  string              // the directory's files, as read (rlsdir.go)
 }
 
 // RLSDomain is one domain: a tree of descriptors.
@@ -98,6 +112,9 @@ type RLSDescriptor struct {
 	// SketchProxy's metrics are per descriptor already.
 	DetailedMetric bool `yaml:"detailed_metric"`
 	ValueToMetric  bool `yaml:"value_to_metric"`
+	// Metadata is accepted for envoyproxy/ratelimit's newer files and
+	// ignored, with a warning naming the file and line.
+	Metadata any `yaml:"metadata"`
 }
 
 // RLSRateLimit is a descriptor's limit: RequestsPerUnit per Unit (second,
@@ -256,14 +273,17 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 			return err
 		}
 	}
-	if len(b.domains) == 0 {
-		return c.errAt("no domains: give domains or files", "envoy_rls")
+	if err := c.loadRLSDirectory(b); err != nil {
+		return err
+	}
+	if len(b.domains) == 0 && r.Directory == "" {
+		return c.errAt("no domains: give domains, files or directory", "envoy_rls")
 	}
 	limits := len(b.rules)
 	for _, root := range b.domains {
 		limits += root.unlimitedBelow()
 	}
-	r.loaded = [3]int{len(b.domains), b.nodes, limits}
+	r.loaded, r.warnings, r.digest = [3]int{len(b.domains), b.nodes, limits}, b.warned, b.digest
 	return nil
 }
 
@@ -336,6 +356,9 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value (with *), not %q", dd.Value), append(p, "share_threshold")...)
 			}
 			r.nodes++
+			if dd.Metadata != nil {
+				r.warn(c, append(p, "metadata"))
+			}
 			label := dd.Key
 			if dd.Value != "" {
 				label += "=" + dd.Value
