@@ -85,6 +85,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, w := range warnings {
 		log.Warn("config: " + w)
 	}
+	o.running = &running{changed: make(chan struct{}, 1)}
+	o.current.Store(cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -170,6 +172,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		go func() { errc <- gs.Serve(gln) }()
 		log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),
 			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", len(cfg.EnvoyRLS.Domains)+len(cfg.EnvoyRLS.Files))
+		go o.watch(ctx, time.Duration(cfg.EnvoyRLS.WatchEvery), nil, log)
 	}
 	switch {
 	case cfg.Upstream != "":
@@ -217,6 +220,8 @@ type options struct {
 	check, jsonLogs                                bool
 	example                                        exampleFlag
 	grace, refusalLogEvery                         time.Duration
+
+	*running // set by run
 }
 
 // parseFlags reads the flags; code >= 0 means exit with it (help, or a
@@ -357,6 +362,8 @@ func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketch
 		select {
 		case <-hup:
 			o.reload(cfg, mw, log)
+		case <-o.changed:
+			o.reload(cfg, mw, log)
 		case err := <-errc:
 			if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 				log.Error("server stopped", "err", err.Error())
@@ -406,6 +413,10 @@ func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, lo
 	if err != nil {
 		log.Error("reload failed: keeping the running config", "err", err.Error())
 		return
+	}
+	o.current.Store(next)
+	for _, w := range next.EnvoyRLS.Warnings() {
+		log.Warn("config: " + w)
 	}
 	if stay := restartOnly(cfg, next); len(stay) > 0 {
 		log.Warn("config reloaded, except settings that take a restart: they keep their running values",
@@ -457,6 +468,13 @@ func restartOnly(running, next *sketchproxy.Config) []string {
 		return c.EnvoyRLS.Listen
 	}
 	diff("envoy_rls.listen", rlsListen(running), rlsListen(next))
+	rlsWatch := func(c *sketchproxy.Config) sketchproxy.Duration {
+		if c.EnvoyRLS == nil {
+			return 0
+		}
+		return c.EnvoyRLS.WatchEvery
+	}
+	diff("envoy_rls.watch_every", rlsWatch(running), rlsWatch(next))
 	return stay
 }
 
