@@ -53,8 +53,11 @@ type EnvoyRLSConfig struct {
 	// files change, a symlink swap included (rlsdir.go).
 	Directory string `yaml:"directory"`
 	// WatchEvery is how often cmd/sketchproxy looks for changes in
-	// Directory (default 1s).
+	// Directory and in the TLS files (default 1s).
 	WatchEvery Duration `yaml:"watch_every"`
+	// TLS serves the gRPC listener over TLS, or mutual TLS (nil: plain
+	// gRPC).
+	TLS *RLSTLSConfig `yaml:"tls"`
 
 	loaded   [3]int   // what validation loaded: Loaded
 	warnings []string // what validation ignored: Warnings
@@ -274,6 +277,9 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 		}
 	}
 	if err := c.loadRLSDirectory(b); err != nil {
+		return err
+	}
+	if err := c.validateRLSTLS(); err != nil {
 		return err
 	}
 	if len(b.domains) == 0 && r.Directory == "" {
