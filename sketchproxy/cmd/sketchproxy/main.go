@@ -129,6 +129,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer gln.Close()
 	}
+	var tlsw *sketchproxy.GRPCTLS // the gRPC listener's TLS, if any
+	if gln != nil {
+		if tlsw, err = sketchproxy.NewGRPCTLS(cfg); err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+			return 1
+		}
+	}
 	var next http.Handler = noUpstream
 	var proxy *httputil.ReverseProxy
 	var mw *sketchproxy.Middleware
@@ -162,17 +169,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		go func() { errc <- srv.Serve(ln) }()
 		servers = append(servers, srv)
 	}
-	if adminSrv := serveAdmin(aln, mw, errc, log); adminSrv != nil {
+	if adminSrv := serveAdmin(aln, mw, o.draining.Load, errc, log); adminSrv != nil {
 		servers = append(servers, adminSrv)
 	}
 	var gs *grpc.Server
 	if gln != nil {
-		gs = grpc.NewServer(grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024))
-		mw.RegisterRateLimitService(gs)
+		gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(1 << 20), grpc.MaxConcurrentStreams(1024)}
+		tlsMode := "off"
+		if tlsw != nil {
+			gopts = append(gopts, grpc.Creds(tlsw.Credentials()))
+			tlsMode = "on"
+			if cfg.EnvoyRLS.TLS.ClientCAFile != "" {
+				tlsMode = "mutual"
+			}
+		}
+		gs = grpc.NewServer(gopts...)
+		o.health = mw.RegisterRateLimitServiceWithHealth(gs)
 		go func() { errc <- gs.Serve(gln) }()
 		log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),
-			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", len(cfg.EnvoyRLS.Domains)+len(cfg.EnvoyRLS.Files))
-		go o.watch(ctx, time.Duration(cfg.EnvoyRLS.WatchEvery), nil, log)
+			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", len(cfg.EnvoyRLS.Domains)+len(cfg.EnvoyRLS.Files), "tls", tlsMode)
+		go o.watch(ctx, time.Duration(cfg.EnvoyRLS.WatchEvery), tlsw, log)
 	}
 	switch {
 	case cfg.Upstream != "":
@@ -219,7 +235,7 @@ type options struct {
 	cfgPath, listen, admin, upstream, demoUpstream string
 	check, jsonLogs                                bool
 	example                                        exampleFlag
-	grace, refusalLogEvery                         time.Duration
+	grace, refusalLogEvery, drainFor               time.Duration
 
 	*running // set by run
 }
@@ -237,6 +253,7 @@ func parseFlags(args []string, stderr io.Writer) (o options, code int) {
 	fs.StringVar(&o.upstream, "upstream", "", "override the config's upstream URL")
 	fs.BoolVar(&o.jsonLogs, "json", false, "log JSON lines instead of text")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "how long shutdown waits for requests in progress")
+	fs.DurationVar(&o.drainFor, "drain", 0, "on SIGTERM, report NOT_SERVING (gRPC health, /healthz 503) and keep serving this long before the listeners close")
 	fs.DurationVar(&o.refusalLogEvery, "refusal-log-every", sketchproxy.DefaultRefusalLogInterval, "log each rule's first refusal of this interval, and one line counting the rest at its end")
 	fs.StringVar(&o.demoUpstream, "demo-upstream", "", "only serve the demo upstream on `ADDR` (for load tests)")
 	if err := fs.Parse(args); err != nil {
@@ -329,14 +346,19 @@ func listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
 	return ln, aln, nil
 }
 
-// serveAdmin serves /metrics and /healthz on aln, if any.
-func serveAdmin(aln net.Listener, mw *sketchproxy.Middleware, errc chan<- error, log *slog.Logger) *http.Server {
+// serveAdmin serves /metrics and /healthz on aln, if any; /healthz answers
+// 503 once draining.
+func serveAdmin(aln net.Listener, mw *sketchproxy.Middleware, draining func() bool, errc chan<- error, log *slog.Logger) *http.Server {
 	if aln == nil {
 		return nil
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", mw.MetricsHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if draining() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprintln(w, "ok")
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -370,6 +392,7 @@ func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketch
 				return 1
 			}
 		case <-ctx.Done():
+			o.drain(log)
 			log.Info("shutting down", "grace", o.grace.String())
 			sctx, cancel := context.WithTimeout(context.Background(), o.grace)
 			defer cancel()
@@ -475,6 +498,13 @@ func restartOnly(running, next *sketchproxy.Config) []string {
 		return c.EnvoyRLS.WatchEvery
 	}
 	diff("envoy_rls.watch_every", rlsWatch(running), rlsWatch(next))
+	rlsTLS := func(c *sketchproxy.Config) sketchproxy.RLSTLSConfig {
+		if c.EnvoyRLS == nil || c.EnvoyRLS.TLS == nil {
+			return sketchproxy.RLSTLSConfig{}
+		}
+		return *c.EnvoyRLS.TLS
+	}
+	diff("envoy_rls.tls (its files' contents reload by themselves)", rlsTLS(running), rlsTLS(next))
 	return stay
 }
 

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/health"
+
 	"github.com/epochsketch/epochsketch/sketchproxy"
 )
 
@@ -16,6 +18,10 @@ type running struct {
 	current atomic.Pointer[sketchproxy.Config]
 	// changed carries the reloads the watcher asks serve for.
 	changed chan struct{}
+	// draining is set when a graceful stop starts: /healthz answers 503;
+	// health is the gRPC health service, NOT_SERVING from then on.
+	draining atomic.Bool
+	health   *health.Server
 }
 
 // watch looks, every envoy_rls.watch_every until ctx ends, at what a
