@@ -87,6 +87,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	o.running = &running{changed: make(chan struct{}, 1)}
 	o.current.Store(cfg)
+	if o.sockets, err = inheritedSockets(); err != nil {
+		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -102,7 +106,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	// Both addresses first: a start that cannot listen touches no state
 	// file (Close would save the empty sketches over the last good one).
-	ln, aln, err := listenBoth(cfg)
+	ln, aln, err := o.listenBoth(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
@@ -115,7 +119,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var faln net.Listener // forward_auth's own listener, if it has one
 	if fa := cfg.ForwardAuth; fa != nil && fa.Listen != "" {
-		if faln, err = net.Listen("tcp", fa.Listen); err != nil {
+		if faln, err = o.bind("forward_auth", fa.Listen); err != nil {
 			fmt.Fprintf(stderr, "sketchproxy: forward_auth listen: %v (set forward_auth.listen)\n", err)
 			return 1
 		}
@@ -123,11 +127,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var gln net.Listener // Envoy's rate-limit service
 	if r := cfg.EnvoyRLS; r != nil {
-		if gln, err = net.Listen("tcp", r.Listen); err != nil {
+		if gln, err = o.bind("envoy_rls", r.Listen); err != nil {
 			fmt.Fprintf(stderr, "sketchproxy: envoy_rls listen: %v (set envoy_rls.listen)\n", err)
 			return 1
 		}
 		defer gln.Close()
+	}
+	if err := o.unclaimedSockets(); err != nil {
+		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+		return 1
 	}
 	var tlsw *sketchproxy.GRPCTLS // the gRPC listener's TLS, if any
 	if gln != nil {
@@ -326,18 +334,18 @@ func serveDemoUpstream(addr string, stdout, stderr io.Writer) int {
 }
 
 // listenBoth binds the proxy's address and, unless "off", the admin one.
-func listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
+func (o *options) listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
 	// The main listener serves the proxy, or the forward-auth check when it
 	// has no address of its own; a gateway-only config may need neither.
 	if cfg.Upstream != "" || cfg.ForwardAuth != nil && cfg.ForwardAuth.Listen == "" {
-		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		if ln, err = o.bind("listen", cfg.Listen); err != nil {
 			return nil, nil, fmt.Errorf("listen: %v (set listen: or -listen)", err)
 		}
 	}
 	if cfg.Admin == "off" {
 		return ln, nil, nil
 	}
-	if aln, err = net.Listen("tcp", cfg.Admin); err != nil {
+	if aln, err = o.bind("admin", cfg.Admin); err != nil {
 		if ln != nil {
 			ln.Close()
 		}

@@ -60,21 +60,6 @@ func swapConfigMap(t *testing.T, dir string, version int, files map[string]strin
 	}
 }
 
-// waitCount waits until re matches at least n times in out, and returns
-// the nth match.
-func waitCount(t *testing.T, out *lockedBuffer, re *regexp.Regexp, n int) []string {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if m := re.FindAllStringSubmatch(out.String(), -1); len(m) >= n {
-			return m[n-1]
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("fewer than %d of %v in:\n%s", n, re, out.String())
-	return nil
-}
-
 // rlsLimit asks domain's key=value once and returns the limit matched.
 func rlsLimit(t *testing.T, client rlsv3.RateLimitServiceClient, domain, key, value string) uint32 {
 	t.Helper()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"net"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +19,9 @@ type running struct {
 	current atomic.Pointer[sketchproxy.Config]
 	// changed carries the reloads the watcher asks serve for.
 	changed chan struct{}
+	// sockets are the inherited listening sockets no listener has taken
+	// yet (handover.go).
+	sockets map[string]net.Listener
 	// draining is set when a graceful stop starts: /healthz answers 503;
 	// health is the gRPC health service, NOT_SERVING from then on.
 	draining atomic.Bool
