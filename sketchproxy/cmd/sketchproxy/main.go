@@ -194,8 +194,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		gs = grpc.NewServer(gopts...)
 		o.health = mw.RegisterRateLimitServiceWithHealth(gs)
 		go func() { errc <- gs.Serve(gln) }()
+		domains, _, _ := cfg.EnvoyRLS.Loaded() // files and the directory's included
 		log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),
-			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", len(cfg.EnvoyRLS.Domains)+len(cfg.EnvoyRLS.Files), "tls", tlsMode)
+			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", domains, "tls", tlsMode)
 		go o.watch(ctx, time.Duration(cfg.EnvoyRLS.WatchEvery), tlsw, log)
 	}
 	switch {
