@@ -74,53 +74,15 @@ func (h *heldSockets) start(t *testing.T, bin string, args ...string) (*exec.Cmd
 }
 
 // startNginx runs Debian's nginx on the example's nginx.conf, in front of
-// app, asking check; it returns nginx's URL. A free port can be taken
-// between the look and nginx's bind: up to 5 tries.
+// app, asking check; it returns nginx's URL.
 func startNginx(t *testing.T, app, check string) string {
 	t.Helper()
 	needTool(t, "nginx", "nginx")
-	nginx, err := exec.LookPath("nginx")
-	if err != nil {
-		nginx = "/usr/sbin/nginx"
-	}
 	tmpl, err := os.ReadFile(filepath.Join("..", "..", "examples", "nginx", "nginx.conf"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmp := t.TempDir()
-	for _, d := range []string{"body", "proxy", "fastcgi", "uwsgi", "scgi"} {
-		os.Mkdir(filepath.Join(tmp, d), 0o755)
-	}
-	for try := 0; try < 5; try++ {
-		port := strconv.Itoa(freePort(t))
-		conf := strings.NewReplacer("@TMP@", tmp, "@PORT@", port, "@APP@", app, "@CHECK@", check).Replace(string(tmpl))
-		os.WriteFile(filepath.Join(tmp, "nginx.conf"), []byte(conf), 0o644)
-		cmd := exec.Command(nginx, "-q", "-p", tmp, "-c", filepath.Join(tmp, "nginx.conf"), "-g", "daemon off;")
-		out := new(lockedBuffer)
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
-				c.Close()
-				t.Cleanup(func() { cmd.Process.Signal(syscall.SIGQUIT); <-exited })
-				return "http://127.0.0.1:" + port
-			}
-			select {
-			case <-exited:
-				deadline = time.Time{}
-			default:
-			}
-		}
-		cmd.Process.Kill()
-		<-exited
-		t.Logf("nginx on port %s: %s", port, out)
-	}
-	t.Fatal("nginx did not start")
-	return ""
+	return startGateway(t, "nginx", string(tmpl), app, check)
 }
 
 // restartLoad is what the load saw: answers by status, failed requests,
@@ -388,5 +350,59 @@ func TestBinaryInheritedSocketErrors(t *testing.T) {
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(out.String(), want) {
 			t.Errorf("socket %s: %v, %q; want exit 1 and %q", names, err, out, want)
 		}
+	}
+}
+
+// The systemd units of examples/systemd pass systemd's own check
+// (systemd-analyze verify, warnings included), name each socket after a
+// listener, once per unit (FileDescriptorName names every socket of its
+// unit), and the service takes every socket unit.
+func TestSystemdExample(t *testing.T) {
+	needTool(t, "systemd-analyze", "systemd")
+	bin := build(t)
+	src := filepath.Join("..", "..", "examples", "systemd")
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var units, sockets []string
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := strings.ReplaceAll(string(b), "/usr/local/bin/sketchproxy", bin) // verify wants the binary there
+		os.WriteFile(filepath.Join(dir, e.Name()), []byte(body), 0o644)
+		units = append(units, "./"+e.Name())
+		if !strings.HasSuffix(e.Name(), ".socket") {
+			continue
+		}
+		sockets = append(sockets, e.Name())
+		names := regexp.MustCompile(`(?m)^FileDescriptorName=(.*)$`).FindAllStringSubmatch(body, -1)
+		if len(names) != 1 || !slices.Contains(doors, names[0][1]) {
+			t.Errorf("%s: FileDescriptorName %q: want one, of %v", e.Name(), names, doors)
+		}
+		if !strings.Contains(body, "\nService=sketchproxy.service\n") {
+			t.Errorf("%s does not start sketchproxy.service", e.Name())
+		}
+	}
+	service, err := os.ReadFile(filepath.Join(dir, "sketchproxy.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^Sockets=(.*)$`).FindStringSubmatch(string(service))
+	var listed []string
+	if m != nil {
+		listed = strings.Fields(m[1])
+		slices.Sort(listed)
+	}
+	if !slices.Equal(listed, sockets) { // ReadDir's are sorted
+		t.Errorf("sketchproxy.service's Sockets= %q, want the socket units %v", m, sockets)
+	}
+	cmd := exec.Command("systemd-analyze", append([]string{"verify"}, units...)...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil || len(out) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
