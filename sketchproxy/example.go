@@ -44,6 +44,8 @@ client_ip:
 #         - key: remote_address
 #           rate_limit: {unit: minute, requests_per_unit: 5}
 #   files: [ratelimit/api.yaml]    # ...or its files as they are (relative to this file)
+#   directory: ratelimit           # ...or every YAML file of a directory, reloaded when it changes
+#   tls: {cert_file: tls/tls.crt, key_file: tls/tls.key}   # client_ca_file (and client_san): mutual TLS
 
 # fleet:                           # N replicas enforce one limit through Redis (or Valkey): only hot keys sync
 #   redis: "rediss://sketchproxy@redis.internal:6380/0"   # or host:port; or cluster: [seeds] or sentinel: {master, addrs}

@@ -19,8 +19,6 @@ import (
 	"go.yaml.in/yaml/v4"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -71,8 +69,23 @@ type EnvoyRLSConfig struct {
 	// and quota_mode violations as dynamic metadata, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata"`
+	// Directory is a directory of envoyproxy/ratelimit configuration
+	// files, relative to this config's directory: every *.yaml and *.yml
+	// file directly in it is loaded as Files are, in name order; names
+	// starting with "." (Kubernetes' ..data) and subdirectories are
+	// skipped. cmd/sketchproxy reloads the config when the directory's
+	// files change, a symlink swap included (rlsdir.go).
+	Directory string `yaml:"directory"`
+	// WatchEvery is how often cmd/sketchproxy looks for changes in
+	// Directory and in the TLS files (default 1s).
+	WatchEvery Duration `yaml:"watch_every"`
+	// TLS serves the gRPC listener over TLS, or mutual TLS (nil: plain
+	// gRPC).
+	TLS *RLSTLSConfig `yaml:"tls"`
 
-	loaded [3]int // what validation loaded: Loaded
+	loaded   [3]int   // what validation loaded: Loaded
+	warnings []string // what validation ignored: Warnings
+	digest   string   // what validation read of Directory: LoadedDirectoryDigest
 }
 
 // The envoy_rls.response_headers modes.
@@ -99,6 +112,8 @@ type rlsBuilt struct {
 	domains map[string]*rlsNode // by name
 	rules   []Rule              // one per descriptor with a limit
 	nodes   int                 // descriptors loaded
+	warned  []string            // fields loaded and ignored (rlsdir.go)
+	digest  string              // the directory's files, as read (rlsdir.go)
 }
 
 // RLSDomain is one domain: a tree of descriptors.
@@ -133,6 +148,9 @@ type RLSDescriptor struct {
 	// at most 100 values per descriptor (the rest as "other").
 	DetailedMetric bool `yaml:"detailed_metric"`
 	ValueToMetric  bool `yaml:"value_to_metric"`
+	// Metadata is accepted for envoyproxy/ratelimit's newer files and
+	// ignored, with a warning naming the file and line.
+	Metadata any `yaml:"metadata"`
 }
 
 // RLSRateLimit is a descriptor's limit: RequestsPerUnit per Unit (second,
@@ -306,14 +324,20 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 			return err
 		}
 	}
-	if len(b.domains) == 0 {
-		return c.errAt("no domains: give domains or files", "envoy_rls")
+	if err := c.loadRLSDirectory(b); err != nil {
+		return err
+	}
+	if err := c.validateRLSTLS(); err != nil {
+		return err
+	}
+	if len(b.domains) == 0 && r.Directory == "" {
+		return c.errAt("no domains: give domains, files or directory", "envoy_rls")
 	}
 	limits := len(b.rules)
 	for _, root := range b.domains {
 		limits += root.unlimitedBelow()
 	}
-	r.loaded = [3]int{len(b.domains), b.nodes, limits}
+	r.loaded, r.warnings, r.digest = [3]int{len(b.domains), b.nodes, limits}, b.warned, b.digest
 	return nil
 }
 
@@ -387,6 +411,9 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 			}
 			child.detailed = dd.DetailedMetric || dd.ValueToMetric
 			r.nodes++
+			if dd.Metadata != nil {
+				r.warn(c, append(p, "metadata"))
+			}
 			label := dd.Key
 			if dd.Value != "" {
 				label += "=" + dd.Value
@@ -492,11 +519,7 @@ func printable(s string) string {
 // from the envoy_rls domains of the running config, and the standard gRPC
 // health service on s.
 func (m *Middleware) RegisterRateLimitService(s *grpc.Server) {
-	rlsv3.RegisterRateLimitServiceServer(s, &rlsServer{m: m})
-	h := health.NewServer()
-	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	h.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(s, h)
+	m.RegisterRateLimitServiceWithHealth(s)
 }
 
 type rlsServer struct {

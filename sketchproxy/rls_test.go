@@ -23,7 +23,6 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: fortnight, requests_per_unit: 1}\n", `main.yaml:7: envoy_rls.domains[0].descriptors[0].rate_limit.unit: "fortnight"`},
 		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second, requests_per_unit: 2.5}\n", "want a whole number"},
 		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: v}\n        - {key: k, value: v}\n", "k=v is given twice"},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          metadata: {a: 1}\n", `main.yaml:7: unknown field "metadata"`},
 		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: v, share_threshold: true}\n", `main.yaml:6: envoy_rls.domains[0].descriptors[0].share_threshold: share_threshold needs a wildcard value`},
 		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: \"v*\"}\n        - {key: k, value: \"v*\"}\n", "k=v* is given twice"},
 		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second}\n", "main.yaml:7: envoy_rls.domains[0].descriptors[0].rate_limit: missing: requests_per_unit (write 0 to refuse every request)"},

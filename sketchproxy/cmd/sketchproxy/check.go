@@ -60,7 +60,7 @@ func configWarnings(cfg *sketchproxy.Config) []string {
 			ws = append(ws, fmt.Sprintf("client_ip.trusted_proxies[%d]: %s trusts every host in it to name the client in %s: any of them can pass for any client and escape every per-client limit; list your load balancers' addresses or their narrow subnet", i, s, cfg.ClientIP.Source))
 		}
 	}
-	return ws
+	return append(ws, cfg.EnvoyRLS.Warnings()...)
 }
 
 // plural writes a count of things: "1 rule", "3 rules".

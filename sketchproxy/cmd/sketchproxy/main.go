@@ -85,6 +85,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, w := range warnings {
 		log.Warn("config: " + w)
 	}
+	o.running = &running{changed: make(chan struct{}, 1)}
+	o.current.Store(cfg)
+	if o.sockets, err = inheritedSockets(); err != nil {
+		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -100,7 +106,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	// Both addresses first: a start that cannot listen touches no state
 	// file (Close would save the empty sketches over the last good one).
-	ln, aln, err := listenBoth(cfg)
+	ln, aln, err := o.listenBoth(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
@@ -113,7 +119,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var faln net.Listener // forward_auth's own listener, if it has one
 	if fa := cfg.ForwardAuth; fa != nil && fa.Listen != "" {
-		if faln, err = net.Listen("tcp", fa.Listen); err != nil {
+		if faln, err = o.bind("forward_auth", fa.Listen); err != nil {
 			fmt.Fprintf(stderr, "sketchproxy: forward_auth listen: %v (set forward_auth.listen)\n", err)
 			return 1
 		}
@@ -121,11 +127,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var gln net.Listener // Envoy's rate-limit service
 	if r := cfg.EnvoyRLS; r != nil {
-		if gln, err = net.Listen("tcp", r.Listen); err != nil {
+		if gln, err = o.bind("envoy_rls", r.Listen); err != nil {
 			fmt.Fprintf(stderr, "sketchproxy: envoy_rls listen: %v (set envoy_rls.listen)\n", err)
 			return 1
 		}
 		defer gln.Close()
+	}
+	if err := o.unclaimedSockets(); err != nil {
+		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+		return 1
+	}
+	var tlsw *sketchproxy.GRPCTLS // the gRPC listener's TLS, if any
+	if gln != nil {
+		if tlsw, err = sketchproxy.NewGRPCTLS(cfg); err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+			return 1
+		}
 	}
 	var next http.Handler = noUpstream
 	var proxy *httputil.ReverseProxy
@@ -160,17 +177,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		go func() { errc <- srv.Serve(ln) }()
 		servers = append(servers, srv)
 	}
-	if adminSrv := serveAdmin(aln, mw, errc, log); adminSrv != nil {
+	if adminSrv := serveAdmin(aln, mw, o.draining.Load, errc, log); adminSrv != nil {
 		servers = append(servers, adminSrv)
 	}
 	var gs *grpc.Server
 	if gln != nil {
-		opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(1 << 20), grpc.MaxConcurrentStreams(1024)}, sketchproxy.RateLimitServerOptions()...)
-		gs = grpc.NewServer(opts...)
-		mw.RegisterRateLimitService(gs)
+		gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(1 << 20), grpc.MaxConcurrentStreams(1024)}
+		tlsMode := "off"
+		if tlsw != nil {
+			gopts = append(gopts, grpc.Creds(tlsw.Credentials()))
+			tlsMode = "on"
+			if cfg.EnvoyRLS.TLS.ClientCAFile != "" {
+				tlsMode = "mutual"
+			}
+		}
+		gs = grpc.NewServer(append(gopts, sketchproxy.RateLimitServerOptions()...)...)
+		o.health = mw.RegisterRateLimitServiceWithHealth(gs)
 		go func() { errc <- gs.Serve(gln) }()
+		domains, _, _ := cfg.EnvoyRLS.Loaded() // files and the directory's included
 		log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),
-			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", len(cfg.EnvoyRLS.Domains)+len(cfg.EnvoyRLS.Files))
+			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", domains, "tls", tlsMode)
+		go o.watch(ctx, time.Duration(cfg.EnvoyRLS.WatchEvery), tlsw, log)
 	}
 	switch {
 	case cfg.Upstream != "":
@@ -217,7 +244,9 @@ type options struct {
 	cfgPath, listen, admin, upstream, demoUpstream string
 	check, jsonLogs                                bool
 	example                                        exampleFlag
-	grace, refusalLogEvery                         time.Duration
+	grace, refusalLogEvery, drainFor               time.Duration
+
+	*running // set by run
 }
 
 // parseFlags reads the flags; code >= 0 means exit with it (help, or a
@@ -233,6 +262,7 @@ func parseFlags(args []string, stderr io.Writer) (o options, code int) {
 	fs.StringVar(&o.upstream, "upstream", "", "override the config's upstream URL")
 	fs.BoolVar(&o.jsonLogs, "json", false, "log JSON lines instead of text")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "how long shutdown waits for requests in progress")
+	fs.DurationVar(&o.drainFor, "drain", 0, "on SIGTERM, report NOT_SERVING (gRPC health, /healthz 503) and keep serving this long before the listeners close")
 	fs.DurationVar(&o.refusalLogEvery, "refusal-log-every", sketchproxy.DefaultRefusalLogInterval, "log each rule's first refusal of this interval, and one line counting the rest at its end")
 	fs.StringVar(&o.demoUpstream, "demo-upstream", "", "only serve the demo upstream on `ADDR` (for load tests)")
 	if err := fs.Parse(args); err != nil {
@@ -305,18 +335,18 @@ func serveDemoUpstream(addr string, stdout, stderr io.Writer) int {
 }
 
 // listenBoth binds the proxy's address and, unless "off", the admin one.
-func listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
+func (o *options) listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
 	// The main listener serves the proxy, or the forward-auth check when it
 	// has no address of its own; a gateway-only config may need neither.
 	if cfg.Upstream != "" || cfg.ForwardAuth != nil && cfg.ForwardAuth.Listen == "" {
-		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		if ln, err = o.bind("listen", cfg.Listen); err != nil {
 			return nil, nil, fmt.Errorf("listen: %v (set listen: or -listen)", err)
 		}
 	}
 	if cfg.Admin == "off" {
 		return ln, nil, nil
 	}
-	if aln, err = net.Listen("tcp", cfg.Admin); err != nil {
+	if aln, err = o.bind("admin", cfg.Admin); err != nil {
 		if ln != nil {
 			ln.Close()
 		}
@@ -325,14 +355,19 @@ func listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
 	return ln, aln, nil
 }
 
-// serveAdmin serves /metrics and /healthz on aln, if any.
-func serveAdmin(aln net.Listener, mw *sketchproxy.Middleware, errc chan<- error, log *slog.Logger) *http.Server {
+// serveAdmin serves /metrics and /healthz on aln, if any; /healthz answers
+// 503 once draining.
+func serveAdmin(aln net.Listener, mw *sketchproxy.Middleware, draining func() bool, errc chan<- error, log *slog.Logger) *http.Server {
 	if aln == nil {
 		return nil
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", mw.MetricsHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if draining() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprintln(w, "ok")
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -358,12 +393,15 @@ func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketch
 		select {
 		case <-hup:
 			o.reload(cfg, mw, log)
+		case <-o.changed:
+			o.reload(cfg, mw, log)
 		case err := <-errc:
 			if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 				log.Error("server stopped", "err", err.Error())
 				return 1
 			}
 		case <-ctx.Done():
+			o.drain(log)
 			log.Info("shutting down", "grace", o.grace.String())
 			sctx, cancel := context.WithTimeout(context.Background(), o.grace)
 			defer cancel()
@@ -407,6 +445,10 @@ func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, lo
 	if err != nil {
 		log.Error("reload failed: keeping the running config", "err", err.Error())
 		return
+	}
+	o.current.Store(next)
+	for _, w := range next.EnvoyRLS.Warnings() {
+		log.Warn("config: " + w)
 	}
 	if stay := restartOnly(cfg, next); len(stay) > 0 {
 		log.Warn("config reloaded, except settings that take a restart: they keep their running values",
@@ -458,6 +500,20 @@ func restartOnly(running, next *sketchproxy.Config) []string {
 		return c.EnvoyRLS.Listen
 	}
 	diff("envoy_rls.listen", rlsListen(running), rlsListen(next))
+	rlsWatch := func(c *sketchproxy.Config) sketchproxy.Duration {
+		if c.EnvoyRLS == nil {
+			return 0
+		}
+		return c.EnvoyRLS.WatchEvery
+	}
+	diff("envoy_rls.watch_every", rlsWatch(running), rlsWatch(next))
+	rlsTLS := func(c *sketchproxy.Config) sketchproxy.RLSTLSConfig {
+		if c.EnvoyRLS == nil || c.EnvoyRLS.TLS == nil {
+			return sketchproxy.RLSTLSConfig{}
+		}
+		return *c.EnvoyRLS.TLS
+	}
+	diff("envoy_rls.tls (its files' contents reload by themselves)", rlsTLS(running), rlsTLS(next))
 	return stay
 }
 

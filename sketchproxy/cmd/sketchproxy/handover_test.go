@@ -1,0 +1,408 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// heldSockets are listening sockets the test holds as systemd does for a
+// socket unit, and hands to each process it starts.
+type heldSockets struct {
+	names []string
+	files []*os.File
+	addrs []string
+}
+
+func holdSockets(t *testing.T, names ...string) *heldSockets {
+	t.Helper()
+	h := &heldSockets{names: names}
+	for range names {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := ln.(*net.TCPListener).File() // a copy the children inherit
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.Close()
+		t.Cleanup(func() { f.Close() })
+		h.files, h.addrs = append(h.files, f), append(h.addrs, ln.Addr().String())
+	}
+	return h
+}
+
+// addr is the address of the socket named name.
+func (h *heldSockets) addr(name string) string { return h.addrs[slices.Index(h.names, name)] }
+
+// start runs bin with the sockets as systemd passes them: from fd 3, with
+// LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID, the last set by the shell to
+// its own pid, which exec hands to bin.
+func (h *heldSockets) start(t *testing.T, bin string, args ...string) (*exec.Cmd, *lockedBuffer) {
+	t.Helper()
+	cmd := exec.Command("sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin}, args...)...)
+	cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(len(h.files)), "LISTEN_FDNAMES="+strings.Join(h.names, ":"))
+	cmd.ExtraFiles = h.files
+	out := new(lockedBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, out
+}
+
+// startNginx runs Debian's nginx on the example's nginx.conf, in front of
+// app, asking check; it returns nginx's URL.
+func startNginx(t *testing.T, app, check string) string {
+	t.Helper()
+	needTool(t, "nginx", "nginx")
+	tmpl, err := os.ReadFile(filepath.Join("..", "..", "examples", "nginx", "nginx.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startGateway(t, "nginx", string(tmpl), app, check)
+}
+
+// restartLoad is what the load saw: answers by status, failed requests,
+// and when each request began and ended.
+type restartLoad struct {
+	mu       sync.Mutex
+	statuses map[int]int
+	errs     []string
+	spans    [][2]time.Time
+	n        atomic.Int64
+}
+
+func (l *restartLoad) record(code int, err error, began time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n.Add(1)
+	if err != nil {
+		l.errs = append(l.errs, err.Error())
+	} else {
+		l.statuses[code]++
+	}
+	l.spans = append(l.spans, [2]time.Time{began, time.Now()})
+}
+
+// across counts the requests in progress at some moment from stop to
+// ready, and the longest of them.
+func (l *restartLoad) across(stop, ready time.Time) (n int, slowest time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.spans {
+		if s[0].Before(ready) && s[1].After(stop) {
+			n++
+			slowest = max(slowest, s[1].Sub(s[0]))
+		}
+	}
+	return n, slowest
+}
+
+// A restart under load, as systemd does it with a socket unit: the old
+// process stops (SIGTERM) and a new one starts on the same sockets.
+// Through real nginx (auth_request to forward_auth) and on the gRPC
+// service at once, no request fails and nginx answers no 5xx; a client
+// refused before the restart is still refused after it (the state file
+// carried its count).
+func TestBinaryRestartWithoutGap(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	socks := holdSockets(t, "listen", "envoy_rls")
+	var appN atomic.Int64
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { appN.Add(1); io.WriteString(w, "app\n") }))
+	defer app.Close()
+	example, err := os.ReadFile(filepath.Join("..", "..", "examples", "nginx", "sketchproxy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example's config, its addresses unused (the sockets replace
+	// them: an address that cannot be bound proves it), a state file, a
+	// rule that counts every attempt of /hot/ (so a tick's halving cannot
+	// bring the hot client back under it during the test), and Envoy's
+	// service.
+	cfg := filepath.Join(dir, "sketchproxy.yaml")
+	os.WriteFile(cfg, []byte(strings.Replace(string(example), "listen: 127.0.0.1:9090", "listen: 192.0.2.1:9", 1)+fmt.Sprintf(`  - name: hot
+    match: {path_prefix: /hot/}
+    refused: count
+    limits: [{requests: 3, per: 1h}]
+admin: "off"
+state_file: %q
+envoy_rls:
+  listen: "192.0.2.1:9"
+`, filepath.Join(dir, "state"))+rlsEdgeDomain), 0o644)
+	ready := regexp.MustCompile(`msg="envoy rate limit service listening"`)
+	old, oldOut := socks.start(t, bin, "-config", cfg)
+	waitFor(t, oldOut, ready)
+	nginx := startNginx(t, app.Listener.Addr().String(), socks.addr("listen"))
+
+	send := func(method, path, client string) (int, error) {
+		var body io.Reader
+		if method == "POST" {
+			body = strings.NewReader("a body")
+		}
+		req, _ := http.NewRequest(method, nginx+path, body)
+		req.Header.Set("X-Forwarded-For", client)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	hot := func() string {
+		var got []string
+		for range 5 {
+			code, err := send("GET", "/hot/x", "198.51.100.9")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, strconv.Itoa(code))
+		}
+		return strings.Join(got, " ")
+	}
+	if got := hot(); got != "200 200 200 429 429" {
+		t.Fatalf("the hot client before the restart: %s, want 200 200 200 429 429", got)
+	}
+
+	// The load: HTTP through nginx (GETs and POSTs) at about 200 requests
+	// a second in all, each from a client of its own (under every limit),
+	// and gRPC calls.
+	conn, err := grpc.NewClient(socks.addr("envoy_rls"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	httpLoad := &restartLoad{statuses: map[int]int{}}
+	grpcLoad := &restartLoad{statuses: map[int]int{}}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	const workers, every = 8, 40 * time.Millisecond // 8 / 40 ms: 200 a second
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				n := seq.Add(1)
+				began := time.Now()
+				if w%4 == 3 { // a quarter of the workers call gRPC
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					_, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", strconv.FormatInt(n, 10))}})
+					cancel()
+					grpcLoad.record(200, err, began)
+					continue
+				}
+				method := "GET"
+				if w%4 == 1 { // and a quarter send POSTs, which nginx retries only where it may
+					method = "POST"
+				}
+				code, err := send(method, "/", fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255))
+				httpLoad.record(code, err, began)
+			}
+		}()
+	}
+	waitN := func(l *restartLoad, n int64) {
+		for deadline := time.Now().Add(30 * time.Second); l.n.Load() < n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the load stalled at %d requests", l.n.Load())
+			}
+		}
+	}
+	waitN(httpLoad, 100)
+	stopped := time.Now()
+	before := httpLoad.n.Load() + grpcLoad.n.Load()
+	old.Process.Signal(syscall.SIGTERM)
+	if err := old.Wait(); err != nil {
+		t.Fatalf("the old process: %v\n%s", err, oldOut)
+	}
+	_, newOut := socks.start(t, bin, "-config", cfg)
+	waitFor(t, newOut, ready)
+	restarted := time.Now()
+	waitN(httpLoad, httpLoad.n.Load()+100)
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(stopped)
+
+	httpAcross, httpSlowest := httpLoad.across(stopped, restarted)
+	grpcAcross, grpcSlowest := grpcLoad.across(stopped, restarted)
+	t.Logf("restart: %v from SIGTERM to the new process listening", restarted.Sub(stopped).Round(time.Millisecond))
+	t.Logf("HTTP through nginx: %d requests %v, %d failed; %d in progress during the restart, the slowest %v",
+		httpLoad.n.Load(), httpLoad.statuses, len(httpLoad.errs), httpAcross, httpSlowest.Round(time.Millisecond))
+	t.Logf("gRPC: %d calls, %d failed; %d in progress during the restart, the slowest %v",
+		grpcLoad.n.Load(), len(grpcLoad.errs), grpcAcross, grpcSlowest.Round(time.Millisecond))
+	t.Logf("achieved: %.0f requests a second from SIGTERM to the end (%v)", float64(httpLoad.n.Load()+grpcLoad.n.Load()-before)/elapsed.Seconds(), elapsed.Round(time.Millisecond))
+	if httpAcross < 3 || grpcAcross < 1 {
+		t.Errorf("too few requests in progress during the restart to judge it: %d HTTP, %d gRPC", httpAcross, grpcAcross)
+	}
+	for code, n := range httpLoad.statuses {
+		if code != 200 {
+			t.Errorf("nginx answered %d %d times", code, n)
+		}
+	}
+	if len(httpLoad.errs) > 0 || len(grpcLoad.errs) > 0 {
+		t.Errorf("failed requests: HTTP %q, gRPC %q", httpLoad.errs, grpcLoad.errs)
+	}
+	if httpLoad.statuses[200] < 200 || grpcLoad.n.Load() < 20 || appN.Load() < int64(httpLoad.statuses[200]) {
+		t.Errorf("too little load to judge: %d HTTP answers, %d gRPC calls, %d at the app", httpLoad.statuses[200], grpcLoad.n.Load(), appN.Load())
+	}
+	if got := hot(); got != "429 429 429 429 429" {
+		t.Errorf("the hot client after the restart: %s, want 429s: the state file carries its count", got)
+	}
+	if !strings.Contains(newOut.String(), "state restored") {
+		t.Errorf("the new process restored no state:\n%s", newOut)
+	}
+}
+
+// Sockets passed as systemd-socket-activate passes them (systemd's own
+// tool, not the test's emulation) replace the configured addresses; the
+// first connection, which makes the tool start the process, waits in the
+// socket's queue and is answered.
+func TestBinarySocketActivation(t *testing.T) {
+	needTool(t, "systemd-socket-activate", "systemd")
+	bin := build(t)
+	cfg := filepath.Join(t.TempDir(), "sa.yaml")
+	os.WriteFile(cfg, []byte("listen: \"192.0.2.1:9\"\nadmin: \"192.0.2.1:9\"\nclient_ip: {trusted_proxies: [127.0.0.1/32]}\nforward_auth: {path: /check}\nenvoy_rls:\n  listen: \"192.0.2.1:9\"\n"+rlsEdgeDomain+"rules:\n  - limits: [{requests: 2, per: 1h}]\n"), 0o644)
+	for try := 0; ; try++ {
+		ports := []string{strconv.Itoa(freePort(t)), strconv.Itoa(freePort(t)), strconv.Itoa(freePort(t))}
+		_, out := start(t, "systemd-socket-activate", "-l", "127.0.0.1:"+ports[0], "-l", "127.0.0.1:"+ports[1], "-l", "127.0.0.1:"+ports[2],
+			"--fdname=listen:envoy_rls:admin", bin, "-config", cfg)
+		if try < 4 && strings.Contains(waitFor(t, out, regexp.MustCompile(`(Listening on 127\.0\.0\.1:`+ports[2]+` as 5|Failed.*)`))[1], "Failed") {
+			continue // a port was taken between the look and the bind
+		}
+		check := "http://127.0.0.1:" + ports[0] + "/check"
+		ask := func() int {
+			req, _ := http.NewRequest("GET", check, nil)
+			req.Header.Set("X-Forwarded-Method", "GET")
+			req.Header.Set("X-Forwarded-Uri", "/x")
+			req.Header.Set("X-Forwarded-For", "192.0.2.7")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		if got := []int{ask(), ask(), ask()}; fmt.Sprint(got) != "[200 200 429]" {
+			t.Errorf("checks on the inherited socket: %v, want [200 200 429]\n%s", got, out)
+		}
+		waitFor(t, out, regexp.MustCompile(`msg="envoy rate limit service listening" protocol=grpc addr=127\.0\.0\.1:`+ports[1]))
+		conn, err := grpc.NewClient("127.0.0.1:"+ports[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if got := rlsLimit(t, rlsv3.NewRateLimitServiceClient(conn), "edge", "user", "ann"); got != 100 {
+			t.Errorf("the gRPC service on its inherited socket: limit %d, want 100", got)
+		}
+		if got := codes(t, "http://127.0.0.1:"+ports[2]+"/healthz", 1); got != "200" {
+			t.Errorf("/healthz on the inherited admin socket: %s", got)
+		}
+		return
+	}
+}
+
+// Sockets that cannot be placed stop the start with what to do: a name
+// that is no listener's, and a socket for a listener the config lacks
+// (its connections would wait forever).
+func TestBinaryInheritedSocketErrors(t *testing.T) {
+	bin := build(t)
+	cfg := filepath.Join(t.TempDir(), "sa.yaml")
+	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nadmin: \"off\"\nupstream: \"http://127.0.0.1:1\"\nrules:\n  - limits: [{requests: 2, per: 1h}]\n"), 0o644)
+	for names, want := range map[string]string{
+		"sketchproxy.socket": `inherited socket 3 is named "sketchproxy.socket": name each socket after the listener it replaces with FileDescriptorName=`,
+		"envoy_rls":          "inherited sockets envoy_rls: the config has no such listener",
+	} {
+		socks := holdSockets(t, names)
+		cmd, out := socks.start(t, bin, "-config", cfg)
+		err := cmd.Wait()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(out.String(), want) {
+			t.Errorf("socket %s: %v, %q; want exit 1 and %q", names, err, out, want)
+		}
+	}
+}
+
+// The systemd units of examples/systemd pass systemd's own check
+// (systemd-analyze verify, warnings included), name each socket after a
+// listener, once per unit (FileDescriptorName names every socket of its
+// unit), and the service takes every socket unit.
+func TestSystemdExample(t *testing.T) {
+	needTool(t, "systemd-analyze", "systemd")
+	bin := build(t)
+	src := filepath.Join("..", "..", "examples", "systemd")
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var units, sockets []string
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := strings.ReplaceAll(string(b), "/usr/local/bin/sketchproxy", bin) // verify wants the binary there
+		os.WriteFile(filepath.Join(dir, e.Name()), []byte(body), 0o644)
+		units = append(units, "./"+e.Name())
+		if !strings.HasSuffix(e.Name(), ".socket") {
+			continue
+		}
+		sockets = append(sockets, e.Name())
+		names := regexp.MustCompile(`(?m)^FileDescriptorName=(.*)$`).FindAllStringSubmatch(body, -1)
+		if len(names) != 1 || !slices.Contains(doors, names[0][1]) {
+			t.Errorf("%s: FileDescriptorName %q: want one, of %v", e.Name(), names, doors)
+		}
+		if !strings.Contains(body, "\nService=sketchproxy.service\n") {
+			t.Errorf("%s does not start sketchproxy.service", e.Name())
+		}
+	}
+	service, err := os.ReadFile(filepath.Join(dir, "sketchproxy.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^Sockets=(.*)$`).FindStringSubmatch(string(service))
+	var listed []string
+	if m != nil {
+		listed = strings.Fields(m[1])
+		slices.Sort(listed)
+	}
+	if !slices.Equal(listed, sockets) { // ReadDir's are sorted
+		t.Errorf("sketchproxy.service's Sockets= %q, want the socket units %v", m, sockets)
+	}
+	cmd := exec.Command("systemd-analyze", append([]string{"verify"}, units...)...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil || len(out) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
