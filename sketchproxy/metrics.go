@@ -96,7 +96,7 @@ var (
 	dRLSOverLimit    = newDesc("envoy_rls_over_limit_total", prometheus.CounterValue, "ShouldRateLimit calls answered OVER_LIMIT.")
 	dRLSUnknown      = newDesc("envoy_rls_unknown_domain_total", prometheus.CounterValue, "ShouldRateLimit calls for a domain envoy_rls does not configure (answered OK).")
 	dNearLimit       = newDesc("decisions_near_limit_total", prometheus.CounterValue, "Admitted requests that left their key above 80% of its limit (envoyproxy/ratelimit's near_limit).", "rule")
-	dValueHits       = newDesc("envoy_rls_value_hits_total", prometheus.CounterValue, "Hits of a detailed_metric descriptor, by the value it matched (keyed hash; at most 100 values per descriptor, the rest as other).", "rule", "value")
+	dValueHits       = newDesc("envoy_rls_value_hits_total", prometheus.CounterValue, "Hits of a detailed_metric descriptor, by the value it matched (keyed hash; at most 100 series per descriptor, other included).", "rule", "value")
 	dValueOver       = newDesc("envoy_rls_value_over_limit_total", prometheus.CounterValue, "Calls of a detailed_metric descriptor over its limit, by value.", "rule", "value")
 	dValueNear       = newDesc("envoy_rls_value_near_limit_total", prometheus.CounterValue, "Calls of a detailed_metric descriptor admitted above 80% of its limit, by value.", "rule", "value")
 

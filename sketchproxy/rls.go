@@ -145,7 +145,7 @@ type RLSDescriptor struct {
 	// DetailedMetric (or ValueToMetric) counts the descriptor's calls per
 	// value it matched, as envoyproxy/ratelimit's statistics do:
 	// sketchproxy_envoy_rls_value_*_total, the value shown by keyed hash,
-	// at most 100 values per descriptor (the rest as "other").
+	// at most 100 series per descriptor, "other" (the rest) included.
 	DetailedMetric bool `yaml:"detailed_metric"`
 	ValueToMetric  bool `yaml:"value_to_metric"`
 	// Metadata is accepted for envoyproxy/ratelimit's newer files and

@@ -43,6 +43,12 @@ var rlsT0 = time.Unix(1_800_000_000, 0)
 // listed in files: in that order, and extra lines under envoy_rls.
 func newRLSHarness(t *testing.T, extra string, files ...string) *rlsHarness {
 	t.Helper()
+	return newRLSHarnessLog(t, slog.New(slog.NewTextHandler(io.Discard, nil)), extra, files...)
+}
+
+// newRLSHarnessLog is newRLSHarness logging to log.
+func newRLSHarnessLog(t *testing.T, log *slog.Logger, extra string, files ...string) *rlsHarness {
+	t.Helper()
 	dir := t.TempDir()
 	var names []string
 	for i := 0; i+1 < len(files); i += 2 {
@@ -61,7 +67,7 @@ func newRLSHarness(t *testing.T, extra string, files ...string) *rlsHarness {
 		t.Fatal(err)
 	}
 	clk := epochsketch.NewManualClock(rlsT0)
-	mw, err := New(cfg, http.NotFoundHandler(), Options{Clock: clk, Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Clock: clk, Seed: 1, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

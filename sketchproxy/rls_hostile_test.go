@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -233,5 +234,54 @@ descriptors:
 		if got := h.ask(t, "d", 0, entries("user", "bob")).GetOverallCode(); got != c.want {
 			t.Errorf("refused: %s, 10 calls of a limit of 2, then half a minute: %v, want %v", c.refused, got, c.want)
 		}
+	}
+}
+
+// What an operator of envoyproxy/ratelimit watches: refused calls in the
+// log (as the HTTP doors log theirs), near_limit per rule, and per-value
+// series of a detailed_metric descriptor, bounded whatever the clients
+// send.
+func TestRLSObservability(t *testing.T) {
+	var logs bytes.Buffer
+	h := newRLSHarnessLog(t, slog.New(slog.NewTextHandler(&logs, nil)), "", "api.yaml", `domain: api
+descriptors:
+  - key: api_key
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`)
+	for range 7 {
+		h.ask(t, "api", 0, entries("api_key", "alice"))
+	}
+	for i := range 150 {
+		h.ask(t, "api", 0, entries("api_key", fmt.Sprint("client-", i)))
+	}
+	fams := scrape(t, h.mw)
+	rule := "envoy:api:api_key"
+	alice := h.mw.display("5:alice")
+	for _, c := range []struct {
+		name, labels string
+		want         float64
+	}{
+		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + rule + `",value="` + alice + `"`, 7},
+		{"sketchproxy_envoy_rls_value_over_limit_total", `rule="` + rule + `",value="` + alice + `"`, 2},
+		// 5 admitted calls leave 2, 4, 6, 8 and 10 counts of 10: the 5th
+		// is above 80%.
+		{"sketchproxy_envoy_rls_value_near_limit_total", `rule="` + rule + `",value="` + alice + `"`, 1},
+		{"sketchproxy_decisions_near_limit_total", `rule="` + rule + `"`, 1},
+		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + rule + `",value="other"`, 52}, // alice and 98 clients have their own
+	} {
+		if got, ok := metricValue(fams, c.name, c.labels); !ok || got != c.want {
+			t.Errorf("%s{%s} = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	if n := len(fams["sketchproxy_envoy_rls_value_hits_total"].GetMetric()); n != maxValueSeries {
+		t.Errorf("%d value series after 151 values, want at most %d", n, maxValueSeries)
+	}
+	line := logs.String()
+	if !strings.Contains(line, "sketchproxy decision") || !strings.Contains(line, "door=envoy_rls") || !strings.Contains(line, "domain=api") || !strings.Contains(line, "key="+alice) {
+		t.Errorf("no refusal logged as the HTTP doors log theirs:\n%s", line)
+	}
+	if strings.Contains(line, "alice") {
+		t.Errorf("a client's value reached the log:\n%s", line)
 	}
 }

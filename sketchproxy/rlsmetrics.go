@@ -8,8 +8,9 @@ import (
 )
 
 // maxValueSeries bounds the per-value series of one detailed_metric
-// descriptor: its first values each get their own; later ones are counted
-// under the value "other", so no client can grow the metrics.
+// descriptor, "other" included: its first values each get their own;
+// later ones are counted under the value "other", so no client can grow
+// the metrics.
 const maxValueSeries = 100
 
 // rlsValues counts each detailed_metric descriptor's calls per value.
@@ -37,7 +38,7 @@ func (r *rlsValues) get(rule, value string) *valueCounts {
 	}
 	c := vs[value]
 	if c == nil {
-		if len(vs) >= maxValueSeries {
+		if len(vs) >= maxValueSeries-1 {
 			value = "other"
 			if c = vs[value]; c != nil {
 				return c
