@@ -28,11 +28,13 @@ const overLimit = 1 << 31
 // dropped after 4 lost compare-and-swaps is a refusal here (counted in
 // Stats.CASRetriesExhausted), so contention never admits past the limit.
 //
-// Two exceptions remain, both of which read high rather than low: another
-// key sharing the bucket and the 16-bit fingerprint shares the count
-// (THEORY.md section 3), and racing claims of one new key across a tick
-// boundary can leave two slots that are then merged into one count above
-// the limit (see dedupe).
+// Racing first adds of a new key are exact too while the tick stands
+// still: they agree on one slot (weakestOf tests the tag; docs/DESIGN.md,
+// Observe). Two exceptions remain, both of which read high rather than
+// low: another key sharing the bucket and the 16-bit fingerprint shares
+// the count (THEORY.md section 3), and racing claims of one new key across
+// a tick boundary can leave two slots, each within the limit, that are
+// then merged into one count above it (see dedupe).
 func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok, first bool, now int64) {
 	if t.IsZero() {
 		now = s.now() // writeAt's common case, without a call to writeAt

@@ -369,9 +369,9 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 	tag := tagFrom(h)
 	e := epoch24(now)
 	home := homeOf(h)
-	weakest, old := weakestOf(b, uint64(e), uint64(home))
+	weakest, old := weakestOf(b, uint64(e), uint64(home), uint64(tag))
 	if old {
-		return s.observe1(b, shard, h, now, wt, 0, limit) // a slot to scrub, or one ahead of now
+		return s.observe1(b, shard, h, now, wt, 0, limit) // a slot to scrub, one ahead of now, or the key's, claimed by a racer
 	}
 	weak, weakEff := (int(weakest)+home)&(slotsPerBucket-1), uint32(weakest>>3)
 	x := b.s[weak].Load()
@@ -640,19 +640,30 @@ func slotAge(y, e uint64) uint64 {
 // from slot home (cyclically: the first from home among equals), where an
 // empty slot reads 0, so a result below 8 is the first free slot from
 // home; and old, whether a slot is 24 or more ticks old (to
-// scrub) or ahead of e, which the caller leaves to observe1. Like refresh,
-// it has no branches on the slots' contents. Without old the counts are
-// exact unless a racing writer changed the bucket since; the caller reloads
-// the one word it acts on and checks it still reads as here.
-func weakestOf(b *bucket, e, home uint64) (weakest uint64, old bool) {
+// scrub) or ahead of e, or holds tag, which the caller leaves to
+// observe1. Like refresh, it has no branches on the slots' contents.
+// Without old the counts are exact unless a racing writer changed the
+// bucket since; the caller reloads the one word it acts on and checks it
+// still reads as here.
+//
+// The tag test closes a race of a new key's first writers: refresh read
+// a miss, then a racer claimed a slot for the same key before this pass
+// read the bucket again. This pass then sees that slot as an occupied one
+// and, without the test, would claim (or challenge for) another, leaving
+// the key two slots whose counts each pass a limit that their sum passes
+// (docs/DESIGN.md, Observe: one slot per key). Seen here, the key is
+// refreshed by observe1 instead. A racer's claim made after this pass is
+// of the slot this caller chose too, when the tick and the other slots stand
+// still, and one of the two compare-and-swaps loses.
+func weakestOf(b *bucket, e, home, tag uint64) (weakest uint64, old bool) {
 	const last = slotsPerBucket - 1
 	// Two accumulators, even and odd slots, halve the chain of minimums.
-	w0, a0 := weakKey(b.s[0].Load(), e, -home&last)
-	w1, a1 := weakKey(b.s[1].Load(), e, (1-home)&last)
+	w0, a0 := weakKey(b.s[0].Load(), e, -home&last, tag)
+	w1, a1 := weakKey(b.s[1].Load(), e, (1-home)&last, tag)
 	a0, a1 = a0+ageCarry, a1+ageCarry
 	for k := uint64(2); k+1 < slotsPerBucket; k += 2 {
-		c0, x0 := weakKey(b.s[k].Load(), e, (k-home)&last)
-		c1, x1 := weakKey(b.s[k+1].Load(), e, (k+1-home)&last)
+		c0, x0 := weakKey(b.s[k].Load(), e, (k-home)&last, tag)
+		c1, x1 := weakKey(b.s[k+1].Load(), e, (k+1-home)&last, tag)
 		w0, w1 = min(w0, c0), min(w1, c1)
 		a0, a1 = a0|(x0+ageCarry), a1|(x1+ageCarry)
 	}
@@ -661,9 +672,11 @@ func weakestOf(b *bucket, e, home uint64) (weakest uint64, old bool) {
 
 // weakKey is weakestOf's view of word y at epoch e, in the slot d places
 // after home: its effective count times 8 plus d, and its age as slotAge
-// reads it.
-func weakKey(y, e uint64, d uint64) (key, age uint64) {
-	age = slotAge(y, e)
+// reads it, or with bits 0 to 24 set when y holds tag (which reads as
+// old). The tag test is arithmetic, not a branch: y's tag XOR tag is below
+// 2^16, and 0 (a match) alone turns to 2^64-1 when 1 is taken from it.
+func weakKey(y, e, d, tag uint64) (key, age uint64) {
+	age = slotAge(y, e) | ((y>>tagShift^tag)-1)>>(63-epochBits)
 	return (y&countMax)>>(age&63)<<3 | d, age
 }
 
