@@ -23,11 +23,13 @@ type Config struct {
 	Per      time.Duration
 
 	// Burst is the most requests an idle key is admitted at once. 0 means
-	// 2 × Requests: then a key that sends at most Requests in every window
-	// of Per is never refused. A smaller Burst spreads a
-	// flooding key's admissions more evenly over Per (it shortens the
-	// tick to Per × Burst / (2 × Requests)); then a key is never refused
-	// while it sends at most Burst/2 per tick. At most MaxBurst.
+	// Requests (package rate, "The default Burst"): a key spreading its
+	// requests evenly at up to Requests per Per is never refused. 2 ×
+	// Requests makes the tick Per, and then a key that sends at most
+	// Requests in every window of Per, however bunched, is never refused.
+	// A Burst spreads a flooding key's admissions over Per (the tick is
+	// Per × Burst / (2 × Requests)); a key is never refused while it sends
+	// at most Burst/2 per tick. At most MaxBurst.
 	Burst int
 
 	// NumBuckets sizes the memory: NumBuckets × 64 bytes, whatever the
