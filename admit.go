@@ -15,6 +15,21 @@ const noLimit = math.MaxUint32
 // counts are below 2^24, so the bit is free.
 const overLimit = 1 << 31
 
+// pressure marks, beside overLimit, a new key refused by the overflow
+// policy (admit.Pressure); the count beside it is the weakest key's.
+const pressure = admit.Pressure
+
+// overflow is admit's policy for a new key in a bucket full of keys at
+// their limit (admit.Overflow, whose values it takes): challengeSlot
+// applies it. Observe never reads it.
+type overflow = admit.Overflow
+
+const (
+	overflowAdmit  = admit.Admit
+	overflowRefuse = admit.Refuse
+	overflowShare  = admit.Share
+)
+
 // admit is the conditional add that package limit is built on: it adds wt
 // (1 to countMax) to hashed key h at the tick for t (writeAt: the zero t
 // means the sketch's clock), returned as now, only if the key's decayed count
@@ -24,9 +39,12 @@ const overLimit = 1 << 31
 // added. A refusal writes nothing to the key's slot (a refused request is
 // free); a new key takes the ordinary claim or challenge (docs/DESIGN.md,
 // Observe), and one that cannot win a slot in a full bucket is admitted
-// untracked, failing open like Observe's first-sighting answer. An update
-// dropped after 4 lost compare-and-swaps is a refusal here (counted in
-// Stats.CASRetriesExhausted), so contention never admits past the limit.
+// untracked, failing open like Observe's first-sighting answer. When the
+// bucket is full of keys at their limit (the weakest holds at least half
+// of it), the sketch's overflow policy decides instead (admit.Overflow:
+// as above, refuse the new key, or refuse three in four at random). An
+// update dropped after 4 lost compare-and-swaps is a refusal here (counted
+// in Stats.CASRetriesExhausted), so contention never admits past the limit.
 //
 // Racing first adds of a new key are exact too while the tick stands
 // still: they agree on one slot (weakestOf tests the tag; docs/DESIGN.md,
@@ -99,6 +117,23 @@ func (s *Sketch) admitFuncs() (admit.Func, admit.BytesFunc) {
 		}
 }
 
+// admitCounts is the conditional add's part of the sketch's counters.
+func (s *Sketch) admitCounts() admit.Counts {
+	n := s.stats.sum()
+	return admit.Counts{
+		Untracked:      n[statUntracked],
+		Evictions:      n[statEvictions],
+		EvictedAtLimit: n[statEvictedAtLimit],
+		ChippedAtLimit: n[statChippedAtLimit],
+		RefusedNew:     n[statRefusedNew],
+		Contended:      n[statContended],
+	}
+}
+
 func init() {
 	admit.Register(func(sk any) (admit.Func, admit.BytesFunc) { return sk.(*Sketch).admitFuncs() })
+	admit.RegisterPolicy(
+		func(sk any, o admit.Overflow) { sk.(*Sketch).overflow = o },
+		func(sk any) admit.Counts { return sk.(*Sketch).admitCounts() },
+	)
 }

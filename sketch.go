@@ -44,8 +44,9 @@ type Sketch struct {
 	tk     *ticker      // wall-clock goroutine, nil otherwise
 	clean  runtime.Cleanup
 
-	seeded *saltState // non-nil when Config.Seed != 0
-	stats  *statTable
+	seeded   *saltState // non-nil when Config.Seed != 0
+	stats    *statTable
+	overflow overflow // admit's policy for a bucket full of keys at their limit
 }
 
 // New returns a Sketch for cfg. It panics with Validate's error if cfg is
@@ -391,7 +392,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 		return wt, true
 	}
 	// Phase 3: challenge the weakest.
-	est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, x, e, weakEff, wt, tag, now)
+	est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, x, e, weakEff, wt, limit, tag, now)
 	if !done {
 		return s.observe1(b, shard, h, now, wt, 1, limit)
 	}
@@ -789,7 +790,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			continue
 		}
 		// Phase 3: challenge the weakest, one draw per unit of weight.
-		if est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, w[weak], e32, weakEff, wt, uint16(tag), now); done {
+		if est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, w[weak], e32, weakEff, wt, limit, uint16(tag), now); done {
 			if took {
 				s.dedupe1(b, shard, weak, uint16(tag))
 			}
@@ -809,6 +810,7 @@ func (s *Sketch) dropped(shard uint64, est uint32, now int64, limit uint32) (uin
 	}
 	s.stats.add(shard, statCAS)
 	if limit != noLimit {
+		s.stats.add(shard, statContended)
 		est |= overLimit
 	}
 	return est, true
@@ -835,14 +837,27 @@ func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {
 // and the caller should look again; took says the key now holds the slot, so
 // the caller folds in any racing duplicate. The estimate is wt when the key
 // stays untracked (first-sighting treatment, docs/DESIGN.md, The lottery).
-func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e, weakEff, wt uint32, tag uint16, now int64) (est uint32, done, took bool) {
+//
+// limit is noLimit for Observe. For admit, a weakest key at its limit (its
+// count at least half the limit: at the limit within the last tick) means
+// the bucket is full of keys at their limit, and the sketch's overflow
+// policy decides (admit.Overflow): overflowRefuse refuses the new key,
+// writing nothing and drawing nothing, so that no key at its limit loses
+// counts to it; overflowShare does so three times in four (two bits of a
+// fresh salt), else goes on as overflowAdmit, the lottery.
+func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e, weakEff, wt, limit uint32, tag uint16, now int64) (est uint32, done, took bool) {
+	full := limit != noLimit && 2*uint64(weakEff) >= uint64(limit)
+	if full && s.overflow != overflowAdmit && (s.overflow == overflowRefuse || s.salt()&3 != 0) {
+		s.stats.add(shard, statRefusedNew)
+		return weakEff | overLimit | pressure, true, false
+	}
 	wins, used := s.challenge(h, x, ageOf(x, e), weakEff, wt)
 	if wins == 0 {
 		if traceOn {
 			emit(traceEvent{Op: lab.Bounce, Slot: weak, Old: x, Tick: now})
 		}
 		s.stats.add(shard, statLost)
-		return wt, true, false
+		return s.untracked(shard, wt, limit), true, false
 	}
 	if wins == weakEff {
 		// The win that empties the slot claims it, with the units left.
@@ -854,6 +869,9 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 		}
 		if ok {
 			s.stats.add(shard, statEvictions)
+			if full {
+				s.stats.add(shard, statEvictedAtLimit)
+			}
 			return c, true, true
 		}
 		return 0, false, false
@@ -863,9 +881,22 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 	if y := x - uint64(wins)<<ageOf(x, e); s.casChip(p.CompareAndSwap(x, y), weak, x, y, now) {
 		s.stats.addN(shard, statChips, wins)
 		s.stats.add(shard, statLost)
-		return wt, true, false
+		if full {
+			s.stats.add(shard, statChippedAtLimit)
+		}
+		return s.untracked(shard, wt, limit), true, false
 	}
 	return 0, false, false
+}
+
+// untracked is the estimate of a key that stays untracked after its
+// challenge, wt (first-sighting treatment), counted for admit.
+func (s *Sketch) untracked(shard uint64, wt, limit uint32) uint32 {
+	if limit == noLimit {
+		return wt
+	}
+	s.stats.add(shard, statUntracked)
+	return wt
 }
 
 // observeView is observe over a view of one or two buckets (TwoChoice). With
@@ -976,7 +1007,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt, limit uint32) (uint32, boo
 			}
 
 		default: // Phase 3: challenge the weakest, one draw per unit of weight.
-			if est, done, took := s.challengeSlot(v.at(weak), weak, v.shard, h, w[weak], e, weakEff, wt, tag, now); done {
+			if est, done, took := s.challengeSlot(v.at(weak), weak, v.shard, h, w[weak], e, weakEff, wt, limit, tag, now); done {
 				if took {
 					s.dedupe(&v, weak, tag)
 				}
@@ -989,6 +1020,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt, limit uint32) (uint32, boo
 	}
 	s.stats.add(v.shard, statCAS)
 	if limit != noLimit {
+		s.stats.add(v.shard, statContended)
 		readEst |= overLimit
 	}
 	return readEst, true

@@ -313,3 +313,34 @@ func TestConfigValidate(t *testing.T) {
 	}()
 	limit.New(1, 0)
 }
+
+// TestContendedCounted: goroutines racing on one key far under its limit
+// are refused only after lost compare-and-swaps, and every such refusal is
+// in Stats.Contended (the package documentation, Where it can be wrong,
+// gives the rates measured). Run under -race.
+func TestContendedCounted(t *testing.T) {
+	const goroutines, calls = 8, 1 << 15
+	l, _ := newManual(t, limit.Config{Requests: 4_000_000, Per: time.Hour})
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				if !l.Allow("hot") {
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	s := l.Stats()
+	t.Logf("%d of %d calls refused after lost compare-and-swaps; %+v", refused.Load(), goroutines*calls, s)
+	if uint64(refused.Load()) != s.Contended {
+		t.Fatalf("%d refusals under the limit, Stats.Contended %d: want them equal", refused.Load(), s.Contended)
+	}
+	if s.AdmittedUntracked+s.RefusedNew+s.Evictions != 0 {
+		t.Fatalf("one key in an empty table: %+v", s)
+	}
+}
