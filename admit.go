@@ -117,6 +117,27 @@ func (s *Sketch) admitFuncs() (admit.Func, admit.BytesFunc) {
 		}
 }
 
+// forget clears every slot holding hashed key h's tag (a duplicate
+// included), so that its next add is a new key's: package limit's Reset.
+// Zeroing a slot is what a scrub or a drain does to one, and a racing
+// writer that read the old word loses its compare-and-swap and looks
+// again. A lost compare-and-swap here means another writer's succeeded on
+// the slot, so forget tries again, after the wait a lost refresh takes
+// (backoff), until the slot is cleared or holds another key.
+func (s *Sketch) forget(h uint64) {
+	v := s.viewOf(h)
+	tag := tagFrom(h)
+	for i := 0; i < v.n; i++ {
+		for tried := 1; ; tried++ {
+			x := v.at(i).Load()
+			if x == 0 || tagOf(x) != tag || v.at(i).CompareAndSwap(x, 0) {
+				break
+			}
+			backoff(min(tried, maxAttempts-1))
+		}
+	}
+}
+
 // admitCounts is the conditional add's part of the sketch's counters.
 func (s *Sketch) admitCounts() admit.Counts {
 	n := s.stats.sum()
@@ -132,8 +153,9 @@ func (s *Sketch) admitCounts() admit.Counts {
 
 func init() {
 	admit.Register(func(sk any) (admit.Func, admit.BytesFunc) { return sk.(*Sketch).admitFuncs() })
-	admit.RegisterPolicy(
+	admit.RegisterOps(
 		func(sk any, o admit.Overflow) { sk.(*Sketch).overflow = o },
 		func(sk any) admit.Counts { return sk.(*Sketch).admitCounts() },
+		func(sk any, key string) { s := sk.(*Sketch); s.forget(s.h.str(key)) },
 	)
 }

@@ -185,3 +185,27 @@ func TestAdmitOverflowCounts(t *testing.T) {
 		}
 	}
 }
+
+// TestForget: package limit's Reset clears every slot of the key's tag, a
+// duplicate left by racing claims included, and no other key's.
+func TestForget(t *testing.T) {
+	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1})
+	sk.Admit(time.Time{}, "k", 6, 10)
+	sk.Admit(time.Time{}, "other", 4, 10)
+	b, j := slotOf(sk, "k")
+	dup := (j + 1) % epochsketch.SlotsPerBucket
+	if sk.Word(b, dup) != 0 {
+		dup = (j + 2) % epochsketch.SlotsPerBucket
+	}
+	sk.SetWord(b, dup, sk.Word(b, j)) // a duplicate, as racing claims across a tick leave
+	admit.Forget(sk, "k")
+	if est := sk.Estimate("k"); est != 0 || sk.Word(b, j) != 0 || sk.Word(b, dup) != 0 {
+		t.Fatalf("after Forget the key reads %d, slots %#x and %#x", est, sk.Word(b, j), sk.Word(b, dup))
+	}
+	if est := sk.Estimate("other"); est != 4 {
+		t.Fatalf("another key reads %d after Forget, want 4", est)
+	}
+	if est, ok := sk.Admit(time.Time{}, "k", 10, 10); !ok || est != 10 {
+		t.Fatalf("after Forget: (%d, %v), want the whole limit", est, ok)
+	}
+}

@@ -57,14 +57,15 @@ var (
 	bind    func(sk any) (Func, BytesFunc)
 	setOver func(sk any, o Overflow)
 	counts  func(sk any) Counts
+	forget  func(sk any, key string)
 )
 
 // Register is called once, by package epochsketch.
 func Register(b func(sk any) (Func, BytesFunc)) { bind = b }
 
-// RegisterPolicy is called once, by package epochsketch.
-func RegisterPolicy(set func(sk any, o Overflow), c func(sk any) Counts) {
-	setOver, counts = set, c
+// RegisterOps is called once, by package epochsketch.
+func RegisterOps(set func(sk any, o Overflow), c func(sk any) Counts, f func(sk any, key string)) {
+	setOver, counts, forget = set, c, f
 }
 
 // Bind returns the conditional adds of sk, a *epochsketch.Sketch.
@@ -76,3 +77,7 @@ func SetOverflow(sk any, o Overflow) { setOver(sk, o) }
 
 // CountsOf returns sk's conditional-add counts.
 func CountsOf(sk any) Counts { return counts(sk) }
+
+// Forget clears key's count in sk: its next add is a new key's. A key
+// sharing its bucket and fingerprint shares the count, and is cleared too.
+func Forget(sk any, key string) { forget(sk, key) }
