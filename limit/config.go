@@ -13,9 +13,10 @@ import (
 // holds two counts per request and parks at epochsketch.MaxCount.
 const MaxBurst = rate.MaxBurst
 
-// Config configures a Limiter. Requests and Per are required; every other
-// zero field means the documented default. NewWith copies the Config; it
-// never mutates it.
+// Config configures a Limiter. Requests and Per are required, so the zero
+// Config is not valid; every other zero field means the documented
+// default. A Config is a plain value: NewWith copies it and never mutates
+// it.
 type Config struct {
 	// Requests per Per is the limit: a key sending more is admitted at
 	// exactly this rate.
@@ -72,7 +73,8 @@ type Config struct {
 // bucket of 8 slots is full of keys at their limit: keys whose count is at
 // least half the threshold, that is, at their limit within the last tick.
 // Stats counts each outcome. A new key whose bucket has a free slot, or a
-// key below its limit to challenge, is tracked or admitted as always.
+// key below its limit to challenge, is tracked or admitted as always. The
+// zero Overflow is OverflowAdmit; an Overflow is a plain value.
 type Overflow uint8
 
 const (

@@ -9,8 +9,19 @@
 //
 // [Middleware] wraps an http.Handler, answering 429 with Retry-After and
 // the RateLimit and RateLimit-Policy fields; [RemoteIP] keys it by the
-// connection's address. The module github.com/epochsketch/epochsketch/limit/grpclimit
-// does the same for gRPC.
+// connection's address, [ClientIP] by the client's behind the proxies you
+// trust. Its options check several limits together ([Also]), exempt
+// requests ([Skip]), replace the refusal ([OnRefused]) and add the legacy
+// X-RateLimit fields ([LegacyHeaders]); [Limiter.AddFields] writes the
+// fields for a handler of your own. [Limiter.Wait] blocks until a key's
+// request fits; [Limiter.Reset] forgets a key; [Limiter.Stats] counts
+// what memory and contention changed. The module
+// github.com/epochsketch/epochsketch/limit/grpclimit does the same for
+// gRPC, a module of its own (its documentation gives the go.mod lines).
+//
+// A key is whatever string the caller passes: the empty string is a key
+// like any other, shared by every request that has no key, so requests
+// without one share one limit unless they are skipped ([Skip]).
 //
 // # What it promises
 //
@@ -78,6 +89,9 @@
 package limit
 
 import (
+	"context"
+	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/epochsketch/epochsketch"
@@ -103,6 +117,9 @@ type Limiter struct {
 	sk       *epochsketch.Sketch
 	policy   string // the RateLimit-Policy field
 	quoted   string // the policy's name, quoted
+	// sleep waits d or until ctx ends, for Wait: a timer; tests replace it
+	// (export_test.go) to move a ManualClock instead.
+	sleep func(ctx context.Context, d time.Duration) error
 }
 
 // New returns a Limiter for requests per per, with the defaults of Config.
@@ -121,7 +138,7 @@ func NewWith(cfg Config) *Limiter {
 	sk := epochsketch.New(p.cfg)
 	admit.SetOverflow(sk, [...]admit.Overflow{OverflowAdmit: admit.Admit, OverflowRefuse: admit.Refuse, OverflowShare: admit.Share}[cfg.Overflow])
 	add, addBytes := admit.Bind(sk)
-	l := &Limiter{add: add, addBytes: addBytes, lim: p.lim, clock: cfg.Clock, sk: sk}
+	l := &Limiter{add: add, addBytes: addBytes, lim: p.lim, clock: cfg.Clock, sk: sk, sleep: sleep}
 	l.setPolicy(cfg.Name)
 	return l
 }
@@ -169,7 +186,8 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) bool {
 }
 
 // Decision is the outcome of Decide: whether the requests were admitted,
-// and what response headers say about the key.
+// and what response headers say about the key. The zero Decision is a
+// refusal with nothing left and no wait; a Decision is a plain value.
 type Decision struct {
 	// Allowed says the requests were admitted and counted.
 	Allowed bool
@@ -272,6 +290,86 @@ func (l *Limiter) Stats() Stats {
 		RefusedNew:        c.RefusedNew,
 		Contended:         c.Contended,
 	}
+}
+
+// Wait blocks until one request of key fits, and counts it, or until ctx
+// ends: WaitN(ctx, key, 1).
+func (l *Limiter) Wait(ctx context.Context, key string) error { return l.WaitN(ctx, key, 1) }
+
+// WaitN blocks until n requests of key fit, and counts them, or until ctx
+// ends. It waits what a refused Decide says, Decision.RetryAfter, the
+// Retry-After a client is told, and tries again: it returns nil when the
+// requests were admitted (after other callers took the room it waited for,
+// it waits again). It returns ctx's error if ctx ends first, and at once,
+// without waiting, an error that wraps context.DeadlineExceeded if ctx's
+// deadline comes before the wait ends; an error if n is above Burst (it
+// never fits). n <= 0 returns nil at once. The wait is on the wall clock,
+// whatever Config.Clock.
+func (l *Limiter) WaitN(ctx context.Context, key string, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	if n > int(l.lim.Burst) {
+		return fmt.Errorf("limit: WaitN(%d): more requests than the Burst of %d, which never fit", n, l.lim.Burst)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d := l.Decide(time.Time{}, key, n)
+		if d.Allowed {
+			return nil
+		}
+		if d.RetryAfter == 0 {
+			// It fits now: the add lost its compare-and-swaps to racing
+			// writers (Stats.Contended). Try again after them.
+			runtime.Gosched()
+			continue
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d.RetryAfter {
+			return fmt.Errorf("limit: WaitN(%d): %v until the requests fit, beyond the context's deadline: %w", n, d.RetryAfter, context.DeadlineExceeded)
+		}
+		if err := l.sleep(ctx, d.RetryAfter); err != nil {
+			return err
+		}
+	}
+}
+
+// sleep waits d, or until ctx ends, with a timer.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Reset forgets key's count, so that its next requests are a new key's
+// (up to Burst at once): after a successful login, say, for a limit of
+// failed ones. The sketch clears the key's slot; a key sharing its bucket
+// and 16-bit fingerprint shares the count (THEORY.md section 3) and is
+// reset with it. Requests racing with Reset are counted before it or after
+// it, each whole.
+func (l *Limiter) Reset(key string) { admit.Forget(l.sk, key) }
+
+// peek is Decide for n requests (1 to Burst) without counting them: what
+// Decide would answer now, read with a weight above the threshold, which
+// only reads the count; Remaining is the key's now, these requests not
+// taken from it.
+func (l *Limiter) peek(t time.Time, key string, n int) Decision {
+	est, _, tick := l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
+	now := time.Unix(0, max(t.UnixNano(), tick*int64(l.lim.Tick)))
+	wt := rate.Counts(uint64(n))
+	d := Decision{Reset: rate.UntilTick(now, l.lim.Tick, 1), Remaining: int(l.lim.Remaining(est))}
+	if uint64(est)+uint64(wt) <= uint64(l.lim.Threshold) {
+		d.Allowed = true
+	} else {
+		d.RetryAfter = l.lim.Wait(est, wt, now)
+	}
+	return d
 }
 
 func (l *Limiter) now() time.Time {
