@@ -15,6 +15,21 @@ const noLimit = math.MaxUint32
 // counts are below 2^24, so the bit is free.
 const overLimit = 1 << 31
 
+// pressure marks, beside overLimit, a new key refused by the overflow
+// policy (admit.Pressure); the count beside it is the weakest key's.
+const pressure = admit.Pressure
+
+// overflow is admit's policy for a new key in a bucket full of keys at
+// their limit (admit.Overflow, whose values it takes): challengeSlot
+// applies it. Observe never reads it.
+type overflow = admit.Overflow
+
+const (
+	overflowAdmit  = admit.Admit
+	overflowRefuse = admit.Refuse
+	overflowShare  = admit.Share
+)
+
 // admit is the conditional add that package limit is built on: it adds wt
 // (1 to countMax) to hashed key h at the tick for t (writeAt: the zero t
 // means the sketch's clock), returned as now, only if the key's decayed count
@@ -24,15 +39,20 @@ const overLimit = 1 << 31
 // added. A refusal writes nothing to the key's slot (a refused request is
 // free); a new key takes the ordinary claim or challenge (docs/DESIGN.md,
 // Observe), and one that cannot win a slot in a full bucket is admitted
-// untracked, failing open like Observe's first-sighting answer. An update
-// dropped after 4 lost compare-and-swaps is a refusal here (counted in
-// Stats.CASRetriesExhausted), so contention never admits past the limit.
+// untracked, failing open like Observe's first-sighting answer. When the
+// bucket is full of keys at their limit (the weakest holds at least half
+// of it), the sketch's overflow policy decides instead (admit.Overflow:
+// as above, refuse the new key, or refuse three in four at random). An
+// update dropped after 4 lost compare-and-swaps is a refusal here (counted
+// in Stats.CASRetriesExhausted), so contention never admits past the limit.
 //
-// Two exceptions remain, both of which read high rather than low: another
-// key sharing the bucket and the 16-bit fingerprint shares the count
-// (THEORY.md section 3), and racing claims of one new key across a tick
-// boundary can leave two slots that are then merged into one count above
-// the limit (see dedupe).
+// Racing first adds of a new key are exact too while the tick stands
+// still: they agree on one slot (weakestOf tests the tag; docs/DESIGN.md,
+// Observe). Two exceptions remain, both of which read high rather than
+// low: another key sharing the bucket and the 16-bit fingerprint shares
+// the count (THEORY.md section 3), and racing claims of one new key across
+// a tick boundary can leave two slots, each within the limit, that are
+// then merged into one count above it (see dedupe).
 func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok, first bool, now int64) {
 	if t.IsZero() {
 		now = s.now() // writeAt's common case, without a call to writeAt
@@ -97,6 +117,45 @@ func (s *Sketch) admitFuncs() (admit.Func, admit.BytesFunc) {
 		}
 }
 
+// forget clears every slot holding hashed key h's tag (a duplicate
+// included), so that its next add is a new key's: package limit's Reset.
+// Zeroing a slot is what a scrub or a drain does to one, and a racing
+// writer that read the old word loses its compare-and-swap and looks
+// again. A lost compare-and-swap here means another writer's succeeded on
+// the slot, so forget tries again, after the wait a lost refresh takes
+// (backoff), until the slot is cleared or holds another key.
+func (s *Sketch) forget(h uint64) {
+	v := s.viewOf(h)
+	tag := tagFrom(h)
+	for i := 0; i < v.n; i++ {
+		for tried := 1; ; tried++ {
+			x := v.at(i).Load()
+			if x == 0 || tagOf(x) != tag || v.at(i).CompareAndSwap(x, 0) {
+				break
+			}
+			backoff(min(tried, maxAttempts-1))
+		}
+	}
+}
+
+// admitCounts is the conditional add's part of the sketch's counters.
+func (s *Sketch) admitCounts() admit.Counts {
+	n := s.stats.sum()
+	return admit.Counts{
+		Untracked:      n[statUntracked],
+		Evictions:      n[statEvictions],
+		EvictedAtLimit: n[statEvictedAtLimit],
+		ChippedAtLimit: n[statChippedAtLimit],
+		RefusedNew:     n[statRefusedNew],
+		Contended:      n[statContended],
+	}
+}
+
 func init() {
 	admit.Register(func(sk any) (admit.Func, admit.BytesFunc) { return sk.(*Sketch).admitFuncs() })
+	admit.RegisterOps(
+		func(sk any, o admit.Overflow) { sk.(*Sketch).overflow = o },
+		func(sk any) admit.Counts { return sk.(*Sketch).admitCounts() },
+		func(sk any, key string) { s := sk.(*Sketch); s.forget(s.h.str(key)) },
+	)
 }

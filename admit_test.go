@@ -107,3 +107,105 @@ func TestAdmitBoundBeforeReadFrom(t *testing.T) {
 		t.Errorf("bytes form after ReadFrom: (%d, %v), want (10, true)", est, ok)
 	}
 }
+
+// TestAdmitExhaustedRefuses: a conditional add whose compare-and-swaps were
+// all lost refuses, writing nothing, and is counted as Contended for
+// package limit's Stats (and in CASRetriesExhausted), where Observe's is
+// only dropped.
+func TestAdmitExhaustedRefuses(t *testing.T) {
+	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 4})
+	sk.Admit(time.Time{}, "k", 2, 10)
+	if est, ok := sk.AdmitExhausted("k", 2, 10); ok || est != 1 {
+		t.Fatalf("(%d, %v), want (1, false): a refusal, with the estimate read (none: observe1 read nothing)", est, ok)
+	}
+	if c, s := admit.CountsOf(sk), sk.Stats(); c.Contended != 1 || s.CASRetriesExhausted != 1 {
+		t.Fatalf("Contended %d, CASRetriesExhausted %d, want 1 and 1", c.Contended, s.CASRetriesExhausted)
+	}
+	if est := sk.Estimate("k"); est != 2 {
+		t.Fatalf("the key reads %d, want the 2 admitted before", est)
+	}
+}
+
+// TestAdmitOverflowCounts: a new key meeting a bucket full of keys at
+// their limit (400 trials, each on a freshly filled bucket) is admitted by
+// admit.Admit (untracked: it chips, as a key of one request cannot evict
+// one of ten), refused by admit.Refuse, refused about three times in four
+// by admit.Share; each outcome is counted, and every refusal is marked
+// Pressure. Observe's path ignores the policy.
+func TestAdmitOverflowCounts(t *testing.T) {
+	const limit, trials = 20, 400
+	for _, o := range []admit.Overflow{admit.Admit, admit.Refuse, admit.Share} {
+		var admitted, refused uint32
+		var c admit.Counts
+		for trial := range trials {
+			sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1, Seed: uint64(trial + 1)})
+			admit.SetOverflow(sk, o)
+			for i := range epochsketch.SlotsPerBucket {
+				if _, ok := sk.Admit(time.Time{}, fmt.Sprint("full-", i), limit, limit); !ok {
+					t.Fatalf("key %d refused", i)
+				}
+			}
+			est, ok := sk.Admit(time.Time{}, "new", 2, limit)
+			switch {
+			case ok:
+				admitted++
+			case est != limit|admit.Pressure:
+				t.Fatalf("%v: a new key refused with %#x, want the weakest key's count %d marked Pressure", o, est, limit)
+			default:
+				refused++
+			}
+			n := admit.CountsOf(sk)
+			c.Untracked += n.Untracked
+			c.Evictions += n.Evictions
+			c.ChippedAtLimit += n.ChippedAtLimit
+			c.RefusedNew += n.RefusedNew
+			if o == admit.Refuse {
+				if est, _ := sk.Observe("observed"); est != 1 || sk.Stats().ChallengesLost == 0 {
+					t.Fatalf("Observe in the full bucket: %d, %+v: want the lottery, lost", est, sk.Stats())
+				}
+			}
+		}
+		t.Logf("%v: %d of %d new keys admitted; %+v", o, admitted, trials, c)
+		if uint64(refused) != c.RefusedNew || uint64(admitted) != c.Untracked || c.Evictions != 0 {
+			t.Errorf("%v: %d admitted, %d refused; counts %+v", o, admitted, refused, c)
+		}
+		switch o {
+		case admit.Admit:
+			if admitted != trials || c.ChippedAtLimit == 0 {
+				t.Errorf("Admit: %d admitted, %d chips of keys at their limit; want all, and some", admitted, c.ChippedAtLimit)
+			}
+		case admit.Refuse:
+			if refused != trials || c.ChippedAtLimit != 0 {
+				t.Errorf("Refuse: %d refused, %d chips of keys at their limit; want all, and none", refused, c.ChippedAtLimit)
+			}
+		case admit.Share:
+			if refused < 270 || refused > 330 || c.ChippedAtLimit == 0 || c.ChippedAtLimit > uint64(admitted) {
+				t.Errorf("Share: %d of %d refused, %d chips; want about three in four, and chips only by the rest", refused, trials, c.ChippedAtLimit)
+			}
+		}
+	}
+}
+
+// TestForget: package limit's Reset clears every slot of the key's tag, a
+// duplicate left by racing claims included, and no other key's.
+func TestForget(t *testing.T) {
+	sk, _ := newManual(t, epochsketch.Config{NumBuckets: 1})
+	sk.Admit(time.Time{}, "k", 6, 10)
+	sk.Admit(time.Time{}, "other", 4, 10)
+	b, j := slotOf(sk, "k")
+	dup := (j + 1) % epochsketch.SlotsPerBucket
+	if sk.Word(b, dup) != 0 {
+		dup = (j + 2) % epochsketch.SlotsPerBucket
+	}
+	sk.SetWord(b, dup, sk.Word(b, j)) // a duplicate, as racing claims across a tick leave
+	admit.Forget(sk, "k")
+	if est := sk.Estimate("k"); est != 0 || sk.Word(b, j) != 0 || sk.Word(b, dup) != 0 {
+		t.Fatalf("after Forget the key reads %d, slots %#x and %#x", est, sk.Word(b, j), sk.Word(b, dup))
+	}
+	if est := sk.Estimate("other"); est != 4 {
+		t.Fatalf("another key reads %d after Forget, want 4", est)
+	}
+	if est, ok := sk.Admit(time.Time{}, "k", 10, 10); !ok || est != 10 {
+		t.Fatalf("after Forget: (%d, %v), want the whole limit", est, ok)
+	}
+}

@@ -101,6 +101,25 @@ func (s *Sketch) ObserveMany(keys []string, est []uint32) {
 // Backoff is the wait after a lost CAS, for BenchmarkBackoff.
 var Backoff = backoff
 
+// AdmitAfterMiss runs admit's path after refresh for key, as a caller
+// whose refresh read a miss before a racer claimed a slot for the key
+// would: observeBucket with miss set.
+func (s *Sketch) AdmitAfterMiss(key string, n, limit uint32) (uint32, bool) {
+	h := s.h.str(key)
+	i := s.first(h)
+	est, ok, _ := unmark(s.observeBucket(&s.table[i], i, h, s.now(), n, 0, true, limit))
+	return est, ok
+}
+
+// AdmitExhausted ends admit's path for key as a call whose 4
+// compare-and-swaps were all lost would: observe1 with no attempt left.
+func (s *Sketch) AdmitExhausted(key string, n, limit uint32) (uint32, bool) {
+	h := s.h.str(key)
+	i := s.first(h)
+	est, ok, _ := unmark(s.observe1(&s.table[i], i, h, s.now(), n, maxAttempts, limit))
+	return est, ok
+}
+
 // Admit is the conditional add package limit reaches through internal/admit.
 func (s *Sketch) Admit(t time.Time, key string, n, limit uint32) (uint32, bool) {
 	add, _ := s.admitFuncs()

@@ -44,8 +44,9 @@ type Sketch struct {
 	tk     *ticker      // wall-clock goroutine, nil otherwise
 	clean  runtime.Cleanup
 
-	seeded *saltState // non-nil when Config.Seed != 0
-	stats  *statTable
+	seeded   *saltState // non-nil when Config.Seed != 0
+	stats    *statTable
+	overflow overflow // admit's policy for a bucket full of keys at their limit
 }
 
 // New returns a Sketch for cfg. It panics with Validate's error if cfg is
@@ -369,9 +370,9 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 	tag := tagFrom(h)
 	e := epoch24(now)
 	home := homeOf(h)
-	weakest, old := weakestOf(b, uint64(e), uint64(home))
+	weakest, old := weakestOf(b, uint64(e), uint64(home), uint64(tag))
 	if old {
-		return s.observe1(b, shard, h, now, wt, 0, limit) // a slot to scrub, or one ahead of now
+		return s.observe1(b, shard, h, now, wt, 0, limit) // a slot to scrub, one ahead of now, or the key's, claimed by a racer
 	}
 	weak, weakEff := (int(weakest)+home)&(slotsPerBucket-1), uint32(weakest>>3)
 	x := b.s[weak].Load()
@@ -391,7 +392,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 		return wt, true
 	}
 	// Phase 3: challenge the weakest.
-	est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, x, e, weakEff, wt, tag, now)
+	est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, x, e, weakEff, wt, limit, tag, now)
 	if !done {
 		return s.observe1(b, shard, h, now, wt, 1, limit)
 	}
@@ -640,19 +641,30 @@ func slotAge(y, e uint64) uint64 {
 // from slot home (cyclically: the first from home among equals), where an
 // empty slot reads 0, so a result below 8 is the first free slot from
 // home; and old, whether a slot is 24 or more ticks old (to
-// scrub) or ahead of e, which the caller leaves to observe1. Like refresh,
-// it has no branches on the slots' contents. Without old the counts are
-// exact unless a racing writer changed the bucket since; the caller reloads
-// the one word it acts on and checks it still reads as here.
-func weakestOf(b *bucket, e, home uint64) (weakest uint64, old bool) {
+// scrub) or ahead of e, or holds tag, which the caller leaves to
+// observe1. Like refresh, it has no branches on the slots' contents.
+// Without old the counts are exact unless a racing writer changed the
+// bucket since; the caller reloads the one word it acts on and checks it
+// still reads as here.
+//
+// The tag test closes a race of a new key's first writers: refresh read
+// a miss, then a racer claimed a slot for the same key before this pass
+// read the bucket again. This pass then sees that slot as an occupied one
+// and, without the test, would claim (or challenge for) another, leaving
+// the key two slots whose counts each pass a limit that their sum passes
+// (docs/DESIGN.md, Observe: one slot per key). Seen here, the key is
+// refreshed by observe1 instead. A racer's claim made after this pass is
+// of the slot this caller chose too, when the tick and the other slots stand
+// still, and one of the two compare-and-swaps loses.
+func weakestOf(b *bucket, e, home, tag uint64) (weakest uint64, old bool) {
 	const last = slotsPerBucket - 1
 	// Two accumulators, even and odd slots, halve the chain of minimums.
-	w0, a0 := weakKey(b.s[0].Load(), e, -home&last)
-	w1, a1 := weakKey(b.s[1].Load(), e, (1-home)&last)
+	w0, a0 := weakKey(b.s[0].Load(), e, -home&last, tag)
+	w1, a1 := weakKey(b.s[1].Load(), e, (1-home)&last, tag)
 	a0, a1 = a0+ageCarry, a1+ageCarry
 	for k := uint64(2); k+1 < slotsPerBucket; k += 2 {
-		c0, x0 := weakKey(b.s[k].Load(), e, (k-home)&last)
-		c1, x1 := weakKey(b.s[k+1].Load(), e, (k+1-home)&last)
+		c0, x0 := weakKey(b.s[k].Load(), e, (k-home)&last, tag)
+		c1, x1 := weakKey(b.s[k+1].Load(), e, (k+1-home)&last, tag)
 		w0, w1 = min(w0, c0), min(w1, c1)
 		a0, a1 = a0|(x0+ageCarry), a1|(x1+ageCarry)
 	}
@@ -661,9 +673,11 @@ func weakestOf(b *bucket, e, home uint64) (weakest uint64, old bool) {
 
 // weakKey is weakestOf's view of word y at epoch e, in the slot d places
 // after home: its effective count times 8 plus d, and its age as slotAge
-// reads it.
-func weakKey(y, e uint64, d uint64) (key, age uint64) {
-	age = slotAge(y, e)
+// reads it, or with bits 0 to 24 set when y holds tag (which reads as
+// old). The tag test is arithmetic, not a branch: y's tag XOR tag is below
+// 2^16, and 0 (a match) alone turns to 2^64-1 when 1 is taken from it.
+func weakKey(y, e, d, tag uint64) (key, age uint64) {
+	age = slotAge(y, e) | ((y>>tagShift^tag)-1)>>(63-epochBits)
 	return (y&countMax)>>(age&63)<<3 | d, age
 }
 
@@ -776,7 +790,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			continue
 		}
 		// Phase 3: challenge the weakest, one draw per unit of weight.
-		if est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, w[weak], e32, weakEff, wt, uint16(tag), now); done {
+		if est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, w[weak], e32, weakEff, wt, limit, uint16(tag), now); done {
 			if took {
 				s.dedupe1(b, shard, weak, uint16(tag))
 			}
@@ -796,6 +810,7 @@ func (s *Sketch) dropped(shard uint64, est uint32, now int64, limit uint32) (uin
 	}
 	s.stats.add(shard, statCAS)
 	if limit != noLimit {
+		s.stats.add(shard, statContended)
 		est |= overLimit
 	}
 	return est, true
@@ -822,14 +837,27 @@ func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {
 // and the caller should look again; took says the key now holds the slot, so
 // the caller folds in any racing duplicate. The estimate is wt when the key
 // stays untracked (first-sighting treatment, docs/DESIGN.md, The lottery).
-func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e, weakEff, wt uint32, tag uint16, now int64) (est uint32, done, took bool) {
+//
+// limit is noLimit for Observe. For admit, a weakest key at its limit (its
+// count at least half the limit: at the limit within the last tick) means
+// the bucket is full of keys at their limit, and the sketch's overflow
+// policy decides (admit.Overflow): overflowRefuse refuses the new key,
+// writing nothing and drawing nothing, so that no key at its limit loses
+// counts to it; overflowShare does so three times in four (two bits of a
+// fresh salt), else goes on as overflowAdmit, the lottery.
+func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e, weakEff, wt, limit uint32, tag uint16, now int64) (est uint32, done, took bool) {
+	full := limit != noLimit && 2*uint64(weakEff) >= uint64(limit)
+	if full && s.overflow != overflowAdmit && (s.overflow == overflowRefuse || s.salt()&3 != 0) {
+		s.stats.add(shard, statRefusedNew)
+		return weakEff | overLimit | pressure, true, false
+	}
 	wins, used := s.challenge(h, x, ageOf(x, e), weakEff, wt)
 	if wins == 0 {
 		if traceOn {
 			emit(traceEvent{Op: lab.Bounce, Slot: weak, Old: x, Tick: now})
 		}
 		s.stats.add(shard, statLost)
-		return wt, true, false
+		return s.untracked(shard, wt, limit), true, false
 	}
 	if wins == weakEff {
 		// The win that empties the slot claims it, with the units left.
@@ -841,6 +869,9 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 		}
 		if ok {
 			s.stats.add(shard, statEvictions)
+			if full {
+				s.stats.add(shard, statEvictedAtLimit)
+			}
 			return c, true, true
 		}
 		return 0, false, false
@@ -850,9 +881,22 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 	if y := x - uint64(wins)<<ageOf(x, e); s.casChip(p.CompareAndSwap(x, y), weak, x, y, now) {
 		s.stats.addN(shard, statChips, wins)
 		s.stats.add(shard, statLost)
-		return wt, true, false
+		if full {
+			s.stats.add(shard, statChippedAtLimit)
+		}
+		return s.untracked(shard, wt, limit), true, false
 	}
 	return 0, false, false
+}
+
+// untracked is the estimate of a key that stays untracked after its
+// challenge, wt (first-sighting treatment), counted for admit.
+func (s *Sketch) untracked(shard uint64, wt, limit uint32) uint32 {
+	if limit == noLimit {
+		return wt
+	}
+	s.stats.add(shard, statUntracked)
+	return wt
 }
 
 // observeView is observe over a view of one or two buckets (TwoChoice). With
@@ -963,7 +1007,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt, limit uint32) (uint32, boo
 			}
 
 		default: // Phase 3: challenge the weakest, one draw per unit of weight.
-			if est, done, took := s.challengeSlot(v.at(weak), weak, v.shard, h, w[weak], e, weakEff, wt, tag, now); done {
+			if est, done, took := s.challengeSlot(v.at(weak), weak, v.shard, h, w[weak], e, weakEff, wt, limit, tag, now); done {
 				if took {
 					s.dedupe(&v, weak, tag)
 				}
@@ -976,6 +1020,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt, limit uint32) (uint32, boo
 	}
 	s.stats.add(v.shard, statCAS)
 	if limit != noLimit {
+		s.stats.add(v.shard, statContended)
 		readEst |= overLimit
 	}
 	return readEst, true

@@ -36,6 +36,13 @@ const (
 	statChips
 	statScrubbed
 	statLost
+	// The conditional add's own outcomes (admit.go), which package limit
+	// reports through internal/admit and Stats leaves out.
+	statUntracked      // admitted untracked: the key lost its challenge
+	statEvictedAtLimit // evictions whose victim was at the add's limit
+	statChippedAtLimit // chips whose victim was at the add's limit
+	statRefusedNew     // new keys refused by the overflow policy
+	statContended      // refused after 4 lost compare-and-swaps
 	numStats
 )
 
@@ -58,13 +65,19 @@ func (t *statTable) addN(bucket uint64, which int, n uint32) {
 	t[bucket%statShards].n[which].Add(uint64(n))
 }
 
-func (t *statTable) snapshot() Stats {
+// sum adds up each counter over the shards.
+func (t *statTable) sum() [numStats]uint64 {
 	var sum [numStats]uint64
 	for i := range t {
 		for j := range sum {
 			sum[j] += t[i].n[j].Load()
 		}
 	}
+	return sum
+}
+
+func (t *statTable) snapshot() Stats {
+	sum := t.sum()
 	return Stats{
 		CASRetriesExhausted: sum[statCAS],
 		Evictions:           sum[statEvictions],

@@ -1,11 +1,16 @@
 package bench
 
 import (
+	"context"
 	"math"
 	"sync"
 	"time"
 
 	"github.com/go-chi/httprate"
+	sethvargo "github.com/sethvargo/go-limiter"
+	"github.com/sethvargo/go-limiter/memorystore"
+	ulule "github.com/ulule/limiter/v3"
+	ululememory "github.com/ulule/limiter/v3/drivers/store/memory"
 	"golang.org/x/time/rate"
 
 	"github.com/epochsketch/epochsketch"
@@ -35,6 +40,8 @@ var LimiterPeers = []LimiterPeer{
 		return &rateLimitMap{m: map[string]*rate.Limiter{}, every: rate.Every(per / time.Duration(n)), burst: n}
 	}},
 	{"httprate-local", func(n int, per time.Duration) RateLimiter { return newHTTPRateLimit(n, per) }},
+	{"sethvargo-memorystore", func(n int, per time.Duration) RateLimiter { return newSethvargo(n, per) }},
+	{"ulule-memory", func(n int, per time.Duration) RateLimiter { return newUlule(n, per) }},
 	{"observe-threshold", func(n int, per time.Duration) RateLimiter {
 		return observeThreshold{epochsketch.New(epochsketch.Config{NumBuckets: TableBuckets, TickDuration: per}), uint32(2 * n)}
 	}},
@@ -118,6 +125,100 @@ func (h *httpRateLimit) AllowAt(t time.Time, k string) bool {
 	}
 	_ = h.c.IncrementBy(k, cur, 1)
 	return true
+}
+
+// sethvargoLimit is sethvargo/go-limiter's in-memory store (v0.7.1),
+// limiter.Store.Take per request, with its defaults beside the limit
+// (tokens per interval): a map of token buckets under a read-write lock,
+// swept every 6 hours. Take reads the time itself; AllowAt makes the same
+// decision at t with a copy of its bucket (memorystore/store.go, bucket.take:
+// a bucket's ticks count intervals from its first request, and a tick
+// later than its last refills it by whole ticks times interval/tokens,
+// capped at tokens).
+type sethvargoLimit struct {
+	st       sethvargo.Store
+	tokens   uint64
+	interval time.Duration
+	mu       sync.Mutex
+	at       map[string]*sethvargoBucket
+}
+
+type sethvargoBucket struct{ start, last, avail uint64 }
+
+func newSethvargo(n int, per time.Duration) *sethvargoLimit {
+	st, err := memorystore.New(&memorystore.Config{Tokens: uint64(n), Interval: per})
+	if err != nil {
+		panic(err)
+	}
+	return &sethvargoLimit{st: st, tokens: uint64(n), interval: per, at: map[string]*sethvargoBucket{}}
+}
+
+func (s *sethvargoLimit) Allow(k string) bool {
+	_, _, _, ok, err := s.st.Take(context.Background(), k)
+	return ok && err == nil
+}
+
+func (s *sethvargoLimit) AllowAt(t time.Time, k string) bool {
+	now := uint64(t.UnixNano())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.at[k]
+	if !ok {
+		b = &sethvargoBucket{start: now, avail: s.tokens}
+		s.at[clone(k)] = b
+	}
+	if tick := (now - b.start) / uint64(s.interval); b.last < tick {
+		b.avail = min(uint64(float64(tick-b.last)*float64(s.interval)/float64(s.tokens)), s.tokens)
+		b.last = tick
+	}
+	if b.avail == 0 {
+		return false
+	}
+	b.avail--
+	return true
+}
+
+func (s *sethvargoLimit) Close() error { return s.st.Close(context.Background()) }
+
+// ululeLimit is ulule/limiter's Limiter on its memory store (v3.11.2),
+// Limiter.Get per request: a fixed window per key from its first request,
+// a sync.Map of counters swept every 30 s, keys prefixed "limiter:". Get
+// counts refused requests too (a window's count only resets when it
+// expires) and refuses once the count passes the limit. It reads the time
+// itself; AllowAt makes the same decision at t (drivers/store/memory/
+// cache.go, Counter.Increment).
+type ululeLimit struct {
+	l      *ulule.Limiter
+	limit  int64
+	period time.Duration
+	mu     sync.Mutex
+	at     map[string]*[2]int64 // count, expiration
+}
+
+func newUlule(n int, per time.Duration) *ululeLimit {
+	r := ulule.Rate{Period: per, Limit: int64(n)}
+	return &ululeLimit{l: ulule.New(ululememory.NewStore(), r), limit: int64(n), period: per, at: map[string]*[2]int64{}}
+}
+
+func (u *ululeLimit) Allow(k string) bool {
+	c, err := u.l.Get(context.Background(), k)
+	return err == nil && !c.Reached
+}
+
+func (u *ululeLimit) AllowAt(t time.Time, k string) bool {
+	now := t.UnixNano()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	c, ok := u.at[k]
+	if !ok {
+		c = new([2]int64)
+		u.at[clone(k)] = c
+	}
+	if c[1] == 0 || now > c[1] {
+		c[0], c[1] = 0, now+int64(u.period)
+	}
+	c[0]++
+	return c[0] <= u.limit
 }
 
 // Admitted replays one client sending at over times the limit of requests

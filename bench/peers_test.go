@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -69,6 +70,30 @@ func TestLimitersLimit(t *testing.T) {
 		l := p.New(10, time.Second)
 		if !l.Allow("k") {
 			t.Errorf("%s refused a new key on the wall clock", p.Name)
+		}
+	}
+}
+
+// The peers whose library reads the clock itself are replayed at explicit
+// times by a copy of their decision (AllowAt); within one window of an
+// hour both forms admit the same requests of a burst, the limit's 10.
+func TestLimiterReplicas(t *testing.T) {
+	for _, p := range LimiterPeers {
+		if p.Name == "observe-threshold" {
+			continue // twice the limit at once, by design: see TestLimitersLimit
+		}
+		l := p.New(10, time.Hour)
+		now := time.Now()
+		var live, replay []bool
+		for range 15 {
+			live = append(live, l.Allow("live"))
+			replay = append(replay, l.AllowAt(now, "replay"))
+		}
+		if fmt.Sprint(live) != fmt.Sprint(replay) || !live[9] || live[10] {
+			t.Errorf("%s: Allow %v, AllowAt %v: want the same 10 admitted", p.Name, live, replay)
+		}
+		if c, ok := l.(interface{ Close() error }); ok {
+			c.Close()
 		}
 	}
 }

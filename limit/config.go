@@ -13,9 +13,10 @@ import (
 // holds two counts per request and parks at epochsketch.MaxCount.
 const MaxBurst = rate.MaxBurst
 
-// Config configures a Limiter. Requests and Per are required; every other
-// zero field means the documented default. NewWith copies the Config; it
-// never mutates it.
+// Config configures a Limiter. Requests and Per are required, so the zero
+// Config is not valid; every other zero field means the documented
+// default. A Config is a plain value: NewWith copies it and never mutates
+// it.
 type Config struct {
 	// Requests per Per is the limit: a key sending more is admitted at
 	// exactly this rate.
@@ -23,18 +24,29 @@ type Config struct {
 	Per      time.Duration
 
 	// Burst is the most requests an idle key is admitted at once. 0 means
-	// 2 × Requests: then a key that sends at most Requests in every window
-	// of Per is never refused. A smaller Burst spreads a
-	// flooding key's admissions more evenly over Per (it shortens the
-	// tick to Per × Burst / (2 × Requests)); then a key is never refused
-	// while it sends at most Burst/2 per tick. At most MaxBurst.
+	// Requests (package rate, "The default Burst"): a key spreading its
+	// requests evenly at up to Requests per Per is never refused. 2 ×
+	// Requests makes the tick Per, and then a key that sends at most
+	// Requests in every window of Per, however bunched, is never refused.
+	// A Burst spreads a flooding key's admissions over Per (the tick is
+	// Per × Burst / (2 × Requests)); a key is never refused while it sends
+	// at most Burst/2 per tick. At most MaxBurst.
 	Burst int
 
 	// NumBuckets sizes the memory: NumBuckets × 64 bytes, whatever the
-	// number of keys. 0 means epochsketch.DefaultNumBuckets (4 MiB). Size
-	// it with epochsketch.BucketsFor(the keys that may be at their limit at
-	// once): such a key is never forgotten, and a key that cannot be
-	// tracked is admitted.
+	// number of keys. 0 means epochsketch.DefaultNumBuckets (4 MiB).
+	//
+	// Its capacity is in keys at their limit per tick (the tick is
+	// Per × Burst / (2 × Requests), Per/2 with the default Burst). A key
+	// holds its slot until its count decays to 0, bits.Len(2 × Burst)
+	// ticks after its last request (2 ticks for a Burst of 1, 5 for 10, 8
+	// for 100), so epochsketch.BucketsFor(K × bits.Len(2 × Burst)) buckets
+	// hold K keys reaching their limit in every tick: the default 4 MiB
+	// holds 65,536 a tick with a Burst of 1, 26,214 with a Burst of 10.
+	// At that load a client at 3 times its limit was held to it exactly,
+	// and at most 2 of 3,968 new keys took counts from a key at its limit
+	// (Burst 1; none with Bursts of 2 and 10: TestOverflowCapacity). Past it, new keys meet buckets full of keys
+	// at their limit, Overflow says what happens, and Stats shows it.
 	NumBuckets int
 
 	// Clock supplies the time: nil means the wall clock. An
@@ -49,6 +61,60 @@ type Config struct {
 	// Name names the policy in the RateLimit and RateLimit-Policy fields
 	// that Middleware writes. "" means "default".
 	Name string
+
+	// Overflow is what happens to a new key when memory is past its
+	// capacity: its bucket is full of keys at their limit (see NumBuckets
+	// and Overflow's values). The zero value, OverflowAdmit, fails open.
+	Overflow Overflow
+}
+
+// Overflow is what a Limiter does with a new key (one it holds no count
+// for: never seen, forgotten after its count decayed, or evicted) whose
+// bucket of 8 slots is full of keys at their limit: keys whose count is at
+// least half the threshold, that is, at their limit within the last tick.
+// Stats counts each outcome. A new key whose bucket has a free slot, or a
+// key below its limit to challenge, is tracked or admitted as always. The
+// zero Overflow is OverflowAdmit; an Overflow is a plain value.
+type Overflow uint8
+
+const (
+	// OverflowAdmit (the zero value) lets the new key challenge the
+	// weakest key in the sketch's lottery, as any new key in a full
+	// bucket does: a win takes counts from that key or evicts it (new in
+	// its turn when it returns: it may get up to its Burst again;
+	// Stats.ChippedAtLimit and EvictedAtLimit), a loss admits the new key
+	// untracked (Stats.AdmittedUntracked). It fails open: nobody is
+	// refused for lack of memory, and a key at its limit can be admitted
+	// past it.
+	OverflowAdmit Overflow = iota
+	// OverflowRefuse refuses the new key (Stats.RefusedNew), writing
+	// nothing: a key at its limit is never chipped or evicted by a new
+	// key, so it is held to its limit, and new keys wait until a count in
+	// their bucket decays below half the threshold (Decision.RetryAfter
+	// says when the bucket's weakest key's does). It fails closed for new
+	// keys.
+	OverflowRefuse
+	// OverflowShare gives new keys a share: a quarter of their requests,
+	// drawn at random, are treated as OverflowAdmit treats them, and the
+	// rest are refused as OverflowRefuse refuses them. Keys at their limit
+	// meet a quarter of the lottery's challenges, and new keys get about a
+	// quarter of what they ask while the pressure lasts, as SketchProxy's
+	// new_keys defence gives keys first seen during a spike a quarter of
+	// each limit.
+	OverflowShare
+)
+
+// String returns the constant's name.
+func (o Overflow) String() string {
+	switch o {
+	case OverflowAdmit:
+		return "OverflowAdmit"
+	case OverflowRefuse:
+		return "OverflowRefuse"
+	case OverflowShare:
+		return "OverflowShare"
+	}
+	return fmt.Sprintf("Overflow(%d)", uint8(o))
 }
 
 // Validate reports whether c is usable, with an error that says which field
@@ -75,6 +141,8 @@ func (c Config) compile() (compiled, error) {
 		return p, fmt.Errorf("limit: Config.Burst is %d: want 0 (the same as Requests) or 1 to %d", c.Burst, MaxBurst)
 	case c.Name != "" && !printable(c.Name):
 		return p, fmt.Errorf("limit: Config.Name is %q: want printable ASCII without quotes or backslashes (it goes in a header)", c.Name)
+	case c.Overflow > OverflowShare:
+		return p, fmt.Errorf("limit: Config.Overflow is %v: want OverflowAdmit (the zero value), OverflowRefuse or OverflowShare", c.Overflow)
 	}
 	lim, err := rate.Rate{Requests: float64(c.Requests), Per: c.Per, Burst: float64(c.Burst)}.Compile()
 	var re *rate.Error

@@ -71,3 +71,35 @@ func ExampleMiddleware() {
 	// Retry-After: 1
 	// 429
 }
+
+// Behind a load balancer at 10.0.0.0/8, a limit per client address and
+// one per API key, checked together; requests without a key are limited
+// by address alone.
+func ExampleMiddleware_severalLimits() {
+	clk := epochsketch.NewManualClock(time.Unix(1_800_000_000, 0))
+	perIP := limit.NewWith(limit.Config{Requests: 100, Per: time.Second, Name: "ip", Clock: clk})
+	perKey := limit.NewWith(limit.Config{Requests: 1, Per: time.Minute, Name: "key", Clock: clk})
+	defer perIP.Close()
+	defer perKey.Close()
+	client, err := limit.ClientIP(limit.TrustProxies("10.0.0.0/8"), limit.IPv6Prefix(64))
+	if err != nil {
+		panic(err)
+	}
+	key := func(r *http.Request) string { return r.Header.Get("X-Api-Key") }
+	noKey := func(r *http.Request) bool { return key(r) == "" }
+	handler := limit.Middleware(perIP, client)(
+		limit.Middleware(perKey, key, limit.Skip(noKey))(http.NotFoundHandler()))
+
+	for range 2 {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "10.1.2.3:4711"
+		r.Header.Set("X-Forwarded-For", "198.51.100.7")
+		r.Header.Set("X-Api-Key", "k1")
+		w := httptest.NewRecorder()
+		handler.ServeHTTP(w, r)
+		fmt.Println(w.Code, w.Header().Get("RateLimit"))
+	}
+	// Output:
+	// 404 "ip";r=99;t=1, "key";r=0;t=30
+	// 429 "ip";r=99;t=1, "key";r=0;t=60
+}

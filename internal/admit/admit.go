@@ -1,7 +1,7 @@
 // Package admit hands package limit the sketch's conditional add, outside the
 // library's API: add n occurrences of a key only if its decayed count plus n
 // stays within a limit, in one compare-and-swap. Package epochsketch fills
-// in its function when it starts.
+// in its functions when it starts.
 package admit
 
 import "time"
@@ -10,7 +10,9 @@ import "time"
 // only if the decayed count plus n stays within limit. It returns the count
 // after the add, or the count that refused it; whether it added; and the
 // tick it used (Unix time divided by the tick duration, raised to the
-// latest tick the sketch has used).
+// latest tick the sketch has used). A refusal of a new key by the overflow
+// policy (Overflow) has Pressure set in est, beside the count of the
+// weakest key of its bucket.
 type Func func(t time.Time, key string, n, limit uint32) (est uint32, ok bool, tick int64)
 
 // BytesFunc is Func for a key held in a byte slice: the same key space as
@@ -19,10 +21,63 @@ type Func func(t time.Time, key string, n, limit uint32) (est uint32, ok bool, t
 // SketchProxy's engine needs to teach its memory of keys.
 type BytesFunc func(t time.Time, key []byte, n, limit uint32) (est uint32, ok, first bool, tick int64)
 
-var bind func(sk any) (Func, BytesFunc)
+// Pressure is the bit of a Func's est that marks a new key refused because
+// its bucket is full of keys at their limit (Refuse, or Share's key that
+// won no slot); the rest of est is the count of the bucket's weakest key.
+const Pressure = 1 << 30
+
+// Overflow is what a conditional add does with a new key whose bucket is
+// full of keys at their limit: keys whose count is at least half the limit
+// (at the limit within the last tick).
+type Overflow uint8
+
+const (
+	// Admit runs the lottery against the weakest key as Observe does: a
+	// win evicts it, a loss admits the new key untracked.
+	Admit Overflow = iota
+	// Refuse refuses the new key, writing nothing: keys at their limit are
+	// never evicted by new keys.
+	Refuse
+	// Share treats a quarter of such adds, drawn at random, as Admit does,
+	// and refuses the rest as Refuse does.
+	Share
+)
+
+// Counts are a sketch's conditional-add outcomes since New.
+type Counts struct {
+	Untracked      uint64 // admitted untracked
+	Evictions      uint64 // slots taken from a live key
+	EvictedAtLimit uint64 // of those, from a key at its limit
+	ChippedAtLimit uint64 // challenges that chipped a key at its limit
+	RefusedNew     uint64 // new keys refused by the overflow policy
+	Contended      uint64 // refused after 4 lost compare-and-swaps
+}
+
+var (
+	bind    func(sk any) (Func, BytesFunc)
+	setOver func(sk any, o Overflow)
+	counts  func(sk any) Counts
+	forget  func(sk any, key string)
+)
 
 // Register is called once, by package epochsketch.
 func Register(b func(sk any) (Func, BytesFunc)) { bind = b }
 
+// RegisterOps is called once, by package epochsketch.
+func RegisterOps(set func(sk any, o Overflow), c func(sk any) Counts, f func(sk any, key string)) {
+	setOver, counts, forget = set, c, f
+}
+
 // Bind returns the conditional adds of sk, a *epochsketch.Sketch.
 func Bind(sk any) (Func, BytesFunc) { return bind(sk) }
+
+// SetOverflow sets sk's overflow policy. Call it before sk is shared: the
+// policy is read without synchronization.
+func SetOverflow(sk any, o Overflow) { setOver(sk, o) }
+
+// CountsOf returns sk's conditional-add counts.
+func CountsOf(sk any) Counts { return counts(sk) }
+
+// Forget clears key's count in sk: its next add is a new key's. A key
+// sharing its bucket and fingerprint shares the count, and is cleared too.
+func Forget(sk any, key string) { forget(sk, key) }

@@ -12,6 +12,18 @@
 // A refusal also sets the trailer retry-after to the seconds until the call
 // would be admitted. It is a module of its own so that package limit, like
 // the rest of EpochSketch, keeps no dependency outside the standard library.
+// Neither module is published yet: a program uses both from a clone, with
+// a replace line for each in its go.mod (the replace in grpclimit's own
+// go.mod applies only inside this repository):
+//
+//	require (
+//		github.com/epochsketch/epochsketch v0.0.0
+//		github.com/epochsketch/epochsketch/limit/grpclimit v0.0.0
+//	)
+//	replace (
+//		github.com/epochsketch/epochsketch => ../epochsketch
+//		github.com/epochsketch/epochsketch/limit/grpclimit => ../epochsketch/limit/grpclimit
+//	)
 package grpclimit
 
 import (

@@ -46,8 +46,8 @@ func serve(t *testing.T, g *grpclimit.Limiter) healthpb.HealthClient {
 	return healthpb.NewHealthClient(conn)
 }
 
-// newLimiter is requests per minute, with the default Burst of twice that,
-// on a ManualClock 15 s into a minute.
+// newLimiter is requests per minute, with the default Burst (Requests:
+// ticks of 30 s), on a ManualClock 15 s into a minute.
 func newLimiter(t *testing.T, requests int) *limit.Limiter {
 	clk := epochsketch.NewManualClock(time.Unix(1_800_000_015, 0))
 	l := limit.NewWith(limit.Config{Requests: requests, Per: time.Minute, Clock: clk, Seed: 1})
@@ -55,13 +55,14 @@ func newLimiter(t *testing.T, requests int) *limit.Limiter {
 	return l
 }
 
-// TestPeerIP: the burst of 2 × 1 per minute passes, the next unary call and
+// TestPeerIP: the burst of 1 per minute passes, the next unary call and
 // the next stream are refused with ResourceExhausted and the trailer
-// retry-after, the seconds to the next minute.
+// retry-after, the seconds to the next minute (two halvings of the count,
+// at :30 and :00).
 func TestPeerIP(t *testing.T) {
 	c := serve(t, grpclimit.New(newLimiter(t, 1), grpclimit.PeerIP))
 	ctx := context.Background()
-	for i := range 2 {
+	for i := range 1 {
 		if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 			t.Fatalf("call %d: %v", i+1, err)
 		}
@@ -69,7 +70,7 @@ func TestPeerIP(t *testing.T) {
 	var trailer metadata.MD
 	_, err := c.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
 	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("call 3: %v, want ResourceExhausted", err)
+		t.Fatalf("call 2: %v, want ResourceExhausted", err)
 	}
 	if got := trailer.Get("retry-after"); len(got) != 1 || got[0] != "45" {
 		t.Fatalf("retry-after trailer %q, want 45", got)
@@ -92,13 +93,13 @@ func TestMetadata(t *testing.T) {
 		_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
 		return err
 	}
-	for i := range 4 {
+	for i := range 2 { // the Burst of 2 a minute
 		if err := call("a"); err != nil {
 			t.Fatalf("key a, call %d: %v", i+1, err)
 		}
 	}
 	if err := call("a"); status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("key a, call 5: %v, want ResourceExhausted", err)
+		t.Fatalf("key a, call 3: %v, want ResourceExhausted", err)
 	}
 	if err := call("b"); err != nil {
 		t.Fatalf("key b: %v", err)

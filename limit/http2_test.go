@@ -1,0 +1,433 @@
+package limit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch/limit"
+)
+
+// serve runs h on one request from addr with the given header lines.
+func serve(h http.Handler, addr string, hdr ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = addr
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func apiKey(r *http.Request) string { return r.Header.Get("X-Api-Key") }
+
+// remaining is the requests key may still send on l, read without counting.
+func remaining(l *limit.Limiter, key string) int { return l.Decide(time.Time{}, key, 0).Remaining }
+
+// TestMiddlewareSeveralLimits: two limits on one route, by Also or by one
+// Middleware directly around another's handler, list both policies in one
+// RateLimit-Policy and one RateLimit field, and a request the inner limit
+// refuses is not counted by the outer one.
+func TestMiddlewareSeveralLimits(t *testing.T) {
+	for _, form := range []string{"nested", "also"} {
+		t.Run(form, func(t *testing.T) {
+			perIP, _ := newManual(t, limit.Config{Requests: 10, Per: time.Second, Name: "ip"})
+			perKey, clk := newManual(t, limit.Config{Requests: 2, Per: time.Minute, Name: "key"})
+			clk.Advance(15 * time.Second)
+			served := 0
+			final := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ })
+			var h http.Handler
+			if form == "nested" {
+				h = limit.Middleware(perIP, limit.RemoteIP)(limit.Middleware(perKey, apiKey)(final))
+			} else {
+				h = limit.Middleware(perIP, limit.RemoteIP, limit.Also(perKey, apiKey))(final)
+			}
+			for i, want := range []int{200, 200, 429, 429, 429} {
+				w := serve(h, "192.0.2.1:1", "X-Api-Key", "k1")
+				if w.Code != want {
+					t.Fatalf("request %d: %d, want %d", i+1, w.Code, want)
+				}
+				pol, rl := w.Header().Values("RateLimit-Policy"), w.Header().Values("RateLimit")
+				if len(pol) != 1 || pol[0] != `"ip";q=10;w=1, "key";q=2;w=60` {
+					t.Fatalf("request %d: RateLimit-Policy %q, want one field with both policies, outer first", i+1, pol)
+				}
+				if want == 429 {
+					// 2 per minute, burst 2: 4 counts halve to 2 at the next
+					// tick, 30 s from 0: 15 s from now.
+					if len(rl) != 1 || rl[0] != `"ip";r=8;t=1, "key";r=0;t=15` || w.Header().Get("Retry-After") != "15" {
+						t.Fatalf("request %d: RateLimit %q, Retry-After %q", i+1, rl, w.Header().Get("Retry-After"))
+					}
+				}
+			}
+			if served != 2 {
+				t.Fatalf("served %d, want 2", served)
+			}
+			if r := remaining(perIP, "192.0.2.1"); r != 8 {
+				t.Fatalf("the per-address limit has %d left, want 8: it counted requests the per-key limit refused", r)
+			}
+			// The outer limit refusing: the inner does not count either.
+			for range 8 {
+				serve(h, "192.0.2.1:1", "X-Api-Key", fmt.Sprint("other-", served))
+			}
+			if w := serve(h, "192.0.2.1:1", "X-Api-Key", "fresh"); w.Code != 429 || remaining(perKey, "fresh") != 2 {
+				t.Fatalf("outer limit spent: %d, and the per-key limit of a fresh key has %d left, want 429 and 2", w.Code, remaining(perKey, "fresh"))
+			}
+		})
+	}
+}
+
+// TestMiddlewareApart: Middlewares with another handler between them
+// append their items to one field, though each counts on its own.
+func TestMiddlewareApart(t *testing.T) {
+	a, _ := newManual(t, limit.Config{Requests: 10, Per: time.Second, Name: "a"})
+	b, _ := newManual(t, limit.Config{Requests: 5, Per: time.Second, Name: "b"})
+	inner := limit.Middleware(b, limit.RemoteIP)(http.NotFoundHandler())
+	between := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { inner.ServeHTTP(w, r) })
+	w := serve(limit.Middleware(a, limit.RemoteIP)(between), "192.0.2.1:1")
+	if got := w.Header().Values("RateLimit"); len(got) != 1 || got[0] != `"a";r=9;t=1, "b";r=4;t=1` {
+		t.Fatalf("RateLimit %q, want both items in one field", got)
+	}
+}
+
+// TestMiddlewareSkip: a skipped request reaches the handler uncounted and
+// without fields; the others are limited.
+func TestMiddlewareSkip(t *testing.T) {
+	l, _ := newManual(t, limit.Config{Requests: 1, Per: time.Hour})
+	h := limit.Middleware(l, apiKey, limit.Skip(func(r *http.Request) bool { return apiKey(r) == "" }))(http.NotFoundHandler())
+	for range 3 {
+		if w := serve(h, "192.0.2.1:1"); w.Code != 404 || w.Header().Get("RateLimit") != "" {
+			t.Fatalf("a request without a key: %d %q, want the handler's 404 and no fields", w.Code, w.Header().Get("RateLimit"))
+		}
+	}
+	if r := remaining(l, ""); r != 1 {
+		t.Fatalf("the key \"\" has %d left, want 1: skipped requests were counted", r)
+	}
+	serve(h, "192.0.2.1:1", "X-Api-Key", "k")
+	if w := serve(h, "192.0.2.1:1", "X-Api-Key", "k"); w.Code != 429 {
+		t.Fatalf("a keyed request over the limit: %d", w.Code)
+	}
+}
+
+// TestMiddlewareOnRefused: a refusal handler answers instead of the 429,
+// with the fields set and the refusing Decision.
+func TestMiddlewareOnRefused(t *testing.T) {
+	l, clk := newManual(t, limit.Config{Requests: 1, Per: time.Minute})
+	clk.Advance(20 * time.Second)
+	var got limit.Decision
+	h := limit.Middleware(l, limit.RemoteIP, limit.OnRefused(func(w http.ResponseWriter, r *http.Request, d limit.Decision) {
+		got = d
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":"slow down"}`)
+	}))(http.NotFoundHandler())
+	serve(h, "192.0.2.1:1")
+	w := serve(h, "192.0.2.1:1")
+	if w.Code != 503 || w.Body.String() != `{"error":"slow down"}` || w.Header().Get("Retry-After") != "40" || w.Header().Get("RateLimit") != `"default";r=0;t=40` {
+		t.Fatalf("%d %q %v", w.Code, w.Body.String(), w.Header())
+	}
+	if got.Allowed || got.RetryAfter != 40*time.Second {
+		t.Fatalf("the handler got %+v, want the refusal with its 40 s wait", got)
+	}
+}
+
+// TestMiddlewareLegacyHeaders: X-RateLimit-Limit, -Remaining and -Reset
+// (Unix seconds) beside the draft's fields.
+func TestMiddlewareLegacyHeaders(t *testing.T) {
+	l, clk := newManual(t, limit.Config{Requests: 2, Per: time.Minute})
+	clk.Advance(20 * time.Second) // ticks of 30 s: the next at t0 + 30 s
+	h := limit.Middleware(l, limit.RemoteIP, limit.LegacyHeaders())(http.NotFoundHandler())
+	check := func(w *httptest.ResponseRecorder, lim, rem string, reset int64) {
+		t.Helper()
+		got := []string{w.Header().Get("X-RateLimit-Limit"), w.Header().Get("X-RateLimit-Remaining"), w.Header().Get("X-RateLimit-Reset")}
+		if want := []string{lim, rem, fmt.Sprint(reset)}; strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("X-RateLimit-Limit, -Remaining, -Reset: %q, want %q", got, want)
+		}
+	}
+	check(serve(h, "192.0.2.1:1"), "2", "1", t0.Unix()+30)
+	check(serve(h, "192.0.2.1:1"), "2", "0", t0.Unix()+30)
+	check(serve(h, "192.0.2.1:1"), "2", "0", t0.Unix()+30) // refused: retry at the next tick
+}
+
+// TestAddFields: a handler of its own writes the fields of several
+// Decisions: one field each, the longest Retry-After.
+func TestAddFields(t *testing.T) {
+	a, _ := newManual(t, limit.Config{Requests: 1, Per: time.Second, Name: "a"})
+	b, _ := newManual(t, limit.Config{Requests: 1, Per: time.Hour, Name: "b"})
+	a.Decide(time.Time{}, "k", 1)
+	b.Decide(time.Time{}, "k", 1)
+	h := http.Header{}
+	a.AddFields(h, a.Decide(time.Time{}, "k", 1))
+	b.AddFields(h, b.Decide(time.Time{}, "k", 1))
+	if got := []string{h.Get("RateLimit-Policy"), h.Get("RateLimit"), h.Get("Retry-After")}; strings.Join(got, "|") != `"a";q=1;w=1, "b";q=1;w=3600|"a";r=0;t=1, "b";r=0;t=3600|3600` {
+		t.Fatalf("%q", got)
+	}
+}
+
+// TestMiddlewarePanics: a nil Limiter or key function is a programming
+// error, reported when the Middleware is built.
+func TestMiddlewarePanics(t *testing.T) {
+	l, _ := newManual(t, limit.Config{Requests: 1, Per: time.Second})
+	for name, f := range map[string]func(){
+		"nil key":     func() { limit.Middleware(l, nil) },
+		"nil limiter": func() { limit.Middleware(nil, limit.RemoteIP) },
+		"nil Also":    func() { limit.Also(nil, limit.RemoteIP) },
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "nil") {
+					t.Errorf("%s: recovered %v, want a panic saying what is nil", name, r)
+				}
+			}()
+			f()
+		}()
+	}
+}
+
+// TestClientIP: the right-most untrusted address of the one header read,
+// past trusted proxies; what a client writes left of it is never believed.
+func TestClientIP(t *testing.T) {
+	xff, err := limit.ClientIP(limit.TrustProxies("10.0.0.0/8", "192.0.2.7", "::1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd, err := limit.ClientIP(limit.TrustProxies("10.0.0.0/8"), limit.FromForwarded(), limit.IPv6Prefix(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix, err := limit.ClientIP(limit.TrustProxies("unix", "10.0.0.0/8"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v6, err := limit.ClientIP(limit.IPv6Prefix(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		key  func(*http.Request) string
+		peer string
+		hdr  []string
+		want string
+	}{
+		{"untrusted peer: its header ignored", xff, "203.0.113.9:1", []string{"X-Forwarded-For", "198.51.100.1"}, "203.0.113.9"},
+		{"one trusted proxy", xff, "10.1.2.3:1", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
+		{"a spoofed left part", xff, "10.1.2.3:1", []string{"X-Forwarded-For", "6.6.6.6, 198.51.100.1"}, "198.51.100.1"},
+		{"a chain of trusted proxies", xff, "10.1.2.3:1", []string{"X-Forwarded-For", "198.51.100.1, 192.0.2.7, 10.9.9.9"}, "198.51.100.1"},
+		{"several field lines", xff, "[::1]:1", []string{"X-Forwarded-For", "6.6.6.6, 198.51.100.1", "X-Forwarded-For", "10.0.0.1"}, "198.51.100.1"},
+		{"a hop that does not parse", xff, "10.1.2.3:1", []string{"X-Forwarded-For", "198.51.100.1, unknown, 10.0.0.2"}, "10.0.0.2"},
+		{"no header from a proxy", xff, "10.1.2.3:1", nil, "10.1.2.3"},
+		{"ports and mapped addresses", xff, "[::ffff:10.1.2.3]:1", []string{"X-Forwarded-For", "198.51.100.1:4711"}, "198.51.100.1"},
+		{"Forwarded is not read", xff, "10.1.2.3:1", []string{"Forwarded", "for=6.6.6.6"}, "10.1.2.3"},
+		{"Forwarded, IPv6 by /64", fwd, "10.1.2.3:1", []string{"Forwarded", `for=6.6.6.6, for="[2001:db8:1:2:3::9]:4711";proto=https`}, "2001:db8:1:2::/64"},
+		{"X-Forwarded-For is not read", fwd, "10.1.2.3:1", []string{"X-Forwarded-For", "6.6.6.6"}, "10.1.2.3"},
+		{"a Forwarded element without for=", fwd, "10.1.2.3:1", []string{"Forwarded", "for=198.51.100.1, proto=http"}, "10.1.2.3"},
+		{"a Unix socket peer, trusted", unix, "@", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
+		{"a Unix socket peer, no header", unix, "@", nil, "@"},
+		{"a Unix socket peer, untrusted", xff, "@", []string{"X-Forwarded-For", "198.51.100.1"}, "@"},
+		{"direct, IPv6 by /64", v6, "[2001:db8::1]:443", nil, "2001:db8::/64"},
+		{"direct, IPv4 whole", v6, "192.0.2.1:443", nil, "192.0.2.1"},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = tc.peer
+		for i := 0; i+1 < len(tc.hdr); i += 2 {
+			r.Header.Add(tc.hdr[i], tc.hdr[i+1])
+		}
+		if got := tc.key(r); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	// 65 trusted hops: the walk stops at the 64th.
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "10.0.0.1:1"
+	r.Header.Set("X-Forwarded-For", "198.51.100.1"+strings.Repeat(", 10.0.0.2", 65))
+	if got := xff(r); got != "10.0.0.2" {
+		t.Errorf("65 trusted hops: %q, want the walk to end at a trusted hop", got)
+	}
+}
+
+// TestClientIPErrors: an option ClientIP cannot use is an error naming it.
+func TestClientIPErrors(t *testing.T) {
+	for _, tc := range []struct {
+		opt  limit.IPOption
+		want string
+	}{
+		{limit.TrustProxies("10.0.0.0/33"), `TrustProxies: "10.0.0.0/33" is not an IP address, a CIDR prefix or "unix"`},
+		{limit.TrustProxies("proxy.example"), `TrustProxies: "proxy.example"`},
+		{limit.IPv6Prefix(0), "IPv6Prefix(0): want 1 to 128"},
+		{limit.IPv6Prefix(129), "IPv6Prefix(129)"},
+	} {
+		if _, err := limit.ClientIP(tc.opt); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "limit: ") {
+			t.Errorf("%v, want an error with %q", err, tc.want)
+		}
+	}
+}
+
+// TestRemoteIPUnixSocket: through a real server on a Unix socket, every
+// client has the address "@", so all share one key.
+func TestRemoteIPUnixSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Skip("no Unix sockets here:", err)
+	}
+	l, _ := newManual(t, limit.Config{Requests: 1, Per: time.Hour})
+	var keys []string
+	var mu sync.Mutex
+	srv := &http.Server{Handler: limit.Middleware(l, func(r *http.Request) string {
+		mu.Lock()
+		defer mu.Unlock()
+		keys = append(keys, limit.RemoteIP(r))
+		return limit.RemoteIP(r)
+	})(http.NotFoundHandler())}
+	go srv.Serve(ln)
+	defer srv.Close()
+	var codes []int
+	for range 2 {
+		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}}}
+		resp, err := c.Get("http://unix/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+		c.CloseIdleConnections()
+	}
+	if fmt.Sprint(codes) != "[404 429]" || fmt.Sprint(keys) != "[@ @]" {
+		t.Fatalf("two clients on one socket: %v, keys %q; want [404 429] and one key", codes, keys)
+	}
+}
+
+// TestWait: Wait sleeps what Decide's RetryAfter says and is then
+// admitted; on a ManualClock that the test's sleep moves, never the wall
+// clock.
+func TestWait(t *testing.T) {
+	l, clk := newManual(t, limit.Config{Requests: 2, Per: time.Minute})
+	clk.Advance(20 * time.Second)
+	var slept []time.Duration
+	limit.SetSleep(l, func(ctx context.Context, d time.Duration) error {
+		slept = append(slept, d)
+		clk.Advance(d)
+		return nil
+	})
+	ctx := context.Background()
+	for range 2 {
+		if err := l.Wait(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := l.Decide(time.Time{}, "k", 1).RetryAfter // 10 s: to the next tick
+	if err := l.Wait(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(slept) != fmt.Sprint([]time.Duration{want}) || want != 10*time.Second {
+		t.Fatalf("slept %v, want one wait of Retry-After's %v (10s)", slept, want)
+	}
+	if r := remaining(l, "k"); r != 0 {
+		t.Fatalf("%d left after the wait, want 0: the waited request was counted", r)
+	}
+	// Another caller takes the room first: Wait waits again.
+	slept = nil
+	limit.SetSleep(l, func(ctx context.Context, d time.Duration) error {
+		slept = append(slept, d)
+		clk.Advance(d)
+		if len(slept) == 1 {
+			l.Allow("k") // the racer
+		}
+		return nil
+	})
+	if err := l.Wait(ctx, "k"); err != nil || len(slept) != 2 {
+		t.Fatalf("%v, slept %v: want two waits", err, slept)
+	}
+}
+
+// TestWaitEnds: a cancelled context, a deadline before the wait ends, and
+// more requests than the Burst end Wait with an error, and count nothing.
+func TestWaitEnds(t *testing.T) {
+	l, _ := newManual(t, limit.Config{Requests: 1, Per: 24 * time.Hour})
+	l.Allow("k")
+	ctx, cancel := context.WithCancel(context.Background())
+	limit.SetSleep(l, func(ctx context.Context, d time.Duration) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if err := l.Wait(ctx, "k"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+	limit.SetSleep(l, func(context.Context, time.Duration) error {
+		t.Fatal("slept past the deadline")
+		return nil
+	})
+	dctx, dcancel := context.WithTimeout(context.Background(), time.Hour) // the wait is 12 h or more
+	defer dcancel()
+	if err := l.Wait(dctx, "k"); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "beyond the context's deadline") {
+		t.Fatalf("a deadline before the wait ends: %v", err)
+	}
+	if err := l.WaitN(context.Background(), "k", 2); err == nil || !strings.Contains(err.Error(), "more requests than the Burst of 1") {
+		t.Fatalf("WaitN above the Burst: %v", err)
+	}
+	if err := l.WaitN(context.Background(), "other", 0); err != nil || remaining(l, "other") != 1 {
+		t.Fatalf("WaitN(0): %v", err)
+	}
+	if r := remaining(l, "k"); r != 0 {
+		t.Fatalf("%d left", r)
+	}
+}
+
+// TestReset: a reset key gets its Burst again; other keys keep their
+// counts. Racing with Allow (run under -race), 50 resets give at most 50
+// more Bursts.
+func TestReset(t *testing.T) {
+	l, _ := newManual(t, limit.Config{Requests: 3, Per: time.Hour, NumBuckets: 1})
+	for range 3 {
+		l.Allow("a")
+		l.Allow("b")
+	}
+	if l.Allow("a") {
+		t.Fatal("over the limit before Reset")
+	}
+	l.Reset("a")
+	l.Reset("never-seen")
+	for i := range 3 {
+		if !l.Allow("a") {
+			t.Fatalf("request %d after Reset refused", i+1)
+		}
+	}
+	if l.Allow("a") || l.Allow("b") {
+		t.Fatal("Reset gave more than the Burst, or reset another key")
+	}
+	l.Reset("a")
+	var wg sync.WaitGroup
+	var admitted [4]int
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				if g == 0 {
+					if i < 50 {
+						l.Reset("a")
+					}
+				} else if l.Allow("a") {
+					admitted[g]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := admitted[1] + admitted[2] + admitted[3]; n < 3 || n > 3*51 {
+		t.Fatalf("admitted %d with 50 racing resets, want 3 to %d", n, 3*51)
+	}
+}
