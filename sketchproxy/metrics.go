@@ -87,7 +87,7 @@ var (
 	dReconciled      = newDesc("budget_reconciled_units_total", prometheus.CounterValue, "Units charged from the upstream's reports beyond the up-front cost: what the wallets were charged, after rounding to the unit and saturation.")
 	dReported        = newDesc("budget_reported_units_total", prometheus.CounterValue, "Units the upstream reported in reconcile headers and trailers (a report beyond 2^64-1 counts as 2^64-1).")
 	dReconcileErrors = newDesc("budget_reconcile_errors_total", prometheus.CounterValue, "Reconcile reports that were not a whole number (logged; only the cost was charged).")
-	dSketchBytes     = newDesc("sketch_bytes", prometheus.GaugeValue, "Memory of each sketch's table.", "tick", "burst", "buckets")
+	dSketchBytes     = newDesc("sketch_bytes", prometheus.GaugeValue, "Memory of each sketch's table, by tick, the bursts its limits have (a power of two's range: 4-7, 8-15; 0 for the memory of keys, new keys and bans) and buckets.", "tick", "burst", "buckets")
 	dTop             = newDesc("top_offender_level", prometheus.GaugeValue, "Each rule's heaviest keys now (by keyed hash): estimate / threshold of the rule's first limit.", "rule", "key")
 	dStateSaves      = newDesc("state_saves_total", prometheus.CounterValue, "State file saves by result.", "result")
 	dStateLoads      = newDesc("state_loads_total", prometheus.CounterValue, "State file loads at start by result.", "result")
@@ -192,8 +192,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dReported, float64(m.met.reported.Load()))
 	emit(dReconcileErrors, float64(m.met.reconcileErrors.Load()))
 
-	st.set.SketchStats(func(tick time.Duration, threshold uint32, buckets int, stats engine.Stats) {
-		t, u, b := tick.String(), strconv.Itoa(int(threshold/rate.Unit)), strconv.Itoa(buckets)
+	st.set.SketchStats(func(tick time.Duration, class uint32, buckets int, stats engine.Stats) {
+		t, u, b := tick.String(), burstRange(class), strconv.Itoa(buckets)
 		for _, s := range sketchStats {
 			emit(s.d, float64(s.get(stats)), t, u, b)
 		}
@@ -232,4 +232,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dStateLoads, float64(m.met.stateLoads[0].Load()), "ok")
 	emit(dStateLoads, float64(m.met.stateLoads[1].Load()), "rejected")
 	emit(dGeneration, float64(st.gen))
+}
+
+// burstRange is the bursts a sketch's threshold class holds, as its
+// metrics label them: "4-7" (thresholds of 8 to 15 counts, rate.Unit a
+// request), "1", or "0" for the side sketches (new keys, known keys, bans).
+func burstRange(class uint32) string {
+	if class == 0 {
+		return "0"
+	}
+	lo, hi := uint64(1)<<(class-1)/rate.Unit, (uint64(1)<<class-1)/rate.Unit
+	if lo == hi || lo == 0 {
+		return strconv.FormatUint(hi, 10)
+	}
+	return strconv.FormatUint(lo, 10) + "-" + strconv.FormatUint(hi, 10)
 }

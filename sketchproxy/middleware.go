@@ -362,9 +362,12 @@ type request struct {
 	refusal int
 }
 
-// code is the status a refusal is sent with: c, or the check's.
+// code is the status a refusal is sent with: c, or the check's
+// refusal_status when a gateway needs its own (nginx's 401 or 403). With
+// the default 429 the check answers as the proxy does: 503 where the
+// refusal is not the client's doing.
 func (rq *request) code(c int) int {
-	if rq.refusal != 0 {
+	if rq.refusal != 0 && rq.refusal != http.StatusTooManyRequests {
 		return rq.refusal
 	}
 	return c

@@ -655,18 +655,51 @@ func matchDescriptors(root *rlsNode, req *rlsv3.RateLimitRequest, ms []rlsMatch)
 
 // rlsFacts turns the matched descriptors with a counted or blocking limit
 // into the engine's facts (unlimited ones need none), noting each one's
-// index.
+// index. A descriptor given twice in one call (Envoy sends a virtual
+// host's and a route's rate_limits alike) is one fact with the hits of
+// both, so that they fit or not together: apart, the first could be
+// counted and the second refused.
 func rlsFacts(st *state, ms []rlsMatch, facts []engine.Fact) []engine.Fact {
+	type same struct {
+		rule            *engine.Rule
+		key             string
+		zero, neg, quot bool
+	}
+	var seen map[same]int // for many descriptors; a few are compared pairwise
+	if len(ms) > 8 {
+		seen = map[same]int{}
+	}
 	for i := range ms {
 		mt := &ms[i]
 		if mt.n == nil || mt.n.limit == rlsUnlimited {
 			continue
 		}
-		mt.fact = len(facts)
-		facts = append(facts, engine.Fact{
+		f := engine.Fact{
 			Rule: st.set.RLSRules[mt.n.rule], Key: mt.key, Hits: mt.hits,
 			ZeroHits: mt.zero, Negative: mt.neg, Quota: mt.n.quota,
-		})
+		}
+		k := same{f.Rule, f.Key, f.ZeroHits, f.Negative, f.Quota}
+		mt.fact = -1
+		if seen != nil {
+			if j, ok := seen[k]; ok {
+				mt.fact = j
+			}
+		} else {
+			for j := range facts {
+				if o := &facts[j]; (same{o.Rule, o.Key, o.ZeroHits, o.Negative, o.Quota}) == k {
+					mt.fact = j
+				}
+			}
+		}
+		if mt.fact >= 0 {
+			facts[mt.fact].Hits = uint32(min(uint64(facts[mt.fact].Hits)+uint64(f.Hits), math.MaxUint32))
+			continue
+		}
+		mt.fact = len(facts)
+		if seen != nil {
+			seen[k] = mt.fact
+		}
+		facts = append(facts, f)
 	}
 	return facts
 }

@@ -18,12 +18,20 @@ import (
 // through when its rate-limit service fails (failure_mode_deny is false by
 // default): a client that puts one invalid byte in a header would skip
 // every limit of the request. With this codec such a value is judged by its
-// bytes, as any other, and every other descriptor is decided as usual.
-// cmd/sketchproxy uses it; a program that serves the service on its own
+// bytes, as any other, and every other descriptor is decided as usual. A
+// call is capped at 1 MiB. cmd/sketchproxy uses them; a program that serves the service on its own
 // grpc.Server passes these options to grpc.NewServer.
 func RateLimitServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ForceServerCodecV2(lenientCodec{encoding.GetCodecV2("proto")})}
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(lenientCodec{encoding.GetCodecV2("proto")}),
+		// Envoy sends a few short descriptors; a call is judged in time
+		// linear in its size, and this bounds it.
+		grpc.MaxRecvMsgSize(maxRLSMessage),
+	}
 }
+
+// maxRLSMessage bounds one ShouldRateLimit call: 1 MiB.
+const maxRLSMessage = 1 << 20
 
 // lenientCodec is gRPC's proto codec, but for a RateLimitRequest that the
 // proto codec refuses: that one it reads field by field, keeping strings as

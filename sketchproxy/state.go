@@ -61,7 +61,12 @@ func (m *Middleware) loadState() {
 		return
 	}
 	m.met.stateLoads[0].Add(1)
-	m.log.Info("state restored", "file", path, "saved", sum.Saved.UTC().Format(time.RFC3339),
-		"age", m.now().Sub(sum.Saved).Round(time.Second).String(), "sketches", sum.Restored, "skipped", sum.Skipped,
-		"live_slots", sum.Live, "expired_slots", sum.Expired)
+	attrs := []any{"file", path, "sketches", sum.Restored, "skipped", sum.Skipped, "live_slots", sum.Live, "expired_slots", sum.Expired}
+	if !sum.Saved.IsZero() { // no sketch restored, no time read
+		attrs = append(attrs, "saved", sum.Saved.UTC().Format(time.RFC3339), "age", m.now().Sub(sum.Saved).Round(time.Second).String())
+	}
+	if sum.Skipped > 0 {
+		attrs = append(attrs, "why_skipped", "a tick, burst or size the config no longer has, or a file from before SketchProxy counted 2 a request")
+	}
+	m.log.Info("state restored", attrs...)
 }

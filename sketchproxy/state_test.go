@@ -133,3 +133,36 @@ func TestBadStateFileStartsEmpty(t *testing.T) {
 		t.Errorf("resized sketch: %s", logs.String())
 	}
 }
+
+// A version 2 state file (written by the build before SketchProxy counted
+// 2 a request, 19c5ade, in which 203.0.113.66 climbed past ban_above)
+// still restores its bans and memory of keys: an upgrade lifts no ban.
+// Its limits' counts, which meant other numbers, start empty.
+func TestStateVersion2KeepsBans(t *testing.T) {
+	data, err := os.ReadFile("testdata/state-v2-ban.state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "state")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	clk := epochsketch.NewManualClock(t0.Add(10 * time.Second))
+	mw, logs := startWithState(t, "state_file: "+path+`
+rules:
+  - name: api
+    tarpit: true
+    limits: [{requests: 20, per: 1m}]
+`, clk)
+	defer mw.Close()
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "203.0.113.66:1"
+	w := httptest.NewRecorder()
+	mw.ServeHTTP(w, r)
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Connection") != "close" {
+		t.Errorf("the client banned before the upgrade: %d, Connection %q; want 429 and close (log: %s)", w.Code, w.Header().Get("Connection"), logs.String())
+	}
+	if !strings.Contains(logs.String(), "state restored") || strings.Contains(logs.String(), "0001-01-01") {
+		t.Errorf("log: %s", logs.String())
+	}
+}

@@ -15,20 +15,26 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/limit"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // answer is what a client learns from one decision, whatever the door:
-// let through or not, Retry-After, and each RateLimit item's r and t.
+// let through or not, Retry-After, each RateLimit item's r and t, and each
+// RateLimit-Policy item's q and w.
 type answer struct {
 	allowed bool
 	retry   string
 	fields  string // ";r=R;t=T" per item, names dropped (each door names its policy)
+	policy  string // ";q=Q;w=W" per item, names dropped
 }
 
-var reItemValues = regexp.MustCompile(`;r=\d+;t=\d+`)
+var (
+	reItemValues   = regexp.MustCompile(`;r=\d+;t=\d+`)
+	rePolicyValues = regexp.MustCompile(`;q=\d+;w=\d+`)
+)
 
-func answerOf(allowed bool, retry, rateLimit string) answer {
-	return answer{allowed, retry, strings.Join(reItemValues.FindAllString(rateLimit, -1), " ")}
+func answerOf(allowed bool, retry, rateLimit, policy string) answer {
+	return answer{allowed, retry, strings.Join(reItemValues.FindAllString(rateLimit, -1), " "), strings.Join(rePolicyValues.FindAllString(policy, -1), " ")}
 }
 
 // doorsHarness drives one Middleware through its three doors: the proxy
@@ -70,12 +76,12 @@ func (d *doorsHarness) limit(client string) answer {
 	r.RemoteAddr = client + ":1234"
 	w := httptest.NewRecorder()
 	d.lim.ServeHTTP(w, r)
-	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
+	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"), w.Header().Get("RateLimit-Policy"))
 }
 
 func (d *doorsHarness) proxy(client string) answer {
 	w := d.req(client)
-	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
+	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"), w.Header().Get("RateLimit-Policy"))
 }
 
 func (d *doorsHarness) check(client string) answer {
@@ -85,7 +91,7 @@ func (d *doorsHarness) check(client string) answer {
 	r.Header.Set("X-Forwarded-Method", "GET")
 	r.Header.Set("X-Forwarded-Uri", "/v1/x")
 	w := d.do(r)
-	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
+	return answerOf(w.Code == 200, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"), w.Header().Get("RateLimit-Policy"))
 }
 
 func (d *doorsHarness) envoy(t *testing.T, client string) answer {
@@ -100,7 +106,13 @@ func (d *doorsHarness) envoy(t *testing.T, client string) answer {
 	for _, h := range resp.ResponseHeadersToAdd {
 		hdr.Add(h.Key, h.Value)
 	}
-	return answerOf(resp.OverallCode == rlsv3.RateLimitResponse_OK, hdr.Get("Retry-After"), hdr.Get("RateLimit"))
+	// The descriptor's own status says what the field says.
+	st := resp.GetStatuses()[0]
+	want := fmt.Sprintf(";r=%d;t=%d", st.GetLimitRemaining(), rate.Seconds(st.GetDurationUntilReset().AsDuration()))
+	if got := reItemValues.FindString(hdr.Get("RateLimit")); got != want {
+		t.Errorf("Envoy's status says %s, its RateLimit field %s", want, got)
+	}
+	return answerOf(resp.OverallCode == rlsv3.RateLimitResponse_OK, hdr.Get("Retry-After"), hdr.Get("RateLimit"), hdr.Get("RateLimit-Policy"))
 }
 
 // One timeline through every door gets the same decisions, Retry-After and

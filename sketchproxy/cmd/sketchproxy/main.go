@@ -182,7 +182,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var gs *grpc.Server
 	if gln != nil {
-		gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(1 << 20), grpc.MaxConcurrentStreams(1024)}
+		gopts := []grpc.ServerOption{grpc.MaxConcurrentStreams(1024)}
 		tlsMode := "off"
 		if tlsw != nil {
 			gopts = append(gopts, grpc.Creds(tlsw.Credentials()))

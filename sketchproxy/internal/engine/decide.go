@@ -254,13 +254,22 @@ func (e *Engine) admit(s *Set, now time.Time, sc *Scratch, d *Decision) {
 			}
 		}
 	}
+	// Wallets first: a wallet that cannot track its key refuses with 503,
+	// which is not the client's doing, so no limit may count it. A limit
+	// that racing requests filled since the decision refuses after the
+	// charge: the cost stays charged (the race's only cost), the
+	// reservations go.
+	if d.Admitted {
+		e.chargeAll(d, toCharge, sc)
+	}
 	for i := 0; d.Admitted && i < len(d.Verdicts); i++ {
 		if v := &d.Verdicts[i]; !e.count(s, v, sc) {
 			d.Worst, d.worst, d.Admitted = *v, i, false
+			for _, w := range d.Wallets {
+				w.Release()
+			}
+			d.Wallets = nil
 		}
-	}
-	if d.Admitted {
-		e.chargeAll(d, toCharge, sc)
 	}
 	if !d.Admitted {
 		for _, p := range sc.places {
@@ -395,7 +404,9 @@ func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 		}
 		est, ok, first, _ := l.sk.add(time.Time{}, sc.buf, v.add, top)
 		if !ok {
-			v.Out, v.Over, v.Limit, v.Est, v.Theta = Reject, true, l, est+v.others[i], v.thetas[i]
+			// The count that refused it, for Retry-After and the fields.
+			v.ests[i] = est + v.others[i]
+			v.Out, v.Over, v.Limit, v.Est, v.Theta = Reject, true, l, v.ests[i], v.thetas[i]
 			v.Level = float64(uint64(v.Est)+uint64(v.add)) / float64(v.Theta)
 			return false
 		}

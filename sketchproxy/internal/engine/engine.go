@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -194,18 +195,24 @@ type Set struct {
 }
 
 // sketchKey is what sketches are shared by: limits and wallets with the
-// same tick and the same threshold share one sketch, so that the keys in a
-// bucket are compared by their standing against one threshold: a flood of
-// one rule's keys under their limit never evicts another rule's keys at
-// theirs (a 20-an-hour client, count 40, beside 1,000-an-hour keys at 25
-// requests, count 50, would otherwise lose its slot). The side sketches
-// (new keys, known keys, bans) have a threshold of 0.
+// same tick whose thresholds lie in the same power of two (bursts 1, 2-3,
+// 4-7, 8-15, ...) share one sketch, so that the keys a bucket compares
+// stand against thresholds within a factor of two of each other: a flood
+// of one rule's keys under half their limit never evicts another rule's
+// keys at theirs (a 20-an-hour client, count 40, beside 1,000-an-hour keys
+// at 25 requests, count 50, would otherwise lose its slot). Classes, not
+// each threshold, bound the number of sketches: at most 24 per tick. The
+// side sketches (new keys, known keys, bans) are class 0.
 type sketchKey struct {
-	tick      time.Duration
-	threshold uint32
-	buckets   int
-	two       bool
+	tick    time.Duration
+	class   uint32 // bits.Len32 of the threshold: thresholds [2^(class-1), 2^class)
+	buckets int
+	two     bool
 }
+
+// Class is the sketch class of a threshold (sketchKey): thresholds from
+// 2^(class-1) to 2^class - 1 counts share a class.
+func Class(threshold uint32) uint32 { return uint32(bits.Len32(threshold)) }
 
 // sketch is one of a Set's sketches, with its conditional add (the check
 // and the count of a limit in one compare-and-swap, as package limit's).
@@ -284,7 +291,7 @@ func (c *Counts) Get(o Outcome, shadow bool) uint64 {
 }
 
 // Compile compiles spec into a Set. Sketches of prev (the running Set, or
-// nil) whose tick, threshold and size spec keeps are shared, with their
+// nil) whose tick, threshold class and size spec keeps are shared, with their
 // counts, and so are in-flight counts, reservations and top offenders of
 // rules that keep their names. Nothing of prev changes: call Retire once
 // the new Set is in use.
@@ -293,7 +300,7 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 	defer e.mu.Unlock()
 	s := &Set{sketches: map[sketchKey]*sketch{}, tarpit: spec.Tarpit, nk: spec.NewKeys}
 	get := func(tick time.Duration, threshold uint32, buckets int) *sketch {
-		k := sketchKey{tick, threshold, buckets, spec.TwoChoice}
+		k := sketchKey{tick, Class(threshold), buckets, spec.TwoChoice}
 		if sk, ok := s.sketches[k]; ok {
 			return sk
 		}

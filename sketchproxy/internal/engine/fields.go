@@ -32,19 +32,28 @@ type Fields struct {
 // than it holds) gets no item.
 func (e *Engine) fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) Fields {
 	var f Fields
-	rules := 0
-	var level float64
+	var level float64 // the legacy fields' limit's: the most constrained
+	legacy := false
+	var policy []byte // the policies of a second rule on, joined
+	var best map[*Rule]int // for many verdicts (showsVerdict)
+	if len(vs) > 8 {
+		best = bestOfRules(vs)
+	}
 	b := sc.field[:0]
 	for i := range vs {
 		v := &vs[i]
-		if v.Rule == nil || v.Shadow || v.Out == Allowlisted || len(v.ests) == 0 {
+		if !showsVerdict(vs, i, best) {
 			continue
 		}
-		if rules++; rules == 1 {
+		switch {
+		case !f.Any:
 			f.Policy = v.Rule.Policy
-		} else {
-			f.Policy += ", " + v.Rule.Policy
+		case policy == nil:
+			policy = append(append(append(policy, f.Policy...), ", "...), v.Rule.Policy...)
+		default:
+			policy = append(append(policy, ", "...), v.Rule.Policy...)
 		}
+		f.Any = true
 		add := uint32(rate.Unit) // a next request
 		if refused {
 			add = v.add // when these hits fit
@@ -58,15 +67,63 @@ func (e *Engine) fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) 
 			if (!refused || over && !v.Quota) && add <= rl.Threshold {
 				b = rate.AppendItem(b, l.Quoted, r, secs)
 			}
-			if lv := float64(est) / float64(rl.Threshold); !f.Any || lv > level {
-				f.LegacyLimit, f.LegacyRemaining, f.LegacyReset, level, f.Any = rl.Q, r, secs, lv, true
+			if lv := float64(est) / float64(rl.Threshold); !legacy || lv > level {
+				f.LegacyLimit, f.LegacyRemaining, f.LegacyReset, level, legacy = rl.Q, r, secs, lv, true
 			}
 		}
 	}
+	if policy != nil {
+		f.Policy = string(policy)
+	}
 	sc.field = b
 	f.RateLimit = b
-	f.Any = rules > 0
 	return f
+}
+
+// showsVerdict reports whether the fields show verdict i: a verdict with
+// limits of a rule that is not in shadow mode, and, of several verdicts of
+// one rule (an Envoy call with two values of one descriptor), only the
+// most constrained, so that each policy is listed once. best, for many
+// verdicts, is bestOfRules's: linear, so that a call of 40,000
+// descriptors costs what they cost; a few are compared pairwise.
+func showsVerdict(vs []Verdict, i int, best map[*Rule]int) bool {
+	if !fieldsOf(&vs[i]) {
+		return false
+	}
+	if best != nil {
+		return best[vs[i].Rule] == i
+	}
+	for j := range vs {
+		if j != i && vs[j].Rule == vs[i].Rule && fieldsOf(&vs[j]) && moreConstrained(vs, j, i) {
+			return false
+		}
+	}
+	return true
+}
+
+// bestOfRules is each rule's most constrained verdict with fields.
+func bestOfRules(vs []Verdict) map[*Rule]int {
+	best := map[*Rule]int{}
+	for i := range vs {
+		if !fieldsOf(&vs[i]) {
+			continue
+		}
+		if j, ok := best[vs[i].Rule]; !ok || moreConstrained(vs, i, j) {
+			best[vs[i].Rule] = i
+		}
+	}
+	return best
+}
+
+// fieldsOf reports whether a verdict has fields to show.
+func fieldsOf(v *Verdict) bool {
+	return v.Rule != nil && !v.Shadow && v.Out != Allowlisted && len(v.ests) > 0
+}
+
+// moreConstrained orders verdicts of one rule: the higher level, then the
+// first.
+func moreConstrained(vs []Verdict, i, j int) bool {
+	return vs[i].Level > vs[j].Level || vs[i].Level == vs[j].Level && i < j
 }
 
 // Status is what a verdict's first limit says to a client, as Envoy's

@@ -14,12 +14,13 @@ import (
 // The state file holds every sketch of a Set (limits, budgets, new keys,
 // bans): "SKPXSTAT", a version (uint16) and a count (uint32); since version
 // 2 the new-key meter's moving average (float64 bits, uint64); then per
-// sketch its tick (ns), since version 3 its threshold (uint32), its bucket
+// sketch its tick (ns), since version 3 its threshold class (uint32: Class), its bucket
 // count and two-choice flag, and its epochsketch snapshot; then
 // "SKPXEND!". Versions 1 and 2 (a sketch per tick, counting one unit per
-// request for an even burst) are still read: their meter is restored and
-// their sketches skipped, since their counts mean other numbers. It holds
-// the sketches' hash keys: keep it private.
+// request for an even burst) are still read: their meter, bans and
+// memory of keys are restored, and their limits' and wallets' counts,
+// which mean other numbers now, skipped. It holds the sketches' hash keys:
+// keep it private.
 const (
 	stateMagic   = "SKPXSTAT"
 	stateEnd     = "SKPXEND!"
@@ -36,8 +37,8 @@ func (s *Set) sortedKeys() []sketchKey {
 		if keys[i].tick != keys[j].tick {
 			return keys[i].tick < keys[j].tick
 		}
-		if keys[i].threshold != keys[j].threshold {
-			return keys[i].threshold < keys[j].threshold
+		if keys[i].class != keys[j].class {
+			return keys[i].class < keys[j].class
 		}
 		return keys[i].buckets < keys[j].buckets
 	})
@@ -62,7 +63,7 @@ func (e *Engine) WriteState(w io.Writer, s *Set) (int, error) {
 	for _, k := range keys {
 		var b [21]byte
 		binary.LittleEndian.PutUint64(b[0:], uint64(k.tick))
-		binary.LittleEndian.PutUint32(b[8:], k.threshold)
+		binary.LittleEndian.PutUint32(b[8:], k.class)
 		binary.LittleEndian.PutUint64(b[12:], uint64(k.buckets))
 		if k.two {
 			b[20] = 1
@@ -129,7 +130,7 @@ func readState(r *bufio.Reader, s *Set) (sum StateSummary, meter *uint64, err er
 		meter = &avg
 	}
 	n := binary.LittleEndian.Uint32(h[10:])
-	if n > 1024 {
+	if n > 1<<16 {
 		return sum, nil, fmt.Errorf("%d sketches: damaged", n)
 	}
 	for range n {
@@ -145,13 +146,16 @@ func readState(r *bufio.Reader, s *Set) (sum StateSummary, meter *uint64, err er
 		if v < 3 {
 			k.buckets, k.two = int(binary.LittleEndian.Uint64(b[8:])), b[16] == 1
 		} else {
-			k.threshold, k.buckets, k.two = binary.LittleEndian.Uint32(b[8:]), int(binary.LittleEndian.Uint64(b[12:])), b[20] == 1
+			k.class, k.buckets, k.two = binary.LittleEndian.Uint32(b[8:]), int(binary.LittleEndian.Uint64(b[12:])), b[20] == 1
 		}
 		if k.buckets < 1 || k.buckets > 1<<26 {
 			return sum, nil, fmt.Errorf("a sketch of %d buckets: damaged", k.buckets)
 		}
+		// A version 1 or 2 file's sketches are keyed without a class: only
+		// the side sketches (class 0: bans, known and new keys, whose
+		// counts mean what they did) match; its limits' counts start empty.
 		sk, ok := s.sketches[k]
-		if !ok || v < 3 {
+		if !ok {
 			if _, err = io.CopyN(io.Discard, r, epochsketch.SnapshotSize(k.buckets)); err != nil {
 				return sum, nil, fmt.Errorf("truncated")
 			}
@@ -177,11 +181,11 @@ func readState(r *bufio.Reader, s *Set) (sum StateSummary, meter *uint64, err er
 // Stats is a sketch's counters (epochsketch.Stats).
 type Stats = epochsketch.Stats
 
-// SketchStats calls f for each of s's sketches, by tick, threshold (in
-// counts; 0 for the side sketches), then size.
-func (s *Set) SketchStats(f func(tick time.Duration, threshold uint32, buckets int, st Stats)) {
+// SketchStats calls f for each of s's sketches, by tick, threshold class
+// (Class; 0 for the side sketches), then size.
+func (s *Set) SketchStats(f func(tick time.Duration, class uint32, buckets int, st Stats)) {
 	for _, k := range s.sortedKeys() {
-		f(k.tick, k.threshold, k.buckets, s.sketches[k].Stats())
+		f(k.tick, k.class, k.buckets, s.sketches[k].Stats())
 	}
 }
 
