@@ -34,7 +34,7 @@ func (e *Engine) fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) 
 	var f Fields
 	var level float64 // the legacy fields' limit's: the most constrained
 	legacy := false
-	var policy []byte // the policies of a second rule on, joined
+	var policy []byte      // the policies of a second rule on, joined
 	var best map[*Rule]int // for many verdicts (showsVerdict)
 	if len(vs) > 8 {
 		best = bestOfRules(vs)
