@@ -206,12 +206,39 @@ func start(t *testing.T, bin string, args ...string) (*exec.Cmd, *lockedBuffer) 
 	return cmd, out
 }
 
+// built is the sketchproxy binary, built once per test binary: every test
+// that runs it shares the one build (TestMain removes it).
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// build returns the binary's path, building it at the first call.
 func build(t *testing.T) string {
-	bin := filepath.Join(t.TempDir(), "sketchproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "sketchproxy-test-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "sketchproxy")
+		if out, err := exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return built.bin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
 }
 
 func codes(t *testing.T, u string, n int) string {
