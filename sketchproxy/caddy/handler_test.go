@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/epochsketch/epochsketch"
 )
@@ -420,5 +421,36 @@ func TestParseKey(t *testing.T) {
 	}
 	if _, err := parseKey("{remote_host"); err == nil {
 		t.Error("an unclosed placeholder was taken")
+	}
+}
+
+// A refusal is logged at info level with its zone and a hash of its key
+// (the key itself with log_key), at most logsPerSecond lines a second per
+// zone; the next second's first line says how many were left out.
+func TestRefusalLog(t *testing.T) {
+	for _, logKey := range []bool{false, true} {
+		clk := epochsketch.NewManualClock(t0)
+		c := newConfig(t, clk)
+		h := c.provision(&Handler{Zones: map[string]*Zone{"api": zone(1, time.Hour)}, LogKey: logKey})
+		core, logs := observer.New(zap.InfoLevel)
+		h.logger = zap.New(core)
+		codes([]*Handler{h}, logsPerSecond+6, "/", "X-Key", "secret-key")
+		clk.Advance(time.Second)
+		codes([]*Handler{h}, 1, "/", "X-Key", "secret-key")
+		lines := logs.FilterMessage("epochsketch refusal").All()
+		if len(lines) != logsPerSecond+1 {
+			t.Fatalf("log_key %v: %d lines for %d refusals in one second and 1 in the next, want %d", logKey, len(lines), logsPerSecond+5, logsPerSecond+1)
+		}
+		f := lines[0].ContextMap()
+		wantKey := display("secret-key")
+		if logKey {
+			wantKey = "secret-key"
+		}
+		if f["zone"] != "api" || f["key"] != wantKey || f["retry_after_s"] != int64(3600) {
+			t.Errorf("log_key %v: %v", logKey, f)
+		}
+		if n := lines[logsPerSecond].ContextMap()["log_lines_skipped"]; n != int64(5) {
+			t.Errorf("log_key %v: the next second's line says %v were left out, want 5", logKey, n)
+		}
 	}
 }
