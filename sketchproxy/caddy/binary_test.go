@@ -2,8 +2,8 @@ package caddyepochsketch
 
 import (
 	"bufio"
-	"cmp"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
