@@ -496,6 +496,17 @@ func TestCaddyAttacks(t *testing.T) {
 	if admitted != 3 {
 		t.Errorf("5.5.5.5 naming itself 10.0.0.$i: %d of 8 admitted, want 3 (its prefix is the right-most untrusted address)", admitted)
 	}
+	// Behind a second trusted proxy (127.0.0.1 again), each client is its
+	// own: trusted hops are skipped, not taken for the client.
+	admitted = 0
+	for i := range 8 {
+		if get(t, proxy, s.url("/xff/x"), "X-Forwarded-For", fmt.Sprintf("6.6.6.%d, 127.0.0.1", i)).code == 200 {
+			admitted++
+		}
+	}
+	if admitted != 8 {
+		t.Errorf("8 clients behind two trusted proxies: %d admitted, want 8 (each its own count)", admitted)
+	}
 
 	c = clientFrom("127.0.1.2")
 	for i, p := range []string{"/api/x", "/api;a=1/x", "/api./x", "/API/x", "/api::$DATA/x", "/x/..;/api/x"} {
