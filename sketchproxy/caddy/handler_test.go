@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -452,5 +453,41 @@ func TestRefusalLog(t *testing.T) {
 		if n := lines[logsPerSecond].ContextMap()["log_lines_skipped"]; n != int64(5) {
 			t.Errorf("log_key %v: the next second's line says %v were left out, want 5", logKey, n)
 		}
+	}
+}
+
+// Each zone holds one sketch of sketch_buckets × 64 bytes, allocated when
+// it is provisioned; the side sketches (keys seen lately, of the same
+// size; new keys and bans, 4096 buckets each) are shared by every zone of
+// the same sketch size and new-key setting.
+// The README's memory per zone is this test's log line:
+//
+//	go test -run TestZoneMemory -v .
+func TestZoneMemory(t *testing.T) {
+	c := newConfig(t, epochsketch.NewManualClock(t0))
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	for _, buckets := range []int{1 << 12, 1 << 16} {
+		start := heap()
+		c.provision(&Handler{Zones: map[string]*Zone{"warm": zone(5, time.Minute)}, SketchBuckets: buckets})
+		before := heap()
+		const n = 8
+		zs := map[string]*Zone{}
+		for i := range n {
+			zs[fmt.Sprintf("z%d", i)] = zone(float64(5+i), time.Minute)
+		}
+		h := c.provision(&Handler{Zones: zs, SketchBuckets: buckets})
+		per := float64(heap()-before) / n
+		side := float64(before-start) - per // the first zone of this size brought the side sketches
+		t.Logf("sketch_buckets %d: %.0f bytes a zone (%.2f MiB; the sketch alone is %d × 64 bytes = %.2f MiB); the side sketches %.2f MiB",
+			buckets, per, per/(1<<20), buckets, float64(buckets*64)/(1<<20), side/(1<<20))
+		if want := float64(buckets * 64); per < want || per > want*1.1+64<<10 {
+			t.Errorf("sketch_buckets %d: %.0f bytes a zone, want the sketch's %.0f and little more", buckets, per, want)
+		}
+		runtime.KeepAlive(h)
 	}
 }
