@@ -2,6 +2,8 @@ package caddyepochsketch
 
 import (
 	"encoding/json"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +123,27 @@ func TestJSONForm(t *testing.T) {
 	}
 	if err := h.Validate(); err != nil {
 		t.Error(err)
+	}
+}
+
+// README.md's JSON form reads into the handler, every field known, and
+// validates.
+func TestReadmeJSON(t *testing.T) {
+	src, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```json\n(.*?)```").FindStringSubmatch(string(src))
+	if m == nil {
+		t.Fatal("README.md has no JSON form")
+	}
+	var h Handler
+	dec := json.NewDecoder(strings.NewReader(strings.Replace(m[1], `"handler": "epochsketch",`, "", 1)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Validate(); err != nil || len(h.Zones) != 2 || !h.Zones["api_keys"].Shared || h.Jitter != 0.2 {
+		t.Errorf("%v: %+v", err, h)
 	}
 }

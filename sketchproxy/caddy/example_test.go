@@ -154,3 +154,34 @@ func TestExampleScript(t *testing.T) {
 		t.Errorf("run.sh left %v behind", left)
 	}
 }
+
+// Every whole Caddyfile in README.md (a site block, or global options
+// and sites) loads in the built Caddy: `caddy validate` adapts it and
+// provisions every module, ours included.
+func TestReadmeCaddyfiles(t *testing.T) {
+	bin := caddyBinary(t)
+	src, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```caddyfile\n(.*?)```").FindAllStringSubmatch(string(src), -1)
+	n := 0
+	for _, b := range blocks {
+		conf := b[1]
+		if strings.HasPrefix(conf, "epochsketch ") || strings.HasPrefix(conf, "@") {
+			continue // the syntax, and a fragment
+		}
+		n++
+		dir := t.TempDir()
+		file := filepath.Join(dir, "Caddyfile")
+		os.WriteFile(file, []byte(conf), 0o600)
+		cmd := exec.Command(bin, "validate", "--config", file, "--adapter", "caddyfile")
+		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("README's Caddyfile %d does not load: %v\n%s\n%s", n, err, conf, out)
+		}
+	}
+	if n < 4 {
+		t.Errorf("%d whole Caddyfiles in README.md, want the 4 examples", n)
+	}
+}
