@@ -11,8 +11,8 @@ import (
 // first: every rule's real allow and reject, and the other counts that are
 // not zero. They are sketchproxy_decisions_total's: since New, across
 // reloads. It is for a host
-// program that keeps its own metrics registry (the Caddy module's
-// caddy/metrics.go); f must not call back into the Middleware.
+// program that keeps its own metrics registry; f must not call back into
+// the Middleware.
 func (m *Middleware) Decisions(f func(rule string, o Outcome, shadow bool, n uint64)) {
 	type named struct {
 		name string

@@ -71,7 +71,7 @@ func TestOnlyTheEngineUsesTheSketch(t *testing.T) {
 }
 
 // The public outcomes are the engine's, value for value, and keep their
-// names: metrics and the Caddy module's Decisions read one as the other.
+// names: metrics and Decisions read one as the other.
 func TestOutcomesMatchTheEngine(t *testing.T) {
 	for _, c := range []struct {
 		pub  Outcome

@@ -3,6 +3,7 @@ package caddyepochsketch
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -59,12 +60,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// caddyServer is a running Caddy: its site and admin ports, its process.
+// caddyServer is a running Caddy: its ports, its process.
 type caddyServer struct {
 	t            testing.TB
-	site         string // the Caddyfile's site block, a template
+	site         string // the Caddyfile after the global options, a template
+	global       string // more global options
 	dir          string
-	port, admin  int
+	port, port2  int // {{PORT}} and {{PORT2}}
+	admin        int
 	cmd          *exec.Cmd
 	log          lockedBuffer // its output
 	upstreamAddr string
@@ -88,59 +91,31 @@ const globalOptions = `{
 	auto_https off
 	persist_config off
 	storage file_system {{DIR}}/storage
+{{GLOBAL}}
 }
 
 `
 
-// testSite is the site the tests drive: the app behind a per-address
-// zone, and /flood/ answering from Caddy itself behind a zone keyed by
-// X-API-Key. gen shows in X-Gen, to tell a reload happened.
-const testSite = `http://127.0.0.1:{{PORT}} {
-	header X-Gen {{GEN}}
-	@flood path /flood/*
-	handle @flood {
-		epochsketch {
-			zone flood_keys {
-				key {http.request.header.X-API-Key}
-				events 100
-				window 1m
-			}
-		}
-		respond "flood ok"
-	}
-	handle {
-		epochsketch {
-			zone per_ip {
-				key {remote_host}
-				events 5
-				window 10m
-			}
-		}
-		reverse_proxy {{UPSTREAM}}
-	}
-}
-`
-
-func (s *caddyServer) caddyfile(gen int) []byte {
-	r := strings.NewReplacer("{{ADMIN}}", strconv.Itoa(s.admin), "{{PORT}}", strconv.Itoa(s.port),
-		"{{DIR}}", s.dir, "{{GEN}}", strconv.Itoa(gen), "{{UPSTREAM}}", s.upstreamAddr)
-	return []byte(r.Replace(globalOptions + s.site))
+func (s *caddyServer) caddyfile(site string, gen int) []byte {
+	r := strings.NewReplacer("{{ADMIN}}", strconv.Itoa(s.admin), "{{PORT}}", strconv.Itoa(s.port), "{{PORT2}}", strconv.Itoa(s.port2),
+		"{{DIR}}", s.dir, "{{GEN}}", strconv.Itoa(gen), "{{UPSTREAM}}", s.upstreamAddr, "{{GLOBAL}}", s.global)
+	return []byte(r.Replace(globalOptions + site))
 }
 
-// startCaddy starts the binary with site (a template: {{PORT}},
-// {{UPSTREAM}}, {{GEN}}) on free ports in front of upstream and waits
-// until its site answers; a port taken between the choice and the bind
-// gets a new try.
-func startCaddy(t testing.TB, site, upstream string) *caddyServer {
+// startCaddy starts the binary with site (a template: {{PORT}}, {{PORT2}},
+// {{UPSTREAM}}, {{GEN}}; global adds global options) on free ports in
+// front of upstream and waits until it answers; a port taken between the
+// choice and the bind gets a new try.
+func startCaddy(t testing.TB, site, upstream string, global ...string) *caddyServer {
 	bin := caddyBinary(t)
 	for try := 0; try < 5; try++ {
-		s := &caddyServer{t: t, site: site, dir: t.TempDir(), upstreamAddr: upstream}
-		s.port, s.admin = freePort(t), freePort(t)
-		if s.port == s.admin {
+		s := &caddyServer{t: t, site: site, global: strings.Join(global, "\n"), dir: t.TempDir(), upstreamAddr: upstream}
+		s.port, s.port2, s.admin = freePort(t), freePort(t), freePort(t)
+		if s.port == s.admin || s.port2 == s.admin || s.port == s.port2 {
 			continue
 		}
 		conf := filepath.Join(s.dir, "Caddyfile")
-		if err := os.WriteFile(conf, s.caddyfile(1), 0o600); err != nil {
+		if err := os.WriteFile(conf, s.caddyfile(site, 1), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		s.cmd = exec.Command(bin, "run", "--config", conf, "--adapter", "caddyfile")
@@ -174,8 +149,13 @@ func startCaddy(t testing.TB, site, upstream string) *caddyServer {
 	return nil
 }
 
-// ready waits for Caddy's site to answer, or for it to exit.
+// ready waits for Caddy's sites to answer (both ports, where the site
+// uses two), or for it to exit.
 func (s *caddyServer) ready(exited chan struct{}) bool {
+	ports := []int{s.port}
+	if strings.Contains(s.site, "{{PORT2}}") {
+		ports = append(ports, s.port2)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
@@ -183,8 +163,14 @@ func (s *caddyServer) ready(exited chan struct{}) bool {
 			return false
 		default:
 		}
-		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.port), time.Second); err == nil {
-			c.Close()
+		up := 0
+		for _, p := range ports {
+			if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(p), time.Second); err == nil {
+				c.Close()
+				up++
+			}
+		}
+		if up == len(ports) {
 			return true
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -197,11 +183,11 @@ func (s *caddyServer) url(path string) string {
 	return "http://127.0.0.1:" + strconv.Itoa(s.port) + path
 }
 
-// reload loads the Caddyfile of generation gen through the admin API; it
-// returns when the new config runs.
-func (s *caddyServer) reload(gen int) {
+// reload loads site (a template, as startCaddy's) as generation gen
+// through the admin API; it returns when the new config runs.
+func (s *caddyServer) reload(site string, gen int) {
 	s.t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:"+strconv.Itoa(s.admin)+"/load", bytes.NewReader(s.caddyfile(gen)))
+	req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:"+strconv.Itoa(s.admin)+"/load", bytes.NewReader(s.caddyfile(site, gen)))
 	req.Header.Set("Content-Type", "text/caddyfile")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -264,16 +250,22 @@ func clientFrom(ip string) *http.Client {
 }
 
 type answer struct {
-	code                                 int
-	retryAfter, rateLimit, policy, gen   string
-	body, upstreamQuery, upstreamKeySeen string
+	code                               int
+	retryAfter, rateLimit, policy, gen string
+	body, seenURI, seenMethod          string
 }
 
-func get(t *testing.T, c *http.Client, url string, header ...string) answer {
+// get sends method (GET if empty) to url with header pairs (a name may
+// repeat; "Host" sets the request's host).
+func send(t *testing.T, c *http.Client, method, url string, header ...string) answer {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req, _ := http.NewRequest(cmp.Or(method, http.MethodGet), url, nil)
 	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
+		if header[i] == "Host" {
+			req.Host = header[i+1]
+			continue
+		}
+		req.Header.Add(header[i], header[i+1])
 	}
 	resp, err := c.Do(req)
 	if err != nil {
@@ -285,111 +277,333 @@ func get(t *testing.T, c *http.Client, url string, header ...string) answer {
 		code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"),
 		rateLimit: resp.Header.Get("RateLimit"), policy: resp.Header.Get("RateLimit-Policy"),
 		gen: resp.Header.Get("X-Gen"), body: string(body),
-		upstreamQuery: resp.Header.Get("X-Seen-Query"), upstreamKeySeen: resp.Header.Get("X-Seen-Key-Headers"),
+		seenURI: resp.Header.Get("X-Seen-Uri"), seenMethod: resp.Header.Get("X-Seen-Method"),
 	}
 }
 
-// app is the upstream: it says which query it got and whether any
-// internal key header reached it.
+func get(t *testing.T, c *http.Client, url string, header ...string) answer {
+	t.Helper()
+	return send(t, c, "", url, header...)
+}
+
+// app is the upstream: it says which request line it got.
 func app(t *testing.T) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var seen []string
-		for name := range r.Header {
-			if strings.HasPrefix(strings.ToLower(name), "epochsketch") {
-				seen = append(seen, name)
-			}
-		}
-		w.Header().Set("X-Seen-Query", r.URL.RawQuery)
-		w.Header().Set("X-Seen-Key-Headers", strings.Join(seen, ","))
+		w.Header().Set("X-Seen-Uri", r.RequestURI)
+		w.Header().Set("X-Seen-Method", r.Method)
 		io.WriteString(w, "app ok\n")
 	}))
 	t.Cleanup(srv.Close)
 	return strings.TrimPrefix(srv.URL, "http://")
 }
 
-// TestCaddyBinary drives the built Caddy: a burst from one address, another
-// address unaffected, query strings, a client's attempt to choose its key,
-// a reload that keeps the counts, and the metrics.
-func TestCaddyBinary(t *testing.T) {
-	s := startCaddy(t, testSite, app(t))
-	a, b := clientFrom("127.0.0.1"), clientFrom("127.0.0.2")
-	// per_ip's counts halve every 5 minutes (10m with bursts of 5: the
-	// tick is half the window, sketchproxy/internal/engine/limitmath.go): the checks below
-	// start at least 20 s before a halving (they take about 8) and fail
-	// if they outlast it.
-	const tick = 5 * time.Minute
+// burst sends n requests and returns their codes and the last answer.
+func burst(t *testing.T, c *http.Client, n int, url string, header ...string) (string, answer) {
+	t.Helper()
+	var codes []string
+	var last answer
+	for range n {
+		last = get(t, c, url, header...)
+		codes = append(codes, strconv.Itoa(last.code))
+	}
+	return strings.Join(codes, " "), last
+}
+
+// zone3 is a zone of 3 requests an hour by client address: its counts
+// halve every 30 minutes, far from any test's length (awayFromTickEdge
+// keeps the tests off the halvings).
+const zone3 = `epochsketch {
+		zone per_ip {
+			key {remote_host}
+			events 3
+			window 1h
+		}
+	}`
+
+// placementsSite puts one zone of 3 an hour in every placement issue 38
+// lists, one site (host) each; a refusal on {{PORT2}} goes to
+// handle_errors.
+const placementsSite = `http://top.test:{{PORT}} {
+	` + zone3 + `
+	respond "top"
+}
+http://handle.test:{{PORT}} {
+	` + zone3 + `
+	handle /h/* {
+		respond "handle"
+	}
+	handle_path /p/* {
+		respond "handle_path"
+	}
+	route /r/* {
+		respond "route"
+	}
+}
+http://inside.test:{{PORT}} {
+	handle {
+		` + zone3 + `
+		respond "inside"
+	}
+}
+http://route.test:{{PORT}} {
+	route {
+		` + zone3 + `
+		respond "route"
+	}
+}
+http://errors.test:{{PORT2}} {
+	` + zone3 + `
+	respond "errors"
+	handle_errors 429 {
+		respond "custom: zone {http.epochsketch.zone}, retry after {http.epochsketch.retry_after} s" 429
+	}
+}
+`
+
+// tick is zone3's tick: its counts halve every 30 minutes.
+const tick = 30 * time.Minute
+
+// offTheEdge fails the test if it outlasts the next halving of zone3's
+// counts (after waiting for it if it is under 20 s away).
+func offTheEdge(t *testing.T) {
 	end := awayFromTickEdge(tick, 20*time.Second)
-	defer func() {
+	t.Cleanup(func() {
 		if time.Now().After(end) {
 			t.Errorf("the checks took past a halving of the counts (%v): too slow to be judged", end)
 		}
-	}()
+	})
+}
 
-	// A burst: five through to the app, then 429 with Retry-After and the
-	// RateLimit fields. Query strings change nothing about the key, and
-	// reach the app as sent; the client's own key header is ignored.
-	var codes []int
-	for i := 0; i < 7; i++ {
-		ans := get(t, a, s.url(fmt.Sprintf("/page?q=%d&x=y", i)), "Epochsketch-Zone-0", fmt.Sprintf("spoof%d", i))
-		codes = append(codes, ans.code)
-		if i < 5 {
-			if ans.code != 200 || ans.body != "app ok\n" {
-				t.Fatalf("request %d: %d %q, want 200 from the app", i+1, ans.code, ans.body)
-			}
-			if want := fmt.Sprintf("q=%d&x=y", i); ans.upstreamQuery != want {
-				t.Errorf("the app got the query %q, want %q", ans.upstreamQuery, want)
-			}
-			if ans.upstreamKeySeen != "" {
-				t.Errorf("internal key headers reached the app: %s", ans.upstreamKeySeen)
-			}
-			if !strings.Contains(ans.rateLimit, `"per_ip-`) || !strings.Contains(ans.policy, ";q=5;w=600") {
-				t.Errorf("request %d: RateLimit %q, RateLimit-Policy %q: want the per_ip policy, 5 per 600 s", i+1, ans.rateLimit, ans.policy)
-			}
+// TestCaddyPlacements builds Caddy with the module and runs a zone
+// wherever a user writes it (issue 38): at the top level before respond,
+// before handle, handle_path and route, inside handle with respond, inside
+// route, and with handle_errors answering the refusal. Each place gets a
+// 429 with Retry-After and the RateLimit field after 3 requests, and
+// counts apart from the same zone in the other sites.
+func TestCaddyPlacements(t *testing.T) {
+	s := startCaddy(t, placementsSite, "")
+	offTheEdge(t)
+	c := clientFrom("127.0.0.2") // one client everywhere: each site counts it apart
+	port := strconv.Itoa(s.port)
+	for _, tc := range []struct{ host, path, body string }{
+		{"top.test", "/", "top"},
+		{"handle.test", "/h/x", "handle"},
+		{"inside.test", "/", "inside"},
+		{"route.test", "/", "route"},
+	} {
+		codes, last := burst(t, c, 4, s.url(tc.path), "Host", tc.host+":"+port)
+		if codes != "200 200 200 429" {
+			t.Errorf("%s%s: %s, want 200 200 200 429", tc.host, tc.path, codes)
 			continue
 		}
-		if ans.code != http.StatusTooManyRequests {
-			t.Fatalf("request %d: %d, want 429 (codes so far %v)", i+1, ans.code, codes)
+		if n, err := strconv.Atoi(last.retryAfter); err != nil || n < 1 || n > 3600 ||
+			!strings.Contains(last.rateLimit, `"per_ip-per-1h";r=0;t=`) || !strings.Contains(last.policy, `"per_ip-per-1h";q=3;w=3600`) ||
+			!strings.Contains(last.body, `"violated-policies":["per_ip-per-1h"]`) {
+			t.Errorf("%s%s: the 429: Retry-After %q, RateLimit %q, RateLimit-Policy %q, body %q", tc.host, tc.path, last.retryAfter, last.rateLimit, last.policy, last.body)
 		}
-		if n, err := strconv.Atoi(ans.retryAfter); err != nil || n < 1 || n > 600 {
-			t.Errorf("Retry-After %q: want 1 to 600 seconds", ans.retryAfter)
-		}
-		if !strings.Contains(ans.rateLimit, "r=0") || ans.policy == "" {
-			t.Errorf("429 without the RateLimit fields: RateLimit %q, RateLimit-Policy %q", ans.rateLimit, ans.policy)
+		if a := get(t, clientFrom("127.0.0.3"), s.url(tc.path), "Host", tc.host+":"+port); a.code != 200 || a.body != tc.body ||
+			!strings.Contains(a.rateLimit, `"per_ip-per-1h";r=2;t=`) {
+			t.Errorf("%s%s from another client: %d %q, RateLimit %q; want 200 %q with r=2", tc.host, tc.path, a.code, a.body, a.rateLimit, tc.body)
 		}
 	}
-	t.Logf("one address, 7 requests: %v", codes)
+	// The top-level zone of handle.test judges handle_path and route
+	// blocks too: one count for the site.
+	for _, p := range []string{"/p/x", "/r/x"} {
+		if a := get(t, c, s.url(p), "Host", "handle.test:"+port); a.code != 429 || !strings.Contains(a.rateLimit, ";r=0;") {
+			t.Errorf("handle.test%s after the site's limit: %d, RateLimit %q; want 429", p, a.code, a.rateLimit)
+		}
+	}
+	if codes, _ := burst(t, clientFrom("127.0.0.4"), 4, s.url("/p/x"), "Host", "handle.test:"+port); codes != "200 200 200 429" {
+		t.Errorf("handle_path: %s, want 200 200 200 429", codes)
+	}
+	// handle_errors answers the refusal, with the fields already set.
+	errs := "http://127.0.0.1:" + strconv.Itoa(s.port2) + "/"
+	codes, last := burst(t, c, 4, errs, "Host", "errors.test:"+strconv.Itoa(s.port2))
+	if codes != "200 200 200 429" || last.body != "custom: zone per_ip, retry after "+last.retryAfter+" s" || last.retryAfter == "" ||
+		!strings.Contains(last.rateLimit, `"per_ip-per-1h";r=0;t=`) {
+		t.Errorf("handle_errors: %s, the 429: %q, Retry-After %q, RateLimit %q", codes, last.body, last.retryAfter, last.rateLimit)
+	}
+}
 
-	// Another address: its own count.
-	if ans := get(t, b, s.url("/")); ans.code != 200 {
-		t.Fatalf("another client: %d, want 200", ans.code)
+// attackSite is a site behind three zones of 3 (1 on /api/) an hour, by
+// API key, by the client's network past the trusted proxy, and on /api/
+// in every spelling an upstream may serve as /api/.
+const attackSite = `http://127.0.0.1:{{PORT}} {
+	@api epochsketch_path /api/*
+	epochsketch @api {
+		zone api {
+			key {remote_host}
+			events 1
+			window 1h
+		}
+	}
+	epochsketch {
+		zone keys {
+			key {header.X-API-Key}
+			events 3
+			window 1h
+			match {
+				path /keys/*
+			}
+		}
+		zone nets {
+			key {http.epochsketch.client_prefix}
+			events 3
+			window 1h
+			match {
+				path /xff/*
+			}
+		}
+	}
+	reverse_proxy {{UPSTREAM}}
+}
+`
+
+// TestCaddyAttacks tries what issue 38 found letting traffic past: a
+// doubled key header, a client naming its own address past Caddy's
+// non-strict trusted_proxies, path spellings that Tomcat, Jetty and IIS
+// serve as /api/x; and checks the request reaches the app as sent, with
+// no check that no zone asked for.
+func TestCaddyAttacks(t *testing.T) {
+	s := startCaddy(t, attackSite, app(t), "\tservers {\n\t\ttrusted_proxies static 127.0.0.1/32\n\t}")
+	offTheEdge(t)
+
+	admitted := 0
+	c := clientFrom("127.0.1.1")
+	for i := range 8 {
+		if a := get(t, c, s.url("/keys/x"), "X-API-Key", "alice", "X-API-Key", fmt.Sprintf("junk%d", i)); a.code == 200 {
+			admitted++
+		} else if a.code != 429 || !strings.Contains(a.rateLimit, `"keys-per-1h";r=0`) {
+			t.Fatalf("a doubled key: %d, RateLimit %q", a.code, a.rateLimit)
+		}
+	}
+	if admitted != 3 {
+		t.Errorf("X-API-Key alice with a junk second value: %d of 8 admitted, want 3", admitted)
+	}
+	if a := get(t, c, s.url("/keys/x"), "X_API_Key", "bob", "X-API-Key", "alice"); a.code != 429 {
+		t.Errorf("alice beside X_API_Key bob: %d, want 429 (Caddy drops the '_' spelling)", a.code)
 	}
 
-	// The flood zone keys on X-API-Key: two keys, two counts; no key is
-	// the one key "-".
-	if ans := get(t, a, s.url("/flood/x"), "X-API-Key", "k1"); ans.code != 200 || ans.body != "flood ok" {
-		t.Fatalf("/flood/ with a key: %d %q", ans.code, ans.body)
+	admitted = 0
+	proxy := clientFrom("127.0.0.1") // the trusted proxy, passing on whatever clients wrote
+	for i := range 8 {
+		if a := get(t, proxy, s.url("/xff/x"), "X-Forwarded-For", fmt.Sprintf("10.0.0.%d, 5.5.5.5", i)); a.code == 200 {
+			admitted++
+		} else if a.code != 429 || !strings.Contains(a.rateLimit, `"nets-per-1h";r=0`) {
+			t.Fatalf("X-Forwarded-For: %d, RateLimit %q", a.code, a.rateLimit)
+		}
+	}
+	if admitted != 3 {
+		t.Errorf("5.5.5.5 naming itself 10.0.0.$i: %d of 8 admitted, want 3 (its prefix is the right-most untrusted address)", admitted)
+	}
+	// Behind a second trusted proxy (127.0.0.1 again), each client is its
+	// own: trusted hops are skipped, not taken for the client.
+	admitted = 0
+	for i := range 8 {
+		if get(t, proxy, s.url("/xff/x"), "X-Forwarded-For", fmt.Sprintf("6.6.6.%d, 127.0.0.1", i)).code == 200 {
+			admitted++
+		}
+	}
+	if admitted != 8 {
+		t.Errorf("8 clients behind two trusted proxies: %d admitted, want 8 (each its own count)", admitted)
 	}
 
-	// A reload with the same zones (and another X-Gen) keeps the counts:
-	// the client at its limit stays refused, the other still has room.
-	s.reload(2)
-	ans := get(t, a, s.url("/after-reload"))
-	if ans.gen != "2" {
-		t.Fatalf("X-Gen %q after the reload, want 2", ans.gen)
-	}
-	if ans.code != http.StatusTooManyRequests {
-		t.Fatalf("the client at its limit got %d after a reload, want 429: the counts were lost", ans.code)
-	}
-	if ans := get(t, b, s.url("/")); ans.code != 200 {
-		t.Fatalf("the other client got %d after a reload, want 200", ans.code)
+	c = clientFrom("127.0.1.2")
+	for i, p := range []string{"/api/x", "/api;a=1/x", "/api./x", "/API/x", "/api::$DATA/x", "/x/..;/api/x"} {
+		a := get(t, c, s.url(p))
+		want := 429
+		if i == 0 {
+			want = 200
+		}
+		if a.code != want {
+			t.Errorf("%s after /api/x at 1 an hour: %d, want %d", p, a.code, want)
+		}
 	}
 
-	// Caddy's metrics: decisions by zone and outcome, across the reload.
-	if v := s.metric(`caddy_http_epochsketch_decisions_total{outcome="reject",zone="per_ip"}`); v != 3 {
-		t.Errorf("per_ip rejections in Caddy's metrics: %v, want 3", v)
+	c = clientFrom("127.0.1.3")
+	for _, tc := range []struct{ method, target string }{
+		{"GET", "/ip//a/./b/../c?q=1&q=2"},
+		{"GET", "/a%2Fb"},
+		{"get", "/lower"},
+		{"TRACE", "/trace"},
+	} {
+		a := send(t, c, tc.method, s.url(tc.target))
+		if a.code != 200 || a.seenURI != tc.target || a.seenMethod != tc.method {
+			t.Errorf("%s %s reached the app as %s %s (%d), want it as sent", tc.method, tc.target, a.seenMethod, a.seenURI, a.code)
+		}
 	}
-	if v := s.metric(`caddy_http_epochsketch_decisions_total{outcome="allow",zone="per_ip"}`); v != 7 {
-		t.Errorf("per_ip admissions in Caddy's metrics: %v, want 7", v)
+}
+
+// reloadSite has an identical zone in two sites, and another zone beside
+// it in one, whose window {{GEN}} changes; the second generation also has
+// a site more, before them, and other lines.
+const reloadSite = `http://a.test:{{PORT}} {
+	header X-Gen {{GEN}}
+	epochsketch {
+		zone per_ip {
+			key {remote_host}
+			events 3
+			window 1h
+		}
+		zone other {
+			key {remote_host}
+			events 10
+			window {{GEN}}h
+		}
+	}
+	respond "a"
+}
+http://b.test:{{PORT}} {
+	header X-Gen {{GEN}}
+	` + zone3 + `
+	respond "b"
+}
+`
+
+// TestCaddyReload reloads through the admin API: the zones whose
+// definition did not change keep their counts, each in its own site; the
+// one that changed starts again; the metrics count across the reload.
+func TestCaddyReload(t *testing.T) {
+	s := startCaddy(t, reloadSite, "")
+	offTheEdge(t)
+	port := strconv.Itoa(s.port)
+	c, d := clientFrom("127.0.2.1"), clientFrom("127.0.2.2")
+	if codes, _ := burst(t, c, 4, s.url("/"), "Host", "a.test:"+port); codes != "200 200 200 429" {
+		t.Fatalf("a.test: %s", codes)
+	}
+	if codes, _ := burst(t, c, 2, s.url("/"), "Host", "b.test:"+port); codes != "200 200" {
+		t.Fatalf("b.test, the same zone in another site: %s, want its own count", codes)
+	}
+	if codes, _ := burst(t, d, 2, s.url("/"), "Host", "a.test:"+port); codes != "200 200" {
+		t.Fatalf("another client on a.test: %s", codes)
+	}
+	s.reload("# a comment, and a site before the others\nhttp://c.test:{{PORT}} {\n\t"+zone3+"\n\trespond \"c\"\n}\n"+reloadSite, 2)
+	a := get(t, c, s.url("/"), "Host", "a.test:"+port)
+	if a.gen != "2" {
+		t.Fatalf("X-Gen %q after the reload, want 2", a.gen)
+	}
+	if a.code != 429 || !strings.Contains(a.rateLimit, `"per_ip-per-1h";r=0`) {
+		t.Errorf("a.test after the reload: %d, RateLimit %q; want 429 by per_ip, whose counts were kept", a.code, a.rateLimit)
+	}
+	// d's third request: per_ip kept its 2 (r=0 now); other, whose window
+	// changed, counts from 0 (r=9 of 10, not 7).
+	if a := get(t, d, s.url("/"), "Host", "a.test:"+port); a.code != 200 ||
+		!strings.Contains(a.rateLimit, `"per_ip-per-1h";r=0;`) || !strings.Contains(a.rateLimit, `"other-per-2h";r=9;`) {
+		t.Errorf("the other client on a.test after the reload: %d, RateLimit %q; want per_ip at r=0 and the changed zone other at r=9", a.code, a.rateLimit)
+	}
+	if b := get(t, c, s.url("/"), "Host", "b.test:"+port); b.code != 200 || !strings.Contains(b.rateLimit, `"per_ip-per-1h";r=0`) {
+		t.Errorf("b.test after the reload: %d, RateLimit %q; want its third request admitted, r=0", b.code, b.rateLimit)
+	}
+	if a := get(t, c, s.url("/"), "Host", "c.test:"+port); a.code != 200 {
+		t.Errorf("c.test, the new site: %d", a.code)
+	}
+	// per_ip, over the three sites and the reload: admitted 3+2+2 before,
+	// 1+1+1 after; refused once before and once after.
+	if v := s.metric(`caddy_http_epochsketch_decisions_total{outcome="reject",zone="per_ip"}`); v != 2 {
+		t.Errorf("per_ip rejections in Caddy's metrics: %v, want 2", v)
+	}
+	if v := s.metric(`caddy_http_epochsketch_decisions_total{outcome="allow",zone="per_ip"}`); v != 10 {
+		t.Errorf("per_ip admissions in Caddy's metrics: %v, want 10", v)
 	}
 }
 
@@ -406,11 +620,30 @@ func awayFromTickEdge(tick, margin time.Duration) time.Time {
 	return now.Add(left)
 }
 
+// floodSite answers /flood/ from Caddy itself behind a zone keyed by
+// X-API-Key, inside handle, before respond.
+const floodSite = `http://127.0.0.1:{{PORT}} {
+	@flood path /flood/*
+	handle @flood {
+		epochsketch {
+			zone flood_keys {
+				key {http.request.header.X-API-Key}
+				events 100
+				window 1m
+			}
+		}
+		respond "flood ok"
+	}
+}
+`
+
 // TestCaddyFlood sends distinct X-API-Key values, each once, through the
 // built Caddy (keep-alive, a few connections) and checks that Caddy's RSS
 // stays flat: the sketches are allocated at start, whatever the number of
-// keys. 100,000 keys by default; EPOCHSKETCH_CADDY_FLOOD_N=1000000 for a
-// million.
+// keys. First it checks that the limiter runs there: one key sent 101
+// times at 100 a minute gets a 429 with the RateLimit field; and every
+// answer of the flood carries the field. 100,000 keys by default;
+// EPOCHSKETCH_CADDY_FLOOD_N=1000000 for a million.
 func TestCaddyFlood(t *testing.T) {
 	n := 100_000
 	if v := os.Getenv("EPOCHSKETCH_CADDY_FLOOD_N"); v != "" {
@@ -419,14 +652,22 @@ func TestCaddyFlood(t *testing.T) {
 			t.Fatalf("EPOCHSKETCH_CADDY_FLOOD_N=%q: want a whole number, at least 20000", v)
 		}
 	}
-	s := startCaddy(t, testSite, app(t))
+	s := startCaddy(t, floodSite, "")
+	// 100 a minute: counts halve every 30 s; 101 requests take well
+	// under the 10 s kept clear of a halving.
+	awayFromTickEdge(30*time.Second, 10*time.Second)
+	codes, last := burst(t, &http.Client{}, 101, s.url("/flood/"), "X-API-Key", "the-limit-runs")
+	if !strings.HasSuffix(codes, " 200 429") || strings.Count(codes, "200") != 100 || !strings.Contains(last.rateLimit, `"flood_keys-per-1m";r=0;t=`) {
+		t.Fatalf("one key, 101 requests at 100 a minute: the last two %q, RateLimit %q; want 100 admitted, then 429 with the field",
+			codes[len(codes)-7:], last.rateLimit)
+	}
 	const workers = 4
 	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	defer tr.CloseIdleConnections()
 	url := s.url("/flood/")
 	var next atomic.Int64
-	var refused atomic.Int64
+	var refused, unjudged atomic.Int64
 	flood := func(upto int64) error {
 		var wg sync.WaitGroup
 		errs := make(chan error, workers)
@@ -450,6 +691,9 @@ func TestCaddyFlood(t *testing.T) {
 					resp.Body.Close()
 					if resp.StatusCode != 200 {
 						refused.Add(1)
+					}
+					if !strings.HasPrefix(resp.Header.Get("RateLimit"), `"flood_keys-per-1m";r=`) {
+						unjudged.Add(1)
 					}
 				}
 			}()
@@ -476,6 +720,9 @@ func TestCaddyFlood(t *testing.T) {
 		float64(before)/(1<<20), float64(after)/(1<<20), float64(after-before)/(1<<20), refused.Load())
 	if refused.Load() != 0 {
 		t.Errorf("%d of the one-off keys were refused: each key sent once is under its limit", refused.Load())
+	}
+	if unjudged.Load() != 0 {
+		t.Errorf("%d answers of the flood without the zone's RateLimit field: the limiter did not judge them", unjudged.Load())
 	}
 	// The bound: 16 MiB of the runtime's and Caddy's own slack, or 64
 	// bytes a key, whichever is more (55 MiB for the 900,000 keys after a

@@ -11,9 +11,15 @@ import (
 
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("epochsketch", parseCaddyfile)
-	// Before reverse_proxy, and before the other handlers that answer, so
-	// a refused request reaches none of them.
-	httpcaddyfile.RegisterDirectiveOrder("epochsketch", httpcaddyfile.Before, "reverse_proxy")
+	// Where caddy-ratelimit asks its users to order rate_limit: before
+	// basic_auth, so that a refused request reaches neither the
+	// authentication (no password guessing past the limit) nor any of the
+	// handlers ordered after it: handle, handle_path, route, respond,
+	// reverse_proxy, file_server. Rewrites (rewrite, uri, try_files) come
+	// first, so zones' matchers see the rewritten request, as every
+	// handler after them does. "order epochsketch ..." in the global
+	// options moves it.
+	httpcaddyfile.RegisterDirectiveOrder("epochsketch", httpcaddyfile.Before, "basic_auth")
 }
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
@@ -22,57 +28,87 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 	return &hd, err
 }
 
-// UnmarshalCaddyfile reads the directive:
+// UnmarshalCaddyfile reads the directive (README.md has the whole page):
 //
 //	epochsketch [<matcher>] {
 //		zone <name> {
-//			key    <placeholder>
+//			key    <placeholders>
 //			events <n>
 //			window <duration>
 //			burst  <n>
+//			match  {
+//				<matchers...>
+//			}
+//			shared
 //		}
 //		sketch_buckets <n>
 //		new_keys off
+//		jitter  <fraction>
+//		log_key
 //	}
-//
-// Requests are selected with the directive's matcher, as for any handler
-// (epochsketch @api { ... }); several zones all apply to what it matches.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("epochsketch takes a matcher and a block, not %q: write epochsketch [<matcher>] { zone <name> { ... } }", d.Val())
 	}
 	for d.NextBlock(0) {
-		switch d.Val() {
+		sub := d.Val()
+		switch sub {
 		case "zone":
 			if err := h.unmarshalZone(d); err != nil {
 				return err
 			}
+			continue
 		case "sketch_buckets":
-			if !d.NextArg() {
-				return d.ArgErr()
+			v, err := oneArg(d, sub, "a power of two, e.g. sketch_buckets 65536 (4 MiB)")
+			if err != nil {
+				return err
 			}
-			n, err := strconv.Atoi(d.Val())
+			n, err := strconv.Atoi(v)
 			if err != nil || n <= 0 {
-				return d.Errf("sketch_buckets %q: want a positive power of two, e.g. 65536 (4 MiB)", d.Val())
+				return d.Errf("sketch_buckets %q: want a positive power of two, e.g. sketch_buckets 65536 (4 MiB)", v)
 			}
 			h.SketchBuckets = n
-			if d.NextArg() {
-				return d.ArgErr()
-			}
 		case "new_keys":
-			if !d.NextArg() || d.Val() != "off" {
-				return d.Errf("new_keys: the one setting is 'new_keys off'")
+			v, err := oneArg(d, sub, "off (the only setting: new_keys off)")
+			if err != nil {
+				return err
+			}
+			if v != "off" {
+				return d.Errf("new_keys %q: the one setting is new_keys off", v)
 			}
 			h.NewKeysOff = true
-			if d.NextArg() {
-				return d.ArgErr()
+		case "jitter":
+			v, err := oneArg(d, sub, "a fraction from 0 to 1, e.g. jitter 0.2")
+			if err != nil {
+				return err
 			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f >= 0 && f <= 1) {
+				return d.Errf("jitter %q: want a fraction from 0 to 1, e.g. jitter 0.2 (Retry-After up to 20%% longer)", v)
+			}
+			h.Jitter = f
+		case "log_key":
+			if d.NextArg() {
+				return d.Errf("log_key takes no value: write log_key alone")
+			}
+			h.LogKey = true
 		default:
-			return d.Errf("unrecognized subdirective %q: want zone, sketch_buckets or new_keys", d.Val())
+			return d.Errf("unrecognized subdirective %q: want zone, sketch_buckets, new_keys, jitter or log_key", sub)
+		}
+		if d.NextArg() {
+			return d.Errf("%s: one value only, not also %q", sub, d.Val())
 		}
 	}
 	return nil
+}
+
+// oneArg reads a subdirective's value, or says what to write.
+func oneArg(d *caddyfile.Dispenser, sub, want string) (string, error) {
+	if !d.NextArg() {
+		return "", d.Errf("%s: want %s", sub, want)
+	}
+	return d.Val(), nil
 }
 
 // unmarshalZone reads one zone block, the dispenser on its "zone" token.
@@ -82,16 +118,31 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	}
 	name := d.Val()
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("zone %s: one name, then a block: zone %s { key ...; events ...; window ... }", name, name)
 	}
 	if _, dup := h.Zones[name]; dup {
-		return d.Errf("zone %q is defined twice", name)
+		return d.Errf("zone %s is defined twice in this directive: give the second one another name", name)
 	}
 	z := new(Zone)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
+		switch sub {
+		case "match":
+			ms, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			if err != nil {
+				return d.Errf("zone %s: match: %v", name, err)
+			}
+			z.MatcherSetsRaw = append(z.MatcherSetsRaw, ms)
+			continue
+		case "shared":
+			if d.NextArg() {
+				return d.Errf("zone %s: shared takes no value: write shared alone", name)
+			}
+			z.Shared = true
+			continue
+		}
 		if !d.NextArg() {
-			return d.Errf("zone %s: %s: want a value", name, sub)
+			return d.Errf("zone %s: %s: want a value, e.g. %s", name, sub, example(sub))
 		}
 		val := d.Val()
 		switch sub {
@@ -99,8 +150,8 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			z.Key = val
 		case "events", "burst":
 			n, err := strconv.ParseFloat(val, 64)
-			if err != nil || n <= 0 {
-				return d.Errf("zone %s: %s %q: want a positive number of requests", name, sub, val)
+			if err != nil || !(n > 0) {
+				return d.Errf("zone %s: %s %q: want a positive number of requests, e.g. %s", name, sub, val, example(sub))
 			}
 			if sub == "events" {
 				z.Events = n
@@ -110,14 +161,14 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		case "window":
 			w, err := caddy.ParseDuration(val)
 			if err != nil || w <= 0 {
-				return d.Errf("zone %s: window %q: want a positive duration, e.g. 10s or 1m", name, val)
+				return d.Errf("zone %s: window %q: want a positive duration, e.g. window 10s or window 1m", name, val)
 			}
 			z.Window = caddy.Duration(w)
 		default:
-			return d.Errf("zone %s: unrecognized subdirective %q: want key, events, window or burst", name, sub)
+			return d.Errf("zone %s: unrecognized subdirective %q: want key, events, window, burst, match or shared", name, sub)
 		}
 		if d.NextArg() {
-			return d.ArgErr()
+			return d.Errf("zone %s: %s: one value only, not also %q (quote a key with spaces)", name, sub, d.Val())
 		}
 	}
 	if h.Zones == nil {
@@ -125,6 +176,21 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	}
 	h.Zones[name] = z
 	return nil
+}
+
+// example is what to write for a zone's subdirective.
+func example(sub string) string {
+	switch sub {
+	case "key":
+		return "key {remote_host}"
+	case "events":
+		return "events 100"
+	case "window":
+		return "window 1m"
+	case "burst":
+		return "burst 20"
+	}
+	return sub + " <value>"
 }
 
 var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -2,6 +2,8 @@ package caddyepochsketch
 
 import (
 	"encoding/json"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -21,44 +23,56 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			events 100
 			window 1m
 			burst 20
+			match {
+				path /api/*
+				method POST
+			}
+			shared
 		}
 		sketch_buckets 4096
 		new_keys off
+		jitter 0.2
+		log_key
 	}`
 	var h Handler
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := json.Marshal(&h)
-	want := `{"zones":{"api_keys":{"key":"{http.request.header.X-API-Key}","events":100,"window":60000000000,"burst":20},` +
-		`"per_ip":{"key":"{remote_host}","events":5,"window":10000000000}},"sketch_buckets":4096,"new_keys_off":true}`
+	want := `{"zones":{"api_keys":{"key":"{http.request.header.X-API-Key}","events":100,"window":60000000000,"burst":20,"shared":true,` +
+		`"match":[{"method":["POST"],"path":["/api/*"]}]},` +
+		`"per_ip":{"key":"{remote_host}","events":5,"window":10000000000}},"sketch_buckets":4096,"new_keys_off":true,"jitter":0.2,"log_key":true}`
 	if string(got) != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
 	if err := h.Validate(); err != nil {
 		t.Errorf("Validate: %v", err)
 	}
-	if err := h.config().Validate(); err != nil {
-		t.Errorf("the engine refuses the zones: %v", err)
-	}
 }
 
+// Every mistake names the zone and subdirective at fault and says what to
+// write instead.
 func TestCaddyfileErrors(t *testing.T) {
 	for _, tc := range []struct{ name, in, want string }{
-		{"unknown subdirective", `epochsketch { zones x }`, `unrecognized subdirective "zones"`},
-		{"argument on the directive", `epochsketch 5 { }`, `wrong argument count`},
-		{"zone without name", `epochsketch { zone { key x } }`, `zone: want a name`},
-		{"zone twice", "epochsketch {\nzone a {\nkey x\n}\nzone a {\nkey y\n}\n}", `zone "a" is defined twice`},
+		{"unknown subdirective", `epochsketch { zones x }`, `unrecognized subdirective "zones": want zone, sketch_buckets, new_keys, jitter or log_key`},
+		{"argument on the directive", `epochsketch 5 { }`, `epochsketch takes a matcher and a block, not "5"`},
+		{"zone without name", `epochsketch { zone { key x } }`, `zone: want a name, e.g. zone per_ip`},
+		{"zone twice", "epochsketch {\nzone a {\nkey x\n}\nzone a {\nkey y\n}\n}", `zone a is defined twice in this directive`},
 		{"bad events", `epochsketch { zone a { key x
-			events many } }`, `events "many": want a positive number`},
+			events many } }`, `zone a: events "many": want a positive number of requests, e.g. events 100`},
 		{"zero events", `epochsketch { zone a { key x
-			events 0 } }`, `events "0": want a positive number`},
+			events 0 } }`, `zone a: events "0": want a positive number`},
 		{"bad window", `epochsketch { zone a { key x
-			window soon } }`, `window "soon": want a positive duration`},
-		{"unknown zone field", `epochsketch { zone a { rate 5 } }`, `zone a: unrecognized subdirective "rate"`},
-		{"value missing", "epochsketch {\nzone a {\nkey\n}\n}", `zone a: key: want a value`},
-		{"bad buckets", `epochsketch { sketch_buckets lots }`, `sketch_buckets "lots"`},
-		{"new_keys on", `epochsketch { new_keys on }`, `'new_keys off'`},
+			window soon } }`, `zone a: window "soon": want a positive duration, e.g. window 10s`},
+		{"unknown zone field", `epochsketch { zone a { rate 5 } }`, `zone a: unrecognized subdirective "rate": want key, events, window, burst, match or shared`},
+		{"value missing", "epochsketch {\nzone a {\nkey\n}\n}", `zone a: key: want a value, e.g. key {remote_host}`},
+		{"two values", "epochsketch {\nzone a {\nkey {remote_host} {path}\n}\n}", `zone a: key: one value only, not also "{path}" (quote a key with spaces)`},
+		{"shared with a value", "epochsketch {\nzone a {\nshared yes\n}\n}", `zone a: shared takes no value`},
+		{"bad matcher", "epochsketch {\nzone a {\nmatch {\nnosuch x\n}\n}\n}", `zone a: match: `},
+		{"bad buckets", `epochsketch { sketch_buckets lots }`, `sketch_buckets "lots": want a positive power of two`},
+		{"new_keys on", `epochsketch { new_keys on }`, `new_keys "on": the one setting is new_keys off`},
+		{"jitter too big", `epochsketch { jitter 2 }`, `jitter "2": want a fraction from 0 to 1`},
+		{"log_key value", `epochsketch { log_key yes }`, `log_key takes no value`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler
@@ -76,11 +90,17 @@ func TestValidate(t *testing.T) {
 		h    Handler
 		want string
 	}{
-		{"no zones", Handler{}, "no zones"},
-		{"no key", Handler{Zones: map[string]*Zone{"a": {Events: 1, Window: 1e9}}}, `zone "a" has no key`},
-		{"no events", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Window: 1e9}}}, `zone "a": events 0`},
-		{"no window", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5}}}, `zone "a": window 0s`},
+		{"no zones", Handler{}, "no zones: add at least one"},
+		{"no key", Handler{Zones: map[string]*Zone{"a": {Events: 1, Window: 1e9}}}, `zone "a": key is missing: set one, e.g. key {remote_host}`},
+		{"bad key", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host", Events: 1, Window: 1e9}}}, `zone "a": key "{remote_host": a { without its }`},
+		{"no events", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Window: 1e9}}}, `zone "a": events 0: want a positive number of requests per window`},
+		{"no window", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5}}}, `zone "a": window 0s: want a positive duration`},
 		{"empty zone", Handler{Zones: map[string]*Zone{"a": nil}}, `zone "a" is empty`},
+		{"bad name", Handler{Zones: map[string]*Zone{"bad name!": {Key: "{remote_host}", Events: 5, Window: 1e9}}}, `zone "bad name!": name: use 1 to 64 letters, digits, - and _`},
+		{"burst too big", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: 1e9, Burst: 1 << 30}}}, `zone "a": burst: 1.073741824e+09: want 1 to 8388607 (or 0: the same as events)`},
+		{"tick too short", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 1e6, Window: 1e9, Burst: 1}}}, `zone "a": burst: 1e+06 per 1s with a burst of 1 needs a tick of 500ns, under 1ms: raise the burst to at least 2000`},
+		{"jitter", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: 1e9}}, Jitter: -1}, `jitter -1: want a fraction from 0 to 1`},
+		{"buckets", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: 1e9}}, SketchBuckets: 1 << 27}, `sketch_buckets 134217728: want 1 to 67108864`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.h.Validate()
@@ -89,53 +109,41 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
-	// What only the engine checks comes back with its reason, in the
-	// Caddyfile's words.
-	for _, tc := range []struct {
-		zone Zone
-		name string
-		want string
-	}{
-		{Zone{Key: "{remote_host}", Events: 5, Window: 1e9}, "bad name!", `epochsketch: zone "bad name!": name: `},
-		{Zone{Key: "{remote_host}", Events: 5, Window: 1e9, Burst: 1 << 30}, "a", `epochsketch: zone "a": burst: `},
-	} {
-		h := Handler{Zones: map[string]*Zone{tc.name: &tc.zone}}
-		err := h.config().Validate()
-		if err == nil {
-			t.Errorf("%+v: the engine took it", tc.zone)
-			continue
-		}
-		if got := h.zoneError(err).Error(); !strings.HasPrefix(got, tc.want) {
-			t.Errorf("%+v: %q, want it to start %q", tc.zone, got, tc.want)
-		}
-	}
-}
-
-func TestStripKeyHeaders(t *testing.T) {
-	h := map[string][]string{
-		"Epochsketch-Zone-0": {"chosen"},
-		"Epochsketch_zone_1": {"chosen"},
-		"EPOCHSKETCH-ZONE-2": {"chosen"},
-		"X-Api-Key":          {"kept"},
-		"Epochsketch":        {"kept"},
-	}
-	stripKeyHeaders(h)
-	if len(h) != 2 || h["X-Api-Key"] == nil || h["Epochsketch"] == nil {
-		t.Errorf("left %v, want only X-Api-Key and Epochsketch", h)
-	}
 }
 
 // The JSON form the README shows.
 func TestJSONForm(t *testing.T) {
 	var h Handler
-	in := `{"handler": "epochsketch", "zones": {"per_ip": {"key": "{remote_host}", "events": 5, "window": "10s"}}}`
+	in := `{"handler": "epochsketch", "zones": {"per_ip": {"key": "{remote_host}", "events": 5, "window": "10s", "match": [{"path": ["/api/*"]}]}}}`
 	if err := json.Unmarshal([]byte(in), &h); err != nil {
 		t.Fatal(err)
 	}
-	if z := h.Zones["per_ip"]; z == nil || z.Key != "{remote_host}" || z.Events != 5 || time.Duration(z.Window) != 10*time.Second {
+	if z := h.Zones["per_ip"]; z == nil || z.Key != "{remote_host}" || z.Events != 5 || time.Duration(z.Window) != 10*time.Second || len(z.MatcherSetsRaw) != 1 {
 		t.Fatalf("read %+v", h.Zones["per_ip"])
 	}
 	if err := h.Validate(); err != nil {
 		t.Error(err)
+	}
+}
+
+// README.md's JSON form reads into the handler, every field known, and
+// validates.
+func TestReadmeJSON(t *testing.T) {
+	src, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```json\n(.*?)```").FindStringSubmatch(string(src))
+	if m == nil {
+		t.Fatal("README.md has no JSON form")
+	}
+	var h Handler
+	dec := json.NewDecoder(strings.NewReader(strings.Replace(m[1], `"handler": "epochsketch",`, "", 1)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Validate(); err != nil || len(h.Zones) != 2 || !h.Zones["api_keys"].Shared || h.Jitter != 0.2 {
+		t.Errorf("%v: %+v", err, h)
 	}
 }

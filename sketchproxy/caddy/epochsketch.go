@@ -1,38 +1,43 @@
 // Package caddyepochsketch is the Caddy HTTP handler http.handlers.epochsketch:
-// SketchProxy's rate limiter (sketchproxy.Middleware, the decision engine
-// of the proxy, its forward-auth check and its Envoy service) inside Caddy,
-// with no other process and no other hop.
+// SketchProxy's rate limiter inside Caddy, with no other process and no
+// other hop, and the request matcher http.matchers.epochsketch_path.
 //
-// Each zone is a key (a Caddy placeholder, resolved per request), a number
-// of events per window and an optional burst. A request over a zone's limit
-// gets 429 with Retry-After and the draft RateLimit and RateLimit-Policy
-// fields; an admitted one goes on to the next handler with the RateLimit
-// fields on its response. The counts live in fixed-memory sketches that
-// survive a config reload with the same zones (see pool). The Caddyfile
-// form is in caddyfile.go, the metrics in metrics.go.
+// The handler decides each request with SketchProxy's decision engine
+// (sketchproxy/internal/engine), the one call every door of SketchProxy
+// makes: the zones a request matches, with its key under each, go in; a
+// decision comes out. An admitted request goes on to the next handler with
+// the draft RateLimit and RateLimit-Policy fields on its response; a refused
+// one never reaches it: the handler answers 429 with Retry-After and the
+// fields, or, where the server has error routes (handle_errors), returns
+// the 429 as an error with those fields already set, for the routes to
+// answer. The handler changes nothing of the request the next handler sees.
+//
+// Each zone counts in fixed-memory sketches of its own that outlive a
+// config reload which keeps the zone (zones.go). README.md in this
+// directory is the directive's documentation; caddyfile.go reads the
+// Caddyfile, keys.go resolves keys, refuse.go answers refusals, matcher.go
+// is the path matcher and metrics.go the metrics.
 package caddyepochsketch
 
 import (
-	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"log/slog"
+	"math"
+	"math/rand/v2"
 	"net/http"
-	"net/netip"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
-	"github.com/epochsketch/epochsketch/sketchproxy"
+	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 func init() {
@@ -40,55 +45,52 @@ func init() {
 }
 
 // Handler is the epochsketch handler's configuration (its JSON form) and,
-// once provisioned, the Middleware it decides with. Provision it through
-// Caddy; it is then safe for concurrent use.
+// once provisioned, its zones. Provision it through Caddy; it is then safe
+// for concurrent use.
 type Handler struct {
-	// Zones are the limits, by name: every zone must admit a request.
-	// A name is letters, digits, '-' and '_'.
+	// Zones are the limits, by name: every zone whose matchers match a
+	// request must admit it. A name is letters, digits, '-' and '_'.
 	Zones map[string]*Zone `json:"zones,omitempty"`
-	// SketchBuckets sizes each sketch, 64 bytes a bucket (default 65536:
-	// 4 MiB, about 130k keys above the noise). Memory never grows with the
-	// number of keys.
+	// SketchBuckets sizes each zone's sketch, 64 bytes a bucket (default
+	// 65536: 4 MiB, about 130k keys above the noise). Memory never grows
+	// with the number of keys.
 	SketchBuckets int `json:"sketch_buckets,omitempty"`
 	// NewKeysOff turns off the key-rotation defense (on by default: while
 	// keys never seen before spike, keys first seen during the spike get a
 	// quarter of each limit; see sketchproxy's README, "New keys").
 	NewKeysOff bool `json:"new_keys_off,omitempty"`
+	// Jitter lengthens each refusal's Retry-After by a random fraction of
+	// it, up to Jitter (0 to 1; default 0), so that clients refused
+	// together do not all come back in the same second. The RateLimit
+	// field's values stay exact.
+	Jitter float64 `json:"jitter,omitempty"`
+	// LogKey logs a refused request's key as it is; by default the log
+	// shows a keyed hash of it ("k:" and 12 hex digits, the same for the
+	// same key while Caddy runs), since keys are addresses and API keys.
+	LogKey bool `json:"log_key,omitempty"`
 
-	mw      *sketchproxy.Middleware
-	poolKey string
-	headers []string // the zones' internal key headers, by zone (sorted by name)
-	keys    []string // the zones' key placeholders, in the same order
-	prefix  bool     // a key uses {http.epochsketch.client_prefix}
-}
+	zones    []*zoneRef // by name
+	side     *sideRef   // the side sketches every zone of the handler reads
+	eng      *engine.Engine
+	prefix   bool // a key uses {http.epochsketch.client_prefix}
+	asErrors bool // refusals are returned as errors: error routes answer them
+	logger   *zap.Logger
 
-// prefixPlaceholder is the client's address as SketchProxy's ip key groups
-// it: Caddy's {client_ip} (the connection's address, or past Caddy's
-// trusted_proxies the one they name), an IPv6 address cut to its /64, the
-// one subscriber's whole network, so that rotating through it gains no
-// requests. {remote_host} is the exact address.
-const prefixPlaceholder = "http.epochsketch.client_prefix"
-
-// clientPrefix is prefixPlaceholder's value for r: "-" if Caddy has no
-// client address.
-func clientPrefix(r *http.Request) string {
-	s, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return "-"
-	}
-	if a = a.Unmap(); a.Is6() {
-		return netip.PrefixFrom(a, 64).Masked().String()
-	}
-	return a.String()
+	// Tests set these before Provision: the clock and seed of the
+	// engine, and the jitter's random numbers.
+	clock epochsketch.Clock
+	seed  uint64
+	rand  func() float64
 }
 
 // Zone is one limit: Events requests per Window for each value of Key.
 type Zone struct {
-	// Key is the placeholder a request's key is read from, e.g.
-	// {remote_host}, {http.epochsketch.client_prefix} (IPv6 by /64) or
-	// {http.request.header.X-API-Key}. A placeholder that
-	// resolves to nothing (a missing header) is the key "-": all such
+	// Key is the key a request counts under: placeholders resolved per
+	// request, e.g. {remote_host}, {http.epochsketch.client_prefix} (IPv6
+	// by /64) or {http.request.header.X-API-Key}. A header sent more than
+	// once counts under its first value; a query parameter or cookie
+	// given more than once is refused with 400 (keys.go says why). A key
+	// that resolves to nothing (a missing header) is "-": all such
 	// requests share one count.
 	Key string `json:"key"`
 	// Events is how many requests a key may make per Window.
@@ -98,6 +100,15 @@ type Zone struct {
 	// Burst is the most requests a quiet key may send at once (default
 	// Events).
 	Burst float64 `json:"burst,omitempty"`
+	// Shared makes the zone one count wherever a zone of the same name
+	// and definition is configured (other sites, other routes); by
+	// default a zone counts apart from identical zones elsewhere.
+	Shared bool `json:"shared,omitempty"`
+	// MatcherSetsRaw selects the requests the zone judges (default: every
+	// request the handler sees).
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	matchers caddyhttp.MatcherSets
 }
 
 // CaddyModule returns the Caddy module information.
@@ -108,14 +119,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// keyHeaderPrefix starts the request headers that carry each zone's
-// resolved key to the Middleware (rules keyed header:Epochsketch-Zone-N).
-// A client's own copies, in any spelling a server might read as one, are
-// removed first, so no client chooses its key; ours are removed before the
-// next handler.
-const keyHeaderPrefix = "Epochsketch-Zone-"
+// prefixPlaceholder is the client's address as SketchProxy's ip key groups
+// it (keys.go, clientPrefix).
+const prefixPlaceholder = "http.epochsketch.client_prefix"
 
-// names returns the zones' names, sorted: the rules' and headers' order.
+// names returns the zones' names, sorted: the order zones are decided in.
 func (h *Handler) names() []string {
 	names := make([]string, 0, len(h.Zones))
 	for n := range h.Zones {
@@ -125,200 +133,192 @@ func (h *Handler) names() []string {
 	return names
 }
 
-// validate checks what the engine would not see: the zones' presence and
-// their keys. The engine checks names and numbers, with its own messages.
+var reName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// validate checks the configuration, saying for each mistake the zone and
+// subdirective at fault and what to write instead.
 func (h *Handler) validate() error {
 	if len(h.Zones) == 0 {
-		return fmt.Errorf("epochsketch: no zones: add at least one zone with a key, events and a window")
+		return fmt.Errorf("epochsketch: no zones: add at least one, e.g. zone per_ip { key {remote_host}; events 5; window 10s }")
 	}
 	for _, name := range h.names() {
 		z := h.Zones[name]
+		if !reName.MatchString(name) {
+			return fmt.Errorf("epochsketch: zone %q: name: use 1 to 64 letters, digits, - and _, e.g. per_ip", name)
+		}
 		if z == nil {
 			return fmt.Errorf("epochsketch: zone %q is empty: give it a key, events and a window", name)
 		}
 		if strings.TrimSpace(z.Key) == "" {
-			return fmt.Errorf("epochsketch: zone %q has no key: set one, e.g. key {remote_host}", name)
+			return fmt.Errorf("epochsketch: zone %q: key is missing: set one, e.g. key {remote_host}", name)
 		}
-		if z.Events <= 0 {
-			return fmt.Errorf("epochsketch: zone %q: events %v: want a positive number of requests per window", name, z.Events)
+		if _, err := parseKey(z.Key); err != nil {
+			return fmt.Errorf("epochsketch: zone %q: key %q: %v", name, z.Key, err)
+		}
+		if !(z.Events > 0) || math.IsInf(z.Events, 0) {
+			return fmt.Errorf("epochsketch: zone %q: events %v: want a positive number of requests per window, e.g. events 100", name, z.Events)
 		}
 		if z.Window <= 0 {
-			return fmt.Errorf("epochsketch: zone %q: window %v: want a positive duration, e.g. 10s", name, time.Duration(z.Window))
+			return fmt.Errorf("epochsketch: zone %q: window %v: want a positive duration, e.g. window 10s", name, time.Duration(z.Window))
 		}
 		if z.Burst < 0 {
-			return fmt.Errorf("epochsketch: zone %q: burst %v: want a positive number (or none: events)", name, z.Burst)
+			return fmt.Errorf("epochsketch: zone %q: burst %v: want a positive number of requests (or none: events)", name, z.Burst)
+		}
+		if _, err := z.rate().Compile(); err != nil {
+			return fmt.Errorf("epochsketch: zone %q: %s", name, rateError(err))
 		}
 	}
-	if h.SketchBuckets < 0 {
-		return fmt.Errorf("epochsketch: sketch_buckets %d: want a positive power of two, or none (65536)", h.SketchBuckets)
+	if h.SketchBuckets < 0 || h.SketchBuckets > 1<<26 {
+		return fmt.Errorf("epochsketch: sketch_buckets %d: want 1 to 67108864 (4 GiB), or none (65536)", h.SketchBuckets)
+	}
+	if !(h.Jitter >= 0 && h.Jitter <= 1) {
+		return fmt.Errorf("epochsketch: jitter %v: want a fraction from 0 to 1, e.g. jitter 0.2 (up to 20%% more)", h.Jitter)
 	}
 	return nil
 }
 
-// config is the engine's configuration for the zones: one rule per zone,
-// keyed by its internal header, refused requests not counted (a client over
-// the limit still gets the limit, as with Caddy's other rate limiters), no
-// tarpit. What Caddy owns is left to Caddy: the client address (no
-// trusted proxies: every key comes from a placeholder), request bodies
-// (streamed, not buffered; the engine's body timeout at its 1h maximum,
-// Caddy's own timeouts govern) and in-flight caps (none).
-func (h *Handler) config() *sketchproxy.Config {
-	cfg := &sketchproxy.Config{
-		Server: sketchproxy.ServerConfig{
-			BufferBody:           new(int),
-			MaxInFlightPerClient: new(int),
-			BodyTimeout:          sketchproxy.Duration(time.Hour),
-		},
-		Sketch:  sketchproxy.SketchConfig{Buckets: h.SketchBuckets},
-		NewKeys: sketchproxy.NewKeysConfig{Disabled: h.NewKeysOff},
-	}
-	for i, name := range h.names() {
-		z := h.Zones[name]
-		cfg.Rules = append(cfg.Rules, sketchproxy.Rule{
-			Name: name,
-			Key:  []string{"header:" + keyHeaderPrefix + strconv.Itoa(i)},
-			Limits: []sketchproxy.Limit{{
-				Requests: z.Events, Per: sketchproxy.Duration(z.Window), Burst: z.Burst,
-			}},
-		})
-	}
-	return cfg
+// rate is the zone's limit as package rate compiles it.
+func (z *Zone) rate() rate.Rate {
+	return rate.Rate{Requests: z.Events, Per: time.Duration(z.Window), Burst: z.Burst}
 }
 
-// zoneError says an engine's error about a rule in the Caddyfile's words:
-// rules[1].limits[0].requests is zone NAME: events.
-func (h *Handler) zoneError(err error) error {
-	var ce *sketchproxy.ConfigError
-	if !errors.As(err, &ce) {
-		return fmt.Errorf("epochsketch: %w", err)
+// rateFields are package rate's field names in the Caddyfile's words.
+var rateFields = strings.NewReplacer("Requests", "events", "Per", "window", "Burst", "burst")
+
+// rateError says a limit package rate refuses in the Caddyfile's words:
+// "burst: 0.4 rounds to 0: want 1 to ...".
+func rateError(err error) string {
+	if re, ok := err.(*rate.Error); ok {
+		return rateFields.Replace(re.Field) + ": " + rateFields.Replace(re.Msg)
 	}
-	field, names := ce.Field, h.names()
-	var i int
-	if _, e := fmt.Sscanf(field, "rules[%d]", &i); e == nil && i >= 0 && i < len(names) {
-		rest := strings.TrimPrefix(field[strings.Index(field, "]")+1:], ".limits[0]")
-		switch rest = strings.TrimPrefix(rest, "."); rest {
-		case "requests":
-			rest = "events"
-		case "per":
-			rest = "window"
-		}
-		field = fmt.Sprintf("zone %q", names[i])
-		if rest != "" {
-			field += ": " + rest
-		}
-	}
-	return fmt.Errorf("epochsketch: %s: %s", field, ce.Msg)
+	return err.Error()
 }
 
-// Provision builds the zones' Middleware, or takes the one a previous
-// config with the same zones left in the pool, counts and all.
+// buckets is the sketches' size, the default applied.
+func (h *Handler) buckets() int {
+	if h.SketchBuckets == 0 {
+		return 1 << 16
+	}
+	return h.SketchBuckets
+}
+
+// Provision takes each zone's counts from the pool, or starts them, and
+// loads the zones' matchers.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.validate(); err != nil {
 		return err
 	}
-	cfg := h.config()
-	if err := cfg.Validate(); err != nil {
-		return h.zoneError(err)
+	h.logger = ctx.Logger(h)
+	if h.rand == nil {
+		h.rand = rand.Float64
 	}
-	sum, err := json.Marshal(struct {
-		Zones   map[string]*Zone
-		Buckets int
-		NewOff  bool
-	}{h.Zones, h.SketchBuckets, h.NewKeysOff})
-	if err != nil {
-		return fmt.Errorf("epochsketch: %w", err)
-	}
-	d := sha256.Sum256(sum)
-	h.poolKey = hex.EncodeToString(d[:])
-	v, _, err := pool.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {
-		log := new(logSwitch)
-		log.cur.Store(ctx.Slogger())
-		mw, err := sketchproxy.New(cfg, http.HandlerFunc(callNext), sketchproxy.Options{Logger: slog.New(log)})
-		if err != nil {
-			return nil, h.zoneError(err)
+	for _, name := range h.names() {
+		z := h.Zones[name]
+		if z.MatcherSetsRaw != nil {
+			v, err := ctx.LoadModule(z, "MatcherSetsRaw")
+			if err != nil {
+				return fmt.Errorf("epochsketch: zone %q: match: %v", name, err)
+			}
+			if err := z.matchers.FromInterface(v); err != nil {
+				return fmt.Errorf("epochsketch: zone %q: match: %v", name, err)
+			}
 		}
-		return pooled{mw, log}, nil
-	})
-	if err != nil {
-		h.poolKey = ""
+		h.prefix = h.prefix || strings.Contains(z.Key, "{"+prefixPlaceholder+"}")
+	}
+	h.asErrors = errorRoutes(ctx)
+	if err := h.takeZones(ctx); err != nil {
+		h.Cleanup()
 		return err
 	}
-	p := v.(pooled)
-	p.log.cur.Store(ctx.Slogger()) // the newest config's logging
-	h.mw = p.Middleware
-	for i, name := range h.names() {
-		h.headers = append(h.headers, keyHeaderPrefix+strconv.Itoa(i))
-		h.keys = append(h.keys, h.Zones[name].Key)
-		h.prefix = h.prefix || strings.Contains(h.Zones[name].Key, "{"+prefixPlaceholder+"}")
-	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
-		_ = h.Cleanup()
+		h.Cleanup()
 		return err
 	}
 	return nil
 }
 
-// Validate checks the configuration (Provision has built it already; this
-// repeats the checks for tools that only validate).
+// errorRoutes reports whether a refusal returned as an error would be
+// answered by error routes: the server's (handle_errors) or an enclosing
+// subroute's. Without them Caddy would answer it with a bare status, so
+// the handler writes its refusals itself, as it always has.
+func errorRoutes(ctx caddy.Context) bool {
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv.Errors != nil && len(srv.Errors.Routes) > 0 {
+		return true
+	}
+	for _, m := range ctx.Modules() {
+		if sr, ok := m.(*caddyhttp.Subroute); ok && sr.Errors != nil && len(sr.Errors.Routes) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Validate checks the configuration (Provision has checked it already;
+// this repeats the checks for tools that only validate).
 func (h *Handler) Validate() error { return h.validate() }
 
-// Cleanup releases this config's hold on the Middleware: the last config
-// using these zones closes it.
+// Cleanup lets go of this config's zones: the last config that uses a
+// zone frees its sketches.
 func (h *Handler) Cleanup() error {
-	if h.poolKey == "" {
-		return nil
+	for _, z := range h.zones {
+		z.release()
 	}
-	_, err := pool.Delete(h.poolKey)
-	h.poolKey = ""
-	return err
-}
-
-// nextKey is the context key of a request's *nextCall.
-type nextKey struct{}
-
-// nextCall carries Caddy's next handler through the Middleware, which was
-// built once with callNext as its next, and brings its error back.
-type nextCall struct {
-	next    caddyhttp.Handler
-	headers []string
-	called  bool // the Middleware admitted the request
-	err     error
-}
-
-// callNext is the Middleware's next handler: the request's Caddy next,
-// without the internal key headers.
-func callNext(w http.ResponseWriter, r *http.Request) {
-	c := r.Context().Value(nextKey{}).(*nextCall)
-	c.called = true
-	for _, name := range c.headers {
-		r.Header.Del(name)
+	h.zones = nil
+	if h.side != nil {
+		h.side.release()
+		h.side = nil
 	}
-	c.err = c.next.ServeHTTP(w, r)
+	return nil
 }
 
-// ServeHTTP resolves each zone's key, lets the Middleware decide, and
-// returns the next handler's error if the request went on.
+// scratches are the engine's per-request working memory, reused.
+var scratches = sync.Pool{New: func() any { return new(engine.Scratch) }}
+
+// fieldsVar marks a request whose response carries an epochsketch
+// handler's RateLimit fields already: a later handler adds its own to them.
+const fieldsVar = "epochsketch.fields"
+
+// ServeHTTP decides the request in every zone that matches it, at once,
+// and hands an admitted request to next, unchanged.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.prefix {
 		repl.Set(prefixPlaceholder, clientPrefix(r))
 	}
-	stripKeyHeaders(r.Header)
-	for i, k := range h.keys {
-		r.Header.Set(h.headers[i], repl.ReplaceAll(k, ""))
+	var room [8]engine.Fact
+	facts := room[:0]
+	var q queryCache
+	for _, z := range h.zones {
+		if z.zone.matchers != nil {
+			ok, err := z.zone.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("epochsketch: zone %q: match: %w", z.name, err))
+			}
+			if !ok {
+				continue
+			}
+		}
+		key, why := z.key.resolve(r, repl, &q)
+		if why != "" {
+			return h.badKey(w, r, z, why)
+		}
+		facts = append(facts, engine.Fact{Rule: z.state.rule, Key: key})
 	}
-	c := &nextCall{next: next, headers: h.headers}
-	hd := w.Header()
-	if prior := hd[policyKey]; prior != nil {
-		// An epochsketch handler before this one (another matcher's
-		// zones) admitted the request: its fields and ours go together.
-		mw := &mergeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, c: c, policy: prior, rateLimit: hd[rateLimitKey]}
-		delete(hd, policyKey)
-		delete(hd, rateLimitKey)
-		w = mw
+	if len(facts) == 0 {
+		return next.ServeHTTP(w, r)
 	}
-	h.mw.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nextKey{}, c)))
-	return c.err
+	sc := scratches.Get().(*engine.Scratch)
+	defer func() {
+		sc.Reset()
+		scratches.Put(sc)
+	}()
+	d := h.eng.Decide(r.Context(), h.side.set, h.eng.Now(), &engine.Request{Facts: facts, NoDrip: true}, sc)
+	defer d.Done()
+	if !d.Admitted {
+		return h.refuse(w, r, repl, &d)
+	}
+	h.setFields(w.Header(), r, &d.Fields, false)
+	return next.ServeHTTP(w, r)
 }
 
 // The draft RateLimit fields' keys in a header map.
@@ -327,101 +327,50 @@ var (
 	rateLimitKey = http.CanonicalHeaderKey("RateLimit")
 )
 
-// mergeWriter joins an earlier epochsketch handler's RateLimit fields to
-// this one's when the response starts: RateLimit-Policy lists every
-// policy; RateLimit lists all of them on an admitted request, and on a
-// refusal only this handler's, the policies the client is over.
-type mergeWriter struct {
-	*caddyhttp.ResponseWriterWrapper
-	c                 *nextCall
-	policy, rateLimit []string
-	done              bool
-}
-
-func (mw *mergeWriter) merge() {
-	if mw.done {
+// setFields sets the RateLimit-Policy and RateLimit fields of a decision.
+// After an earlier epochsketch handler of the same request (another
+// directive's zones), RateLimit-Policy lists every policy; RateLimit lists
+// all of them on an admitted request, and on a refusal only this handler's
+// policies the client is over.
+func (h *Handler) setFields(hd http.Header, r *http.Request, f *engine.Fields, refused bool) {
+	if !f.Any {
 		return
 	}
-	mw.done = true
-	hd := mw.Header()
-	join := func(key string, prior []string) {
-		if ours := hd[key]; len(ours) > 0 {
-			hd[key] = []string{strings.Join(append(slices.Clone(prior), ours...), ", ")}
-		} else {
-			hd[key] = prior
+	prior, _ := caddyhttp.GetVar(r.Context(), fieldsVar).(bool)
+	caddyhttp.SetVar(r.Context(), fieldsVar, true)
+	join := func(key, ours string) {
+		if old := hd.Get(key); prior && old != "" {
+			ours = old + ", " + ours
+		}
+		hd[key] = []string{ours}
+	}
+	join(policyKey, f.Policy)
+	switch {
+	case len(f.RateLimit) == 0:
+	case refused:
+		hd[rateLimitKey] = []string{string(f.RateLimit)}
+	default:
+		join(rateLimitKey, string(f.RateLimit))
+	}
+}
+
+// limitName is a zone's limit's name in its RateLimit policy ("per_ip-per-10s"),
+// as SketchProxy names a rule's limit that has no name of its own.
+func limitName(per time.Duration) string {
+	var s string
+	if day := 24 * time.Hour; per >= day && per%day == 0 {
+		s = strconv.FormatInt(int64(per/day), 10) + "d"
+	} else {
+		s = per.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
 		}
 	}
-	join(policyKey, mw.policy)
-	if mw.c.called {
-		join(rateLimitKey, mw.rateLimit)
-	}
+	return "per-" + strings.ReplaceAll(s, ".", "_")
 }
-
-func (mw *mergeWriter) WriteHeader(code int) {
-	if code >= 200 {
-		mw.merge()
-	}
-	mw.ResponseWriterWrapper.WriteHeader(code)
-}
-
-func (mw *mergeWriter) Write(p []byte) (int, error) {
-	mw.merge()
-	return mw.ResponseWriterWrapper.Write(p)
-}
-
-func (mw *mergeWriter) ReadFrom(r io.Reader) (int64, error) {
-	mw.merge()
-	return mw.ResponseWriterWrapper.ReadFrom(r)
-}
-
-// stripKeyHeaders deletes a client's headers that read as an internal key
-// header: Epochsketch-Zone-N itself, or spelled with '_' for '-' (CGI and
-// WSGI upstreams read them as one; the engine refuses such a request as
-// ambiguous).
-func stripKeyHeaders(hd http.Header) {
-	for name := range hd {
-		if len(name) >= len(keyHeaderPrefix) && strings.EqualFold(strings.ReplaceAll(name[:len(keyHeaderPrefix)], "_", "-"), keyHeaderPrefix) {
-			delete(hd, name)
-		}
-	}
-}
-
-// pool holds the Middlewares by a hash of their zones' configuration, so a
-// reload that keeps the zones keeps their counts: the new config takes the
-// Middleware before the old one lets go of it.
-var pool = caddy.NewUsagePool()
-
-// pooled is a Middleware in the pool, and its logger; the pool closes it
-// when the last config using it is cleaned up.
-type pooled struct {
-	*sketchproxy.Middleware
-	log *logSwitch
-}
-
-// logSwitch sends a pooled Middleware's log to the logger of the newest
-// config that provisioned it: a reload may change Caddy's logging, and
-// closes the old config's writers.
-type logSwitch struct{ cur atomic.Pointer[slog.Logger] }
-
-func (l *logSwitch) Enabled(ctx context.Context, lv slog.Level) bool {
-	return l.cur.Load().Handler().Enabled(ctx, lv)
-}
-
-func (l *logSwitch) Handle(ctx context.Context, r slog.Record) error {
-	return l.cur.Load().Handler().Handle(ctx, r)
-}
-
-// WithAttrs and WithGroup bind to the logger of now (the Middleware uses
-// neither).
-func (l *logSwitch) WithAttrs(as []slog.Attr) slog.Handler {
-	return l.cur.Load().Handler().WithAttrs(as)
-}
-
-func (l *logSwitch) WithGroup(name string) slog.Handler {
-	return l.cur.Load().Handler().WithGroup(name)
-}
-
-func (p pooled) Destruct() error { return p.Close() }
 
 // Interface guards.
 var (
@@ -429,5 +378,4 @@ var (
 	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
-	_ caddy.Destructor            = pooled{}
 )

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,7 +34,8 @@ func (l *lockedBuffer) String() string {
 
 // TestExampleScript runs sketchproxy/examples/caddy-module/run.sh as a user
 // would (with the binary the tests built): its one open line, a burst, the
-// stacked /api/ zone's RateLimit fields beside per_ip's, and SIGINT, after
+// stacked /api/ zone's RateLimit fields beside per_ip's, requests that
+// SketchProxy's proxy would refuse passed on as sent, and SIGINT, after
 // which nothing answers on its port and its directory is gone.
 func TestExampleScript(t *testing.T) {
 	bin := caddyBinary(t)
@@ -126,16 +126,18 @@ func TestExampleScript(t *testing.T) {
 		t.Errorf("the /api/ refusal: RateLimit-Policy %q, RateLimit %q: want both policies, and per_ip alone in RateLimit", last.policy, last.rateLimit)
 	}
 
-	// The engine's own checks, through Caddy: a path no rule can judge,
-	// and TRACE.
-	if ans := get(t, clientFrom("127.0.3.1"), url+"a%2Fb"); ans.code != http.StatusBadRequest {
-		t.Errorf("/a%%2Fb: %d, want 400", ans.code)
-	}
-	req, _ := http.NewRequest(http.MethodTrace, url, nil)
-	if resp, err := clientFrom("127.0.3.2").Do(req); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
-		t.Errorf("TRACE: %v %v, want 405", resp, err)
-	} else {
-		resp.Body.Close()
+	// No check that no zone asked for: an encoded slash, TRACE and a
+	// lower-case method are judged by per_ip and reach the app as sent.
+	c := clientFrom("127.0.3.1")
+	for _, tc := range []struct{ method, path, want string }{
+		{"GET", "a%2Fb", "(GET /a/b)"},
+		{"TRACE", "", "(TRACE /)"},
+		{"get", "x", "(get /x)"},
+	} {
+		a := send(t, c, tc.method, url+tc.path)
+		if a.code != 200 || !strings.Contains(a.body, tc.want) || !strings.Contains(a.rateLimit, `"per_ip-`) {
+			t.Errorf("%s /%s: %d %q, RateLimit %q; want the app's answer %s, judged by per_ip", tc.method, tc.path, a.code, a.body, a.rateLimit, tc.want)
+		}
 	}
 
 	syscall.Kill(cmd.Process.Pid, syscall.SIGINT)
@@ -150,5 +152,36 @@ func TestExampleScript(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(tmp, "*")); len(left) > 0 {
 		t.Errorf("run.sh left %v behind", left)
+	}
+}
+
+// Every whole Caddyfile in README.md (a site block, or global options
+// and sites) loads in the built Caddy: `caddy validate` adapts it and
+// provisions every module, ours included.
+func TestReadmeCaddyfiles(t *testing.T) {
+	bin := caddyBinary(t)
+	src, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```caddyfile\n(.*?)```").FindAllStringSubmatch(string(src), -1)
+	n := 0
+	for _, b := range blocks {
+		conf := b[1]
+		if strings.HasPrefix(conf, "epochsketch ") || strings.HasPrefix(conf, "@") {
+			continue // the syntax, and a fragment
+		}
+		n++
+		dir := t.TempDir()
+		file := filepath.Join(dir, "Caddyfile")
+		os.WriteFile(file, []byte(conf), 0o600)
+		cmd := exec.Command(bin, "validate", "--config", file, "--adapter", "caddyfile")
+		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("README's Caddyfile %d does not load: %v\n%s\n%s", n, err, conf, out)
+		}
+	}
+	if n < 4 {
+		t.Errorf("%d whole Caddyfiles in README.md, want the 4 examples", n)
 	}
 }

@@ -1,0 +1,184 @@
+package caddyepochsketch
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+)
+
+// Refusals.
+//
+// A refused request gets 429 with Retry-After (the wait after which every
+// zone it matched admits it again, engine.Decision.Retry, lengthened by
+// the jitter if one is set), RateLimit-Policy and RateLimit. The handler
+// sets these on the response and then, where error routes exist
+// (errorRoutes), returns the 429 as a caddyhttp.HandlerError for them to
+// answer, with {http.epochsketch.zone} and {http.epochsketch.retry_after}
+// set; else it writes the answer itself with a problem+json body (RFC
+// 9457), as SketchProxy's proxy does.
+
+// Placeholders a refusal sets, for error routes and logs.
+const (
+	zonePlaceholder  = "http.epochsketch.zone"
+	retryPlaceholder = "http.epochsketch.retry_after"
+)
+
+// refusalError is the error a refusal returns to Caddy: its message is the
+// problem's detail.
+type refusalError struct{ detail string }
+
+func (e *refusalError) Error() string { return "epochsketch: " + e.detail }
+
+// problem is an RFC 9457 problem details body, with the fields
+// SketchProxy's proxy gives a refusal.
+type problem struct {
+	Type       string   `json:"type"`
+	Title      string   `json:"title"`
+	Status     int      `json:"status"`
+	Detail     string   `json:"detail"`
+	Rule       string   `json:"rule,omitempty"`
+	Limit      string   `json:"limit,omitempty"`
+	Outcome    string   `json:"outcome,omitempty"`
+	RetryAfter int64    `json:"retry_after,omitempty"`
+	Level      float64  `json:"level,omitempty"`
+	Violated   []string `json:"violated-policies,omitempty"`
+}
+
+// quotaExceeded is the draft's problem type for a client over its quota.
+const quotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+// refuse answers a refused request (see Refusals).
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, d *engine.Decision) error {
+	v := &d.Worst
+	retry := d.Retry
+	if h.Jitter > 0 && retry > 0 {
+		retry += time.Duration(h.rand() * h.Jitter * float64(retry))
+	}
+	secs := rate.Seconds(retry)
+	hd := w.Header()
+	h.setFields(hd, r, &d.Fields, true)
+	hd.Set("Retry-After", strconv.FormatInt(secs, 10))
+	hd.Set("Cache-Control", "no-store")
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		// The body is not read: without this the server would wait for
+		// it, however slowly it is sent, before the answer goes out.
+		hd.Set("Connection", "close")
+	}
+	zone := ""
+	if v.Rule != nil {
+		zone = v.Rule.Name
+	}
+	repl.Set(zonePlaceholder, zone)
+	repl.Set(retryPlaceholder, secs)
+	p := problem{
+		Type: "about:blank", Title: http.StatusText(http.StatusTooManyRequests), Status: http.StatusTooManyRequests,
+		Rule: zone, Outcome: v.Out.String(), RetryAfter: secs, Level: math.Round(v.Level*100) / 100,
+		Detail: fmt.Sprintf("zone %q: over its limit; retry after %d s", zone, secs),
+	}
+	if l := v.Limit; l != nil {
+		p.Type, p.Limit, p.Violated = quotaExceeded, l.Name, []string{l.Policy}
+		p.Detail = fmt.Sprintf("zone %q: %s requests per %v; retry after %d s",
+			zone, strconv.FormatFloat(l.Requests, 'f', -1, 64), l.Per, secs)
+	}
+	h.logRefusal(r, v, zone, secs)
+	if h.asErrors {
+		return caddyhttp.Error(http.StatusTooManyRequests, &refusalError{p.Detail})
+	}
+	writeProblem(w, &p)
+	return nil
+}
+
+// badKey answers a request whose key for zone z cannot be read safely
+// (keys.go): 400, through the error routes if there are any.
+func (h *Handler) badKey(w http.ResponseWriter, r *http.Request, z *zoneRef, why string) error {
+	detail := fmt.Sprintf("zone %q: %s: send it once", z.name, why)
+	if ce := h.logger.Check(zap.InfoLevel, "epochsketch bad key"); ce != nil {
+		ce.Write(zap.String("zone", z.name), zap.String("why", why), zap.String("remote_ip", r.RemoteAddr))
+	}
+	if h.asErrors {
+		return caddyhttp.Error(http.StatusBadRequest, errors.New("epochsketch: "+detail))
+	}
+	writeProblem(w, &problem{Type: "about:blank", Title: http.StatusText(http.StatusBadRequest), Status: http.StatusBadRequest, Detail: detail})
+	return nil
+}
+
+// writeProblem writes p as the whole answer.
+func writeProblem(w http.ResponseWriter, p *problem) {
+	body, _ := json.Marshal(p)
+	body = append(body, '\n')
+	hd := w.Header()
+	hd.Set("Content-Type", "application/problem+json")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(p.Status)
+	w.Write(body)
+}
+
+// logRefusal logs a refusal at info level: at most logsPerSecond lines a
+// second for each zone, the next line saying how many were left out.
+func (h *Handler) logRefusal(r *http.Request, v *engine.Verdict, zone string, secs int64) {
+	ce := h.logger.Check(zap.InfoLevel, "epochsketch refusal")
+	if ce == nil {
+		return
+	}
+	var logs *logLimiter
+	for _, z := range h.zones {
+		if z.name == zone {
+			logs = &z.state.logs
+		}
+	}
+	var skipped int64
+	if logs != nil {
+		var ok bool
+		if ok, skipped = logs.allow(h.eng.Now()); !ok {
+			return
+		}
+	}
+	key := v.Key
+	if !h.LogKey {
+		key = display(key)
+	}
+	fields := []zap.Field{
+		zap.String("zone", zone), zap.String("outcome", v.Out.String()), zap.String("key", key),
+		zap.String("remote_ip", r.RemoteAddr), zap.String("method", r.Method), zap.Int64("retry_after_s", secs),
+	}
+	if v.Limit != nil {
+		fields = append(fields, zap.Uint32("estimate", v.Est), zap.Uint32("threshold", v.Theta))
+	}
+	if skipped > 0 {
+		fields = append(fields, zap.Int64("log_lines_skipped", skipped))
+	}
+	ce.Write(fields...)
+}
+
+// redact keys the hash that stands for keys in logs: random per process.
+var redact = func() (k [32]byte) {
+	rand.Read(k[:])
+	return k
+}()
+
+// display is a key as the log shows it without log_key: "k:" and the
+// first 12 hex digits of its HMAC-SHA256 under a per-process key, so that
+// no address or API key appears whole, and one client's lines can still
+// be followed while Caddy runs (as SketchProxy's logs show keys).
+func display(key string) string {
+	mac := hmac.New(sha256.New, redact[:])
+	mac.Write([]byte(key))
+	var sum [32]byte
+	return "k:" + hex.EncodeToString(mac.Sum(sum[:0])[:6])
+}
