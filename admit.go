@@ -89,6 +89,43 @@ func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok,
 	return est, ok, first, now
 }
 
+// ObserveNWithin is ObserveN that adds n only if key's decayed count plus
+// n stays within limit: the check and the write are one compare-and-swap,
+// so racing callers on one key never pass the limit together (a rate
+// limiter's check and count in one step; package limit is built on it).
+// It returns the key's count after the add, or the count that refused it;
+// whether this was the key's first sighting in its tick; and whether it
+// added. A refusal writes nothing to the key's slot. n above limit never
+// fits; a limit of MaxCount or more never refuses (counts saturate). n == 0
+// adds nothing and returns (EstimateAt(t, key), false, true).
+//
+// Where it can be wrong, the errors read high rather than low but for
+// one: a new key that cannot win a slot in a bucket full of heavier keys
+// is added untracked (it returns (min(n, MaxCount), true, true): it fails
+// open, as Observe's first sighting does). Another key sharing the bucket
+// and the 16-bit fingerprint shares the count (THEORY.md section 3);
+// racing first adds of a new key across a tick boundary can leave two
+// slots that are merged above the limit; and an add dropped after 4 lost
+// compare-and-swaps is refused (Stats.CASRetriesExhausted).
+func (s *Sketch) ObserveNWithin(t time.Time, key string, n, limit uint32) (estimate uint32, first, added bool) {
+	return s.observeNWithin(t, s.h.str(key), n, limit)
+}
+
+// ObserveBytesNWithin is ObserveNWithin for a key held in a byte slice.
+func (s *Sketch) ObserveBytesNWithin(t time.Time, key []byte, n, limit uint32) (estimate uint32, first, added bool) {
+	return s.observeNWithin(t, s.h.bytes(key), n, limit)
+}
+
+// observeNWithin is ObserveNWithin for a hashed key.
+func (s *Sketch) observeNWithin(t time.Time, h uint64, n, limit uint32) (uint32, bool, bool) {
+	if n == 0 {
+		est, _ := s.observeN(t, h, 0)
+		return est, false, true
+	}
+	est, ok, first, _ := s.admit(t, h, min(n, countMax), limit)
+	return est &^ pressure, first, ok
+}
+
 // unmark turns observe's answer under a limit into admit's: the count,
 // whether it added, and whether it was the key's first sighting this tick.
 func unmark(est uint32, first bool) (uint32, bool, bool) {

@@ -3,6 +3,7 @@ package epochsketch_test
 import (
 	"bytes"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -207,5 +208,47 @@ func TestForget(t *testing.T) {
 	}
 	if est, ok := sk.Admit(time.Time{}, "k", 10, 10); !ok || est != 10 {
 		t.Fatalf("after Forget: (%d, %v), want the whole limit", est, ok)
+	}
+}
+
+// ObserveNWithin is the conditional add for other modules (SketchProxy's
+// engine): it admits up to the limit, refuses past it writing nothing,
+// reports the first sighting, and racing callers never pass the limit.
+func TestObserveNWithin(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	sk := epochsketch.New(epochsketch.Config{NumBuckets: 64, Clock: clk, Seed: 1})
+	defer sk.Close()
+	est, first, added := sk.ObserveNWithin(time.Time{}, "k", 4, 10)
+	if est != 4 || !first || !added {
+		t.Fatalf("first add: (%d, %v, %v), want (4, true, true)", est, first, added)
+	}
+	if est, first, added = sk.ObserveBytesNWithin(time.Time{}, []byte("k"), 6, 10); est != 10 || first || !added {
+		t.Fatalf("to the limit: (%d, %v, %v), want (10, false, true)", est, first, added)
+	}
+	if est, _, added = sk.ObserveNWithin(time.Time{}, "k", 1, 10); est != 10 || added {
+		t.Fatalf("past the limit: (%d, %v), want (10, false): refused, nothing written", est, added)
+	}
+	if est, _, added = sk.ObserveNWithin(time.Time{}, "k", 0, 10); est != 10 || !added {
+		t.Fatalf("n == 0: (%d, %v), want the estimate and true", est, added)
+	}
+	if got := sk.Estimate("k"); got != 10 {
+		t.Fatalf("estimate %d after a refusal, want 10", got)
+	}
+	var admitted atomic.Uint32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				if _, _, ok := sk.ObserveNWithin(time.Time{}, "race", 1, 100); ok {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() != 100 {
+		t.Errorf("8 goroutines racing to a limit of 100 added %d", admitted.Load())
 	}
 }

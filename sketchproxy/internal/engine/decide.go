@@ -402,7 +402,9 @@ func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 		if strict {
 			top = v.thetas[i] - min(v.thetas[i], v.others[i])
 		}
-		est, ok, first, _ := l.sk.add(time.Time{}, sc.buf, v.add, top)
+		// The library's conditional add: check and count in one
+		// compare-and-swap.
+		est, first, ok := l.sk.ObserveBytesNWithin(time.Time{}, sc.buf, v.add, top)
 		if !ok {
 			// The count that refused it, for Retry-After and the fields.
 			v.ests[i] = est + v.others[i]

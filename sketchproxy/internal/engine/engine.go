@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
-	"github.com/epochsketch/epochsketch/internal/admit"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
@@ -185,10 +184,10 @@ type Set struct {
 	Rules    []*Rule
 	RLSRules []*Rule
 
-	sketches map[sketchKey]*sketch
-	newKeys  *sketch // keys first seen during a spike
-	known    *sketch // keys seen within about new_keys.remember
-	bans     *sketch // temporary bans
+	sketches map[sketchKey]*epochsketch.Sketch
+	newKeys  *epochsketch.Sketch // keys first seen during a spike
+	known    *epochsketch.Sketch // keys seen within about new_keys.remember
+	bans     *epochsketch.Sketch // temporary bans
 	banTick  time.Duration
 	tarpit   TarpitSpec
 	nk       NewKeysSpec
@@ -213,13 +212,6 @@ type sketchKey struct {
 // Class is the sketch class of a threshold (sketchKey): thresholds from
 // 2^(class-1) to 2^class - 1 counts share a class.
 func Class(threshold uint32) uint32 { return uint32(bits.Len32(threshold)) }
-
-// sketch is one of a Set's sketches, with its conditional add (the check
-// and the count of a limit in one compare-and-swap, as package limit's).
-type sketch struct {
-	*epochsketch.Sketch
-	add admit.BytesFunc
-}
 
 // Rule is a compiled rule.
 type Rule struct {
@@ -246,7 +238,7 @@ type Limit struct {
 	Policy string // the RateLimit policy's name: rule-limit
 	Quoted string // the policy's name, quoted, for RateLimit items
 	Item   string // its RateLimit-Policy item: "rule-limit";q=Q;w=W
-	sk     *sketch
+	sk     *epochsketch.Sketch
 }
 
 // Budget is a compiled wallet: Units per Per in counts of Spec.Unit units,
@@ -258,7 +250,7 @@ type Budget struct {
 	// Cost and Reserve in counts (rounded up to whole units).
 	Cost, Reserve uint32
 	Held          *CountMin // counts reserved by requests in flight, per key
-	sk            *sketch
+	sk            *epochsketch.Sketch
 }
 
 // Counts counts a rule's decisions by outcome, real and shadow, and the
@@ -298,8 +290,8 @@ func (c *Counts) Get(o Outcome, shadow bool) uint64 {
 func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s := &Set{sketches: map[sketchKey]*sketch{}, tarpit: spec.Tarpit, nk: spec.NewKeys}
-	get := func(tick time.Duration, threshold uint32, buckets int) *sketch {
+	s := &Set{sketches: map[sketchKey]*epochsketch.Sketch{}, tarpit: spec.Tarpit, nk: spec.NewKeys}
+	get := func(tick time.Duration, threshold uint32, buckets int) *epochsketch.Sketch {
 		k := sketchKey{tick, Class(threshold), buckets, spec.TwoChoice}
 		if sk, ok := s.sketches[k]; ok {
 			return sk
@@ -310,14 +302,13 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 				return sk
 			}
 		}
-		sk := &sketch{Sketch: epochsketch.New(epochsketch.Config{
+		sk := epochsketch.New(epochsketch.Config{
 			NumBuckets: buckets, TickDuration: tick, Clock: e.opts.Clock,
 			Seed: e.opts.Seed, TwoChoice: spec.TwoChoice,
 			// Keys are chosen by clients: a keyed hash (THEORY.md section
 			// 6), whose key a state file can keep.
 			Hash: epochsketch.HashSipHash13,
-		})}
-		_, sk.add = admit.Bind(sk.Sketch)
+		})
 		s.sketches[k] = sk
 		return sk
 	}
@@ -347,7 +338,7 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 	return s, nil
 }
 
-func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time.Duration, uint32, int) *sketch) (*Rule, error) {
+func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time.Duration, uint32, int) *epochsketch.Sketch) (*Rule, error) {
 	ru := &Rule{Name: rs.Name, Shadow: rs.Shadow, Tarpit: rs.Tarpit, CountRefused: rs.CountRefused, Block: rs.Block, MaxInFlight: rs.MaxInFlight}
 	for _, l := range rs.Limits {
 		rl, err := l.Rate.Compile()
@@ -400,7 +391,7 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time
 	case old != nil && len(old.Limits) > 0 && old.Limits[0].sk == ru.Limits[0].sk:
 		ru.top = old.top
 	default:
-		ru.top = epochsketch.NewTopKFor(ru.Limits[0].sk.Sketch, 10)
+		ru.top = epochsketch.NewTopKFor(ru.Limits[0].sk, 10)
 	}
 	if rs.MaxInFlight > 0 {
 		ru.InFlight = NewCountMin()
