@@ -63,9 +63,10 @@ type Decision struct {
 	Verdicts []Verdict
 	// Retry is a refusal's Retry-After, at least a second, covering every
 	// limit, ban and wallet the request matched; Never when no wait is
-	// enough (Retry is then 0).
-	Retry time.Duration
-	Never bool
+	// enough (Retry is then 0). Wait is that wait itself, before the
+	// floor of a second (for a caller that sleeps rather than answers).
+	Retry, Wait time.Duration
+	Never       bool
 	// Drip: the door drips the refusal slowly (the tarpit); a place is
 	// held for it until Done.
 	Drip bool
@@ -305,7 +306,8 @@ func (e *Engine) refusal(s *Set, now time.Time, noDrip bool, sc *Scratch, d *Dec
 		wait, never := e.retryAll(s, d.Verdicts, now, sc)
 		d.Never = never
 		if !never {
-			d.Retry = max(w.Retry, time.Second, wait)
+			d.Wait = max(w.Retry, wait)
+			d.Retry = max(d.Wait, time.Second)
 		}
 	}
 	w.Retry = d.Retry
