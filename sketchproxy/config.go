@@ -26,19 +26,19 @@ import (
 // the zero value still means the default.
 type Config struct {
 	// Listen is the proxy's address (default ":8080").
-	Listen string `yaml:"listen"`
-	// Upstream is the URL requests are proxied to (cmd/sketchproxy only;
-	// the middleware wraps any handler).
-	Upstream string `yaml:"upstream"`
+	Listen string `yaml:"listen" reload:"restart"`
 	// Admin is the address of /metrics and /healthz (default
 	// "127.0.0.1:9091"; "off" disables it). Keep it off the public network.
-	Admin string `yaml:"admin"`
+	Admin string `yaml:"admin" reload:"restart"`
+	// Upstream is the URL requests are proxied to (cmd/sketchproxy only;
+	// the middleware wraps any handler).
+	Upstream string `yaml:"upstream" reload:"restart"`
 	// StateFile, if set, keeps the sketches across restarts: restored at
 	// start (a bad file is logged and the proxy starts empty), saved every
 	// StateEvery (default 1m) and at shutdown. It holds the hash keys: it is
 	// written 0600; keep it private.
-	StateFile  string   `yaml:"state_file"`
-	StateEvery Duration `yaml:"state_every"`
+	StateFile  string   `yaml:"state_file" reload:"restart"`
+	StateEvery Duration `yaml:"state_every" reload:"restart"`
 
 	Server   ServerConfig   `yaml:"server"`
 	ClientIP ClientIPConfig `yaml:"client_ip"`

@@ -9,11 +9,11 @@ import (
 type ServerConfig struct {
 	// ReadHeaderTimeout is how long a client may take to send its request
 	// headers (default 10s): the slowloris bound.
-	ReadHeaderTimeout Duration `yaml:"read_header_timeout"`
+	ReadHeaderTimeout Duration `yaml:"read_header_timeout" reload:"restart"`
 	// IdleTimeout closes keep-alive connections idle this long (default 2m).
-	IdleTimeout Duration `yaml:"idle_timeout"`
+	IdleTimeout Duration `yaml:"idle_timeout" reload:"restart"`
 	// MaxHeaderBytes caps a request's headers (default 65536).
-	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	MaxHeaderBytes int `yaml:"max_header_bytes" reload:"restart"`
 	// BodyTimeout is how long a client may take to send a request body,
 	// counted from the end of its headers (default 30s). A body still
 	// arriving then is cut off with 408. Requests without a body, and the
@@ -33,7 +33,7 @@ type ServerConfig struct {
 	// response's headers, and between two reads of its body (default 60s,
 	// as nginx's proxy_read_timeout; 0, or a negative value in code: no
 	// bound). Past it the client gets 504 (cmd/sketchproxy).
-	UpstreamTimeout Duration `yaml:"upstream_timeout"`
+	UpstreamTimeout Duration `yaml:"upstream_timeout" reload:"restart"`
 }
 
 // prepare applies the server section's defaults and checks its bounds.

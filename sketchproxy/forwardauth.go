@@ -14,11 +14,13 @@ import (
 // with RefusalStatus, Retry-After and the RateLimit fields, which the gateway
 // passes to its client.
 type ForwardAuthConfig struct {
-	// Path is the endpoint's path (default "/check").
-	Path string `yaml:"path"`
 	// Listen, if set, serves the endpoint on its own address; empty serves
 	// it on the main listener, where Path is then never proxied.
-	Listen string `yaml:"listen"`
+	Listen string `yaml:"listen" reload:"restart"`
+	// Path is the endpoint's path (default "/check"). On the main listener
+	// the path it started with stays the check's until a restart, never
+	// proxied.
+	Path string `yaml:"path" reload:"restart-on-listen; the old path stays the check's on listen"`
 	// RefusalStatus is the status of every refusal (default 429). nginx's
 	// auth_request accepts only 2xx, 401 and 403 from the check and turns
 	// anything else into 500: give 403 there and map it back to 429 with

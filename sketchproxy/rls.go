@@ -34,7 +34,7 @@ import (
 // they are: inline under domains, or named in files.
 type EnvoyRLSConfig struct {
 	// Listen is the gRPC address (required), e.g. "127.0.0.1:8081".
-	Listen string `yaml:"listen"`
+	Listen string `yaml:"listen" reload:"restart"`
 	// Domains are envoyproxy/ratelimit domain configurations.
 	Domains []RLSDomain `yaml:"domains"`
 	// Files are envoyproxy/ratelimit configuration files, one domain each,
@@ -78,10 +78,10 @@ type EnvoyRLSConfig struct {
 	Directory string `yaml:"directory"`
 	// WatchEvery is how often cmd/sketchproxy looks for changes in
 	// Directory and in the TLS files (default 1s).
-	WatchEvery Duration `yaml:"watch_every"`
+	WatchEvery Duration `yaml:"watch_every" reload:"restart"`
 	// TLS serves the gRPC listener over TLS, or mutual TLS (nil: plain
 	// gRPC).
-	TLS *RLSTLSConfig `yaml:"tls"`
+	TLS *RLSTLSConfig `yaml:"tls" reload:"restart; its files' contents reload by themselves"`
 
 	loaded   [3]int   // what validation loaded: Loaded
 	warnings []string // what validation ignored: Warnings
