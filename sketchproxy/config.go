@@ -49,8 +49,10 @@ type Config struct {
 	// JWT verifies bearer tokens for keys with a "jwt:CLAIM" part.
 	JWT *JWTConfig `yaml:"jwt"`
 	// Fleet shares the heavy keys' counts with other replicas through
-	// Redis (nil: this proxy enforces its limits alone).
-	Fleet *FleetConfig `yaml:"fleet"`
+	// Redis (nil: this proxy enforces its limits alone). A reload keeps the
+	// running fleet settings (Middleware.install), and one that adds or
+	// removes the section fails.
+	Fleet *FleetConfig `yaml:"fleet" reload:"restart"`
 	// ForwardAuth answers a gateway's decision requests (nginx
 	// auth_request, Caddy forward_auth, Traefik ForwardAuth) instead of, or
 	// beside, proxying (nil: off).

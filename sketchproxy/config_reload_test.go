@@ -131,6 +131,10 @@ func TestRestartOnlyFromTags(t *testing.T) {
 		}
 		return c
 	}
+	fleetA, fleetB := &Config{Fleet: &FleetConfig{Redis: "r:1"}}, &Config{Fleet: &FleetConfig{Redis: "r:2"}}
+	if got := RestartOnly(fleetA, fleetB); !slices.Equal(got, []string{"fleet"}) {
+		t.Errorf("another fleet.redis: RestartOnly %q, want [fleet]: the reload keeps the running fleet", got)
+	}
 	named := 0
 	for bn, base := range bases {
 		for cn, change := range changes {
@@ -183,7 +187,7 @@ func TestReloadTags(t *testing.T) {
 		}
 	}
 	walk(reflect.TypeFor[Config](), "Config")
-	if n != 14 {
-		t.Errorf("%d fields tagged reload, want the 14 cmd/sketchproxy's hand-kept list named", n)
+	if n != 15 {
+		t.Errorf("%d fields tagged reload, want the 14 cmd/sketchproxy's hand-kept list named and fleet", n)
 	}
 }
