@@ -19,26 +19,34 @@ import (
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
+// The configuration reference is generated from the types below: their doc
+// comments, their reload and example tags, and the defaults prepare applies.
+//go:generate go run ./internal/configref -o docs/configuration.md
+
 // Config is SketchProxy's configuration, usually read from YAML with
-// LoadConfig. Zero fields take the defaults documented on each. Where 0 is a
+// LoadConfig. Zero fields take the defaults listed in docs/configuration.md,
+// which internal/configref generates from these types. Where 0 is a
 // setting of its own (no warmup, no delay, no leeway), a file that writes 0
 // gets 0, and code that builds a Config asks for it with a negative value:
 // the zero value still means the default.
 type Config struct {
-	// Listen is the proxy's address (default ":8080").
-	Listen string `yaml:"listen" reload:"restart"`
-	// Admin is the address of /metrics and /healthz (default
-	// "127.0.0.1:9091"; "off" disables it). Keep it off the public network.
-	Admin string `yaml:"admin" reload:"restart"`
+	// Listen is the proxy's address: the proxy's, and the forward_auth
+	// check's unless it has a listen of its own.
+	Listen string `yaml:"listen" reload:"restart" example:"\":8080\""`
+	// Admin is the address of /metrics and /healthz; "off" disables it.
+	// Keep it off the public network.
+	Admin string `yaml:"admin" reload:"restart" example:"\"127.0.0.1:9091\""`
 	// Upstream is the URL requests are proxied to (cmd/sketchproxy only;
-	// the middleware wraps any handler).
-	Upstream string `yaml:"upstream" reload:"restart"`
+	// the middleware wraps any handler). A config with forward_auth or
+	// envoy_rls may leave it out and answer a gateway only.
+	Upstream string `yaml:"upstream" reload:"restart" example:"\"http://127.0.0.1:9000\""`
 	// StateFile, if set, keeps the sketches across restarts: restored at
 	// start (a bad file is logged and the proxy starts empty), saved every
-	// StateEvery (default 1m) and at shutdown. It holds the hash keys: it is
-	// written 0600; keep it private.
-	StateFile  string   `yaml:"state_file" reload:"restart"`
-	StateEvery Duration `yaml:"state_every" reload:"restart"`
+	// StateEvery and at shutdown. It holds the hash keys: it is written
+	// 0600; keep it private.
+	StateFile string `yaml:"state_file" reload:"restart" example:"/var/lib/sketchproxy/state"`
+	// StateEvery is how often the state file is saved (at least 1s).
+	StateEvery Duration `yaml:"state_every" reload:"restart" example:"1m"`
 
 	Server   ServerConfig   `yaml:"server"`
 	ClientIP ClientIPConfig `yaml:"client_ip"`
@@ -59,7 +67,9 @@ type Config struct {
 	ForwardAuth *ForwardAuthConfig `yaml:"forward_auth"`
 	// EnvoyRLS serves Envoy's rate-limit service over gRPC (nil: off).
 	EnvoyRLS *EnvoyRLSConfig `yaml:"envoy_rls"`
-	Rules    []Rule          `yaml:"rules"`
+	// Rules are the HTTP doors' rules (the proxy's and forward_auth's): a
+	// request is admitted only if every rule that matches it admits it.
+	Rules []Rule `yaml:"rules"`
 
 	src  string     // file name, for messages
 	root *yaml.Node // the parsed document, for line numbers

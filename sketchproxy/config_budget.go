@@ -17,31 +17,38 @@ import (
 // request is admitted only if what is spent, what is held and its own
 // reservation fit in Units. See the README's "What a budget means".
 type Budget struct {
-	Name  string   `yaml:"name"`
-	Units float64  `yaml:"units"`
-	Per   Duration `yaml:"per"`
-	// Cost is charged when a request is admitted (default 1): a minimum
-	// charge. A reported usage above it is charged on top.
-	Cost            uint64 `yaml:"cost"`
-	ReconcileHeader string `yaml:"reconcile_header"`
+	// Name names the wallet in RateLimit-Policy, metrics and logs.
+	Name string `yaml:"name" example:"tokens"`
+	// Units is how many units a key may spend per Per (required).
+	Units float64 `yaml:"units" example:"100000"`
+	// Per is the wallet's period, 1ms to 366d (required).
+	Per Duration `yaml:"per" example:"1d"`
+	// Cost is charged when a request is admitted: a minimum charge. A
+	// reported usage above it is charged on top.
+	Cost uint64 `yaml:"cost" example:"500"`
+	// ReconcileHeader is the response header (or trailer) in which the
+	// upstream reports the units a request used; without it every request
+	// costs Cost.
+	ReconcileHeader string `yaml:"reconcile_header" example:"X-Tokens-Used"`
 	// Reserve is held for each request in flight until its usage is known
-	// (default: Cost). Set it near a typical request's usage: N requests in
-	// flight can overspend by at most N x (their usage - Reserve).
-	Reserve uint64 `yaml:"reserve"`
-	// Unit is how many units one count stands for (default 1). A wallet
-	// holds at most 8,388,608 counts per period, so 10M tokens a day need
+	// (by default Cost; never less). Set it near a typical request's
+	// usage: N requests in flight can overspend by at most N x (their
+	// usage - Reserve).
+	Reserve uint64 `yaml:"reserve" example:"2000"`
+	// Unit is how many units one count stands for, up to 2^40. A wallet
+	// holds at most 8,388,607 counts per period, so 10M tokens a day need
 	// unit: 10 or more; charges round up to whole counts.
-	Unit uint64 `yaml:"unit"`
+	Unit uint64 `yaml:"unit" example:"10"`
 	// ReconcileWait is how long an upstream response is still read after
 	// its client has gone, to charge usage it reports at its end (a
-	// trailer), when the proxy's transport is the Middleware's Transport
-	// (default 1m; 0, or a negative value in code: not read after the
-	// client has gone).
-	ReconcileWait Duration `yaml:"reconcile_wait"`
+	// trailer), when the proxy's transport is the Middleware's Transport,
+	// up to 1h (0, or a negative value in code: not read after the client
+	// has gone).
+	ReconcileWait Duration `yaml:"reconcile_wait" example:"1m"`
 	// FailOpen lets a request through when its key's spend cannot be
-	// tracked (the sketch could not hold the key). Default: fail closed,
-	// 503, because an untracked wallet is an unbounded one.
-	FailOpen bool `yaml:"fail_open"`
+	// tracked (the sketch could not hold the key). Off, the request fails
+	// closed with 503, because an untracked wallet is an unbounded one.
+	FailOpen bool `yaml:"fail_open" example:"true"`
 }
 
 // prepare applies the budget of rules[i] its defaults and checks it.

@@ -5,26 +5,36 @@ import (
 	"strings"
 )
 
-// ClientIPConfig says how the client's address is found.
+// ClientIPConfig says how the client's address is found: the address a
+// key's "ip" part, the allow lists' cidrs and the per-client cap use.
 type ClientIPConfig struct {
-	// TrustedProxies are the CIDRs of proxies in front of SketchProxy (load
-	// balancers, CDNs). Only when the connection comes from one of them is
+	// TrustedProxies are the CIDRs (or addresses) of proxies in front of
+	// SketchProxy: load balancers, CDNs, the gateway that asks
+	// forward_auth. Only when the connection comes from one of them is
 	// Source read, from the right, skipping trusted hops: the first
-	// untrusted address is the client.
-	TrustedProxies []string `yaml:"trusted_proxies"`
+	// untrusted address is the client. Without them the client is the
+	// connection's peer.
+	TrustedProxies []string `yaml:"trusted_proxies" example:"[10.0.0.0/24, 192.0.2.10]"`
 	// Source is the one header the client address is read from:
-	// "x-forwarded-for" (the default), "forwarded" (RFC 7239),
-	// "x-real-ip", or "header:NAME" for a header the load balancer sets,
-	// such as header:CF-Connecting-IP. Every other forwarding header is
-	// ignored: read the one your load balancer overwrites or appends to.
-	Source string `yaml:"source"`
+	// "x-forwarded-for", "forwarded" (RFC 7239), "x-real-ip", or
+	// "header:NAME" for a header the load balancer sets, such as
+	// header:CF-Connecting-IP. Every other forwarding header is ignored:
+	// read the one your load balancer overwrites or appends to. Behind
+	// Traefik's forwardAuth keep x-forwarded-for: Traefik passes a
+	// client's own Forwarded through (the client chooses its key), and
+	// X-Real-Ip names Traefik for every client (they all share one key);
+	// sketchproxy -check warns of both.
+	Source string `yaml:"source" example:"header:CF-Connecting-IP"`
 	// SetHeader names a header (e.g. X-Real-IP) that cmd/sketchproxy sets
 	// on proxied requests to the client address it identified.
-	SetHeader string `yaml:"set_header"`
-	// IPv6Prefix groups IPv6 clients by this prefix length (default 64: one
-	// subscriber's whole /64 is one client). IPv4Prefix likewise (default 32).
-	IPv6Prefix int `yaml:"ipv6_prefix"`
-	IPv4Prefix int `yaml:"ipv4_prefix"`
+	SetHeader string `yaml:"set_header" example:"X-Real-IP"`
+	// IPv6Prefix groups IPv6 clients by this prefix length, 1 to 128: at
+	// 64, one subscriber's whole /64 is one client, whose "ip" key part is
+	// written as the prefix (2001:db8::/64).
+	IPv6Prefix int `yaml:"ipv6_prefix" example:"64"`
+	// IPv4Prefix groups IPv4 clients by this prefix length, 1 to 32: at 32
+	// each address is its own client, written as the address.
+	IPv4Prefix int `yaml:"ipv4_prefix" example:"24"`
 }
 
 // prepare applies the client_ip section's defaults, checks it, and

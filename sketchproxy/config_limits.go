@@ -11,13 +11,19 @@ import (
 
 // Limit is "Requests per Per, with bursts of Burst". See LimitMath.
 type Limit struct {
-	Name     string   `yaml:"name"`
-	Requests float64  `yaml:"requests"`
-	Per      Duration `yaml:"per"`
-	// Burst is the most requests a quiet key may send at once: default
-	// (0) Requests, rounded; 1 to 8,388,607 (package rate, which compiles
+	// Name names the limit in RateLimit-Policy, metrics and logs, unique
+	// in its rule. An unnamed limit is named by its period as written:
+	// per-10s, per-1m, per-1h30m, per-1d, per-1_5s; a second one over the
+	// same period is per-10s-2.
+	Name string `yaml:"name" example:"per-minute"`
+	// Requests is how many requests a key may send per Per (1 or more).
+	Requests float64 `yaml:"requests" example:"100"`
+	// Per is the limit's period, 1ms to 366d (required).
+	Per Duration `yaml:"per" example:"1m"`
+	// Burst is the most requests a quiet key may send at once: by default
+	// Requests, rounded; 1 to 8,388,607 (package rate, which compiles
 	// every door's limits and package limit's alike).
-	Burst float64 `yaml:"burst"`
+	Burst float64 `yaml:"burst" example:"20"`
 }
 
 // prepareLimits names the rule's unnamed limits by their period and

@@ -15,13 +15,26 @@ import (
 // affected. For Warmup after a start without a state file no spike is
 // declared: every key is new then, and the average is learning.
 type NewKeysConfig struct {
-	Disabled     bool     `yaml:"disabled"`
-	SpikeFactor  float64  `yaml:"spike_factor"`   // default 4
-	MinPerSecond float64  `yaml:"min_per_second"` // default 50
-	BudgetFactor float64  `yaml:"budget_factor"`  // default 0.25
-	Window       Duration `yaml:"window"`         // default 1m
-	Remember     Duration `yaml:"remember"`       // default 1h
-	Warmup       Duration `yaml:"warmup"`         // default 1m; 0 (negative in code): none
+	// Disabled turns the defense off: new keys always get whole limits.
+	Disabled bool `yaml:"disabled" example:"true"`
+	// SpikeFactor is how many times their recent average new keys per
+	// second must reach to be a spike (1 or more).
+	SpikeFactor float64 `yaml:"spike_factor" example:"4"`
+	// MinPerSecond is the least number of new keys per second that can be
+	// a spike, so that a quiet service's few new clients never are.
+	MinPerSecond float64 `yaml:"min_per_second" example:"50"`
+	// BudgetFactor is the share of every limit and budget that keys first
+	// seen during a spike get: more than 0, at most 1.
+	BudgetFactor float64 `yaml:"budget_factor" example:"0.25"`
+	// Window is how long a key first seen during a spike keeps the smaller
+	// share (1s or more).
+	Window Duration `yaml:"window" example:"1m"`
+	// Remember is how long a key stays known after its last request: from
+	// Window to 30d.
+	Remember Duration `yaml:"remember" example:"1h"`
+	// Warmup is how long after a start without a state file no spike is
+	// declared, up to 24h (0, or a negative value in code: none).
+	Warmup Duration `yaml:"warmup" example:"1m"`
 }
 
 // prepare applies the new_keys section's defaults and bounds.

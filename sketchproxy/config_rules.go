@@ -10,22 +10,30 @@ import (
 
 // Rule matches requests and limits them by key.
 type Rule struct {
-	Name  string `yaml:"name"`
-	Match Match  `yaml:"match"`
-	// Key lists the parts of a request's key, joined: "ip" (the client
-	// address, grouped by prefix), "header:NAME", "query:NAME", or
-	// "jwt:CLAIM" (a claim of the verified bearer token: see JWTConfig).
-	// Default [ip]. A missing header or parameter is the part "-"; a
-	// missing or invalid token is refused with 401.
-	Key []string `yaml:"key"`
+	// Name names the rule in metrics, logs and the RateLimit fields:
+	// letters, digits, - and _, unique among the rules. Unnamed rules are
+	// rule1, rule2, ... by their place in the list.
+	Name string `yaml:"name" example:"per-client"`
+	// Match selects the requests the rule applies to.
+	Match Match `yaml:"match"`
+	// Key lists the parts of a request's key, joined with "|": "ip" (the
+	// client address, grouped by client_ip's prefixes), "header:NAME",
+	// "query:NAME", or "jwt:CLAIM", a claim of the bearer token the jwt
+	// section verifies (a missing or invalid token is refused with 401).
+	// Default [ip]. A missing header or parameter is the part "-": every
+	// client that sends none shares the one key "-" (or "-|..." beside
+	// other parts), and so its limit; give such clients a rule keyed on ip
+	// too.
+	Key []string `yaml:"key" example:"[ip, header:X-API-Key]"`
 	// Allow exempts clients from this rule, with no sketch work.
 	Allow AllowList `yaml:"allow"`
 	// Limits: every one must allow the request.
 	Limits []Limit `yaml:"limits"`
 	// Shadow decides, logs and counts, but lets every request through.
-	Shadow bool `yaml:"shadow"`
-	// Tarpit applies the ladder; without it, over the limit is a 429.
-	Tarpit bool `yaml:"tarpit"`
+	Shadow bool `yaml:"shadow" example:"true"`
+	// Tarpit applies the tarpit section's ladder; without it, over the
+	// limit is a 429.
+	Tarpit bool `yaml:"tarpit" example:"true"`
 	// Budget is a wallet: a cost per request, reconciled from the upstream.
 	Budget *Budget `yaml:"budget"`
 	// Refused says whether requests this rule's limits refuse count
@@ -35,9 +43,11 @@ type Rule struct {
 	// (the default, and the only choice, with tarpit) counts every attempt,
 	// so a client that keeps hammering stays refused until it slows down:
 	// the punitive mode for abuse, and what the tarpit's ladder grades.
-	Refused string `yaml:"refused"`
-	// MaxInFlight caps one key's requests in progress (streams), 0 = none.
-	MaxInFlight int `yaml:"max_in_flight"`
+	Refused string `yaml:"refused" example:"count"`
+	// MaxInFlight caps one key's requests in progress (streams), up to
+	// 65536; 0 is none, except with a budget, where the default, 8,
+	// bounds what requests in flight can overspend (see Budget.Reserve).
+	MaxInFlight int `yaml:"max_in_flight" example:"4"`
 
 	block  bool   // every hit is over: Envoy's requests_per_unit: 0
 	policy string // the limits' name in the RateLimit fields, if not rule-limit
@@ -45,19 +55,27 @@ type Rule struct {
 
 // Match selects requests; empty fields match everything.
 type Match struct {
-	Host string `yaml:"host"` // exact, case-insensitive, port and a trailing dot ignored
+	// Host is the host the request names, exact and in any case; a port
+	// and a trailing dot are ignored.
+	Host string `yaml:"host" example:"api.example.com"`
 	// PathPrefix matches the cleaned path (see the README's Paths). One
 	// that ends in "/" matches by segments: "/v1/" matches /v1, /v1/ and
 	// /v1/x, not /v1x. Letters match in any case unless CaseSensitive.
-	PathPrefix    string   `yaml:"path_prefix"`
-	CaseSensitive bool     `yaml:"case_sensitive"`
-	Methods       []string `yaml:"methods"` // e.g. [GET, POST]
+	PathPrefix string `yaml:"path_prefix" example:"/v1/"`
+	// CaseSensitive makes PathPrefix match letters only in their own case.
+	CaseSensitive bool `yaml:"case_sensitive" example:"true"`
+	// Methods are the request methods matched, in capitals; a HEAD matches
+	// wherever GET does.
+	Methods []string `yaml:"methods" example:"[GET, POST]"`
 }
 
 // AllowList lists clients a rule skips.
 type AllowList struct {
-	CIDRs []string `yaml:"cidrs"`
-	Keys  []string `yaml:"keys"` // whole keys, as built from Rule.Key
+	// CIDRs are client addresses (CIDRs, or single addresses) the rule
+	// skips.
+	CIDRs []string `yaml:"cidrs" example:"[10.0.0.0/8]"`
+	// Keys are whole keys, as built from Rule.Key, that the rule skips.
+	Keys []string `yaml:"keys" example:"[internal-batch]"`
 }
 
 // allowSet is a rule's allow list, compiled.

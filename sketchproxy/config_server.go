@@ -8,32 +8,34 @@ import (
 // ServerConfig bounds what a client can hold of the proxy (cmd/sketchproxy).
 type ServerConfig struct {
 	// ReadHeaderTimeout is how long a client may take to send its request
-	// headers (default 10s): the slowloris bound.
-	ReadHeaderTimeout Duration `yaml:"read_header_timeout" reload:"restart"`
-	// IdleTimeout closes keep-alive connections idle this long (default 2m).
-	IdleTimeout Duration `yaml:"idle_timeout" reload:"restart"`
-	// MaxHeaderBytes caps a request's headers (default 65536).
-	MaxHeaderBytes int `yaml:"max_header_bytes" reload:"restart"`
+	// headers, 10ms to 5m: the slowloris bound.
+	ReadHeaderTimeout Duration `yaml:"read_header_timeout" reload:"restart" example:"10s"`
+	// IdleTimeout closes keep-alive connections idle this long (1s or
+	// more).
+	IdleTimeout Duration `yaml:"idle_timeout" reload:"restart" example:"2m"`
+	// MaxHeaderBytes caps a request's headers, 4096 to 16 MiB: a larger
+	// request gets 431.
+	MaxHeaderBytes int `yaml:"max_header_bytes" reload:"restart" example:"65536"`
 	// BodyTimeout is how long a client may take to send a request body,
-	// counted from the end of its headers (default 30s). A body still
+	// counted from the end of its headers, 10ms to 1h. A body still
 	// arriving then is cut off with 408. Requests without a body, and the
 	// streams of an upgraded connection, are not affected.
-	BodyTimeout Duration `yaml:"body_timeout"`
+	BodyTimeout Duration `yaml:"body_timeout" example:"30s"`
 	// BufferBody is how much of a request body is read before the upstream
-	// is contacted (default 65536; 0 streams bodies at once). A body that
+	// is contacted, up to 64 MiB (0 streams bodies at once). A body that
 	// fits is sent upstream whole, so a client that sends it slowly holds a
 	// proxy goroutine but never an upstream connection; a larger one is
 	// streamed once the buffer is full.
-	BufferBody *int `yaml:"buffer_body"`
+	BufferBody *int `yaml:"buffer_body" example:"65536"`
 	// MaxInFlightPerClient caps one client address's requests in progress,
-	// over all rules, including those whose body is still arriving
-	// (default 64; 0: no cap). Past it: 429 with Retry-After.
-	MaxInFlightPerClient *int `yaml:"max_in_flight_per_client"`
+	// over all rules, including those whose body is still arriving (0: no
+	// cap). Past it: 429 with Retry-After.
+	MaxInFlightPerClient *int `yaml:"max_in_flight_per_client" example:"64"`
 	// UpstreamTimeout is how long the upstream may stay silent: before its
-	// response's headers, and between two reads of its body (default 60s,
-	// as nginx's proxy_read_timeout; 0, or a negative value in code: no
-	// bound). Past it the client gets 504 (cmd/sketchproxy).
-	UpstreamTimeout Duration `yaml:"upstream_timeout" reload:"restart"`
+	// response's headers, and between two reads of its body, as nginx's
+	// proxy_read_timeout (0, or a negative value in code: no bound; at
+	// most 24h). Past it the client gets 504 (cmd/sketchproxy).
+	UpstreamTimeout Duration `yaml:"upstream_timeout" reload:"restart" example:"60s"`
 }
 
 // prepare applies the server section's defaults and checks its bounds.

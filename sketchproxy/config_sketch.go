@@ -4,11 +4,12 @@ import "fmt"
 
 // SketchConfig sizes the sketches: one per distinct tick among the limits.
 type SketchConfig struct {
-	// Buckets per sketch (default 65536: 4 MiB, about 130k keys above the
-	// noise; see epochsketch.BucketsFor).
-	Buckets int `yaml:"buckets"`
+	// Buckets per sketch, 1 to 2^26, of 64 bytes each: 65536 are 4 MiB
+	// and hold about 130k keys above the noise (see
+	// epochsketch.BucketsFor).
+	Buckets int `yaml:"buckets" example:"65536"`
 	// TwoChoice gives each key two candidate buckets (more churn-proof).
-	TwoChoice bool `yaml:"two_choice"`
+	TwoChoice bool `yaml:"two_choice" example:"true"`
 }
 
 // prepare applies the sketch section's default and bounds.

@@ -7,30 +7,47 @@ import (
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
-// TarpitConfig is the ladder for keys over a limit and its hard bounds. A
-// key's level is its estimate divided by the limit's threshold: at most 1 is
-// allowed; above DelayAbove it is delayed before it is proxied; above
-// DripAbove it gets a 429 dripped slowly without reaching the upstream;
-// above RejectAbove an immediate 429; above BanAbove a 429 with Connection:
-// close and a Retry-After of at least BanFor.
+// TarpitConfig is the ladder for keys over a limit, in rules with tarpit:
+// true, and its hard bounds. A key's level is its estimate divided by the
+// limit's threshold: at most 1 is allowed; above DelayAbove it is delayed
+// and then proxied; above DripAbove it gets a 429 dripped slowly without
+// reaching the upstream; above RejectAbove an immediate 429; above
+// BanAbove a 429 with Connection: close and a Retry-After of at least
+// BanFor. So with the defaults a tarpitted key's requests reach the
+// upstream up to 1.5 times its limit (delayed past 1), not 1 time: set
+// DripAbove to DelayAbove for a ladder that proxies nothing over the
+// limit. The steps must climb: 1 <= DelayAbove <= DripAbove <=
+// RejectAbove <= BanAbove.
 type TarpitConfig struct {
-	DelayAbove  float64  `yaml:"delay_above"`  // default 1 (delay anything over the limit)
-	DripAbove   float64  `yaml:"drip_above"`   // default 1.5
-	RejectAbove float64  `yaml:"reject_above"` // default 2
-	BanAbove    float64  `yaml:"ban_above"`    // default 8
-	BanFor      Duration `yaml:"ban_for"`      // default 10m
-	// MaxDelay is the longest a request is held, delayed or dripped
-	// (default 5s; 0, or a negative value in code: none, every refusal is
+	// DelayAbove is the level above which a request is held before it is
+	// proxied, for longer the further over it is (at most MaxDelay).
+	DelayAbove float64 `yaml:"delay_above" example:"1"`
+	// DripAbove is the level above which a request is answered 429,
+	// dripped a byte every DripInterval, and never proxied.
+	DripAbove float64 `yaml:"drip_above" example:"1.5"`
+	// RejectAbove is the level above which a request gets an immediate
+	// 429.
+	RejectAbove float64 `yaml:"reject_above" example:"2"`
+	// BanAbove is the level above which the key is banned: 429 with
+	// Connection: close until BanFor passes.
+	BanAbove float64 `yaml:"ban_above" example:"8"`
+	// BanFor is the least a ban lasts.
+	BanFor Duration `yaml:"ban_for" example:"10m"`
+	// MaxDelay is the longest a request is held, delayed or dripped, up to
+	// 10m (0, or a negative value in code: none, every refusal is
 	// immediate).
-	MaxDelay Duration `yaml:"max_delay"`
-	// DripInterval is the pause between dripped bytes (default 500ms).
-	DripInterval Duration `yaml:"drip_interval"`
-	// MaxHeld caps requests held at once, over all keys (default 256);
-	// MaxHeldPerKey per key (default 2). A request that would pass a cap
-	// gets an immediate 429 instead: tarpitting never exhausts the proxy.
-	// 0 (or a negative value in code) holds none.
-	MaxHeld       int `yaml:"max_held"`
-	MaxHeldPerKey int `yaml:"max_held_per_key"`
+	MaxDelay Duration `yaml:"max_delay" example:"5s"`
+	// DripInterval is the pause between dripped bytes: more than 0, and
+	// at most MaxDelay.
+	DripInterval Duration `yaml:"drip_interval" example:"500ms"`
+	// MaxHeld caps the requests held at once, over all keys, up to 2^20. A
+	// request that would pass it gets an immediate 429 instead:
+	// tarpitting never exhausts the proxy. 0 (or a negative value in code)
+	// holds none.
+	MaxHeld int `yaml:"max_held" example:"256"`
+	// MaxHeldPerKey caps the requests of one key held at once, as MaxHeld
+	// caps all of them.
+	MaxHeldPerKey int `yaml:"max_held_per_key" example:"2"`
 }
 
 // prepare applies the tarpit section's defaults and checks the ladder and
