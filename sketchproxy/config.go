@@ -144,9 +144,9 @@ func LoadConfig(path string) (*Config, error) {
 }
 
 var (
-	reUnknownFild = regexp.MustCompile(`field (\S+) not found in type \S+`)
-	reBadType     = regexp.MustCompile("cannot construct !!(\\w+) `([^`]*)` into (\\S+)")
-	reOwnLine     = regexp.MustCompile(`^line (\d+): (.*)$`) // a Duration's own error
+	reUnknownField = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
+	reBadType      = regexp.MustCompile("cannot construct !!(\\w+) `([^`]*)` into (\\S+)")
+	reOwnLine      = regexp.MustCompile(`^line (\d+): (.*)$`) // a Duration's own error
 )
 
 // ParseConfig parses and validates YAML; name is used in messages. Unknown
@@ -155,14 +155,14 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	c := &Config{src: name}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, yamlError(name, err)
+		return nil, yamlError(name, err, nil, nil)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(c); errors.Is(err, io.EOF) {
 		return nil, &ConfigError{File: name, Msg: "the file is empty: see sketchproxy -example"}
 	} else if err != nil {
-		return nil, yamlError(name, err)
+		return nil, yamlError(name, err, &root, reflect.TypeFor[Config]())
 	}
 	c.src, c.root = name, &root
 	if err := c.prepare(&built{}); err != nil { // the parsed Config is ours: defaults applied in place
@@ -171,26 +171,34 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	return c, nil
 }
 
-// yamlError turns the YAML library's errors into "file:line: what", with
-// the line of the problem itself.
-func yamlError(name string, err error) error {
-	line, msg := 0, strings.TrimPrefix(err.Error(), "yaml: ")
+// yamlError turns the YAML library's errors into "file:line: field: what",
+// with the line of the problem itself and, where the document root (of
+// type top) was parsed, the path of the value at fault; an unknown field
+// is named with the section it is in and the closest known field.
+func yamlError(name string, err error, root *yaml.Node, top reflect.Type) error {
+	var mark yaml.Mark
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	var les *yaml.LoadErrors
 	var le *yaml.LoadError
 	switch {
 	case errors.As(err, &les) && len(les.Errors) > 0:
-		line, msg = les.Errors[0].Mark.Line, les.Errors[0].Message
+		mark, msg = les.Errors[0].Mark, les.Errors[0].Message
 	case errors.As(err, &le):
-		line, msg = le.Mark.Line, le.Message
+		mark, msg = le.Mark, le.Message
 	}
 	// A Duration's own error says "line N:" itself.
 	if m := reOwnLine.FindStringSubmatch(msg); m != nil {
-		line, _ = strconv.Atoi(m[1])
+		mark.Line, _ = strconv.Atoi(m[1])
 		msg = m[2]
 	}
-	msg = reUnknownFild.ReplaceAllString(msg, `unknown field "$1"`)
+	path, isKey := nodePath(root, mark.Line, mark.Column)
+	if m := reUnknownField.FindStringSubmatch(msg); m != nil && isKey {
+		return &ConfigError{File: name, Line: mark.Line, Msg: unknownField(top, path, m[1])}
+	} else if m != nil {
+		return &ConfigError{File: name, Line: mark.Line, Msg: fmt.Sprintf("unknown field %q", m[1])}
+	}
 	msg = reBadType.ReplaceAllString(msg, "a $1 \"$2\" where a $3 belongs")
-	return &ConfigError{File: name, Line: line, Msg: msg}
+	return &ConfigError{File: name, Line: mark.Line, Field: fieldName(path...), Msg: msg}
 }
 
 // lineOf finds the line of a field by path: strings are map keys, ints

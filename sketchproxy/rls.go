@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -368,7 +369,7 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, nil, yamlError(name, err)
+		return nil, nil, yamlError(name, err, nil, nil)
 	}
 	var d RLSDomain
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -376,7 +377,7 @@ func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 	if err := dec.Decode(&d); errors.Is(err, io.EOF) {
 		return nil, nil, &ConfigError{File: name, Msg: "the file is empty: want domain: and descriptors:"}
 	} else if err != nil {
-		return nil, nil, yamlError(name, err)
+		return nil, nil, yamlError(name, err, &root, reflect.TypeFor[RLSDomain]())
 	}
 	return &Config{src: name, root: &root}, &d, nil
 }
