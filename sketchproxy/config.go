@@ -47,6 +47,15 @@ type Config struct {
 	StateFile string `yaml:"state_file" reload:"restart" example:"/var/lib/sketchproxy/state"`
 	// StateEvery is how often the state file is saved (at least 1s).
 	StateEvery Duration `yaml:"state_every" reload:"restart" example:"1m"`
+	// KeyLabelSecretFile holds the secret that keys the hash standing for
+	// keys in logs and metrics: "k:" and the first 12 hex digits of
+	// HMAC-SHA256(secret, key). With it a client's label stays the same
+	// across restarts and replicas, and sketchproxy -key-label computes a
+	// known client's (docs/metrics.md); without it the hash is keyed at
+	// random at each start. The file's surrounding whitespace is trimmed,
+	// and at least 16 bytes must remain. Keep it private: with it, the
+	// labels of all IPv4 addresses can be computed.
+	KeyLabelSecretFile string `yaml:"key_label_secret_file" reload:"restart" example:"/etc/sketchproxy/label.key"`
 
 	Server   ServerConfig   `yaml:"server"`
 	ClientIP ClientIPConfig `yaml:"client_ip"`
@@ -337,11 +346,12 @@ func (c *Config) prepared() (*Config, *built, error) {
 // doors match with, and the keys and files they read. It lives beside the
 // Config in the running state, never in it: a Config is plain data.
 type built struct {
-	ci    clientIP
-	allow []allowSet // by rule
-	jwt   jwtKeyset
-	rls   rlsBuilt
-	fleet fleetBuilt
+	labelKey []byte // key_label_secret_file's secret, trimmed
+	ci       clientIP
+	allow    []allowSet // by rule
+	jwt      jwtKeyset
+	rls      rlsBuilt
+	fleet    fleetBuilt
 }
 
 // clone copies c deeply: every exported pointer, slice and map is copied,
@@ -398,7 +408,7 @@ func deepen(v reflect.Value) {
 // prepare applies the defaults, the one place they are applied, and checks
 // c in place: section by section, in the order of the file's reference.
 func (c *Config) prepare(b *built) error {
-	if err := c.prepareTop(); err != nil {
+	if err := c.prepareTop(b); err != nil {
 		return err
 	}
 	if err := c.Server.prepare(c); err != nil {
@@ -432,8 +442,8 @@ func (c *Config) prepare(b *built) error {
 }
 
 // prepareTop applies the defaults of the top-level settings and checks
-// them.
-func (c *Config) prepareTop() error {
+// them; it reads the key label secret into b.
+func (c *Config) prepareTop(b *built) error {
 	orDefault(&c.Listen, ":8080")
 	orDefault(&c.Admin, "127.0.0.1:9091")
 	orDefault(&c.StateEvery, Duration(time.Minute))
@@ -444,6 +454,15 @@ func (c *Config) prepareTop() error {
 		u, err := url.Parse(c.Upstream)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return c.errAt(fmt.Sprintf("%q: want an http:// or https:// URL with a host", c.Upstream), "upstream")
+		}
+	}
+	if c.KeyLabelSecretFile != "" {
+		raw, err := os.ReadFile(c.KeyLabelSecretFile)
+		if err != nil {
+			return c.errAt(err.Error(), "key_label_secret_file")
+		}
+		if b.labelKey = []byte(strings.TrimSpace(string(raw))); len(b.labelKey) < 16 {
+			return c.errAt(fmt.Sprintf("the secret is %d bytes: use at least 16 random bytes, e.g. openssl rand -hex 32", len(b.labelKey)), "key_label_secret_file")
 		}
 	}
 	return nil

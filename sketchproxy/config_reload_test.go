@@ -187,7 +187,7 @@ func TestReloadTags(t *testing.T) {
 		}
 	}
 	walk(reflect.TypeFor[Config](), "Config")
-	if n != 15 {
-		t.Errorf("%d fields tagged reload, want the 14 cmd/sketchproxy's hand-kept list named and fleet", n)
+	if n != 16 {
+		t.Errorf("%d fields tagged reload, want the 14 cmd/sketchproxy's hand-kept list named, fleet and key_label_secret_file", n)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 
@@ -90,6 +91,27 @@ func gatewayWarnings(cfg *sketchproxy.Config) []string {
 		}
 	}
 	return ws
+}
+
+// printKeyLabels is -key-label: the label of value as a whole key, and,
+// for a client address, first the label of its ip key part (the address
+// grouped by client_ip's prefixes), one "LABEL KEY" line each.
+func printKeyLabels(cfg *sketchproxy.Config, value string, stdout, stderr io.Writer) int {
+	keys := []string{value}
+	if addr, err := netip.ParseAddr(value); err == nil {
+		if k, err := cfg.IPKey(addr); err == nil && k != value {
+			keys = []string{k, value}
+		}
+	}
+	for _, k := range keys {
+		label, err := cfg.KeyLabel(k)
+		if err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: -key-label: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s %s\n", label, k)
+	}
+	return 0
 }
 
 // plural writes a count of things: "1 rule", "3 rules".

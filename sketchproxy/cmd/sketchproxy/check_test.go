@@ -1,6 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -52,5 +56,33 @@ func TestGatewayWarnings(t *testing.T) {
 		if ws := gatewayWarnings(cfg); len(ws) > 0 || cfg.ForwardAuth == nil || cfg.ForwardAuth.Gateway != ex {
 			t.Errorf("examples/%s/sketchproxy.yaml: gateway %v, warnings %q", ex, cfg.ForwardAuth, ws)
 		}
+	}
+}
+
+// -key-label prints the label of a key under the config's
+// key_label_secret_file, first as the ip key part groups a client address;
+// without the secret it fails and says what to set.
+func TestKeyLabelFlag(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "label.key")
+	os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+	with := filepath.Join(dir, "with.yaml")
+	os.WriteFile(with, []byte("upstream: \"http://127.0.0.1:1\"\nkey_label_secret_file: "+secret+"\nrules:\n  - limits: [{requests: 1, per: 1s}]\n"), 0o600)
+	without := filepath.Join(dir, "without.yaml")
+	os.WriteFile(without, []byte("upstream: \"http://127.0.0.1:1\"\nrules:\n  - limits: [{requests: 1, per: 1s}]\n"), 0o600)
+	// The labels printf '%s' KEY | openssl dgst -sha256 -hmac SECRET gives
+	// (docs/metrics.md), its first 12 hex digits.
+	for value, want := range map[string]string{
+		"203.0.113.7": "k:55a7c9ba39c7 203.0.113.7\n",
+		"2001:db8::7": "k:d8702f872354 2001:db8::/64\nk:84e100c1f060 2001:db8::7\n",
+	} {
+		var out, errb bytes.Buffer
+		if code := run([]string{"-config", with, "-key-label", value}, &out, &errb); code != 0 || out.String() != want {
+			t.Errorf("-key-label %s: exit %d, %q %q; want %q", value, code, out.String(), errb.String(), want)
+		}
+	}
+	var errb bytes.Buffer
+	if code := run([]string{"-config", without, "-key-label", "203.0.113.7"}, io.Discard, &errb); code != 1 || !strings.Contains(errb.String(), "key_label_secret_file is not set") {
+		t.Errorf("-key-label without a secret: exit %d, %q", code, errb.String())
 	}
 }

@@ -9,6 +9,9 @@
 //	                                  validate the config and exit
 //	sketchproxy -example              print a commented config with every section
 //	sketchproxy -example minimal      print the smallest deployable config
+//	sketchproxy -config proxy.yaml -key-label 203.0.113.7
+//	                                  print the label logs and metrics show
+//	                                  for a key (key_label_secret_file)
 //
 // With forward_auth in the config it also answers a gateway's checks (nginx
 // auth_request, Caddy forward_auth, Traefik ForwardAuth), and with envoy_rls
@@ -66,6 +69,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
+	}
+	if o.keyLabel != "" {
+		return printKeyLabels(cfg, o.keyLabel, stdout, stderr)
 	}
 	warnings := configWarnings(cfg)
 	if o.check {
@@ -242,6 +248,7 @@ var noUpstream = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 // options are the command's flags.
 type options struct {
 	cfgPath, listen, admin, upstream, demoUpstream string
+	keyLabel                                       string
 	check, jsonLogs                                bool
 	example                                        exampleFlag
 	grace, refusalLogEvery, drainFor               time.Duration
@@ -265,6 +272,7 @@ func parseFlags(args []string, stderr io.Writer) (o options, code int) {
 	fs.DurationVar(&o.drainFor, "drain", 0, "on SIGTERM, report NOT_SERVING (gRPC health, /healthz 503) and keep serving this long before the listeners close")
 	fs.DurationVar(&o.refusalLogEvery, "refusal-log-every", sketchproxy.DefaultRefusalLogInterval, "log each rule's first refusal of this interval, and one line counting the rest at its end")
 	fs.StringVar(&o.demoUpstream, "demo-upstream", "", "only serve the demo upstream on `ADDR` (for load tests)")
+	fs.StringVar(&o.keyLabel, "key-label", "", "print the label logs and metrics show for the key `VALUE` (a client address: for its ip key part too) under the config's key_label_secret_file, and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, 0
