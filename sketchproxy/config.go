@@ -71,7 +71,7 @@ type Config struct {
 	// removes the section fails.
 	Fleet *FleetConfig `yaml:"fleet" reload:"restart"`
 	// ForwardAuth answers a gateway's decision requests (nginx
-	// auth_request, Caddy forward_auth, Traefik ForwardAuth) instead of, or
+	// auth_request, Caddy forward_auth, Traefik forwardAuth) instead of, or
 	// beside, proxying (nil: off).
 	ForwardAuth *ForwardAuthConfig `yaml:"forward_auth"`
 	// EnvoyRLS serves Envoy's rate-limit service over gRPC (nil: off).

@@ -20,7 +20,7 @@ type Rule struct {
 	// client address, grouped by client_ip's prefixes), "header:NAME",
 	// "query:NAME", or "jwt:CLAIM", a claim of the bearer token the jwt
 	// section verifies (a missing or invalid token is refused with 401).
-	// Default [ip]. A missing header or parameter is the part "-": every
+	// A missing header or parameter is the part "-": every
 	// client that sends none shares the one key "-" (or "-|..." beside
 	// other parts), and so its limit; give such clients a rule keyed on ip
 	// too.
@@ -71,8 +71,8 @@ type Match struct {
 
 // AllowList lists clients a rule skips.
 type AllowList struct {
-	// CIDRs are client addresses (CIDRs, or single addresses) the rule
-	// skips.
+	// CIDRs are the client networks (10.0.0.0/8) and single addresses
+	// the rule skips.
 	CIDRs []string `yaml:"cidrs" example:"[10.0.0.0/8]"`
 	// Keys are whole keys, as built from Rule.Key, that the rule skips.
 	Keys []string `yaml:"keys" example:"[internal-batch]"`

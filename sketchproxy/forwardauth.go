@@ -10,7 +10,7 @@ import (
 
 // ForwardAuthConfig is the decision endpoint a gateway asks before it
 // forwards a request (nginx auth_request, Caddy forward_auth, Traefik
-// ForwardAuth). It proxies nothing: it answers 200 to allow, or refuses
+// forwardAuth). It proxies nothing: it answers 200 to allow, or refuses
 // with RefusalStatus, Retry-After and the RateLimit fields, which the gateway
 // passes to its client.
 type ForwardAuthConfig struct {
