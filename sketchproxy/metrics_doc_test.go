@@ -214,6 +214,7 @@ func outcomeNamed(name string) int {
 	return -1
 }
 
+// sameSet reports whether a and b hold the same strings, in any order.
 func sameSet(a, b []string) bool {
 	a, b = slices.Clone(a), slices.Clone(b)
 	slices.Sort(a)

@@ -328,6 +328,7 @@ func value(n *yaml.Node, key string) *yaml.Node {
 	return nil
 }
 
+// elem is a slice type's element, without its pointers.
 func elem(t reflect.Type) reflect.Type {
 	t = t.Elem()
 	for t.Kind() == reflect.Pointer {
@@ -336,6 +337,7 @@ func elem(t reflect.Type) reflect.Type {
 	return t
 }
 
+// join is the path of the field name in the section at path.
 func join(path, name string) string {
 	if path == "" {
 		return name
@@ -365,6 +367,8 @@ func (g *gen) render() []byte {
 	return b.Bytes()
 }
 
+// renderSection writes a section's heading, its description and type; a
+// section met before (a descriptor's descriptors) points to its first.
 func (g *gen) renderSection(b *bytes.Buffer, e entry) {
 	if e.same != "" {
 		fmt.Fprintf(b, "\n### `%s`\n\n", e.path)
@@ -380,6 +384,8 @@ func (g *gen) renderSection(b *bytes.Buffer, e entry) {
 	}
 }
 
+// renderField writes a setting's heading, description, type, default,
+// reload and example.
 func (g *gen) renderField(b *bytes.Buffer, e entry) {
 	fmt.Fprintf(b, "\n### `%s`\n\n", e.path)
 	g.paragraphs(b, e)
@@ -462,6 +468,7 @@ func (g *gen) fieldPath(t reflect.Type, name string, qualified bool) (string, bo
 	return p, true
 }
 
+// notAlnum reports whether r separates words.
 func notAlnum(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }
 
 // humps counts the words of a CamelCase name: StateEvery has 2, Redis
