@@ -42,8 +42,8 @@ func TestConfigErrors(t *testing.T) {
 		{"tab", "listen: \":1\"\nrules:\n  - name: a\n\tlimits: []\n", "p.yaml:4: found a tab character"},
 		{"bad indent", "rules:\n  - name: a\n    limits:\n      - requests: 5\n       per: 1s\n", "p.yaml:5: did not find expected"},
 		{"unknown field", "rules:\n  - name: a\n    limts:\n      - {requests: 1, per: 1s}\n", `p.yaml:3: unknown field "limts"`},
-		{"bad duration", "rules:\n  - name: a\n    limits:\n      - {requests: 1, per: 1 week}\n", `p.yaml:4: duration "1 week": want e.g. 1s, 10m, 24h or 1d`},
-		{"bad type", "rules:\n  - name: a\n    limits:\n      - {requests: many, per: 1s}\n", `p.yaml:4: a str "many" where a float64 belongs`},
+		{"bad duration", "rules:\n  - name: a\n    limits:\n      - {requests: 1, per: 1 week}\n", `p.yaml:4: rules[0].limits[0].per: duration "1 week": want e.g. 1s, 10m, 24h or 1d`},
+		{"bad type", "rules:\n  - name: a\n    limits:\n      - {requests: many, per: 1s}\n", `p.yaml:4: rules[0].limits[0].requests: a str "many" where a float64 belongs`},
 		{"no rules", "listen: \":1\"\n", "p.yaml:1: rules: no rules"},
 		{"no per", "rules:\n  - name: a\n    limits:\n      - {requests: 5}\n", "p.yaml:4: rules[0].limits[0]: per is missing"},
 		{"zero requests", "rules:\n  - name: a\n    limits:\n      - {requests: 0, per: 1s}\n", "p.yaml:4: rules[0].limits[0]: requests 0: want 1 or more"},
@@ -141,5 +141,45 @@ func TestNilConfig(t *testing.T) {
 	}
 	if err := (*Config)(nil).Validate(); err == nil {
 		t.Error("a nil Config validated")
+	}
+}
+
+// A value the YAML library cannot decode names its field, as every other
+// error does, and an unknown field names its section and the field meant.
+func TestConfigErrorPaths(t *testing.T) {
+	rule := "rules:\n  - limits: [{requests: 1, per: 1s}]\n"
+	for _, c := range []struct {
+		name, src, want string
+	}{
+		{"duration in a section", "server:\n  idle_timeout: forever\n" + rule, `p.yaml:2: server.idle_timeout: duration "forever": want e.g. 1s, 10m, 24h or 1d`},
+		{"duration in a flow list", "rules:\n  - limits: [{requests: 1, per: 10x}]\n", `p.yaml:2: rules[0].limits[0].per: duration "10x"`},
+		{"duration in a budget", "rules:\n  - budget:\n      units: 10\n      per: 1 day\n", `p.yaml:4: rules[0].budget.per: duration "1 day"`},
+		{"number", "sketch: {buckets: lots}\n" + rule, `p.yaml:1: sketch.buckets: a str "lots" where a int belongs`},
+		{"misspelt in a rule", "rules:\n  - name: a\n    lmits:\n      - {requests: 1, per: 1s}\n", `p.yaml:3: unknown field "lmits" in rules[0]: did you mean limits?`},
+		{"misspelt at the top", "lisen: \":1\"\n" + rule, `p.yaml:1: unknown field "lisen": did you mean listen?`},
+		{"misspelt two deep", "rules:\n  - limits: [{requests: 1, per: 1s, brust: 2}]\n", `unknown field "brust" in rules[0].limits[0]: did you mean burst?`},
+		{"in the wrong section", "trusted_proxies: [10.0.0.1]\n" + rule, `p.yaml:1: unknown field "trusted_proxies": it belongs under client_ip`},
+		{"no likeness", "rules:\n  - colour: red\n    limits: [{requests: 1, per: 1s}]\n", `unknown field "colour" in rules[0]: the fields here are name, match, key,`},
+		{"envoy descriptor", "envoy_rls:\n  listen: \":1\"\n  domains:\n    - domain: d\n      descriptors:\n        - key: k\n          rate_limt: {unit: second, requests_per_unit: 1}\n",
+			`p.yaml:7: unknown field "rate_limt" in envoy_rls.domains[0].descriptors[0]: did you mean rate_limit?`},
+	} {
+		_, err := ParseConfig("p.yaml", []byte(c.src))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v\nwant an error containing %q", c.name, err, c.want)
+		}
+	}
+}
+
+// An envoyproxy/ratelimit file named in envoy_rls.files gets the same
+// words, with its own name and the path inside it.
+func TestRLSFileErrorPaths(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "api.yaml"), []byte("domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, nmae: x}\n"), 0o600)
+	main := filepath.Join(dir, "proxy.yaml")
+	os.WriteFile(main, []byte("envoy_rls:\n  listen: \":1\"\n  files: [api.yaml]\n"), 0o600)
+	_, err := LoadConfig(main)
+	want := `api.yaml:4: unknown field "nmae" in descriptors[0].rate_limit: did you mean name?`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("got %v\nwant an error containing %q", err, want)
 	}
 }

@@ -11,6 +11,7 @@ upstream: "http://127.0.0.1:9000"  # required by cmd/sketchproxy, unless forward
 admin: "127.0.0.1:9091"            # /metrics and /healthz; "off" disables
 # state_file: /var/lib/sketchproxy/state   # counts survive restarts (0600: it holds hash keys)
 # state_every: 1m                          # ...saved this often and at shutdown
+# key_label_secret_file: /etc/sketchproxy/label.key   # k:… labels of keys in logs and metrics that survive restarts
 
 server:
   read_header_timeout: 10s         # slowloris: headers must arrive within this

@@ -27,21 +27,22 @@ type FleetConfig struct {
 	// with an optional user, password and database, e.g.
 	// rediss://sketchproxy@redis.internal:6380/2. Give Redis, Cluster or
 	// Sentinel.
-	Redis string `yaml:"redis"`
+	Redis string `yaml:"redis" example:"\"rediss://sketchproxy@redis.internal:6380/0\""`
 	// Cluster lists seed nodes (host:port) of a Redis Cluster.
-	Cluster []string `yaml:"cluster"`
+	Cluster []string `yaml:"cluster" example:"[10.0.0.11:6379, 10.0.0.12:6379]"`
 	// Sentinel finds the master through Redis Sentinel.
 	Sentinel *SentinelConfig `yaml:"sentinel"`
 	// Username is the ACL user (Redis 6 and later; default: the URL's, or
 	// "default").
-	Username string `yaml:"username"`
+	Username string `yaml:"username" example:"sketchproxy"`
 	// The password: from a file (PasswordFile, e.g. a mounted secret), an
 	// environment variable (PasswordEnv), the URL, or Password in this
 	// file; give at most one.
-	Password     string `yaml:"password"`
-	PasswordEnv  string `yaml:"password_env"`
-	PasswordFile string `yaml:"password_file"`
-	DB           int    `yaml:"db"`
+	Password     string `yaml:"password" example:"s3cret"`
+	PasswordEnv  string `yaml:"password_env" example:"REDIS_PASSWORD"`
+	PasswordFile string `yaml:"password_file" example:"/run/secrets/redis-password"`
+	// DB is the database number (default: the URL's, or 0).
+	DB int `yaml:"db" example:"2"`
 	// TLS: a CA to verify the server with, a client certificate, and the
 	// name to verify (default: the host). A rediss:// URL turns TLS on with
 	// the system's CAs.
@@ -49,26 +50,26 @@ type FleetConfig struct {
 	// Secret keys the HMAC that hashes every key before it leaves the
 	// process: Redis never sees a client address or an API key. At least 16
 	// bytes, the same on every replica; or SecretFile.
-	Secret     string `yaml:"secret"`
-	SecretFile string `yaml:"secret_file"`
+	Secret     string `yaml:"secret" example:"\"a-per-deployment-secret-of-16-bytes-or-more\""`
+	SecretFile string `yaml:"secret_file" example:"/etc/sketchproxy/fleet-secret"`
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
-	Replicas int `yaml:"replicas"`
+	Replicas int `yaml:"replicas" example:"3"`
 	// ID names this replica in the heartbeat (default host-pid).
-	ID string `yaml:"id"`
+	ID string `yaml:"id" example:"proxy-a"`
 	// Interval between sync rounds (default 500ms); Timeout bounds a round
 	// (default 250ms).
-	Interval Duration `yaml:"interval"`
-	Timeout  Duration `yaml:"timeout"`
+	Interval Duration `yaml:"interval" example:"500ms"`
+	Timeout  Duration `yaml:"timeout" example:"250ms"`
 	// PromoteFraction: a key whose local estimate passes this fraction of
 	// θ/N joins the hot set (default 0.5); it leaves below a quarter of that.
-	PromoteFraction float64 `yaml:"promote_fraction"`
+	PromoteFraction float64 `yaml:"promote_fraction" example:"0.5"`
 	// MaxHot bounds the hot set (default 10000).
-	MaxHot int `yaml:"max_hot"`
+	MaxHot int `yaml:"max_hot" example:"10000"`
 	// Prefix of the Redis keys (default "sketchproxy:").
-	Prefix string `yaml:"prefix"`
+	Prefix string `yaml:"prefix" example:"\"sketchproxy:\""`
 	// WalletOnFailure: "closed" (default) refuses budget routes with 503
 	// while Redis is unreachable; "local" enforces θ/N locally instead.
-	WalletOnFailure string `yaml:"wallet_on_failure"`
+	WalletOnFailure string `yaml:"wallet_on_failure" example:"local"`
 }
 
 // fleetBuilt is what validating a fleet section reads and builds.
@@ -80,20 +81,28 @@ type fleetBuilt struct {
 // SentinelConfig is a Redis Sentinel deployment: the master's name and the
 // sentinels' addresses.
 type SentinelConfig struct {
-	Master string   `yaml:"master"`
-	Addrs  []string `yaml:"addrs"`
+	// Master is the name the sentinels know the master by.
+	Master string `yaml:"master" example:"mymaster"`
+	// Addrs are the sentinels' addresses (host:port).
+	Addrs []string `yaml:"addrs" example:"[10.0.0.21:26379, 10.0.0.22:26379]"`
 	// Password of the sentinels themselves, if they require one (or
 	// PasswordEnv).
-	Password    string `yaml:"password"`
-	PasswordEnv string `yaml:"password_env"`
+	Password    string `yaml:"password" example:"s3cret"`
+	PasswordEnv string `yaml:"password_env" example:"SENTINEL_PASSWORD"`
 }
 
 // FleetTLS is the TLS of the connection to Redis.
 type FleetTLS struct {
-	CAFile     string `yaml:"ca_file"`
-	CertFile   string `yaml:"cert_file"`
-	KeyFile    string `yaml:"key_file"`
-	ServerName string `yaml:"server_name"`
+	// CAFile holds the CAs that verify Redis's certificate (PEM; default:
+	// the system's).
+	CAFile string `yaml:"ca_file" example:"/etc/sketchproxy/redis-ca.pem"`
+	// CertFile and KeyFile are this replica's client certificate and its
+	// key (PEM), for Redis servers that ask for one.
+	CertFile string `yaml:"cert_file" example:"/etc/sketchproxy/client.pem"`
+	KeyFile  string `yaml:"key_file" example:"/etc/sketchproxy/client.key"`
+	// ServerName is the name Redis's certificate must carry (default: the
+	// host).
+	ServerName string `yaml:"server_name" example:"redis.internal"`
 }
 
 func (c *Config) validateFleet(fb *fleetBuilt) error {

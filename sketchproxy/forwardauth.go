@@ -10,22 +10,24 @@ import (
 
 // ForwardAuthConfig is the decision endpoint a gateway asks before it
 // forwards a request (nginx auth_request, Caddy forward_auth, Traefik
-// ForwardAuth). It proxies nothing: it answers 200 to allow, or refuses
+// forwardAuth). It proxies nothing: it answers 200 to allow, or refuses
 // with RefusalStatus, Retry-After and the RateLimit fields, which the gateway
 // passes to its client.
 type ForwardAuthConfig struct {
-	// Path is the endpoint's path (default "/check").
-	Path string `yaml:"path"`
 	// Listen, if set, serves the endpoint on its own address; empty serves
 	// it on the main listener, where Path is then never proxied.
-	Listen string `yaml:"listen"`
-	// RefusalStatus is the status of every refusal (default 429). nginx's
-	// auth_request accepts only 2xx, 401 and 403 from the check and turns
+	Listen string `yaml:"listen" reload:"restart" example:"\"127.0.0.1:8082\""`
+	// Path is the endpoint's path: a clean absolute path. On the main
+	// listener the path it started with stays the check's until a restart,
+	// never proxied.
+	Path string `yaml:"path" reload:"restart-on-listen; the old path stays the check's on listen" example:"/check"`
+	// RefusalStatus is the status of every refusal: 429, 403 or 401.
+	// nginx's auth_request accepts only 2xx, 401 and 403 from the check and turns
 	// anything else into 500: give 403 there and map it back to 429 with
 	// error_page (README, Use with your gateway). With 401 or 403, every
 	// other answer that is not 2xx (400 for a bad path, say) is sent with
 	// this status too, and its own status in the SketchProxy-Status header.
-	RefusalStatus int `yaml:"refusal_status"`
+	RefusalStatus int `yaml:"refusal_status" example:"403"`
 	// Gateway names the gateway that asks: "nginx", "caddy" or "traefik".
 	// The check then reads only the headers that gateway sets itself, and
 	// judges the host it routes on: nginx's X-Original-Method, -URI and
@@ -36,7 +38,7 @@ type ForwardAuthConfig struct {
 	// host rule applies if any of Host, X-Forwarded-Host and
 	// X-Original-Host names its host: no spelling escapes a rule, but a
 	// client can make more rules apply to itself.
-	Gateway string `yaml:"gateway"`
+	Gateway string `yaml:"gateway" example:"nginx"`
 }
 
 // The gateways the check knows the headers of.

@@ -27,17 +27,18 @@ import (
 // connections without a restart, and files that do not load are logged
 // with the reason while the running certificate stays.
 type RLSTLSConfig struct {
-	// CertFile and KeyFile are the server's certificate chain and its
-	// private key, PEM (both required).
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
+	// CertFile is the server's certificate chain, PEM (required).
+	CertFile string `yaml:"cert_file" example:"/etc/sketchproxy/tls/tls.crt"`
+	// KeyFile is the private key of CertFile's certificate, PEM
+	// (required).
+	KeyFile string `yaml:"key_file" example:"/etc/sketchproxy/tls/tls.key"`
 	// ClientCAFile, if set, requires every client to present a
 	// certificate signed by one of its CAs (PEM): mutual TLS.
-	ClientCAFile string `yaml:"client_ca_file"`
+	ClientCAFile string `yaml:"client_ca_file" example:"/etc/sketchproxy/tls/ca.crt"`
 	// ClientSAN, if set, further requires the client's certificate to name
 	// it among its subject alternative names (a DNS name or an IP
 	// address). It needs ClientCAFile.
-	ClientSAN string `yaml:"client_san"`
+	ClientSAN string `yaml:"client_san" example:"envoy.internal"`
 }
 
 // validateRLSTLS checks envoy_rls.tls: its files must load into a server

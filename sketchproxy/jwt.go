@@ -26,32 +26,39 @@ import (
 )
 
 // JWTConfig verifies bearer tokens, so that a rule's key can be a claim of
-// a verified token ("jwt:sub", "jwt:org_id"): an identity a client cannot
-// mint, unlike an API key header that any client can vary. Exactly one key
-// source is given.
+// a verified token ("jwt:sub", "jwt:org_id" in Rule.Key): an identity a
+// client cannot mint, unlike an API key header that any client can vary.
+// Exactly one key source is given: HMACSecretFile, PublicKeyFile,
+// JWKSFile or JWKSURL.
 type JWTConfig struct {
-	// Header carries the token (default Authorization, as "Bearer TOKEN";
-	// any other header holds the bare token).
-	Header string `yaml:"header"`
-	// HMACSecretFile holds a shared secret (HS256, HS384, HS512).
-	HMACSecretFile string `yaml:"hmac_secret_file"`
+	// Header carries the token: Authorization as "Bearer TOKEN"; any
+	// other header holds the bare token.
+	Header string `yaml:"header" example:"X-Access-Token"`
+	// HMACSecretFile holds a shared secret (HS256, HS384, HS512), at least
+	// 32 bytes. The file's trailing newlines (CR and LF) are trimmed: the
+	// secret is the rest, every other byte included.
+	HMACSecretFile string `yaml:"hmac_secret_file" example:"/etc/sketchproxy/jwt.secret"`
 	// PublicKeyFile holds a PEM public key (RSA, ECDSA or Ed25519).
-	PublicKeyFile string `yaml:"public_key_file"`
-	// JWKSFile holds a JSON Web Key Set; JWKSURL is fetched and refreshed
-	// every JWKSRefresh (default 1h) and when a token names an unknown key.
-	JWKSFile    string   `yaml:"jwks_file"`
-	JWKSURL     string   `yaml:"jwks_url"`
-	JWKSRefresh Duration `yaml:"jwks_refresh"`
-	// Issuer and Audience, if set, must match the token's iss and aud.
-	Issuer   string `yaml:"issuer"`
-	Audience string `yaml:"audience"`
-	// Algorithms accepted (default: those of the key: HS* for a secret,
-	// RS*/PS*, ES* or EdDSA for a public key, every asymmetric one for a
-	// key set). "none" is never accepted.
-	Algorithms []string `yaml:"algorithms"`
-	// Leeway for exp, nbf and iat (default 30s; 0, or a negative value in
-	// code: none).
-	Leeway Duration `yaml:"leeway"`
+	PublicKeyFile string `yaml:"public_key_file" example:"/etc/sketchproxy/jwt.pub"`
+	// JWKSFile holds a JSON Web Key Set.
+	JWKSFile string `yaml:"jwks_file" example:"/etc/sketchproxy/jwks.json"`
+	// JWKSURL is a JSON Web Key Set fetched at start and every JWKSRefresh,
+	// and when a token names an unknown key; start, reload and requests
+	// never wait for it.
+	JWKSURL string `yaml:"jwks_url" example:"https://id.example.com/.well-known/jwks.json"`
+	// JWKSRefresh is how often JWKSURL is fetched again (1m or more).
+	JWKSRefresh Duration `yaml:"jwks_refresh" example:"1h"`
+	// Issuer, if set, must be the token's iss.
+	Issuer string `yaml:"issuer" example:"https://id.example.com/"`
+	// Audience, if set, must be among the token's aud.
+	Audience string `yaml:"audience" example:"api"`
+	// Algorithms are those accepted; by default those of the key: HS* for
+	// a secret, RS*/PS*, ES* or EdDSA for a public key, every asymmetric
+	// one for a key set. "none" is never accepted.
+	Algorithms []string `yaml:"algorithms" example:"[RS256]"`
+	// Leeway is the clock skew allowed for exp, nbf and iat, up to 1h (0,
+	// or a negative value in code: none).
+	Leeway Duration `yaml:"leeway" example:"30s"`
 }
 
 // jwtKeyset are the keys a jwt section's files hold, read when it is

@@ -55,7 +55,7 @@ type Middleware struct {
 	logs      logLimiter
 	refusals  refusalLog // the decision log, aggregated by rule
 	billLogs  logLimiter // reconcile errors: a flood of refusals never hides them
-	redact    [32]byte   // the key of the hash that stands for keys in logs and metrics
+	redact    []byte     // the key of the hash that stands for keys in logs and metrics
 
 	transport atomic.Bool // Transport is in use: wallet requests outlive their clients
 
@@ -124,7 +124,7 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		eo.Fleet = m.fleet
 	}
 	m.eng = engine.New(eo)
-	m.initRedaction()
+	m.initRedaction(b.labelKey)
 	m.initMetrics()
 	if err := m.install(cfg, b); err != nil {
 		if m.fleet != nil {

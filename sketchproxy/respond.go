@@ -1,11 +1,6 @@
 package sketchproxy
 
 import (
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -198,30 +193,6 @@ func (m *Middleware) logVerdict(v *verdict, shadow bool, door ...any) {
 		attrs = append(attrs, "log_lines_skipped", skipped)
 	}
 	m.log.Info("sketchproxy decision", attrs...)
-}
-
-// initRedaction picks the key of the hash that stands for keys in logs and
-// metrics: random, or from Options.Seed for repeatable tests.
-func (m *Middleware) initRedaction() {
-	if m.opts.Seed != 0 {
-		binary.LittleEndian.PutUint64(m.redact[:], m.opts.Seed)
-		m.redact = sha256.Sum256(m.redact[:8])
-		return
-	}
-	rand.Read(m.redact[:])
-}
-
-// display is a key as logs and metrics show it: "k:" and the first 12 hex
-// digits of its HMAC-SHA256 under a per-process key. A key is a client
-// address, an API key or a token: none of them appears whole, and no byte a
-// client chose reaches a log line or a label. The same key shows the same
-// way for the life of the process, so one client's lines and series can be
-// followed.
-func (m *Middleware) display(key string) string {
-	mac := hmac.New(sha256.New, m.redact[:])
-	mac.Write([]byte(key))
-	var sum [32]byte
-	return "k:" + hex.EncodeToString(mac.Sum(sum[:0])[:6])
 }
 
 func truncate(s string, n int) string {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,18 +34,18 @@ import (
 // envoyproxy/ratelimit's configuration files, so those files move over as
 // they are: inline under domains, or named in files.
 type EnvoyRLSConfig struct {
-	// Listen is the gRPC address (required), e.g. "127.0.0.1:8081".
-	Listen string `yaml:"listen"`
+	// Listen is the gRPC address (required).
+	Listen string `yaml:"listen" reload:"restart" example:"\"127.0.0.1:8081\""`
 	// Domains are envoyproxy/ratelimit domain configurations.
 	Domains []RLSDomain `yaml:"domains"`
 	// Files are envoyproxy/ratelimit configuration files, one domain each,
 	// relative to this config's directory.
-	Files []string `yaml:"files"`
+	Files []string `yaml:"files" example:"[ratelimit/api.yaml]"`
 	// MergeDomains merges domains given more than once (in Domains or
 	// Files) into one, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does;
 	// a descriptor given twice at one level is still an error. Off, a
 	// domain given twice is an error (envoyproxy/ratelimit's default).
-	MergeDomains bool `yaml:"merge_domains"`
+	MergeDomains bool `yaml:"merge_domains" example:"true"`
 	// ResponseHeaders is what the service asks Envoy to add to its
 	// client's response: "none" (the default, as envoyproxy/ratelimit's
 	// LIMIT_RESPONSE_HEADERS_ENABLED=false); "ratelimit", as
@@ -54,34 +55,34 @@ type EnvoyRLSConfig struct {
 	// draft-ietf-httpapi-ratelimit-headers-10 and Retry-After, each policy
 	// named by its rate_limit's name, or by its unit (per-second, ...): a
 	// descriptor's keys and values never reach a client.
-	ResponseHeaders string `yaml:"response_headers"`
+	ResponseHeaders string `yaml:"response_headers" example:"draft"`
 	// Refused says whether the hits of a call answered OVER_LIMIT count:
 	// "free" (the default) counts nothing of a refused call, so a client
 	// over its limit keeps getting its limit; "count" counts every
 	// descriptor's hits, refused or not, as envoyproxy/ratelimit does
 	// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false, its default).
-	Refused string `yaml:"refused"`
+	Refused string `yaml:"refused" example:"count"`
 	// ShadowMode answers every call OK while deciding and counting as
 	// usual (envoyproxy/ratelimit's SHADOW_MODE): what would have been
 	// refused is counted as a shadow refusal and logged.
-	ShadowMode bool `yaml:"shadow_mode"`
+	ShadowMode bool `yaml:"shadow_mode" example:"true"`
 	// ResponseDynamicMetadata returns the call's domain, descriptors, hits
 	// and quota_mode violations as dynamic metadata, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
-	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata"`
+	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata" example:"true"`
 	// Directory is a directory of envoyproxy/ratelimit configuration
 	// files, relative to this config's directory: every *.yaml and *.yml
 	// file directly in it is loaded as Files are, in name order; names
 	// starting with "." (Kubernetes' ..data) and subdirectories are
 	// skipped. cmd/sketchproxy reloads the config when the directory's
 	// files change, a symlink swap included (rlsdir.go).
-	Directory string `yaml:"directory"`
+	Directory string `yaml:"directory" example:"/etc/ratelimit/config"`
 	// WatchEvery is how often cmd/sketchproxy looks for changes in
-	// Directory and in the TLS files (default 1s).
-	WatchEvery Duration `yaml:"watch_every"`
+	// Directory and in the TLS files.
+	WatchEvery Duration `yaml:"watch_every" reload:"restart" example:"1s"`
 	// TLS serves the gRPC listener over TLS, or mutual TLS (nil: plain
 	// gRPC).
-	TLS *RLSTLSConfig `yaml:"tls"`
+	TLS *RLSTLSConfig `yaml:"tls" reload:"restart; its files' contents reload by themselves"`
 
 	loaded   [3]int   // what validation loaded: Loaded
 	warnings []string // what validation ignored: Warnings
@@ -118,7 +119,9 @@ type rlsBuilt struct {
 
 // RLSDomain is one domain: a tree of descriptors.
 type RLSDomain struct {
-	Domain      string          `yaml:"domain"`
+	// Domain is the name Envoy's ratelimit filter sends (its domain).
+	Domain string `yaml:"domain" example:"api"`
+	// Descriptors are the domain's top-level descriptors.
 	Descriptors []RLSDescriptor `yaml:"descriptors"`
 }
 
@@ -128,29 +131,39 @@ type RLSDomain struct {
 // matches any. Exact values are tried first, then the wildcard values in
 // the order given, then the descriptor without a value.
 type RLSDescriptor struct {
-	Key         string          `yaml:"key"`
-	Value       string          `yaml:"value"`
-	RateLimit   *RLSRateLimit   `yaml:"rate_limit"`
+	// Key is the descriptor entry's key, as Envoy's actions name it
+	// (remote_address, header_match, generic_key, ...).
+	Key string `yaml:"key" example:"remote_address"`
+	// Value, if set, is the entry's value to match: exact, or with * as a
+	// wildcard. Without it every value matches, each with a count of its
+	// own.
+	Value string `yaml:"value" example:"files/*"`
+	// RateLimit is the limit of the requests whose descriptor ends here.
+	RateLimit *RLSRateLimit `yaml:"rate_limit"`
+	// Descriptors are the entries that may follow this one in a request's
+	// descriptor.
 	Descriptors []RLSDescriptor `yaml:"descriptors"`
 	// ShadowMode decides and counts but never answers OVER_LIMIT.
-	ShadowMode bool `yaml:"shadow_mode"`
+	ShadowMode bool `yaml:"shadow_mode" example:"true"`
 	// QuotaMode makes the limit one quota among the request's: the request
 	// is over only if every quota descriptor is (or an ordinary one). A
 	// quota it is over still reads OVER_LIMIT in its status, and does not
 	// count the request's hits.
-	QuotaMode bool `yaml:"quota_mode"`
+	QuotaMode bool `yaml:"quota_mode" example:"true"`
 	// ShareThreshold makes every value a wildcard Value matches share one
 	// count, instead of one count per value. It needs a * in Value.
-	ShareThreshold bool `yaml:"share_threshold"`
-	// DetailedMetric (or ValueToMetric) counts the descriptor's calls per
-	// value it matched, as envoyproxy/ratelimit's statistics do:
+	ShareThreshold bool `yaml:"share_threshold" example:"true"`
+	// DetailedMetric counts the descriptor's calls per value it matched,
+	// as envoyproxy/ratelimit's statistics do:
 	// sketchproxy_envoy_rls_value_*_total, the value shown by keyed hash,
 	// at most 100 series per descriptor, "other" (the rest) included.
-	DetailedMetric bool `yaml:"detailed_metric"`
-	ValueToMetric  bool `yaml:"value_to_metric"`
+	DetailedMetric bool `yaml:"detailed_metric" example:"true"`
+	// ValueToMetric does what DetailedMetric does, under
+	// envoyproxy/ratelimit's other name for it.
+	ValueToMetric bool `yaml:"value_to_metric" example:"true"`
 	// Metadata is accepted for envoyproxy/ratelimit's newer files and
 	// ignored, with a warning naming the file and line.
-	Metadata any `yaml:"metadata"`
+	Metadata any `yaml:"metadata" example:"{team: payments}"`
 }
 
 // RLSRateLimit is a descriptor's limit: RequestsPerUnit per Unit (second,
@@ -160,17 +173,27 @@ type RLSDescriptor struct {
 // applied to a request in which another matched descriptor's limit
 // Replaces it.
 type RLSRateLimit struct {
-	Name            string       `yaml:"name"`
-	Unit            string       `yaml:"unit"`
-	RequestsPerUnit float64      `yaml:"requests_per_unit"`
-	Unlimited       bool         `yaml:"unlimited"`
-	Replaces        []RLSReplace `yaml:"replaces"`
+	// Name names the limit: in the draft headers' policies, and for
+	// Replaces.
+	Name string `yaml:"name" example:"per-client"`
+	// Unit is the period: second, minute, hour, day, week, month (30
+	// days) or year (365 days).
+	Unit string `yaml:"unit" example:"minute"`
+	// RequestsPerUnit is how many hits a value may add per Unit.
+	RequestsPerUnit float64 `yaml:"requests_per_unit" example:"100"`
+	// Unlimited matches the descriptor without limiting it, as
+	// envoyproxy/ratelimit's unlimited does.
+	Unlimited bool `yaml:"unlimited" example:"true"`
+	// Replaces names the limits this one replaces in a request that
+	// matches both.
+	Replaces []RLSReplace `yaml:"replaces"`
 }
 
 // RLSReplace names a limit (its rate_limit.name) that the limit listing it
 // replaces.
 type RLSReplace struct {
-	Name string `yaml:"name"`
+	// Name is the replaced limit's rate_limit.name.
+	Name string `yaml:"name" example:"per-client"`
 }
 
 var rlsUnits = map[string]struct {
@@ -346,7 +369,7 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, nil, yamlError(name, err)
+		return nil, nil, yamlError(name, err, nil, nil)
 	}
 	var d RLSDomain
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -354,7 +377,7 @@ func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 	if err := dec.Decode(&d); errors.Is(err, io.EOF) {
 		return nil, nil, &ConfigError{File: name, Msg: "the file is empty: want domain: and descriptors:"}
 	} else if err != nil {
-		return nil, nil, yamlError(name, err)
+		return nil, nil, yamlError(name, err, &root, reflect.TypeFor[RLSDomain]())
 	}
 	return &Config{src: name, root: &root}, &d, nil
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 
 	"github.com/epochsketch/epochsketch/sketchproxy"
@@ -41,9 +43,10 @@ var examples = map[exampleFlag]string{
 const wideTrust4, wideTrust6 = 8, 32
 
 // configWarnings are what a valid config may still get wrong: rules that
-// can never refuse a request, and trusted-proxy ranges so wide that any
-// host in them can pass for any client. -check prints them on standard
-// error and still exits 0; a start logs them.
+// can never refuse a request, trusted-proxy ranges so wide that any host in
+// them can pass for any client, and forward_auth settings that the named
+// gateway breaks. -check prints them on standard error and still exits 0;
+// a start logs them.
 func configWarnings(cfg *sketchproxy.Config) []string {
 	var ws []string
 	for i, r := range cfg.Rules {
@@ -60,7 +63,55 @@ func configWarnings(cfg *sketchproxy.Config) []string {
 			ws = append(ws, fmt.Sprintf("client_ip.trusted_proxies[%d]: %s trusts every host in it to name the client in %s: any of them can pass for any client and escape every per-client limit; list your load balancers' addresses or their narrow subnet", i, s, cfg.ClientIP.Source))
 		}
 	}
+	ws = append(ws, gatewayWarnings(cfg)...)
 	return append(ws, cfg.EnvoyRLS.Warnings()...)
+}
+
+// gatewayWarnings are forward_auth settings that README.md's "Use with
+// your gateway" (its table of gateways) calls broken or unsafe with the
+// gateway named: a refusal status nginx's auth_request turns into 500, and
+// a client address Traefik lets the client choose, or names Traefik by.
+func gatewayWarnings(cfg *sketchproxy.Config) []string {
+	fa := cfg.ForwardAuth
+	if fa == nil {
+		return nil
+	}
+	var ws []string
+	switch fa.Gateway {
+	case "nginx":
+		if fa.RefusalStatus != http.StatusUnauthorized && fa.RefusalStatus != http.StatusForbidden {
+			ws = append(ws, fmt.Sprintf("forward_auth.refusal_status: %d with gateway nginx: auth_request accepts only 2xx, 401 and 403 from the check and answers the client 500 for anything else, so every refusal becomes a 500; set refusal_status: 403 and map it back to 429 with error_page (README, Use with your gateway)", fa.RefusalStatus))
+		}
+	case "traefik":
+		switch cfg.ClientIP.Source {
+		case "forwarded":
+			ws = append(ws, "client_ip.source: forwarded with gateway traefik: Traefik passes a client's own Forwarded header to the check, so each client chooses its key and escapes every per-client limit; use source: x-forwarded-for")
+		case "x-real-ip":
+			ws = append(ws, "client_ip.source: x-real-ip with gateway traefik: X-Real-Ip names Traefik, not the client, so every client shares one key and one limit; use source: x-forwarded-for")
+		}
+	}
+	return ws
+}
+
+// printKeyLabels is -key-label: the label of value as a whole key, and,
+// for a client address, first the label of its ip key part (the address
+// grouped by client_ip's prefixes), one "LABEL KEY" line each.
+func printKeyLabels(cfg *sketchproxy.Config, value string, stdout, stderr io.Writer) int {
+	keys := []string{value}
+	if addr, err := netip.ParseAddr(value); err == nil {
+		if k, err := cfg.IPKey(addr); err == nil && k != value {
+			keys = []string{k, value}
+		}
+	}
+	for _, k := range keys {
+		label, err := cfg.KeyLabel(k)
+		if err != nil {
+			fmt.Fprintf(stderr, "sketchproxy: -key-label: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s %s\n", label, k)
+	}
+	return 0
 }
 
 // plural writes a count of things: "1 rule", "3 rules".

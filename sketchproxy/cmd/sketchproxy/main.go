@@ -9,6 +9,9 @@
 //	                                  validate the config and exit
 //	sketchproxy -example              print a commented config with every section
 //	sketchproxy -example minimal      print the smallest deployable config
+//	sketchproxy -config proxy.yaml -key-label 203.0.113.7
+//	                                  print the label logs and metrics show
+//	                                  for a key (key_label_secret_file)
 //
 // With forward_auth in the config it also answers a gateway's checks (nginx
 // auth_request, Caddy forward_auth, Traefik ForwardAuth), and with envoy_rls
@@ -66,6 +69,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
+	}
+	if o.keyLabel != "" {
+		return printKeyLabels(cfg, o.keyLabel, stdout, stderr)
 	}
 	warnings := configWarnings(cfg)
 	if o.check {
@@ -242,6 +248,7 @@ var noUpstream = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 // options are the command's flags.
 type options struct {
 	cfgPath, listen, admin, upstream, demoUpstream string
+	keyLabel                                       string
 	check, jsonLogs                                bool
 	example                                        exampleFlag
 	grace, refusalLogEvery, drainFor               time.Duration
@@ -265,6 +272,7 @@ func parseFlags(args []string, stderr io.Writer) (o options, code int) {
 	fs.DurationVar(&o.drainFor, "drain", 0, "on SIGTERM, report NOT_SERVING (gRPC health, /healthz 503) and keep serving this long before the listeners close")
 	fs.DurationVar(&o.refusalLogEvery, "refusal-log-every", sketchproxy.DefaultRefusalLogInterval, "log each rule's first refusal of this interval, and one line counting the rest at its end")
 	fs.StringVar(&o.demoUpstream, "demo-upstream", "", "only serve the demo upstream on `ADDR` (for load tests)")
+	fs.StringVar(&o.keyLabel, "key-label", "", "print the label logs and metrics show for the key `VALUE` (a client address: for its ip key part too) under the config's key_label_secret_file, and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, 0
@@ -450,71 +458,12 @@ func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, lo
 	for _, w := range next.EnvoyRLS.Warnings() {
 		log.Warn("config: " + w)
 	}
-	if stay := restartOnly(cfg, next); len(stay) > 0 {
+	if stay := sketchproxy.RestartOnly(cfg, next); len(stay) > 0 { // the fields tagged reload:"restart"
 		log.Warn("config reloaded, except settings that take a restart: they keep their running values",
 			"rules", len(next.Rules), "restart_for", strings.Join(stay, ", "))
 		return
 	}
 	log.Info("config reloaded", "rules", len(next.Rules))
-}
-
-// restartOnly lists the settings that differ between the running config
-// and next and that only a restart applies: the listeners, the servers'
-// bounds and the upstream's transport are made once, at the start.
-func restartOnly(running, next *sketchproxy.Config) []string {
-	var stay []string
-	diff := func(name string, a, b any) {
-		if a != b {
-			stay = append(stay, name)
-		}
-	}
-	diff("listen", running.Listen, next.Listen)
-	diff("admin", running.Admin, next.Admin)
-	diff("upstream", running.Upstream, next.Upstream)
-	diff("state_file", running.StateFile, next.StateFile)
-	diff("state_every", running.StateEvery, next.StateEvery)
-	diff("server.read_header_timeout", running.Server.ReadHeaderTimeout, next.Server.ReadHeaderTimeout)
-	diff("server.idle_timeout", running.Server.IdleTimeout, next.Server.IdleTimeout)
-	diff("server.max_header_bytes", running.Server.MaxHeaderBytes, next.Server.MaxHeaderBytes)
-	diff("server.upstream_timeout", running.Server.UpstreamTimeout, next.Server.UpstreamTimeout)
-	faListen := func(c *sketchproxy.Config) string {
-		if c.ForwardAuth == nil {
-			return ""
-		}
-		return c.ForwardAuth.Listen
-	}
-	diff("forward_auth.listen", faListen(running), faListen(next))
-	faPath := func(c *sketchproxy.Config) string {
-		if c.ForwardAuth == nil || c.ForwardAuth.Listen != "" {
-			return ""
-		}
-		return c.ForwardAuth.Path
-	}
-	if p := faPath(running); p != "" && p != faPath(next) {
-		stay = append(stay, "forward_auth.path (the old path stays the check's on listen)")
-	}
-	rlsListen := func(c *sketchproxy.Config) string {
-		if c.EnvoyRLS == nil {
-			return ""
-		}
-		return c.EnvoyRLS.Listen
-	}
-	diff("envoy_rls.listen", rlsListen(running), rlsListen(next))
-	rlsWatch := func(c *sketchproxy.Config) sketchproxy.Duration {
-		if c.EnvoyRLS == nil {
-			return 0
-		}
-		return c.EnvoyRLS.WatchEvery
-	}
-	diff("envoy_rls.watch_every", rlsWatch(running), rlsWatch(next))
-	rlsTLS := func(c *sketchproxy.Config) sketchproxy.RLSTLSConfig {
-		if c.EnvoyRLS == nil || c.EnvoyRLS.TLS == nil {
-			return sketchproxy.RLSTLSConfig{}
-		}
-		return *c.EnvoyRLS.TLS
-	}
-	diff("envoy_rls.tls (its files' contents reload by themselves)", rlsTLS(running), rlsTLS(next))
-	return stay
 }
 
 // newReverseProxy proxies to target, keeping the client's Host, setting the

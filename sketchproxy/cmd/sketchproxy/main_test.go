@@ -46,7 +46,7 @@ func TestFlags(t *testing.T) {
 		code       int
 		want       string
 	}{
-		{"bad.yaml", "upstream: \"http://127.0.0.1:1\"\nrules:\n  - name: a\n    limits:\n      - {requests: 5, per: forever}\n", 1, `bad.yaml:5: duration "forever"`},
+		{"bad.yaml", "upstream: \"http://127.0.0.1:1\"\nrules:\n  - name: a\n    limits:\n      - {requests: 5, per: forever}\n", 1, `bad.yaml:5: rules[0].limits[0].per: duration "forever"`},
 		{"noup.yaml", "rules:\n  - limits: [{requests: 1, per: 1s}]\n", 1, "upstream: missing"},
 		{"missing.yaml", "", 1, "no such file"},
 	} {
