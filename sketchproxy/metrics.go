@@ -95,6 +95,7 @@ var (
 	dRLSRequests     = newDesc("envoy_rls_requests_total", prometheus.CounterValue, "ShouldRateLimit calls of Envoy's rate-limit service.")
 	dRLSOverLimit    = newDesc("envoy_rls_over_limit_total", prometheus.CounterValue, "ShouldRateLimit calls answered OVER_LIMIT.")
 	dRLSUnknown      = newDesc("envoy_rls_unknown_domain_total", prometheus.CounterValue, "ShouldRateLimit calls for a domain envoy_rls does not configure (answered OK).")
+	dLimitRefusals   = newDesc("limit_refusals_total", prometheus.CounterValue, "Refusals by the limit the request was over (its rule's most constrained), beside its rule: which of a rule's limits refuses.", "rule", "limit")
 	dNearLimit       = newDesc("decisions_near_limit_total", prometheus.CounterValue, "Admitted requests that left their key above 80% of its limit (envoyproxy/ratelimit's near_limit).", "rule")
 	dValueHits       = newDesc("envoy_rls_value_hits_total", prometheus.CounterValue, "Hits of a detailed_metric descriptor, by the value it matched (keyed hash; at most 100 series per descriptor, other included).", "rule", "value")
 	dValueOver       = newDesc("envoy_rls_value_over_limit_total", prometheus.CounterValue, "Calls of a detailed_metric descriptor over its limit, by value.", "rule", "value")
@@ -137,7 +138,7 @@ type collector Middleware
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dUnauthorized, dClientCap, dBodyTimeouts, dHeld, dCapacity,
 		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReported, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
-		dStateLoads, dGeneration, dRLSRequests, dRLSOverLimit, dRLSUnknown, dNearLimit, dValueHits, dValueOver, dValueNear,
+		dStateLoads, dGeneration, dRLSRequests, dRLSOverLimit, dRLSUnknown, dLimitRefusals, dNearLimit, dValueHits, dValueOver, dValueNear,
 		dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag} {
 		ch <- d.Desc
 	}
@@ -169,7 +170,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	m.Decisions(func(rule string, o Outcome, shadow bool, n uint64) {
 		emit(dDecisions, float64(n), rule, o.String(), strconv.FormatBool(shadow))
 	})
-	m.eng.Decisions(func(rule string, c *engine.Counts) { emit(dNearLimit, float64(c.Near()), rule) })
+	m.eng.Decisions(func(rule string, c *engine.Counts) {
+		emit(dNearLimit, float64(c.Near()), rule)
+		c.Limits(func(limit string, n uint64) { emit(dLimitRefusals, float64(n), rule, limit) })
+	})
 	m.rlsValues.each(func(rule, value string, c *valueCounts) {
 		emit(dValueHits, float64(c.hits.Load()), rule, value)
 		emit(dValueOver, float64(c.over.Load()), rule, value)

@@ -652,3 +652,25 @@ func regexpLine(body, substr string) string {
 	}
 	return ""
 }
+
+// sketchproxy_limit_refusals_total names the limit that refused, beside
+// its rule.
+func TestLimitRefusalsMetric(t *testing.T) {
+	h := newHarness(t, "rules:\n  - name: api\n    limits: [{requests: 3, per: 1s}, {name: hourly, requests: 5, per: 1h}]\n")
+	for range 4 {
+		h.req("203.0.113.70")
+	}
+	h.clk.Advance(3 * time.Second) // the per-second limit has room; the hourly has 2
+	for range 4 {
+		h.req("203.0.113.70")
+	}
+	fams := scrape(t, h.mw)
+	for _, c := range []struct {
+		labels string
+		want   float64
+	}{{`limit="per-1s",rule="api"`, 1}, {`limit="hourly",rule="api"`, 2}} {
+		if got, ok := metricValue(fams, "sketchproxy_limit_refusals_total", c.labels); !ok || got != c.want {
+			t.Errorf("sketchproxy_limit_refusals_total{%s} = %v (found %v), want %v", c.labels, got, ok, c.want)
+		}
+	}
+}

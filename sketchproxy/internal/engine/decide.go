@@ -342,6 +342,9 @@ func (e *Engine) countOutcomes(d *Decision) {
 			if v.Out == Allow && v.Limit != nil && nearLimit(v.Est, v.Theta) {
 				v.Rule.Counts.near.Add(1)
 			}
+			if v.Out.Refuses() && v.Over && v.Limit != nil {
+				v.Rule.Counts.refusedBy(v.Limit.Name) // the limit it was over
+			}
 		}
 	}
 }

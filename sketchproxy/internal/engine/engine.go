@@ -253,11 +253,30 @@ type Budget struct {
 	sk            *epochsketch.Sketch
 }
 
-// Counts counts a rule's decisions by outcome, real and shadow, and the
-// admitted requests that left their key near its limit.
+// Counts counts a rule's decisions by outcome, real and shadow, the
+// admitted requests that left their key near its limit, and the refusals
+// of each of its limits, by the limit's name.
 type Counts struct {
-	n    [NumOutcomes][2]atomic.Uint64
-	near atomic.Uint64
+	n      [NumOutcomes][2]atomic.Uint64
+	near   atomic.Uint64
+	limits sync.Map // limit name → *atomic.Uint64: the refusals it decided
+}
+
+// refusedBy counts a refusal that limit decided.
+func (c *Counts) refusedBy(limit string) {
+	n, ok := c.limits.Load(limit)
+	if !ok {
+		n, _ = c.limits.LoadOrStore(limit, new(atomic.Uint64))
+	}
+	n.(*atomic.Uint64).Add(1)
+}
+
+// Limits calls f with each limit's refusals, in no order.
+func (c *Counts) Limits(f func(limit string, refused uint64)) {
+	c.limits.Range(func(k, v any) bool {
+		f(k.(string), v.(*atomic.Uint64).Load())
+		return true
+	})
 }
 
 // Near is how many admitted requests left their key above
