@@ -72,8 +72,9 @@ type Handler struct {
 	zones    []*zoneRef // by name
 	side     *sideRef   // the side sketches every zone of the handler reads
 	eng      *engine.Engine
-	prefix   bool // a key uses {http.epochsketch.client_prefix}
-	asErrors bool // refusals are returned as errors: error routes answer them
+	prefix   bool     // a key uses {http.epochsketch.client_prefix}
+	loc      location // where the handler sits (zones.go)
+	asErrors bool     // refusals are returned as errors: error routes answer them
 	logger   *zap.Logger
 
 	// Tests set these before Provision: the clock and seed of the
@@ -225,7 +226,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.prefix = h.prefix || strings.Contains(z.Key, "{"+prefixPlaceholder+"}")
 	}
-	h.asErrors = errorRoutes(ctx)
+	h.loc = locate(ctx)
+	h.asErrors = h.loc.inErrors || h.loc.subErrors || h.loc.srv != nil && h.loc.srv.Errors != nil && len(h.loc.srv.Errors.Routes) > 0
 	if err := h.takeZones(ctx); err != nil {
 		h.Cleanup()
 		return err
@@ -235,22 +237,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	return nil
-}
-
-// errorRoutes reports whether a refusal returned as an error would be
-// answered by error routes: the server's (handle_errors) or an enclosing
-// subroute's. Without them Caddy would answer it with a bare status, so
-// the handler writes its refusals itself, as it always has.
-func errorRoutes(ctx caddy.Context) bool {
-	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv.Errors != nil && len(srv.Errors.Routes) > 0 {
-		return true
-	}
-	for _, m := range ctx.Modules() {
-		if sr, ok := m.(*caddyhttp.Subroute); ok && sr.Errors != nil && len(sr.Errors.Routes) > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // Validate checks the configuration (Provision has checked it already;
