@@ -1,6 +1,8 @@
 package caddyepochsketch
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -76,5 +78,42 @@ func TestCaddyOneSiteTwoPorts(t *testing.T) {
 	more, last := burst(t, c, 2, other)
 	if got+" "+more != "200 200 200 429" || !strings.Contains(last.rateLimit, `"per_ip-per-1h";r=0;`) {
 		t.Errorf("2 requests on one port, then 2 on the other, at 3 an hour: %s %s, RateLimit %q; want 200 200 200 429", got, more, last.rateLimit)
+	}
+}
+
+// TestCaddyTryFiles: behind try_files (a front controller), a zone on
+// epochsketch_path /login judges /login, which reaches the directive
+// rewritten to /index.php.
+func TestCaddyTryFiles(t *testing.T) {
+	s := startCaddy(t, `http://127.0.0.1:{{PORT}} {
+	root * {{DIR}}/www
+	try_files {path} /index.php?{query}
+	epochsketch {
+		zone login {
+			key {remote_host}
+			events 2
+			window 1h
+			match {
+				epochsketch_path /login
+			}
+		}
+	}
+	reverse_proxy {{UPSTREAM}}
+}
+`, app(t))
+	if err := os.MkdirAll(filepath.Join(s.dir, "www"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, "www", "index.php"), []byte("<?php\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	offTheEdge(t)
+	c := clientFrom("127.0.4.3")
+	codes, last := burst(t, c, 3, s.url("/login?u=1"))
+	if codes != "200 200 429" || !strings.Contains(last.rateLimit, `"login-per-1h";r=0;`) {
+		t.Errorf("/login, rewritten to /index.php, at 2 an hour: %s, RateLimit %q; want 200 200 429", codes, last.rateLimit)
+	}
+	if a := get(t, c, s.url("/other")); a.code != 200 || !strings.HasPrefix(a.seenURI, "/index.php") || a.rateLimit != "" {
+		t.Errorf("/other: %d, reached the app as %q, RateLimit %q; want 200 as /index.php, judged by no zone", a.code, a.seenURI, a.rateLimit)
 	}
 }
