@@ -117,3 +117,80 @@ func TestCaddyTryFiles(t *testing.T) {
 		t.Errorf("/other: %d, reached the app as %q, RateLimit %q; want 200 as /index.php, judged by no zone", a.code, a.seenURI, a.rateLimit)
 	}
 }
+
+// TestCaddyInsideHandleErrors: a zone inside handle_errors answers its
+// refusals itself (an error returned from error routes is never handled:
+// Caddy would answer the first error's status, empty).
+func TestCaddyInsideHandleErrors(t *testing.T) {
+	s := startCaddy(t, `http://127.0.0.1:{{PORT}} {
+	respond /ok "ok"
+	handle_errors 404 {
+		epochsketch {
+			zone scan {
+				key {remote_host}
+				events 2
+				window 1h
+			}
+		}
+		respond "not found" 404
+	}
+	error 404
+}
+`, "")
+	offTheEdge(t)
+	codes, last := burst(t, clientFrom("127.0.4.4"), 3, s.url("/nope"))
+	if codes != "404 404 429" || !strings.Contains(last.rateLimit, `"scan-per-1h";r=0;`) ||
+		!strings.Contains(last.body, `"violated-policies":["scan-per-1h"]`) || last.retryAfter == "" {
+		t.Errorf("3 requests for a missing page, 2 an hour in handle_errors: %s; the 429: RateLimit %q, Retry-After %q, body %q",
+			codes, last.rateLimit, last.retryAfter, last.body)
+	}
+	if log := s.log.String(); strings.Contains(log, "error handling handler error") {
+		t.Errorf("Caddy logged a refusal as an unhandled error:\n%s", log)
+	}
+}
+
+// TestCaddyErrorRoutesElsewhere: error routes on the port that would not
+// answer a 429 (another site's handle_errors, the site's own for 404
+// only) leave the refusal to the handler: the problem+json body, not
+// Caddy's empty 429. A site whose handle_errors answers 429 still gets it.
+func TestCaddyErrorRoutesElsewhere(t *testing.T) {
+	s := startCaddy(t, `http://a.test:{{PORT}} {
+	`+zone3+`
+	respond "a"
+}
+http://b.test:{{PORT}} {
+	respond "b"
+	handle_errors 404 {
+		respond "nf"
+	}
+}
+http://c.test:{{PORT}} {
+	`+zone3+`
+	respond "c"
+	handle_errors 404 {
+		respond "nf"
+	}
+}
+http://d.test:{{PORT}} {
+	`+zone3+`
+	respond "d"
+	handle_errors {
+		respond "custom {err.status_code}"
+	}
+}
+`, "")
+	offTheEdge(t)
+	port := strconv.Itoa(s.port)
+	c := clientFrom("127.0.4.5")
+	for _, host := range []string{"a.test", "c.test"} {
+		codes, last := burst(t, c, 4, s.url("/"), "Host", host+":"+port)
+		if codes != "200 200 200 429" || !strings.Contains(last.rateLimit, `"per_ip-per-1h";r=0;`) ||
+			!strings.Contains(last.body, `"violated-policies":["per_ip-per-1h"]`) {
+			t.Errorf("%s: %s; the 429: RateLimit %q, body %q; want the problem+json body", host, codes, last.rateLimit, last.body)
+		}
+	}
+	codes, last := burst(t, c, 4, s.url("/"), "Host", "d.test:"+port)
+	if codes != "200 200 200 429" || last.body != "custom 429" || !strings.Contains(last.rateLimit, `"per_ip-per-1h";r=0;`) {
+		t.Errorf("d.test, whose handle_errors answers every error: %s; the 429: %q, RateLimit %q", codes, last.body, last.rateLimit)
+	}
+}

@@ -7,10 +7,10 @@
 // makes: the zones a request matches, with its key under each, go in; a
 // decision comes out. An admitted request goes on to the next handler with
 // the draft RateLimit and RateLimit-Policy fields on its response; a refused
-// one never reaches it: the handler answers 429 with Retry-After and the
-// fields, or, where the server has error routes (handle_errors), returns
-// the 429 as an error with those fields already set, for the routes to
-// answer. The handler changes nothing of the request the next handler sees.
+// one never reaches it: the handler returns the 429 as an error with
+// Retry-After and the fields already set, where error routes
+// (handle_errors) would answer it, and else answers it itself
+// (refuse.go). The handler changes nothing of the request the next handler sees.
 //
 // Each zone counts in fixed-memory sketches of its own that outlive a
 // config reload which keeps the zone (zones.go). README.md in this
@@ -74,7 +74,7 @@ type Handler struct {
 	eng      *engine.Engine
 	prefix   bool     // a key uses {http.epochsketch.client_prefix}
 	loc      location // where the handler sits (zones.go)
-	asErrors bool     // refusals are returned as errors: error routes answer them
+	asErrors errorMode
 	logger   *zap.Logger
 
 	// Tests set these before Provision: the clock and seed of the
@@ -227,7 +227,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.prefix = h.prefix || strings.Contains(z.Key, "{"+prefixPlaceholder+"}")
 	}
 	h.loc = locate(ctx)
-	h.asErrors = h.loc.inErrors || h.loc.subErrors || h.loc.srv != nil && h.loc.srv.Errors != nil && len(h.loc.srv.Errors.Routes) > 0
+	h.asErrors = errorModeOf(h.loc)
 	if err := h.takeZones(ctx); err != nil {
 		h.Cleanup()
 		return err

@@ -313,7 +313,7 @@ func TestRequestUnchanged(t *testing.T) {
 func TestRefusalAsError(t *testing.T) {
 	c := newConfig(t, epochsketch.NewManualClock(t0))
 	h := c.provision(one("api", zone(1, time.Minute)))
-	h.asErrors = true // as Provision sets it in a server with handle_errors
+	h.asErrors = returnRefusals // as Provision sets it under a subroute with error routes
 	serve([]*Handler{h}, request("/", "X-Key", "k"))
 	r := request("/", "X-Key", "k")
 	w := serve([]*Handler{h}, r)
