@@ -140,7 +140,7 @@ var reName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // subdirective at fault and what to write instead.
 func (h *Handler) validate() error {
 	if len(h.Zones) == 0 {
-		return fmt.Errorf("epochsketch: no zones: add at least one, e.g. zone per_ip { key {remote_host}; events 5; window 10s }")
+		return fmt.Errorf("epochsketch: no zones: add at least one with a key, events and a window, e.g.\n%s\n(in JSON: \"zones\": {\"per_ip\": {\"key\": \"{remote_host}\", \"events\": 5, \"window\": \"10s\"}})", zoneExample("per_ip"))
 	}
 	for _, name := range h.names() {
 		z := h.Zones[name]
@@ -156,6 +156,12 @@ func (h *Handler) validate() error {
 		if _, err := parseKey(z.Key); err != nil {
 			return fmt.Errorf("epochsketch: zone %q: key %q: %v", name, z.Key, err)
 		}
+		if z.Events == 0 {
+			return fmt.Errorf("epochsketch: zone %q: events is missing: set how many requests a key may make per window, e.g. events 100", name)
+		}
+		if z.Window == 0 {
+			return fmt.Errorf("epochsketch: zone %q: window is missing: set the period of events, e.g. window 1m", name)
+		}
 		if !(z.Events > 0) || math.IsInf(z.Events, 0) {
 			return fmt.Errorf("epochsketch: zone %q: events %v: want a positive number of requests per window, e.g. events 100", name, z.Events)
 		}
@@ -169,8 +175,8 @@ func (h *Handler) validate() error {
 			return fmt.Errorf("epochsketch: zone %q: %s", name, rateError(err))
 		}
 	}
-	if h.SketchBuckets < 0 || h.SketchBuckets > 1<<26 {
-		return fmt.Errorf("epochsketch: sketch_buckets %d: want 1 to 67108864 (4 GiB), or none (65536)", h.SketchBuckets)
+	if h.SketchBuckets < 0 || h.SketchBuckets > maxBuckets {
+		return fmt.Errorf("epochsketch: sketch_buckets %d: want %s, or none (65536)", h.SketchBuckets, bucketsWant)
 	}
 	if !(h.Jitter >= 0 && h.Jitter <= 1) {
 		return fmt.Errorf("epochsketch: jitter %v: want a fraction from 0 to 1, e.g. jitter 0.2 (up to 20%% more)", h.Jitter)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -204,7 +205,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 func (h *Handler) badKey(w http.ResponseWriter, r *http.Request, z *zoneRef, why string) error {
 	detail := fmt.Sprintf("zone %q: %s: send it once", z.name, why)
 	if ce := h.logger.Check(zap.InfoLevel, "epochsketch bad key"); ce != nil {
-		ce.Write(zap.String("zone", z.name), zap.String("why", why), zap.String("remote_ip", r.RemoteAddr))
+		ce.Write(zap.String("zone", z.name), zap.String("why", why), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
 	}
 	if err := caddyhttp.Error(http.StatusBadRequest, errors.New("epochsketch: "+detail)); h.returnsError(r, err) {
 		return err
@@ -251,7 +252,8 @@ func (h *Handler) logRefusal(r *http.Request, v *engine.Verdict, zone string, se
 	}
 	fields := []zap.Field{
 		zap.String("zone", zone), zap.String("outcome", v.Out.String()), zap.String("key", key),
-		zap.String("remote_ip", r.RemoteAddr), zap.String("method", r.Method), zap.Int64("retry_after_s", secs),
+		zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)),
+		zap.String("method", r.Method), zap.Int64("retry_after_s", secs),
 	}
 	if v.Limit != nil {
 		fields = append(fields, zap.Uint32("estimate", v.Est), zap.Uint32("threshold", v.Theta))
@@ -277,4 +279,24 @@ func display(key string) string {
 	mac.Write([]byte(key))
 	var sum [32]byte
 	return "k:" + hex.EncodeToString(mac.Sum(sum[:0])[:6])
+}
+
+// remoteIP is the connection's address without its port, as Caddy's
+// access log writes remote_ip.
+func remoteIP(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// clientIP is the client's address as Caddy resolved it ({client_ip}:
+// the connection's, or one from X-Forwarded-For past trusted_proxies), as
+// Caddy's access log writes client_ip; the connection's where Caddy set
+// none (outside a server).
+func clientIP(r *http.Request) string {
+	if ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ip != "" {
+		return ip
+	}
+	return remoteIP(r)
 }
