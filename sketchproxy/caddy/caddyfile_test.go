@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/epochsketch/epochsketch"
 )
 
 func TestUnmarshalCaddyfile(t *testing.T) {
@@ -156,5 +158,20 @@ func TestReadmeJSON(t *testing.T) {
 	}
 	if err := h.Validate(); err != nil || len(h.Zones) != 2 || !h.Zones["api_keys"].Shared || h.Jitter != 0.2 {
 		t.Errorf("%v: %+v", err, h)
+	}
+}
+
+// README.md's sketch_buckets figure is the library's sizing rule: the
+// default 65536 buckets hold 131,072 heavy hitters.
+func TestReadmeSizing(t *testing.T) {
+	if n := epochsketch.BucketsFor(131_072); n != 65_536 || n != (&Handler{}).buckets() {
+		t.Errorf("epochsketch.BucketsFor(131072) = %d, the default sketch_buckets %d: README.md says both are 65536", n, (&Handler{}).buckets())
+	}
+	src, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(src), "room for 131,072 keys") || !strings.Contains(string(src), "`epochsketch.BucketsFor(131072)` is 65536") {
+		t.Error("README.md no longer gives the sizing figure this test checks")
 	}
 }

@@ -51,9 +51,10 @@ type Handler struct {
 	// Zones are the limits, by name: every zone whose matchers match a
 	// request must admit it. A name is letters, digits, '-' and '_'.
 	Zones map[string]*Zone `json:"zones,omitempty"`
-	// SketchBuckets sizes each zone's sketch, 64 bytes a bucket (default
-	// 65536: 4 MiB, about 130k keys above the noise). Memory never grows
-	// with the number of keys.
+	// SketchBuckets sizes each zone's sketch, 64 bytes a bucket, 1 to
+	// 67108864 (default 65536: 4 MiB, room for 131,072 heavy hitters by
+	// epochsketch.BucketsFor's rule). Memory never grows with the number
+	// of keys.
 	SketchBuckets int `json:"sketch_buckets,omitempty"`
 	// NewKeysOff turns off the key-rotation defense (on by default: while
 	// keys never seen before spike, keys first seen during the spike get a
