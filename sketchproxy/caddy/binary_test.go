@@ -243,10 +243,12 @@ func (s *caddyServer) rss() int64 {
 }
 
 // clientFrom is an HTTP client whose connections come from the loopback
-// address ip: to Caddy, a client of its own ({remote_host}).
+// address ip: to Caddy, a client of its own ({remote_host}). Each request
+// has a connection of its own: one kept alive across a reload may be
+// closed by the old config as the request is sent (EOF).
 func clientFrom(ip string) *http.Client {
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
-	return &http.Client{Transport: &http.Transport{DialContext: d.DialContext}, Timeout: 10 * time.Second}
+	return &http.Client{Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}, Timeout: 10 * time.Second}
 }
 
 type answer struct {

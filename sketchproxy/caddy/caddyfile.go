@@ -48,6 +48,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
+	at := here(d)
 	if d.NextArg() {
 		return d.Errf("epochsketch takes a matcher and a block, not %q: write epochsketch [<matcher>] { zone <name> { ... } }", d.Val())
 	}
@@ -60,13 +61,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			continue
 		case "sketch_buckets":
-			v, err := oneArg(d, sub, "a power of two, e.g. sketch_buckets 65536 (4 MiB)")
+			v, err := oneArg(d, sub, bucketsWant)
 			if err != nil {
 				return err
 			}
 			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return d.Errf("sketch_buckets %q: want a positive power of two, e.g. sketch_buckets 65536 (4 MiB)", v)
+			if err != nil || n <= 0 || n > maxBuckets {
+				return d.Errf("sketch_buckets %q: want %s", v, bucketsWant)
 			}
 			h.SketchBuckets = n
 		case "new_keys":
@@ -100,7 +101,31 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s: one value only, not also %q", sub, d.Val())
 		}
 	}
+	if len(h.Zones) == 0 {
+		return at.Errf("no zones: add at least one with a key, events and a window, e.g.\n%s", zoneExample("per_ip"))
+	}
 	return nil
+}
+
+// bucketsWant is what sketch_buckets takes: any count of buckets (the
+// sketch needs no power of two), up to maxBuckets.
+const bucketsWant = "a number of 64-byte buckets from 1 to 67108864 (4 GiB), e.g. sketch_buckets 65536 (4 MiB)"
+
+// maxBuckets is the most buckets a zone's sketch may have.
+const maxBuckets = 1 << 26
+
+// here is a dispenser on d's current token alone: its Errf names that
+// token's file and line after the cursor of d has moved on (a zone's
+// mistake found at its closing brace is reported at its name).
+func here(d *caddyfile.Dispenser) *caddyfile.Dispenser {
+	at := caddyfile.NewDispenser([]caddyfile.Token{d.Token()})
+	at.Next()
+	return at
+}
+
+// zoneExample is a zone block as it is written, for error messages.
+func zoneExample(name string) string {
+	return "\tzone " + name + " {\n\t\tkey {remote_host}\n\t\tevents 5\n\t\twindow 10s\n\t}"
 }
 
 // oneArg reads a subdirective's value, or says what to write.
@@ -117,8 +142,12 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		return d.Errf("zone: want a name, e.g. zone per_ip { ... }")
 	}
 	name := d.Val()
+	at := here(d)
+	if !reName.MatchString(name) {
+		return d.Errf("zone %q: name: use 1 to 64 letters, digits, - and _, e.g. zone per_ip", name)
+	}
 	if d.NextArg() {
-		return d.Errf("zone %s: one name, then a block: zone %s { key ...; events ...; window ... }", name, name)
+		return d.Errf("zone %s: one name, then a block:\n%s", name, zoneExample(name))
 	}
 	if _, dup := h.Zones[name]; dup {
 		return d.Errf("zone %s is defined twice in this directive: give the second one another name", name)
@@ -170,6 +199,20 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		if d.NextArg() {
 			return d.Errf("zone %s: %s: one value only, not also %q (quote a key with spaces)", name, sub, d.Val())
 		}
+	}
+	switch {
+	case z.Key == "":
+		return at.Errf("zone %s: key is missing: set one, e.g. key {remote_host}", name)
+	case z.Events == 0:
+		return at.Errf("zone %s: events is missing: set how many requests a key may make per window, e.g. events 100", name)
+	case z.Window == 0:
+		return at.Errf("zone %s: window is missing: set the period of events, e.g. window 1m", name)
+	}
+	if _, err := parseKey(z.Key); err != nil {
+		return at.Errf("zone %s: key %q: %v", name, z.Key, err)
+	}
+	if _, err := z.rate().Compile(); err != nil {
+		return at.Errf("zone %s: %s", name, rateError(err))
 	}
 	if h.Zones == nil {
 		h.Zones = map[string]*Zone{}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/epochsketch/epochsketch"
 )
 
 func TestUnmarshalCaddyfile(t *testing.T) {
@@ -57,7 +59,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"unknown subdirective", `epochsketch { zones x }`, `unrecognized subdirective "zones": want zone, sketch_buckets, new_keys, jitter or log_key`},
 		{"argument on the directive", `epochsketch 5 { }`, `epochsketch takes a matcher and a block, not "5"`},
 		{"zone without name", `epochsketch { zone { key x } }`, `zone: want a name, e.g. zone per_ip`},
-		{"zone twice", "epochsketch {\nzone a {\nkey x\n}\nzone a {\nkey y\n}\n}", `zone a is defined twice in this directive`},
+		{"zone twice", "epochsketch {\nzone a {\nkey x\nevents 1\nwindow 1s\n}\nzone a {\nkey y\n}\n}", `zone a is defined twice in this directive`},
 		{"bad events", `epochsketch { zone a { key x
 			events many } }`, `zone a: events "many": want a positive number of requests, e.g. events 100`},
 		{"zero events", `epochsketch { zone a { key x
@@ -69,7 +71,17 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"two values", "epochsketch {\nzone a {\nkey {remote_host} {path}\n}\n}", `zone a: key: one value only, not also "{path}" (quote a key with spaces)`},
 		{"shared with a value", "epochsketch {\nzone a {\nshared yes\n}\n}", `zone a: shared takes no value`},
 		{"bad matcher", "epochsketch {\nzone a {\nmatch {\nnosuch x\n}\n}\n}", `zone a: match: `},
-		{"bad buckets", `epochsketch { sketch_buckets lots }`, `sketch_buckets "lots": want a positive power of two`},
+		{"bad buckets", `epochsketch { sketch_buckets lots }`, `sketch_buckets "lots": want a number of 64-byte buckets from 1 to 67108864 (4 GiB), e.g. sketch_buckets 65536`},
+		{"too many buckets", `epochsketch { sketch_buckets 67108865 }`, `sketch_buckets "67108865": want a number of 64-byte buckets from 1 to 67108864`},
+		// Found at the zone's closing brace, reported at its name's line.
+		{"no window", "epochsketch {\n\tzone a {\n\t\tkey {remote_host}\n\t\tevents 5\n\t}\n}", `zone a: window is missing: set the period of events, e.g. window 1m, at Testfile:2`},
+		{"no events", "epochsketch {\n\tzone a {\n\t\tkey {remote_host}\n\t\twindow 1m\n\t}\n}", `zone a: events is missing: set how many requests a key may make per window, e.g. events 100, at Testfile:2`},
+		{"no key", "epochsketch {\n\tzone a {\n\t\tevents 5\n\t\twindow 1m\n\t}\n}", `zone a: key is missing: set one, e.g. key {remote_host}, at Testfile:2`},
+		{"bad key", "epochsketch {\n\tzone a {\n\t\tkey {remote_host\n\t\tevents 5\n\t\twindow 1m\n\t}\n}", `zone a: key "{remote_host": a { without its }: write placeholders whole, e.g. {remote_host}, at Testfile:2`},
+		{"bad burst", "epochsketch {\n\tzone a {\n\t\tkey {remote_host}\n\t\tevents 1000000\n\t\twindow 1s\n\t\tburst 1\n\t}\n}", `zone a: burst: 1e+06 per 1s with a burst of 1 needs a tick of 500ns, under 1ms: raise the burst to at least 2000, at Testfile:2`},
+		{"bad name", "epochsketch {\n\tzone a.b {\n\t\tkey {remote_host}\n\t}\n}", `zone "a.b": name: use 1 to 64 letters, digits, - and _, e.g. zone per_ip, at Testfile:2`},
+		{"no zones", "epochsketch {\n}", "no zones: add at least one with a key, events and a window, e.g.\n\tzone per_ip {\n\t\tkey {remote_host}\n\t\tevents 5\n\t\twindow 10s\n\t}, at Testfile:1"},
+		{"two names", "epochsketch {\n\tzone a b {\n\t}\n}", "zone a: one name, then a block:\n\tzone a {\n\t\tkey {remote_host}"},
 		{"new_keys on", `epochsketch { new_keys on }`, `new_keys "on": the one setting is new_keys off`},
 		{"jitter too big", `epochsketch { jitter 2 }`, `jitter "2": want a fraction from 0 to 1`},
 		{"log_key value", `epochsketch { log_key yes }`, `log_key takes no value`},
@@ -93,14 +105,15 @@ func TestValidate(t *testing.T) {
 		{"no zones", Handler{}, "no zones: add at least one"},
 		{"no key", Handler{Zones: map[string]*Zone{"a": {Events: 1, Window: 1e9}}}, `zone "a": key is missing: set one, e.g. key {remote_host}`},
 		{"bad key", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host", Events: 1, Window: 1e9}}}, `zone "a": key "{remote_host": a { without its }`},
-		{"no events", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Window: 1e9}}}, `zone "a": events 0: want a positive number of requests per window`},
-		{"no window", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5}}}, `zone "a": window 0s: want a positive duration`},
+		{"no events", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Window: 1e9}}}, `zone "a": events is missing: set how many requests a key may make per window`},
+		{"no window", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5}}}, `zone "a": window is missing: set the period of events, e.g. window 1m`},
+		{"negative window", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: -1}}}, `zone "a": window -1ns: want a positive duration`},
 		{"empty zone", Handler{Zones: map[string]*Zone{"a": nil}}, `zone "a" is empty`},
 		{"bad name", Handler{Zones: map[string]*Zone{"bad name!": {Key: "{remote_host}", Events: 5, Window: 1e9}}}, `zone "bad name!": name: use 1 to 64 letters, digits, - and _`},
 		{"burst too big", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: 1e9, Burst: 1 << 30}}}, `zone "a": burst: 1.073741824e+09: want 1 to 8388607 (or 0: the same as events)`},
 		{"tick too short", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 1e6, Window: 1e9, Burst: 1}}}, `zone "a": burst: 1e+06 per 1s with a burst of 1 needs a tick of 500ns, under 1ms: raise the burst to at least 2000`},
 		{"jitter", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: 1e9}}, Jitter: -1}, `jitter -1: want a fraction from 0 to 1`},
-		{"buckets", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: 1e9}}, SketchBuckets: 1 << 27}, `sketch_buckets 134217728: want 1 to 67108864`},
+		{"buckets", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: 1e9}}, SketchBuckets: 1 << 27}, `sketch_buckets 134217728: want a number of 64-byte buckets from 1 to 67108864`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.h.Validate()
@@ -145,5 +158,20 @@ func TestReadmeJSON(t *testing.T) {
 	}
 	if err := h.Validate(); err != nil || len(h.Zones) != 2 || !h.Zones["api_keys"].Shared || h.Jitter != 0.2 {
 		t.Errorf("%v: %+v", err, h)
+	}
+}
+
+// README.md's sketch_buckets figure is the library's sizing rule: the
+// default 65536 buckets hold 131,072 heavy hitters.
+func TestReadmeSizing(t *testing.T) {
+	if n := epochsketch.BucketsFor(131_072); n != 65_536 || n != (&Handler{}).buckets() {
+		t.Errorf("epochsketch.BucketsFor(131072) = %d, the default sketch_buckets %d: README.md says both are 65536", n, (&Handler{}).buckets())
+	}
+	src, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(src), "room for 131,072 keys") || !strings.Contains(string(src), "`epochsketch.BucketsFor(131072)` is 65536") {
+		t.Error("README.md no longer gives the sizing figure this test checks")
 	}
 }

@@ -7,10 +7,10 @@
 // makes: the zones a request matches, with its key under each, go in; a
 // decision comes out. An admitted request goes on to the next handler with
 // the draft RateLimit and RateLimit-Policy fields on its response; a refused
-// one never reaches it: the handler answers 429 with Retry-After and the
-// fields, or, where the server has error routes (handle_errors), returns
-// the 429 as an error with those fields already set, for the routes to
-// answer. The handler changes nothing of the request the next handler sees.
+// one never reaches it: the handler returns the 429 as an error with
+// Retry-After and the fields already set, where error routes
+// (handle_errors) would answer it, and else answers it itself
+// (refuse.go). The handler changes nothing of the request the next handler sees.
 //
 // Each zone counts in fixed-memory sketches of its own that outlive a
 // config reload which keeps the zone (zones.go). README.md in this
@@ -51,9 +51,10 @@ type Handler struct {
 	// Zones are the limits, by name: every zone whose matchers match a
 	// request must admit it. A name is letters, digits, '-' and '_'.
 	Zones map[string]*Zone `json:"zones,omitempty"`
-	// SketchBuckets sizes each zone's sketch, 64 bytes a bucket (default
-	// 65536: 4 MiB, about 130k keys above the noise). Memory never grows
-	// with the number of keys.
+	// SketchBuckets sizes each zone's sketch, 64 bytes a bucket, 1 to
+	// 67108864 (default 65536: 4 MiB, room for 131,072 heavy hitters by
+	// epochsketch.BucketsFor's rule). Memory never grows with the number
+	// of keys.
 	SketchBuckets int `json:"sketch_buckets,omitempty"`
 	// NewKeysOff turns off the key-rotation defense (on by default: while
 	// keys never seen before spike, keys first seen during the spike get a
@@ -72,8 +73,9 @@ type Handler struct {
 	zones    []*zoneRef // by name
 	side     *sideRef   // the side sketches every zone of the handler reads
 	eng      *engine.Engine
-	prefix   bool // a key uses {http.epochsketch.client_prefix}
-	asErrors bool // refusals are returned as errors: error routes answer them
+	prefix   bool     // a key uses {http.epochsketch.client_prefix}
+	loc      location // where the handler sits (zones.go)
+	asErrors errorMode
 	logger   *zap.Logger
 
 	// Tests set these before Provision: the clock and seed of the
@@ -139,7 +141,7 @@ var reName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // subdirective at fault and what to write instead.
 func (h *Handler) validate() error {
 	if len(h.Zones) == 0 {
-		return fmt.Errorf("epochsketch: no zones: add at least one, e.g. zone per_ip { key {remote_host}; events 5; window 10s }")
+		return fmt.Errorf("epochsketch: no zones: add at least one with a key, events and a window, e.g.\n%s\n(in JSON: \"zones\": {\"per_ip\": {\"key\": \"{remote_host}\", \"events\": 5, \"window\": \"10s\"}})", zoneExample("per_ip"))
 	}
 	for _, name := range h.names() {
 		z := h.Zones[name]
@@ -155,6 +157,12 @@ func (h *Handler) validate() error {
 		if _, err := parseKey(z.Key); err != nil {
 			return fmt.Errorf("epochsketch: zone %q: key %q: %v", name, z.Key, err)
 		}
+		if z.Events == 0 {
+			return fmt.Errorf("epochsketch: zone %q: events is missing: set how many requests a key may make per window, e.g. events 100", name)
+		}
+		if z.Window == 0 {
+			return fmt.Errorf("epochsketch: zone %q: window is missing: set the period of events, e.g. window 1m", name)
+		}
 		if !(z.Events > 0) || math.IsInf(z.Events, 0) {
 			return fmt.Errorf("epochsketch: zone %q: events %v: want a positive number of requests per window, e.g. events 100", name, z.Events)
 		}
@@ -168,8 +176,8 @@ func (h *Handler) validate() error {
 			return fmt.Errorf("epochsketch: zone %q: %s", name, rateError(err))
 		}
 	}
-	if h.SketchBuckets < 0 || h.SketchBuckets > 1<<26 {
-		return fmt.Errorf("epochsketch: sketch_buckets %d: want 1 to 67108864 (4 GiB), or none (65536)", h.SketchBuckets)
+	if h.SketchBuckets < 0 || h.SketchBuckets > maxBuckets {
+		return fmt.Errorf("epochsketch: sketch_buckets %d: want %s, or none (65536)", h.SketchBuckets, bucketsWant)
 	}
 	if !(h.Jitter >= 0 && h.Jitter <= 1) {
 		return fmt.Errorf("epochsketch: jitter %v: want a fraction from 0 to 1, e.g. jitter 0.2 (up to 20%% more)", h.Jitter)
@@ -225,7 +233,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.prefix = h.prefix || strings.Contains(z.Key, "{"+prefixPlaceholder+"}")
 	}
-	h.asErrors = errorRoutes(ctx)
+	h.loc = locate(ctx)
+	h.asErrors = errorModeOf(h.loc)
 	if err := h.takeZones(ctx); err != nil {
 		h.Cleanup()
 		return err
@@ -235,22 +244,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	return nil
-}
-
-// errorRoutes reports whether a refusal returned as an error would be
-// answered by error routes: the server's (handle_errors) or an enclosing
-// subroute's. Without them Caddy would answer it with a bare status, so
-// the handler writes its refusals itself, as it always has.
-func errorRoutes(ctx caddy.Context) bool {
-	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv.Errors != nil && len(srv.Errors.Routes) > 0 {
-		return true
-	}
-	for _, m := range ctx.Modules() {
-		if sr, ok := m.(*caddyhttp.Subroute); ok && sr.Errors != nil && len(sr.Errors.Routes) > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // Validate checks the configuration (Provision has checked it already;

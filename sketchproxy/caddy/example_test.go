@@ -96,19 +96,28 @@ func TestExampleScript(t *testing.T) {
 	}
 
 	// /api/ passes both zones: both policies on every answer; a refusal by
-	// per_ip lists per_ip alone in RateLimit (the policy it is over).
+	// per_ip lists per_ip alone in RateLimit (the policy it is over). The
+	// zones are one decision: the API key's quota spends nothing on the
+	// request per_ip refuses, so after 5 admitted, 1 refused and 1
+	// admitted from another address, 94 of its 100 are left. (Written as
+	// two directives, Caddy ran the one with a matcher first, and the
+	// refusal cost the key one more: 93.) A 5 s tick of per_ip holds the
+	// whole try, and so one 30 s tick of api_keys.
+	var after answer
 	for try := 0; try < 3; try++ {
 		end := awayFromTickEdge(tick, 3*time.Second)
 		c := clientFrom(fmt.Sprintf("127.0.2.%d", 10+try))
+		key := fmt.Sprintf("k%d", try)
 		codes = codes[:0]
 		var first answer
 		for i := range 6 {
-			last = get(t, c, url+"api/items?page=2", "X-API-Key", "k1")
+			last = get(t, c, url+"api/items?page=2", "X-API-Key", key)
 			if i == 0 {
 				first = last
 			}
 			codes = append(codes, fmt.Sprint(last.code))
 		}
+		after = get(t, clientFrom(fmt.Sprintf("127.0.2.%d", 20+try)), url+"api/items", "X-API-Key", key)
 		if time.Now().Before(end) {
 			for _, f := range []string{first.policy, first.rateLimit} {
 				if !strings.Contains(f, `"per_ip-`) || !strings.Contains(f, `"api_keys-`) {
@@ -124,6 +133,9 @@ func TestExampleScript(t *testing.T) {
 	if !strings.Contains(last.policy, `"per_ip-`) || !strings.Contains(last.policy, `"api_keys-`) ||
 		!strings.Contains(last.rateLimit, `"per_ip-`) || strings.Contains(last.rateLimit, `"api_keys-`) {
 		t.Errorf("the /api/ refusal: RateLimit-Policy %q, RateLimit %q: want both policies, and per_ip alone in RateLimit", last.policy, last.rateLimit)
+	}
+	if after.code != 200 || !strings.Contains(after.rateLimit, `"api_keys-per-1m";r=94;`) {
+		t.Errorf("the key from another address after 5 admitted and 1 refused: %d, RateLimit %q; want 200 with api_keys at r=94", after.code, after.rateLimit)
 	}
 
 	// No check that no zone asked for: an encoded slash, TRACE and a

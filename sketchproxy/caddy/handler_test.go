@@ -313,7 +313,7 @@ func TestRequestUnchanged(t *testing.T) {
 func TestRefusalAsError(t *testing.T) {
 	c := newConfig(t, epochsketch.NewManualClock(t0))
 	h := c.provision(one("api", zone(1, time.Minute)))
-	h.asErrors = true // as Provision sets it in a server with handle_errors
+	h.asErrors = returnRefusals // as Provision sets it under a subroute with error routes
 	serve([]*Handler{h}, request("/", "X-Key", "k"))
 	r := request("/", "X-Key", "k")
 	w := serve([]*Handler{h}, r)
@@ -435,7 +435,14 @@ func TestRefusalLog(t *testing.T) {
 		h := c.provision(&Handler{Zones: map[string]*Zone{"api": zone(1, time.Hour)}, LogKey: logKey})
 		core, logs := observer.New(zap.InfoLevel)
 		h.logger = zap.New(core)
-		codes([]*Handler{h}, logsPerSecond+6, "/", "X-Key", "secret-key")
+		for range logsPerSecond + 6 {
+			// From 192.0.2.7 behind a trusted proxy at 10.0.0.1: Caddy's
+			// {client_ip} is the client's.
+			r := request("/", "X-Key", "secret-key")
+			r.RemoteAddr = "10.0.0.1:4321"
+			caddyhttp.SetVar(r.Context(), caddyhttp.ClientIPVarKey, "192.0.2.7")
+			serve([]*Handler{h}, r)
+		}
 		clk.Advance(time.Second)
 		codes([]*Handler{h}, 1, "/", "X-Key", "secret-key")
 		lines := logs.FilterMessage("epochsketch refusal").All()
@@ -447,7 +454,8 @@ func TestRefusalLog(t *testing.T) {
 		if logKey {
 			wantKey = "secret-key"
 		}
-		if f["zone"] != "api" || f["key"] != wantKey || f["retry_after_s"] != int64(3600) {
+		if f["zone"] != "api" || f["key"] != wantKey || f["retry_after_s"] != int64(3600) ||
+			f["client_ip"] != "192.0.2.7" || f["remote_ip"] != "10.0.0.1" {
 			t.Errorf("log_key %v: %v", logKey, f)
 		}
 		if n := lines[logsPerSecond].ContextMap()["log_lines_skipped"]; n != int64(5) {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -26,11 +27,107 @@ import (
 // A refused request gets 429 with Retry-After (the wait after which every
 // zone it matched admits it again, engine.Decision.Retry, lengthened by
 // the jitter if one is set), RateLimit-Policy and RateLimit. The handler
-// sets these on the response and then, where error routes exist
-// (errorRoutes), returns the 429 as a caddyhttp.HandlerError for them to
-// answer, with {http.epochsketch.zone} and {http.epochsketch.retry_after}
-// set; else it writes the answer itself with a problem+json body (RFC
-// 9457), as SketchProxy's proxy does.
+// sets these on the response, with {http.epochsketch.zone} and
+// {http.epochsketch.retry_after}, and then either returns the 429 as a
+// caddyhttp.HandlerError for error routes (handle_errors) to answer, or
+// writes the answer itself with a problem+json body (RFC 9457), as
+// SketchProxy's proxy does. It writes it itself wherever a returned error
+// would get Caddy's bare status and no body (errorMode says where).
+
+// errorMode is where a handler's refusals go.
+type errorMode uint8
+
+const (
+	// writeRefusals: there are no error routes to answer them, or the
+	// handler is in error routes, where an error it returned would never
+	// be handled (Caddy logs it and answers the first error's status,
+	// empty).
+	writeRefusals errorMode = iota
+	// returnRefusals: an enclosing subroute has error routes of its own
+	// (JSON only); they see the error first.
+	returnRefusals
+	// askErrorRoutes: only the server has error routes. They are matched
+	// per request (a site's handle_errors holds only that site's
+	// requests; handle_errors 404 holds only 404s), so each refusal asks
+	// whether any of them would take it (errorRoutesTake).
+	askErrorRoutes
+)
+
+// errorModeOf is where refusals of a handler at loc go.
+func errorModeOf(loc location) errorMode {
+	switch {
+	case loc.inErrors:
+		return writeRefusals
+	case loc.subErrors:
+		return returnRefusals
+	case loc.srv != nil && loc.srv.Errors != nil && len(loc.srv.Errors.Routes) > 0:
+		return askErrorRoutes
+	}
+	return writeRefusals
+}
+
+// returnsError reports whether the handler returns err (a 429 or a 400
+// for r) rather than writing the answer itself.
+func (h *Handler) returnsError(r *http.Request, err caddyhttp.HandlerError) bool {
+	switch h.asErrors {
+	case returnRefusals:
+		return true
+	case askErrorRoutes:
+		return errorRoutesTake(h.loc.srv.Errors, r, err)
+	}
+	return false
+}
+
+// errorRoutesTake reports whether the server's error routes might answer
+// err for r: false only if none of them can, when Caddy would answer
+// err's bare status. It asks as Caddy's server will: of the request as the
+// client sent it (Caddy restores its method and URL before the error
+// routes), with err in its context and the {http.error.*} placeholders
+// set, which the Caddyfile's handle_errors <codes> matches on.
+func errorRoutesTake(errs *caddyhttp.HTTPErrorConfig, r *http.Request, err caddyhttp.HandlerError) bool {
+	r2 := *r
+	if orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok && orig.URL != nil {
+		u := *orig.URL
+		r2.Method, r2.RemoteAddr, r2.RequestURI, r2.URL = orig.Method, orig.RemoteAddr, orig.RequestURI, &u
+	}
+	req := errs.WithError(&r2, err)
+	// WithError sets the placeholders in the request's replacer; a
+	// returned error gets them set again by Caddy, and a written answer
+	// must not show them.
+	defer func() {
+		if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+			repl.DeleteByPrefix("http.error")
+		}
+	}()
+	return routesTake(errs.Routes, req)
+}
+
+// routesTake reports whether routes might write an answer to r: whether
+// a route that matches r holds a handler that is not a subroute, or a
+// subroute whose routes might. A subroute none of whose routes match
+// passes r on, as does a route that only holds such subroutes, unless it
+// is terminal. It errs towards true: a matcher that fails, or any other
+// handler (which might write or not), counts as an answer.
+func routesTake(routes caddyhttp.RouteList, r *http.Request) bool {
+	for i := range routes {
+		rt := &routes[i]
+		if ok, err := rt.MatcherSets.AnyMatchWithError(r); err != nil {
+			return true
+		} else if !ok {
+			continue
+		}
+		for _, hd := range rt.Handlers {
+			sr, ok := hd.(*caddyhttp.Subroute)
+			if !ok || sr.Errors != nil || routesTake(sr.Routes, r) {
+				return true
+			}
+		}
+		if rt.Terminal {
+			return false
+		}
+	}
+	return false
+}
 
 // Placeholders a refusal sets, for error routes and logs.
 const (
@@ -96,22 +193,22 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 			zone, strconv.FormatFloat(l.Requests, 'f', -1, 64), l.Per, secs)
 	}
 	h.logRefusal(r, v, zone, secs)
-	if h.asErrors {
-		return caddyhttp.Error(http.StatusTooManyRequests, &refusalError{p.Detail})
+	if err := caddyhttp.Error(http.StatusTooManyRequests, &refusalError{p.Detail}); h.returnsError(r, err) {
+		return err
 	}
 	writeProblem(w, &p)
 	return nil
 }
 
 // badKey answers a request whose key for zone z cannot be read safely
-// (keys.go): 400, through the error routes if there are any.
+// (keys.go): 400, through the error routes where they would answer it.
 func (h *Handler) badKey(w http.ResponseWriter, r *http.Request, z *zoneRef, why string) error {
 	detail := fmt.Sprintf("zone %q: %s: send it once", z.name, why)
 	if ce := h.logger.Check(zap.InfoLevel, "epochsketch bad key"); ce != nil {
-		ce.Write(zap.String("zone", z.name), zap.String("why", why), zap.String("remote_ip", r.RemoteAddr))
+		ce.Write(zap.String("zone", z.name), zap.String("why", why), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
 	}
-	if h.asErrors {
-		return caddyhttp.Error(http.StatusBadRequest, errors.New("epochsketch: "+detail))
+	if err := caddyhttp.Error(http.StatusBadRequest, errors.New("epochsketch: "+detail)); h.returnsError(r, err) {
+		return err
 	}
 	writeProblem(w, &problem{Type: "about:blank", Title: http.StatusText(http.StatusBadRequest), Status: http.StatusBadRequest, Detail: detail})
 	return nil
@@ -155,7 +252,8 @@ func (h *Handler) logRefusal(r *http.Request, v *engine.Verdict, zone string, se
 	}
 	fields := []zap.Field{
 		zap.String("zone", zone), zap.String("outcome", v.Out.String()), zap.String("key", key),
-		zap.String("remote_ip", r.RemoteAddr), zap.String("method", r.Method), zap.Int64("retry_after_s", secs),
+		zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)),
+		zap.String("method", r.Method), zap.Int64("retry_after_s", secs),
 	}
 	if v.Limit != nil {
 		fields = append(fields, zap.Uint32("estimate", v.Est), zap.Uint32("threshold", v.Theta))
@@ -181,4 +279,24 @@ func display(key string) string {
 	mac.Write([]byte(key))
 	var sum [32]byte
 	return "k:" + hex.EncodeToString(mac.Sum(sum[:0])[:6])
+}
+
+// remoteIP is the connection's address without its port, as Caddy's
+// access log writes remote_ip.
+func remoteIP(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// clientIP is the client's address as Caddy resolved it ({client_ip}:
+// the connection's, or one from X-Forwarded-For past trusted_proxies), as
+// Caddy's access log writes client_ip; the connection's where Caddy set
+// none (outside a server).
+func clientIP(r *http.Request) string {
+	if ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ip != "" {
+		return ip
+	}
+	return remoteIP(r)
 }

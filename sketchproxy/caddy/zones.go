@@ -37,20 +37,28 @@ import (
 // zones; a zone that changed starts empty, and the old one is freed with
 // the old config.
 //
-// A zone's place is where it is configured: its server's listen addresses
-// and, at each level of routes down to the handler (the site's route, then
-// each handle, handle_path or route block), the matchers of the route that
-// holds it and how many routes before that one at its level have the same
-// matchers. Identical zones in two sites, two handle blocks or a snippet
-// imported twice count apart; editing other lines, sites or zones moves
-// nothing. A zone marked shared has no place: zones of the same name and
-// definition anywhere share one count.
+// A zone's place is where it is configured: at each level of routes down
+// to the handler (the site's route, with its host matchers, then each
+// handle, handle_path or route block), the matchers of the route that
+// holds it, and whether that route is an error route (handle_errors).
+// Identical zones in two sites or two handle blocks count apart; editing
+// other lines, sites or zones moves nothing. The place leaves out what an
+// edit elsewhere changes: the route's index among its level's routes
+// (Caddy merges adjacent directives without matchers into one route, so a
+// header line added above the directive shifts it) and the server's
+// listen addresses (Caddy makes a server of each port, so one site block
+// on two ports would count twice). Two zones whose places are equal all
+// the way down (two sites that differ only in their port, two route
+// blocks without matchers at one level, a snippet imported twice into one
+// block) are told apart by their order among such zones in their server;
+// across servers they are one count. A zone marked shared has no place:
+// zones of the same name and definition anywhere share one count.
 //
 // Caddy tells a handler neither its site nor its route, so the place is
-// read from what provisioning leaves visible (place, below); where it
+// read from what provisioning leaves visible (locate, below); where it
 // cannot be read (a named route, a handler nested in another module's
-// routes), the zone's place is its server and its order among identical
-// zones there.
+// routes), the place stops there, and identical zones are told apart by
+// their order in their server.
 
 // engines holds the process's Engine: one, unless tests give handlers
 // clocks of their own.
@@ -212,7 +220,6 @@ func (h *Handler) takeZones(ctx caddy.Context) error {
 		return err
 	}
 	h.side = side
-	var here string // the handler's place, read once
 	for _, name := range h.names() {
 		z := h.Zones[name]
 		kt, err := parseKey(z.Key)
@@ -222,10 +229,7 @@ func (h *Handler) takeZones(ctx caddy.Context) error {
 		def, _ := json.Marshal(definition{z.Key, z.Events, time.Duration(z.Window), z.Burst, h.buckets(), h.NewKeysOff})
 		id := "shared"
 		if !z.Shared {
-			if here == "" {
-				here = place(ctx)
-			}
-			id = here
+			id = h.loc.place
 		}
 		id = fmt.Sprintf("%s|%s|%q|%s", engKey, id, name, def)
 		id += "|" + strconv.Itoa(occurrence(ctx, id, z.Shared))
@@ -257,7 +261,7 @@ func (h *Handler) takeZones(ctx caddy.Context) error {
 // seen counts, per config load and server (a caddy.Context's
 // context.Context: Caddy gives each server's handlers one), the zones of
 // each identity provisioned so far: two identical zones in one place (two
-// directives of one route, or places place cannot tell apart) are told
+// directives of one route, or places locate cannot tell apart) are told
 // apart by their order. Entries go when the config is unloaded.
 var seen struct {
 	sync.Mutex
@@ -292,54 +296,60 @@ func occurrence(ctx caddy.Context, id string, shared bool) int {
 	return n
 }
 
-// place describes where the handler being provisioned sits: its server's
-// listen addresses, then, from the server's routes down through each
-// enclosing subroute (handle, handle_path, route), the route that holds
-// it. Routes are provisioned in order, and each route's handlers are
-// loaded together, after which Caddy clears the route's raw handlers: the
-// route being provisioned at a level is the first whose raw handlers are
-// still there. It is described by its matchers (in any order) and how
-// many routes before it at that level have the same matchers.
-func place(ctx caddy.Context) string {
+// location is where the handler being provisioned sits.
+type location struct {
+	place string // the place of its zones (see above)
+	// inErrors: the handler is in error routes. An error it returned
+	// would never be handled (Caddy answers the first error's status,
+	// empty), so it writes its refusals itself.
+	inErrors bool
+	// subErrors: an enclosing subroute (JSON only) has error routes of
+	// its own, which see a returned error first.
+	subErrors bool
+	srv       *caddyhttp.Server // its server, nil outside one (tests)
+}
+
+// locate describes where the handler being provisioned sits: from the
+// server's routes down through each enclosing subroute (handle,
+// handle_path, route), the route that holds it. Routes are provisioned in
+// order, and each route's handlers are loaded together, after which Caddy
+// clears the route's raw handlers: the route being provisioned at a level
+// is the first whose raw handlers are still there. It is described by its
+// matchers (in any order).
+func locate(ctx caddy.Context) location {
+	var loc location
 	var b strings.Builder
-	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	if srv != nil {
-		b.WriteString(strings.Join(srv.Listen, ","))
+	level := func(routes caddyhttp.RouteList, errs *caddyhttp.HTTPErrorConfig) {
 		switch {
-		case describe(&b, "", srv.Routes):
-		case srv.Errors != nil && describe(&b, "errors", srv.Errors.Routes):
+		case describe(&b, "", routes):
+		case errs != nil && describe(&b, "errors", errs.Routes):
+			loc.inErrors = true
 		default:
 			b.WriteString(" ?") // a named route: its order tells it apart
 		}
 	}
+	loc.srv, _ = ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if loc.srv != nil {
+		level(loc.srv.Routes, loc.srv.Errors)
+	}
 	for _, m := range ctx.Modules() {
 		if sr, ok := m.(*caddyhttp.Subroute); ok {
-			switch {
-			case describe(&b, "", sr.Routes):
-			case sr.Errors != nil && describe(&b, "errors", sr.Errors.Routes):
-			default:
-				b.WriteString(" ?")
-			}
+			level(sr.Routes, sr.Errors)
+			loc.subErrors = loc.subErrors || sr.Errors != nil && len(sr.Errors.Routes) > 0
 		}
 	}
-	return b.String()
+	loc.place = b.String()
+	return loc
 }
 
 // describe writes the route of rs being provisioned now, if any, as
-// " tag[matchers]#n".
+// " tag[matchers]".
 func describe(b *strings.Builder, tag string, rs caddyhttp.RouteList) bool {
 	cur := slices.IndexFunc(rs, func(r caddyhttp.Route) bool { return r.HandlersRaw != nil })
 	if cur < 0 {
 		return false
 	}
-	m := matchers(rs[cur].MatcherSets)
-	n := 0
-	for j := range cur {
-		if matchers(rs[j].MatcherSets) == m {
-			n++
-		}
-	}
-	fmt.Fprintf(b, " %s%s#%d", tag, m, n)
+	fmt.Fprintf(b, " %s%s", tag, matchers(rs[cur].MatcherSets))
 	return true
 }
 
