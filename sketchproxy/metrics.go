@@ -123,7 +123,9 @@ var (
 		{newDesc("fleet_promotions_total", prometheus.CounterValue, "Keys promoted to the hot set."), func(f *fleet) uint64 { return f.promotions.Load() }},
 		{newDesc("fleet_demotions_total", prometheus.CounterValue, "Keys demoted from the hot set."), func(f *fleet) uint64 { return f.demotions.Load() }},
 		{newDesc("fleet_hot_set_full_total", prometheus.CounterValue, "Promotions refused because the hot set was full."), func(f *fleet) uint64 { return f.hotFull.Load() }},
-		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty) and this replica resent its local histories, decayed."), func(f *fleet) uint64 { return f.resends.Load() }},
+		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty); every replica writes its own again at its next round."), func(f *fleet) uint64 { return f.resends.Load() }},
+		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its quiet share of a key's pool: published to the other replicas."), func(f *fleet) uint64 { return f.claims.Load() }},
+		{newDesc("fleet_claims_heard_total", prometheus.CounterValue, "Claims on a key's pool published by any replica and heard by this one."), func(f *fleet) uint64 { return f.claimsHeard.Load() }},
 	}
 )
 
