@@ -60,9 +60,10 @@ func writeCerts(t *testing.T, dir string) {
 	}
 }
 
-// fleetACL is the least a fleet needs: its own keys, and the commands its
-// rounds send (the script's HMGET, HSET, PEXPIRE and TIME included).
-const fleetACL = "on >%s ~sketchproxy:* resetchannels -@all +evalsha +eval +script|load +set +get +zadd +zremrangebyscore +zcard +pexpire +ping +hmget +hset +time"
+// fleetACL is the least a fleet needs: its own keys and claims channel,
+// and the commands its rounds send (the script's HGETALL, HSET, HDEL,
+// PEXPIRE, TIME and PUBLISH included).
+const fleetACL = "on >%s ~sketchproxy:* resetchannels &sketchproxy:* -@all +evalsha +eval +script|load +set +get +zadd +zremrangebyscore +zcard +pexpire +ping +hgetall +hset +hdel +time +publish +subscribe"
 
 // TestFleetRedisTLSAndACL runs a replica against a TLS-only redis-server
 // that requires client certificates and an ACL user whose password is read

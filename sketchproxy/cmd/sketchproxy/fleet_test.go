@@ -341,8 +341,8 @@ func fleetThroughRedis(t *testing.T, refused string) {
 	report("mice only", &miceOnly)
 	report("Redis killed", &down)
 	report("Redis back", &back)
-	t.Logf("Redis commands: %.0f for %d requests (%.4f per request); mice-only phase: %.0f promotions, %.0f hot keys synced while it ran, %.0f hot keys at its end",
-		cmds, total, cmds/float64(total), promoAfter-promoBefore, keySyncsAfter-cmdsBefore, hot)
+	t.Logf("Redis commands: %.0f for %d requests (%.4f per request), in %.0f rounds and sends at once, %.0f of them claims; mice-only phase: %.0f promotions, %.0f hot keys synced while it ran, %.0f hot keys at its end",
+		cmds, total, cmds/float64(total), sum("sketchproxy_fleet_sync_rounds_total"), sum("sketchproxy_fleet_claims_total"), promoAfter-promoBefore, keySyncsAfter-cmdsBefore, hot)
 	t.Logf("fleet_up summed over the replicas: %.0f while Redis was down, %.0f after it returned", upDuring, recovered)
 
 	for name, p := range map[string]*phaseStats{"normal": &normal, "mice": &miceOnly, "down": &down, "back": &back} {
