@@ -34,6 +34,7 @@ type fleetSim struct {
 	events simEvents
 	seq    int
 	queued []bool // a fleet's send of queued entries is scheduled
+	gone   []bool // a replica that stopped: no rounds, no requests
 	sc     engine.Scratch
 }
 
@@ -67,7 +68,7 @@ func (q *simEvents) Pop() any {
 // through the heartbeat.
 func newFleetSim(t testing.TB, n int, r rate.Rate, replicas int) *fleetSim {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
-	s := &fleetSim{t: t, clk: clk, store: newMemStore(clk.Now), rtt: time.Millisecond, queued: make([]bool, n)}
+	s := &fleetSim{t: t, clk: clk, store: newMemStore(clk.Now), rtt: time.Millisecond, queued: make([]bool, n), gone: make([]bool, n)}
 	spec := &engine.Spec{
 		Buckets: 1 << 10,
 		Rules:   []engine.RuleSpec{{Name: "api", Limits: []engine.LimitSpec{{Name: "rate", Rate: r}}}},
@@ -91,7 +92,11 @@ func newFleetSim(t testing.TB, n int, r rate.Rate, replicas int) *fleetSim {
 		e := engine.New(engine.Options{Clock: clk, Seed: uint64(i + 1), Fleet: f})
 		s.fleets, s.engs, s.sets = append(s.fleets, f), append(s.engs, e), append(s.sets, compile(e))
 		phase := time.Duration(i) * 500 * time.Millisecond / time.Duration(n)
-		s.every(clk.Now().Add(phase+7*time.Millisecond), 500*time.Millisecond, func() { f.round() })
+		s.every(clk.Now().Add(phase+7*time.Millisecond), 500*time.Millisecond, func() {
+			if !s.gone[i] {
+				f.round()
+			}
+		})
 	}
 	s.alone = engine.New(engine.Options{Clock: clk, Seed: 99})
 	s.one = compile(s.alone)
@@ -147,9 +152,10 @@ func (s *fleetSim) decide(i int, key string) bool {
 }
 
 // tally is what a client's requests got, on the fleet and alone, in its
-// first 10 s and after.
+// first 10 s and after; wrong counts the requests the fleet refused that
+// the replica alone admitted.
 type tally struct {
-	fleetFirst, aloneFirst, fleetAfter, aloneAfter, sent int
+	fleetFirst, aloneFirst, fleetAfter, aloneAfter, sent, wrong int
 }
 
 func (a *tally) add(b tally) {
@@ -158,6 +164,7 @@ func (a *tally) add(b tally) {
 	a.fleetAfter += b.fleetAfter
 	a.aloneAfter += b.aloneAfter
 	a.sent += b.sent
+	a.wrong += b.wrong
 }
 
 func (a tally) ratios() (first, after float64) {
@@ -177,19 +184,24 @@ func (s *fleetSim) client(key string, start, end time.Time, gap time.Duration, r
 		s.at(t, func() {
 			first := s.clk.Now().Sub(start) < 10*time.Second
 			tl.sent++
-			if s.decide(route(j), key) {
+			got := s.decide(route(j), key)
+			if got {
 				if first {
 					tl.fleetFirst++
 				} else {
 					tl.fleetAfter++
 				}
 			}
-			if s.decide(-1, key) {
+			want := s.decide(-1, key)
+			if want {
 				if first {
 					tl.aloneFirst++
 				} else {
 					tl.aloneAfter++
 				}
+			}
+			if want && !got {
+				tl.wrong++
 			}
 			d := time.Duration(float64(gap) * (1 + 0.2*(rng.Float64()-0.5)))
 			next(j+1, t.Add(d))
@@ -275,5 +287,90 @@ func TestFleetSimTable(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// A sticky balancer (each client always on one replica): the replica's
+// demand makes its share the client's whole limit, and the fleet admits
+// what one replica alone would; the first 10 s lose at most what the key's
+// first rounds hold for the replicas not yet seen (2 intervals at the fair
+// share).
+func TestFleetSimSticky(t *testing.T) {
+	for _, c := range []fleetCase{{10, time.Second, 3, 3}, {1, time.Second, 3, 3}, {1000, time.Minute, 3, 2}} {
+		after := 30 * time.Second
+		if c.per == time.Minute {
+			after = 2 * time.Minute
+		}
+		tl := simulate(t, c, 3, after, true)
+		first, later := tl.ratios()
+		t.Logf("%v, sticky: first 10 s %d/%d (%.3f), after %d/%d (%.3f)", c, tl.fleetFirst, tl.aloneFirst, first, tl.fleetAfter, tl.aloneAfter, later)
+		if first < 0.95 || first > 1.05 || later < 0.95 || later > 1.05 {
+			t.Errorf("%v on a sticky balancer: %.3f and %.3f of one replica alone, want within 5%%", c, first, later)
+		}
+	}
+}
+
+// A replica leaves (its process ends): the others count each other again
+// through the heartbeat, its record lapses (fleet.stale), and the shares
+// are re-cut over the two that remain, which then admit what one replica
+// alone would.
+func TestFleetSimReplicaLeaves(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 10, Per: time.Second}, 0)
+	rng := rand.New(rand.NewPCG(5, 6))
+	t0 := s.clk.Now().Add(time.Second)
+	leave := t0.Add(15 * time.Second)
+	var before, after tally
+	for k := range 3 {
+		key := fmt.Sprint("client-", k)
+		s.client(key, t0, leave, time.Second/30, rng, func(j int) int { return (j + k) % 3 }, &before)
+		// From the leaving on, replicas 0 and 1 only; measured from 10 s
+		// later (its record lapses in fleet.stale, 3 s).
+		s.client(key, leave, leave.Add(40*time.Second), time.Second/30, rng, func(j int) int { return (j + k) % 2 }, &after)
+	}
+	s.at(leave, func() { s.gone[2] = true })
+	s.run(leave.Add(41 * time.Second))
+	if n := s.fleets[0].replicas(); n != 2 {
+		t.Errorf("replica 0 counts %d replicas after one left, want 2", n)
+	}
+	b, _ := before.ratios()
+	_, a := after.ratios() // after: its own first 10 s are the re-cut
+	t.Logf("3 replicas: %d/%d (%.3f) in the first 10 s; after one left, from 10 s on: %d/%d (%.3f)", before.fleetFirst, before.aloneFirst, b, after.fleetAfter, after.aloneAfter, a)
+	if a < 0.95 || a > 1.05 {
+		t.Errorf("after a replica left, the two others admitted %.3f of one replica alone, want within 5%%", a)
+	}
+}
+
+// Redis goes away for 10 s, then comes back empty: keys at 0.85x their
+// limit are never refused (locally at θ/N while it is away; the replicas
+// write their records whole again, the young key holding room for those
+// not yet back), every replica sees that Redis lost its records once, and
+// a key at 3x is held near its limit throughout.
+func TestFleetSimRedisRestart(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 10, Per: time.Second}, 3)
+	rng := rand.New(rand.NewPCG(7, 8))
+	t0 := s.clk.Now().Add(time.Second)
+	end := t0.Add(40 * time.Second)
+	var steady, heavy tally
+	for k := range 6 {
+		s.client(fmt.Sprint("steady-", k), t0, end, time.Second*2/17, rng, func(j int) int { return (j + k) % 3 }, &steady)
+	}
+	s.client("heavy", t0, end, time.Second/30, rng, func(j int) int { return j % 3 }, &heavy)
+	s.at(t0.Add(15*time.Second), func() { s.store.down = true })
+	s.at(t0.Add(25*time.Second), func() { s.store.flush(); s.store.down = false })
+	s.run(end)
+	var resends uint64
+	for _, f := range s.fleets {
+		resends += f.resends.Load()
+	}
+	_, h := heavy.ratios()
+	t.Logf("keys at 0.85x: %d of %d refused where one replica alone admits; the key at 3x: %.3f of one replica alone after its first 10 s; Redis found empty by %d replicas", steady.wrong, steady.sent, h, resends)
+	if steady.wrong != 0 {
+		t.Errorf("%d requests of keys at 0.85x their limit refused", steady.wrong)
+	}
+	if resends != 3 {
+		t.Errorf("Redis found empty %d times, want once by each of 3 replicas", resends)
+	}
+	if h < 0.9 || h > 1.1 {
+		t.Errorf("the key at 3x got %.3f of one replica alone through the outage and the restart, want within 10%%", h)
 	}
 }

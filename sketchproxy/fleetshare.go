@@ -156,7 +156,7 @@ func guarantee(me string, peers []peerShare, n int, young bool, theta, point uin
 	type claim struct {
 		d       float64 // demand
 		units   int64
-		rank    int // the remainder's eighths, plus two for its holder
+		rank    int // the remainder's eighths, plus four for its holder
 		order   uint64
 		virtual bool // a replica not yet present
 		mine    bool
@@ -194,9 +194,11 @@ func guarantee(me string, peers []peerShare, n int, young bool, theta, point uin
 		cs[i].units = f
 		cs[i].rank = int((s - float64(f)) * 8)
 		if !cs[i].virtual && int64(cs[i].stored/shareUnit) > f {
-			// It holds the remainder's request now: it keeps it unless
-			// another's claim is larger by a quarter of a request.
-			cs[i].rank += 2
+			// It holds a remainder's request now: it keeps it unless
+			// another's claim is larger by half a request. Demands jitter
+			// from round to round (a few requests a tick); a remainder
+			// that moved at each round would sit unused while it moves.
+			cs[i].rank += 4
 		}
 		left -= f
 	}
