@@ -363,11 +363,17 @@ func fleetThroughRedis(t *testing.T, refused string) {
 	}
 	// At 3x the limit, three replicas without the fleet would each pass
 	// their third of a heavy key at their own limit: nearly all of it, 2.5x
-	// or more what the exact limiter passes. With the fleet they pass
-	// close to the exact limiter's count; the sync lag (one interval) lets
-	// a little more through.
-	if h, want := normal.heavyAllowed.Load(), normal.heavyWant.Load(); float64(h) > 1.4*float64(want) {
+	// or more what the exact limiter passes. With the fleet each replica
+	// counts within its share (TestFleetAccuracy measures it against one
+	// replica alone; this exact limiter counts whole requests, the engine
+	// 2 counts a request, so they part a little at the boundaries).
+	if h, want := normal.heavyAllowed.Load(), normal.heavyWant.Load(); float64(h) > 1.1*float64(want) {
 		t.Errorf("heavy keys passed %d requests at 3x the limit, the exact limiter %d: the fleet did not share their counts", h, want)
+	}
+	// The bound: at most 0.2 commands a request, all included
+	// (rounds, heartbeats, claims), with mice never costing any.
+	if c := cmds / float64(total); c > 0.2 {
+		t.Errorf("%.4f Redis commands a request, want at most 0.2", c)
 	}
 }
 
