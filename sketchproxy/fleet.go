@@ -177,8 +177,9 @@ type fleet struct {
 	log    *slog.Logger
 	now    func() time.Time
 
-	n  atomic.Int64 // replicas, at least 1
-	up atomic.Bool
+	n       atomic.Int64 // replicas, at least 1
+	up      atomic.Bool
+	hearing atomic.Bool // subscribed to the claims channel
 
 	shards [16]hotShard
 	count  atomic.Int64
@@ -270,8 +271,18 @@ func newFleetOn(cfg *FleetConfig, secret []byte, store fleetStore, log *slog.Log
 
 func (f *fleet) start() {
 	go f.loop()
-	go f.store.listen(f.channel(), f.hear, func() { f.commands.Add(1) }, func(err error) {
-		f.log.Debug("fleet: claims subscription", "err", err.Error())
+	var warned atomic.Bool
+	go f.store.listen(f.channel(), f.hear, func() {
+		f.commands.Add(1) // SUBSCRIBE
+		f.hearing.Store(true)
+		warned.Store(false)
+	}, func(err error) {
+		f.hearing.Store(false)
+		if !warned.Swap(true) {
+			// Rounds go on; a claim is heard at the claimer's next round
+			// instead of at once (an ACL without SUBSCRIBE or the channel).
+			f.log.Warn("fleet: not hearing the other replicas' claims: they reach this replica at its next round", "channel", f.channel(), "err", err.Error())
+		}
 	})
 }
 

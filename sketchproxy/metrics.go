@@ -112,6 +112,7 @@ var (
 	dFleetHot      = newDesc("fleet_hot_keys", prometheus.GaugeValue, "Keys in the hot set, synced through Redis.")
 	dFleetRTT      = newDesc("fleet_redis_rtt_seconds", prometheus.GaugeValue, "The last successful round's time.")
 	dFleetLag      = newDesc("fleet_sync_lag_seconds", prometheus.GaugeValue, "Time since the last successful round.")
+	dFleetHearing  = newDesc("fleet_claims_subscribed", prometheus.GaugeValue, "1 while this replica hears the other replicas' claims (subscribed to the claims channel).")
 	fleetCounters  = []struct {
 		d   desc
 		get func(*fleet) uint64
@@ -135,7 +136,7 @@ type collector Middleware
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dUnauthorized, dClientCap, dBodyTimeouts, dHeld, dCapacity,
 		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReported, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
-		dStateLoads, dGeneration, dRLSRequests, dRLSOverLimit, dRLSUnknown, dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag} {
+		dStateLoads, dGeneration, dRLSRequests, dRLSOverLimit, dRLSUnknown, dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag, dFleetHearing} {
 		ch <- d.Desc
 	}
 	for _, s := range sketchStats {
@@ -217,6 +218,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			lag = now.Sub(time.Unix(0, ok)).Seconds()
 		}
 		emit(dFleetLag, lag)
+		hearing := 0.0
+		if f.hearing.Load() {
+			hearing = 1
+		}
+		emit(dFleetHearing, hearing)
 	}
 	emit(dStateSaves, float64(m.met.stateSaves[0].Load()), "ok")
 	emit(dStateSaves, float64(m.met.stateSaves[1].Load()), "failed")
