@@ -54,14 +54,17 @@ type FleetConfig struct {
 	SecretFile string `yaml:"secret_file"`
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
 	Replicas int `yaml:"replicas"`
-	// ID names this replica in the heartbeat (default host-pid).
+	// ID names this replica in the heartbeat and in its record of each
+	// hot key (default host-pid; no spaces).
 	ID string `yaml:"id"`
 	// Interval between sync rounds (default 500ms); Timeout bounds a round
 	// (default 250ms).
 	Interval Duration `yaml:"interval"`
 	Timeout  Duration `yaml:"timeout"`
-	// PromoteFraction: a key whose local estimate passes this fraction of
-	// θ/N joins the hot set (default 0.5); it leaves below a quarter of that.
+	// PromoteFraction: a key whose local count would pass this fraction of
+	// θ/N joins the hot set and is shared at once (default 0.5); it leaves
+	// below a quarter of that. Where θ/N holds no whole request, every key
+	// is shared from its first request.
 	PromoteFraction float64 `yaml:"promote_fraction"`
 	// MaxHot bounds the hot set (default 10000).
 	MaxHot int `yaml:"max_hot"`

@@ -195,7 +195,7 @@ for i = 1, #h, 2 do
   local f, v = h[i], h[i + 1]
   if f == 'born' then
     born = tonumber(v)
-  elseif f ~= 'r:' .. id then
+  elseif string.sub(f, 1, 2) == 'r:' and f ~= 'r:' .. id then
     local c, d, g, w, tk = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
     if c then
       c, d = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk))
