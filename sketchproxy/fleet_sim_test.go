@@ -67,11 +67,16 @@ func (q *simEvents) Pop() any {
 // one replica alone; replicas 0 means the replicas count each other
 // through the heartbeat.
 func newFleetSim(t testing.TB, n int, r rate.Rate, replicas int) *fleetSim {
+	return newFleetSimRule(t, n, engine.RuleSpec{Name: "api", Limits: []engine.LimitSpec{{Name: "rate", Rate: r}}}, replicas)
+}
+
+// newFleetSimRule is newFleetSim with the rule rs.
+func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fleetSim {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
 	s := &fleetSim{t: t, clk: clk, store: newMemStore(clk.Now), rtt: time.Millisecond, queued: make([]bool, n), gone: make([]bool, n)}
 	spec := &engine.Spec{
 		Buckets: 1 << 10,
-		Rules:   []engine.RuleSpec{{Name: "api", Limits: []engine.LimitSpec{{Name: "rate", Rate: r}}}},
+		Rules:   []engine.RuleSpec{rs},
 		Tarpit:  engine.TarpitSpec{DelayAbove: 1, DripAbove: 1.5, RejectAbove: 2, BanAbove: 8, BanFor: 10 * time.Minute, MaxHeld: 256, MaxHeldPerKey: 2},
 		NewKeys: engine.NewKeysSpec{Disabled: true, Window: time.Minute, Remember: time.Hour},
 	}
@@ -372,5 +377,28 @@ func TestFleetSimRedisRestart(t *testing.T) {
 	}
 	if h < 0.9 || h > 1.1 {
 		t.Errorf("the key at 3x got %.3f of one replica alone through the outage and the restart, want within 10%%", h)
+	}
+}
+
+// A wallet shared by a fleet is spent as one replica alone spends it: its
+// check and its charge go through the same shares as a limit's count.
+func TestFleetSimWallet(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		s := newFleetSimRule(t, n, engine.RuleSpec{Name: "llm", Budget: &engine.BudgetSpec{Name: "b", Units: 20, Per: time.Second, Unit: 1, Cost: 1, Reserve: 1}}, n)
+		rng := rand.New(rand.NewPCG(9, uint64(n)))
+		var tl tally
+		t0 := s.clk.Now().Add(time.Second)
+		for k := range 3 {
+			s.client(fmt.Sprint("tenant-", k), t0.Add(time.Duration(k)*100*time.Millisecond), t0.Add(40*time.Second), time.Second/60, rng, func(j int) int { return (j + k) % n }, &tl)
+		}
+		s.run(t0.Add(41 * time.Second))
+		first, after := tl.ratios()
+		t.Logf("N=%d, a wallet of 20 units a second spent at 3x: first 10 s %d/%d (%.3f), after %d/%d (%.3f)", n, tl.fleetFirst, tl.aloneFirst, first, tl.fleetAfter, tl.aloneAfter, after)
+		if tl.aloneFirst+tl.aloneAfter >= tl.sent {
+			t.Fatal("the replica alone refused nothing")
+		}
+		if first < 0.95 || first > 1.05 || after < 0.95 || after > 1.05 {
+			t.Errorf("N=%d: a fleet's wallet admitted %.3f and %.3f of one replica alone, want within 5%%", n, first, after)
+		}
 	}
 }
