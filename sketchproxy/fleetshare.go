@@ -14,8 +14,8 @@ import (
 //
 // Each replica's count of a hot key is in its own sketch; Redis holds, per
 // replica, that count (c), the replica's demand (d: every request it saw,
-// admitted or not, decayed as counts decay, 2 counts a request) and its
-// guarantee (g). All counts halve every tick, everywhere, on the same
+// admitted or not, 2 counts a request, as a rate: the halving count at the
+// start of the tick, doubled; fleet.go, demand) and its guarantee (g). All counts halve every tick, everywhere, on the same
 // Unix-anchored ticks, so the fleet's count is the sum of the replicas'.
 //
 //   - The guarantee: θ's requests are apportioned to the replicas in
@@ -32,10 +32,10 @@ import (
 //     that only while the room it knows of lasts, telling the others at
 //     once (published through Redis) so that they see it before their next
 //     request. A guarantee is given only where the replica's demand fills
-//     it (demand at least 1.1 times the guarantee): a share of a request
-//     or two on a replica that sees a request now and then would sit idle
-//     while the others refuse, so it stays in the pool, where the first
-//     replica with a request takes it.
+//     it (demand at least 1.1 times the guarantee, twice it for one
+//     request): a share of a request or two on a replica that sees a
+//     request now and then would sit idle while the others refuse, so it
+//     stays in the pool, where the first replica with a request takes it.
 
 // shareUnit is a request's counts (rate.Unit): guarantees are whole
 // requests.
