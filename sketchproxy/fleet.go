@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,14 +55,17 @@ type FleetConfig struct {
 	SecretFile string `yaml:"secret_file" example:"/etc/sketchproxy/fleet-secret"`
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
 	Replicas int `yaml:"replicas" example:"3"`
-	// ID names this replica in the heartbeat (default host-pid).
+	// ID names this replica in the heartbeat and in its record of each
+	// hot key (default host-pid; no spaces).
 	ID string `yaml:"id" example:"proxy-a"`
 	// Interval between sync rounds (default 500ms); Timeout bounds a round
 	// (default 250ms).
 	Interval Duration `yaml:"interval" example:"500ms"`
 	Timeout  Duration `yaml:"timeout" example:"250ms"`
-	// PromoteFraction: a key whose local estimate passes this fraction of
-	// θ/N joins the hot set (default 0.5); it leaves below a quarter of that.
+	// PromoteFraction: a key whose local count would pass this fraction of
+	// θ/N joins the hot set and is shared at once (default 0.5); it leaves
+	// below a quarter of that. Where θ/N holds no whole request, every key
+	// is shared from its first request.
 	PromoteFraction float64 `yaml:"promote_fraction" example:"0.5"`
 	// MaxHot bounds the hot set (default 10000).
 	MaxHot int `yaml:"max_hot" example:"10000"`
@@ -132,6 +136,9 @@ func (c *Config) validateFleet(fb *fleetBuilt) error {
 		h, _ := os.Hostname()
 		f.ID = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
+	if strings.ContainsFunc(f.ID, unicode.IsSpace) || len(f.ID) > 200 {
+		return c.errAt(fmt.Sprintf("%q: at most 200 bytes, no spaces: it names this replica's record of each key in Redis", f.ID), "fleet", "id")
+	}
 	if f.Interval == 0 {
 		f.Interval = Duration(500 * time.Millisecond)
 	}
@@ -172,59 +179,51 @@ func (c *Config) validateFleet(fb *fleetBuilt) error {
 	return c.fleetOptions(fb)
 }
 
-// syncScript applies the sketch's halving to a key's fleet count with
-// Redis's own clock (no skew between replicas), adds a replica's delta, sets
-// a TTL of a few half-lives, and returns the count and its tick.
-//
-// It also keeps the run marker of the key's hash tag (KEYS[2], in the same
-// slot): set only if absent, so only the first replica after a restart sets
-// it, and returned, so a changed marker tells that Redis lost the tag's
-// counts. No command beyond one per hot key.
-//
-// KEYS[1] the hashed key, KEYS[2] its tag's marker; ARGV: tick in ms,
-// delta, TTL in ms, this replica's candidate marker.
-const syncScript = `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local tick = math.floor(now / tonumber(ARGV[1]))
-local v = redis.call('HMGET', KEYS[1], 'c', 't')
-local c = tonumber(v[1]) or 0
-local last = tonumber(v[2]) or tick
-local age = tick - last
-if age >= 53 then c = 0 elseif age > 0 then c = math.floor(c / 2 ^ age) end
-c = c + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'c', c, 't', tick)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('SET', KEYS[2], ARGV[4], 'NX')
-return {c, tick, redis.call('GET', KEYS[2])}
-`
-
-// fleet is the shared state of one Middleware's replica.
+// fleet is the shared state of one Middleware's replica: the hot set, each
+// hot key's share (fleetshare.go), and the goroutines that sync them with
+// Redis (fleetredis.go).
 type fleet struct {
 	cfg    *FleetConfig
 	secret []byte // keys are HMACed with it before they reach Redis
-	rdb    redis.UniversalClient
-	script *redis.Script
+	store  fleetStore
 	log    *slog.Logger
 	now    func() time.Time
 
-	n  atomic.Int64 // replicas, at least 1
-	up atomic.Bool
+	n       atomic.Int64 // replicas, at least 1
+	up      atomic.Bool
+	hearing atomic.Bool // subscribed to the claims channel
 
 	shards [16]hotShard
 	count  atomic.Int64
 
+	// rkeys finds a hot entry by its name in Redis, for the claims other
+	// replicas publish; heard keeps the latest claim on keys not hot here
+	// (at most heardMax), for the moment one becomes hot.
+	rmu   sync.Mutex
+	rkeys map[string]*hotEntry
+	heard map[string]shareReply
+
+	// pend are the entries to send at once (a claim, a promotion); kick
+	// wakes the sync goroutine for them.
+	pmu  sync.Mutex
+	pend []*hotEntry
+	kick chan struct{}
+
 	rounds, roundErrors, keySyncs, commands atomic.Uint64
 	promotions, demotions, hotFull, resends atomic.Uint64
+	claims, claimsHeard                     atomic.Uint64
 	rttNs, lastOK                           atomic.Int64
 	roundTime                               prometheus.Histogram
 
 	run   map[string]string // each hash tag's run marker as last seen, by marker key (sync goroutine only)
-	runID string            // this replica\'s candidate marker
+	runID string            // this replica's candidate marker
 
 	stop chan struct{}
 	done chan struct{}
 }
+
+// heardMax bounds the claims kept for keys not hot here.
+const heardMax = 4096
 
 type hotShard struct {
 	mu sync.Mutex
@@ -239,25 +238,34 @@ type hotEntry struct {
 	sk     engine.Local
 	tick   time.Duration
 	theta  uint32
-	// base is the part of the local estimate Redis holds, at the tick it
-	// was taken (packBase): what a round sends is the local estimate now
-	// less base decayed to now, so units counted while Redis was away are
-	// sent halved as the sketch halved them, never as they were.
-	base    atomic.Uint64
-	reseed  atomic.Bool  // Redis lost its state: the other replicas' histories are on their way
-	val     atomic.Int64 // the fleet count at valTick
-	valTick atomic.Int64
-	synced  atomic.Bool
+
+	demand  demand
+	view    atomic.Pointer[shareView]
+	pending atomic.Bool // queued to be sent at once
+	loud    atomic.Bool // the next send publishes: a claim on the pool
+
+	// gWant is the guarantee to store at the next send; gSent, the one
+	// the last send stored (sync goroutine only).
+	gWant, gSent uint32
 }
 
+// newFleet returns a fleet on Redis, its goroutines running.
 func newFleet(cfg *FleetConfig, fb *fleetBuilt, log *slog.Logger, now func() time.Time) *fleet {
+	f := newFleetOn(cfg, fb.secret, newRedisStore(fb.opts), log, now)
+	f.start()
+	return f
+}
+
+// newFleetOn returns a fleet on store whose goroutines have not started:
+// tests of the arithmetic drive its rounds themselves (fleet_sim_test.go).
+func newFleetOn(cfg *FleetConfig, secret []byte, store fleetStore, log *slog.Logger, now func() time.Time) *fleet {
 	f := &fleet{
-		cfg: cfg, log: log, now: now,
-		rdb:    redis.NewUniversalClient(fb.opts),
-		secret: fb.secret,
-		script: redis.NewScript(syncScript),
-		runID:  cfg.ID,
-		run:    map[string]string{},
+		cfg: cfg, log: log, now: now, store: store, secret: secret,
+		runID: cfg.ID,
+		run:   map[string]string{},
+		rkeys: map[string]*hotEntry{},
+		heard: map[string]shareReply{},
+		kick:  make(chan struct{}, 1),
 		roundTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sketchproxy_fleet_round_duration_seconds",
 			Help:    "Time of each sync round with Redis (one pipeline per node), failed rounds included.",
@@ -270,15 +278,34 @@ func newFleet(cfg *FleetConfig, fb *fleetBuilt, log *slog.Logger, now func() tim
 		f.shards[i].m = map[string]*hotEntry{}
 	}
 	f.n.Store(int64(max(1, cfg.Replicas)))
-	go f.loop()
 	return f
+}
+
+func (f *fleet) start() {
+	go f.loop()
+	var warned atomic.Bool
+	go f.store.listen(f.channel(), f.hear, func() {
+		f.commands.Add(1) // SUBSCRIBE
+		f.hearing.Store(true)
+		warned.Store(false)
+	}, func(err error) {
+		f.hearing.Store(false)
+		if !warned.Swap(true) {
+			// Rounds go on; a claim is heard at the claimer's next round
+			// instead of at once (an ACL without SUBSCRIBE or the channel).
+			f.log.Warn("fleet: not hearing the other replicas' claims: they reach this replica at its next round", "channel", f.channel(), "err", err.Error())
+		}
+	})
 }
 
 func (f *fleet) close() {
 	close(f.stop)
 	<-f.done
-	f.rdb.Close()
+	f.store.close()
 }
+
+// channel is where replicas publish their claims on a pool.
+func (f *fleet) channel() string { return f.cfg.Prefix + "claims" }
 
 func (f *fleet) shard(k []byte) *hotShard {
 	var h uint32 = 2166136261
@@ -288,20 +315,110 @@ func (f *fleet) shard(k []byte) *hotShard {
 	return &f.shards[h%uint32(len(f.shards))]
 }
 
-func (f *fleet) replicas() uint32 { return uint32(max(1, f.n.Load())) }
+func (f *fleet) replicas() int64 { return max(1, f.n.Load()) }
 
-// promoteAt is the local estimate at which a key joins the hot set.
-func (f *fleet) promoteAt(theta uint32) uint32 {
-	return max(1, uint32(f.cfg.PromoteFraction*float64(theta)/float64(f.replicas())))
+// Estimate is what the engine decides k against (engine.Fleet): the local
+// count, plus the part of θ this replica may not use. A hot key's part is
+// θ less its allowance (fleetshare.go); a key below its promotion point
+// is decided alone, as it cannot hold more than that point; while Redis is
+// down every key is decided at θ/N (the local count × N). Mice below a
+// quarter of the promotion point cost one comparison: no map, no Redis.
+// A request that adds to a key on its first sight past the point promotes
+// it, and the key is sent to Redis at once: shared before it can pass its
+// fair share.
+func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
+	n := f.replicas()
+	if !f.up.Load() {
+		return uint32(min(uint64(local)*uint64(n), math.MaxUint32)), false
+	}
+	p := sharePoint(theta, n, f.cfg.PromoteFraction)
+	below := uint64(local)+uint64(add) <= uint64(p)
+	if below && local < p/4 {
+		return local, false
+	}
+	s := f.shard(skey)
+	s.mu.Lock()
+	e := s.m[string(skey)]
+	if e == nil {
+		if below || add == 0 {
+			s.mu.Unlock()
+			return local, false
+		}
+		if f.count.Load() >= int64(f.cfg.MaxHot) {
+			s.mu.Unlock()
+			f.hotFull.Add(1)
+			return alone(local, theta, n), false
+		}
+		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta}
+		e.rkey, e.marker = f.redisKeys(skey)
+		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
+		s.m[string(e.skey)] = e
+		f.count.Add(1)
+		f.promotions.Add(1)
+		s.mu.Unlock()
+		f.rmu.Lock()
+		f.rkeys[e.rkey] = e
+		r, ok := f.heard[e.rkey]
+		delete(f.heard, e.rkey)
+		f.rmu.Unlock()
+		if ok {
+			// Another replica claimed this key lately: start from its word.
+			v, _ := f.viewOf(e, &r, 0, nil)
+			e.view.Store(v)
+		}
+		f.sendSoon(e, false)
+	} else {
+		s.mu.Unlock()
+		if add > 0 {
+			e.demand.add(add, now.UnixNano()/int64(tick))
+		}
+	}
+	v := e.view.Load()
+	if v == nil {
+		// Promoted, not yet answered (a round trip): its fair share, or a
+		// request where that holds none; what it counts is published.
+		return alone(local, theta, n), true
+	}
+	top, quiet := v.allowance(theta, now.UnixNano()/int64(tick))
+	return uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32)), uint64(local)+uint64(add) > uint64(quiet)
 }
 
-// Estimate is the fleet-wide estimate for a limit whose local estimate is
-// local (engine.Fleet): for a hot key, the fleet count decayed to now plus
-// what the local sketch counted since the last round. While Redis is down
-// it is local × N: the limit is enforced at θ/N per replica. Mice (below a
-// quarter of the promotion point) cost one comparison: no map, no Redis.
-func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
-	return f.fleetwide(skey, sk, tick, theta, local, now)
+// alone is the estimate of a key this replica decides by itself at its
+// fair share θ/N (at least one request).
+func alone(local, theta uint32, n int64) uint32 {
+	top := max(fairShare(theta, n), shareUnit)
+	return uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32))
+}
+
+// Counted is told that a request Estimate asked about counted in k: a
+// claim on the pool (or a count while the key awaits its first answer),
+// which the other replicas must see before their next request. It is sent
+// and published at once.
+func (f *fleet) Counted(skey []byte) {
+	s := f.shard(skey)
+	s.mu.Lock()
+	e := s.m[string(skey)]
+	s.mu.Unlock()
+	if e != nil {
+		f.sendSoon(e, true)
+	}
+}
+
+// sendSoon queues e to be sent at once; loud, with its claim published.
+func (f *fleet) sendSoon(e *hotEntry, loud bool) {
+	if loud {
+		e.loud.Store(true)
+	}
+	if e.pending.Swap(true) {
+		return
+	}
+	f.pmu.Lock()
+	f.pend = append(f.pend, e)
+	f.pmu.Unlock()
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
 }
 
 // WalletsClosed reports whether wallets fail closed now: Redis is down and
@@ -310,76 +427,50 @@ func (f *fleet) WalletsClosed() (bool, time.Duration) {
 	return !f.up.Load() && f.cfg.WalletOnFailure == "closed", time.Duration(f.cfg.Interval)
 }
 
-// fleetwide is Estimate.
-func (f *fleet) fleetwide(skey []byte, sk engine.Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
-	p := f.promoteAt(theta)
-	if !f.up.Load() {
-		// Local at θ/N. A hot key's units are in the local sketch, sent
-		// (decayed) when Redis answers again.
-		return uint32(min(uint64(local)*uint64(f.replicas()), math.MaxUint32))
-	}
-	if local < max(1, p/4) {
-		return local
-	}
-	s := f.shard(skey)
-	s.mu.Lock()
-	e := s.m[string(skey)]
-	if e == nil {
-		if local < p {
-			s.mu.Unlock()
-			return local
-		}
-		if f.count.Load() >= int64(f.cfg.MaxHot) {
-			s.mu.Unlock()
-			f.hotFull.Add(1)
-			return local
-		}
-		// base 0: the first round sends the history this replica saw.
-		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta}
-		e.rkey, e.marker = f.redisKeys(skey)
-		s.m[string(e.skey)] = e
-		f.count.Add(1)
-		f.promotions.Add(1)
-		s.mu.Unlock()
-		return local
-	}
-	s.mu.Unlock()
-	if !e.synced.Load() {
-		return local
-	}
-	tk := now.UnixNano() / int64(tick)
-	d := max(0, int64(local)-int64(e.baseAt(tk))) // counted here, not yet in Redis
-	age := tk - e.valTick.Load()
-	v := e.val.Load()
-	if age >= 63 {
-		v = 0
-	} else if age > 0 {
-		v >>= age
-	}
-	est := max(uint64(v+d), uint64(local))
-	if e.reseed.Load() {
-		// Redis restarted empty and the replicas' histories are on their
-		// way: until then the fleet count is low; the local view × N is not.
-		est = max(est, uint64(local)*uint64(f.replicas()))
-	}
-	return uint32(min(est, math.MaxUint32))
+// demand counts the requests a replica sees of a hot key (admitted or
+// not, in counts), halving with the key; it reports the count as of the
+// start of the current tick, doubled (what the halving count reads at the
+// end of a steady tick). A count read mid-tick would rise through each
+// tick: replicas that write at different moments would report demands up
+// to twice apart for one round-robin client, and their shares would
+// follow that noise.
+type demand struct {
+	mu         sync.Mutex
+	tick       int64
+	base, part uint32 // the count at the start of tick; added since
 }
 
-// Packing of hotEntry.base: the tick (mod 2^40) above a 24-bit estimate.
-const (
-	baseBits  = 24
-	baseTicks = 1<<40 - 1
-)
-
-func packBase(est uint32, tick int64) uint64 {
-	return uint64(tick)&baseTicks<<baseBits | uint64(min(est, 1<<baseBits-1))
+func (d *demand) start(c uint32, tick int64) {
+	d.mu.Lock()
+	d.tick, d.base, d.part = tick, c/2, 0
+	d.mu.Unlock()
 }
 
-// baseAt is base decayed to tick tk, as the local sketch decays.
-func (e *hotEntry) baseAt(tk int64) uint32 {
-	b := e.base.Load()
-	age := (uint64(tk) - b>>baseBits) & baseTicks
-	return uint32(b&(1<<baseBits-1)) >> min(age, 31)
+// roll moves d to tick tk (d.mu held).
+func (d *demand) roll(tk int64) {
+	if tk > d.tick {
+		d.base = halve(uint32(min(uint64(d.base)+uint64(d.part), math.MaxUint32)), tk-d.tick)
+		d.tick, d.part = tk, 0
+	}
+}
+
+func (d *demand) add(n uint32, tk int64) {
+	d.mu.Lock()
+	d.roll(tk)
+	d.part = uint32(min(uint64(d.part)+uint64(n), math.MaxUint32))
+	d.mu.Unlock()
+}
+
+// at is the demand to report at tick tk.
+func (d *demand) at(tk int64) uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.roll(tk)
+	return uint32(min(2*uint64(d.base), math.MaxUint32))
+}
+
+func (e *hotEntry) demandAt(now time.Time) uint32 {
+	return e.demand.at(now.UnixNano() / int64(e.tick))
 }
 
 // fleetTags is how many hash tags spread the hot keys over a Redis
@@ -397,28 +488,39 @@ func (f *fleet) redisKeys(skey []byte) (key, marker string) {
 	return tag + "k:" + hex.EncodeToString(sum[:16]), tag + "run"
 }
 
-// loop syncs every interval; after a failure it waits longer, up to 1 s or
-// two intervals, before the next try, and recovers at the first round that
+// loop syncs every interval, and at once when entries are queued (claims,
+// promotions); after a failure it waits longer, up to 1 s or two
+// intervals, before the next try, and recovers at the first round that
 // succeeds. The cap is short because replicas that recover at different
-// times see each other's counts late.
+// times see each other's counts late. While Redis is down, queued entries
+// wait for the next round.
 func (f *fleet) loop() {
 	defer close(f.done)
 	wait := time.Duration(f.cfg.Interval)
 	f.round() // at once: learn N and whether Redis answers
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	for {
 		select {
 		case <-f.stop:
 			return
-		case <-time.After(wait):
-		}
-		if f.round() {
-			wait = time.Duration(f.cfg.Interval)
-		} else {
-			wait = min(2*wait, max(time.Second, 2*time.Duration(f.cfg.Interval)))
+		case <-f.kick:
+			if f.up.Load() {
+				f.sendPending()
+			}
+		case <-t.C:
+			if f.round() {
+				wait = time.Duration(f.cfg.Interval)
+			} else {
+				wait = min(2*wait, max(time.Second, 2*time.Duration(f.cfg.Interval)))
+			}
+			t.Reset(wait)
 		}
 	}
 }
 
+// round sends every hot key, with the heartbeat, and demotes the keys
+// that cooled.
 func (f *fleet) round() bool {
 	var es []*hotEntry
 	for i := range f.shards {
@@ -429,106 +531,86 @@ func (f *fleet) round() bool {
 		}
 		s.mu.Unlock()
 	}
-	// What Redis lacks of each key: the local estimate now less what it
-	// holds of it, both decayed to now. A round that fails changes
-	// nothing, so the next good one sends everything since the last.
-	now := f.now()
-	ds := make([]int64, len(es))
-	locals := make([]uint32, len(es))
-	for i, e := range es {
-		locals[i] = e.sk.EstimateBytes(e.skey)
-		ds[i] = max(0, int64(locals[i])-int64(e.baseAt(now.UnixNano()/int64(e.tick))))
+	for _, e := range es {
+		e.pending.Store(false) // sent now
 	}
-	return f.send(es, ds, locals, now)
+	ok := f.send(es, true)
+	if ok {
+		f.demote(es)
+	}
+	return ok
 }
 
-func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time) bool {
+// sendPending sends the queued entries.
+func (f *fleet) sendPending() {
+	f.pmu.Lock()
+	q := f.pend
+	f.pend = nil
+	f.pmu.Unlock()
+	es := q[:0]
+	for _, e := range q {
+		if e.pending.Swap(false) {
+			es = append(es, e)
+		}
+	}
+	if len(es) > 0 {
+		f.send(es, false)
+	}
+}
+
+// send sends es (with beat, the heartbeat too) and applies the replies.
+func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
 	defer cancel()
 	start := time.Now()
-	candidate := fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano())
-	exec := func() ([]*redis.Cmd, *redis.IntCmd, error) {
-		pipe := f.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(es))
-		for i, e := range es {
-			ttl := max(4*e.tick, 2*time.Duration(f.cfg.Interval))
-			cmds[i] = f.script.EvalSha(ctx, pipe, []string{e.rkey, e.marker}, e.tick.Milliseconds(), ds[i], ttl.Milliseconds(), candidate)
-		}
-		if len(es) == 0 {
-			pipe.Ping(ctx) // no hot keys: still learn whether Redis answers
-		}
-		var card *redis.IntCmd
-		if f.cfg.Replicas == 0 {
-			nowMs := float64(f.now().UnixMilli())
-			members := f.cfg.Prefix + "members"
-			pipe.ZAdd(ctx, members, redis.Z{Score: nowMs, Member: f.cfg.ID})
-			pipe.ZRemRangeByScore(ctx, members, "-inf", strconv.FormatFloat(nowMs-3*float64(time.Duration(f.cfg.Interval).Milliseconds())-1000, 'f', 0, 64))
-			card = pipe.ZCard(ctx, members)
-			pipe.PExpire(ctx, members, time.Minute)
-		}
-		f.commands.Add(uint64(pipe.Len()))
-		_, err := pipe.Exec(ctx)
-		return cmds, card, err
+	now := f.now()
+	interval := time.Duration(f.cfg.Interval)
+	r := &shareRound{
+		id: f.cfg.ID, candidate: fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), channel: f.channel(),
+		stale: f.stale(), ttl: 2 * interval,
 	}
-	cmds, card, err := exec()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		// A restarted or promoted node has no scripts: load on every node.
-		if lerr := f.script.Load(ctx, f.rdb).Err(); lerr == nil {
-			f.commands.Add(1)
-			cmds, card, err = exec()
+	calls := make([]shareCall, len(es))
+	for i, e := range es {
+		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
+			c: e.sk.EstimateBytes(e.skey), d: e.demandAt(now), g: e.gWant,
+			at: now.UnixNano() / int64(e.tick), publish: e.loud.Swap(false)}
+		if calls[i].publish {
+			f.claims.Add(1)
 		}
 	}
+	var hb *heartbeat
+	if beat && f.cfg.Replicas == 0 {
+		hb = &heartbeat{key: f.cfg.Prefix + "members", id: f.cfg.ID, now: now, window: 3*interval + time.Second}
+	}
+	replies, card, sent, err := f.store.sync(ctx, r, calls, hb)
+	f.commands.Add(uint64(sent))
 	f.rounds.Add(1)
 	f.roundTime.Observe(time.Since(start).Seconds())
 	// Keys whose node answered are synced even when another node did not
-	// (Redis Cluster): what they sent is not sent again. A tag whose marker
-	// changed lost its counts (with Redis Cluster, one node can).
-	type result struct {
-		c, tick int64
-		ok      bool
-	}
-	res := make([]result, len(es))
-	lostTags := map[string]bool{}
-	for i, e := range es {
-		v, cerr := cmds[i].Slice()
-		if cerr != nil || len(v) != 3 {
-			continue
-		}
-		c, ok1 := v[0].(int64)
-		tk, ok2 := v[1].(int64)
-		run, ok3 := v[2].(string)
-		if !ok1 || !ok2 || !ok3 {
-			continue
-		}
-		res[i] = result{c, tk, true}
-		if old, seen := f.run[e.marker]; seen && old != run {
-			lostTags[e.marker] = true
-		}
-		f.run[e.marker] = run
-	}
-	if len(lostTags) > 0 {
-		f.resends.Add(1)
-		f.log.Warn("fleet: Redis lost the shared counts (restarted empty): resending local histories, decayed", "hash_tags", len(lostTags))
-	}
+	// (Redis Cluster). A tag whose marker changed lost its records (with
+	// Redis Cluster, one node can): every replica writes its record whole
+	// at each round, so nothing is resent; until all have, the key's
+	// first rounds hold room for the missing ones (guarantee).
+	lost := 0
 	synced := 0
 	for i, e := range es {
-		if !res[i].ok {
+		rp := &replies[i]
+		if !rp.ok {
 			continue
 		}
-		synced++
-		// Redis now holds this replica's estimate, or, if the node had
-		// lost everything, only what this round sent: the next round sends
-		// the rest of the local history, decayed.
-		lost := lostTags[e.marker]
-		held := locals[i]
-		if lost {
-			held = uint32(ds[i])
+		if old, seen := f.run[e.marker]; seen && old != rp.run {
+			lost++
 		}
-		e.base.Store(packBase(held, now.UnixNano()/int64(e.tick)))
-		e.reseed.Store(lost)
-		e.valTick.Store(res[i].tick)
-		e.val.Store(res[i].c)
-		e.synced.Store(true)
+		f.run[e.marker] = rp.run
+		synced++
+		e.gSent = calls[i].g
+		v, g := f.viewOf(e, rp, e.gSent, nil)
+		f.store1(e, v)
+		e.gWant = g // stored at the next round: until then the pool holds its room
+	}
+	if lost > 0 {
+		f.resends.Add(1)
+		f.log.Warn("fleet: Redis lost the shared counts (restarted empty): every replica writes its own again", "keys", lost)
 	}
 	f.keySyncs.Add(uint64(synced))
 	if err != nil {
@@ -540,26 +622,116 @@ func (f *fleet) send(es []*hotEntry, ds []int64, locals []uint32, now time.Time)
 	}
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
-	if card != nil {
-		f.n.Store(max(1, card.Val()))
+	if hb != nil {
+		f.n.Store(max(1, card))
 	}
 	if !f.up.Swap(true) {
 		f.log.Info("fleet: Redis reachable: enforcing fleet-wide limits", "replicas", f.replicas(), "hot_keys", f.count.Load())
 	}
-	f.demote(es)
 	return true
 }
 
-// demote drops hot keys that fell well below the promotion point, here and
-// fleet-wide.
-func (f *fleet) demote(es []*hotEntry) {
-	now := f.now().UnixNano()
-	for _, e := range es {
-		p := f.promoteAt(e.theta)
-		local := e.sk.EstimateBytes(e.skey)
-		unsent := local > e.baseAt(now/int64(e.tick))
-		if local >= max(1, p/4) || e.val.Load() >= int64(p) || e.reseed.Load() || unsent {
+// stale is how long a replica's record outlives its last write: a
+// replica gone (or one whose key cooled) gives its guarantee back then.
+func (f *fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) + time.Second }
+
+// viewOf builds e's view from a reply to this replica's send (own: gSent
+// is the guarantee it stored) or from a claim heard (cur is the view it
+// replaces). It returns the view and the guarantee the reply computes.
+// A guarantee shrinks at once; it grows only once Redis holds it, so that
+// the guarantees Redis holds always cover the ones in use.
+func (f *fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView) (*shareView, uint32) {
+	n := f.replicas()
+	young := time.Duration(rp.now-rp.born)*time.Microsecond < 2*time.Duration(f.cfg.Interval)
+	g, reserve, split := guarantee(f.cfg.ID, rp.peers, int(n), young, e.theta, sharePoint(e.theta, n, f.cfg.PromoteFraction), e.rkey)
+	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split}
+	for _, p := range rp.peers {
+		if p.id == f.cfg.ID {
+			v.meC = p.c
 			continue
+		}
+		v.others = append(v.others, p)
+		v.sumGo += p.g
+	}
+	switch {
+	case cur != nil:
+		v.g = min(cur.g, g)
+	default:
+		v.g = min(gSent, g)
+	}
+	return v, g
+}
+
+// store1 installs v unless a later view is in place (a claim heard after
+// the reply was sent).
+func (f *fleet) store1(e *hotEntry, v *shareView) {
+	for {
+		cur := e.view.Load()
+		if cur != nil && cur.at > v.at {
+			return
+		}
+		if e.view.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// hear applies a claim another replica published: the key's records as
+// they are now, in place of what this replica knew of the others.
+func (f *fleet) hear(payload string) {
+	rkey, rp, ok := parseClaim(payload)
+	if !ok {
+		return
+	}
+	f.claimsHeard.Add(1)
+	f.rmu.Lock()
+	e := f.rkeys[rkey]
+	if e == nil {
+		if len(f.heard) >= heardMax {
+			clear(f.heard)
+		}
+		f.heard[rkey] = rp
+		f.rmu.Unlock()
+		return
+	}
+	f.rmu.Unlock()
+	for {
+		cur := e.view.Load()
+		if cur != nil && cur.at >= rp.now {
+			return
+		}
+		v, _ := f.viewOf(e, &rp, 0, cur)
+		if cur == nil {
+			v.g = 0 // no guarantee before this replica's own round stores one
+		}
+		if e.view.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// demote drops hot keys that cooled here and fleet-wide: the local count
+// and the demand below a quarter of the promotion point, nothing counted
+// elsewhere above it, and nothing left to send. Redis drops the key's
+// record once it halves to nothing.
+func (f *fleet) demote(es []*hotEntry) {
+	now := f.now()
+	n := f.replicas()
+	for _, e := range es {
+		p := sharePoint(e.theta, n, f.cfg.PromoteFraction)
+		q := max(1, p/4)
+		tk := now.UnixNano() / int64(e.tick)
+		if e.sk.EstimateBytes(e.skey) >= q || e.demandAt(now) >= q || e.pending.Load() {
+			continue
+		}
+		if v := e.view.Load(); v != nil {
+			var others uint32
+			for _, o := range v.others {
+				others += halve(o.c, tk-v.tick)
+			}
+			if others >= max(1, p) {
+				continue
+			}
 		}
 		s := f.shard(e.skey)
 		s.mu.Lock()
@@ -567,6 +739,9 @@ func (f *fleet) demote(es []*hotEntry) {
 			delete(s.m, string(e.skey))
 			f.count.Add(-1)
 			f.demotions.Add(1)
+			f.rmu.Lock()
+			delete(f.rkeys, e.rkey)
+			f.rmu.Unlock()
 		}
 		s.mu.Unlock()
 	}

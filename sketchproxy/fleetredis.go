@@ -1,12 +1,17 @@
 package sketchproxy
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -144,4 +149,319 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 	}
 	fb.opts = o
 	return nil
+}
+
+// shareScript is one hot key's round on Redis, for one replica: it stores
+// what the replica holds of the key (its count, its demand and its
+// guarantee, with when it wrote them and at which tick), drops the records
+// of replicas gone quiet (no write for stale µs, or nothing left once
+// halved), and returns every replica's record halved to the tick of
+// Redis's own clock (no skew between replicas), with the time the key was
+// first shared (born). A demand is a rate (the count at the start of its
+// tick, doubled: fleet.go, demand): it halves only from the tick after
+// the next, as the replica's own would not halve while its requests go on. Each replica writes only its own record, and
+// writes it whole: a round sent twice, or after Redis lost everything,
+// counts nothing twice.
+//
+// It also keeps the run marker of the key's hash tag (KEYS[2], in the same
+// slot): set only if absent, so only the first replica after a restart
+// sets it, and returned, so a changed marker tells that Redis lost the
+// tag's records. With a channel, it publishes the reply, so that the other
+// replicas see a claim on the pool before their next request (pcall: an
+// ACL without the channel loses the claims' speed, not the round).
+//
+// KEYS[1] the hashed key, KEYS[2] its tag's marker; ARGV: the tick in µs,
+// the replica's id, its count, demand and guarantee, the tick they are at,
+// the TTL in ms, stale in µs, the candidate marker, the channel or "".
+// It returns "tick born now", the marker, then id, count, demand and
+// guarantee of each replica, this one last.
+const shareScript = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tick = math.floor(now / tonumber(ARGV[1]))
+local function halve(v, from)
+  local age = tick - from
+  if age <= 0 then return v end
+  if age >= 32 then return 0 end
+  return math.floor(v / 2 ^ age)
+end
+local function slow(v, from)
+  return halve(v, from + 1)
+end
+local id, stale = ARGV[2], now - tonumber(ARGV[8])
+local h = redis.call('HGETALL', KEYS[1])
+local born, out, gone = nil, {}, {}
+for i = 1, #h, 2 do
+  local f, v = h[i], h[i + 1]
+  if f == 'born' then
+    born = tonumber(v)
+  elseif string.sub(f, 1, 2) == 'r:' and f ~= 'r:' .. id then
+    local c, d, g, w, tk = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if c then
+      c, d = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk))
+    end
+    if not c or tonumber(w) < stale or (c == 0 and d == 0) then
+      gone[#gone + 1] = f
+    else
+      out[#out + 1] = string.sub(f, 3)
+      out[#out + 1] = c
+      out[#out + 1] = d
+      out[#out + 1] = tonumber(g)
+    end
+  end
+end
+if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+local c = halve(tonumber(ARGV[3]), tonumber(ARGV[6]))
+local d = slow(tonumber(ARGV[4]), tonumber(ARGV[6]))
+redis.call('HSET', KEYS[1], 'r:' .. id, string.format('%d %d %d %d %d', c, d, tonumber(ARGV[5]), now, tick))
+if not born then
+  born = now
+  redis.call('HSET', KEYS[1], 'born', string.format('%d', born))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[7])
+redis.call('SET', KEYS[2], ARGV[9], 'NX')
+out[#out + 1] = id
+out[#out + 1] = c
+out[#out + 1] = d
+out[#out + 1] = tonumber(ARGV[5])
+local head = string.format('%d %d %d', tick, born, now)
+if ARGV[10] ~= '' then
+  pcall(redis.call, 'PUBLISH', ARGV[10], KEYS[1] .. ' ' .. head .. ' ' .. table.concat(out, ' '))
+end
+return {head, redis.call('GET', KEYS[2]), unpack(out)}
+`
+
+// beatScript is the heartbeat in one command: this replica's entry in the
+// members' sorted set, the entries older than the window dropped, and the
+// members counted (KEYS[1] the set; ARGV: now in ms, the id, the oldest
+// time kept in ms).
+const beatScript = `
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
+redis.call('PEXPIRE', KEYS[1], 60000)
+return redis.call('ZCARD', KEYS[1])
+`
+
+// shareRound is what every call of one round shares.
+type shareRound struct {
+	id        string        // this replica
+	candidate string        // its run marker, should Redis have none
+	channel   string        // where claims are published
+	stale     time.Duration // a record unwritten this long is a replica gone
+	ttl       time.Duration // at least: a key's records outlive a few rounds
+}
+
+// shareCall is one hot key's record, for one round.
+type shareCall struct {
+	rkey, marker string
+	tick         time.Duration
+	c, d, g      uint32
+	at           int64 // the tick c and d are at
+	publish      bool  // a claim on the pool: the others hear of it at once
+}
+
+// shareReply is Redis's answer to one call, or a claim another replica
+// published: every replica's record of the key, halved to tick.
+type shareReply struct {
+	ok        bool // the key's node answered
+	tick      int64
+	born, now int64 // Redis's time (µs) of the key's first round, and of this
+	run       string
+	peers     []peerShare
+}
+
+// fleetStore is where the replicas' records meet: Redis, or a test's
+// memory. One sync goroutine calls sync; listen runs on its own.
+type fleetStore interface {
+	// sync sends calls (with beat, this replica's heartbeat too, and
+	// then returns the replicas counted), reporting the commands sent. A
+	// reply whose node did not answer has ok false.
+	sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) (replies []shareReply, replicas int64, commands int, err error)
+	// listen delivers each claim published on channel until close; ready
+	// is called each time it (re)subscribes.
+	listen(channel string, deliver func(payload string), ready func(), failed func(error))
+	close()
+}
+
+// heartbeat is this replica's entry in the members' sorted set.
+type heartbeat struct {
+	key, id string
+	now     time.Time
+	window  time.Duration // members older than this are gone
+}
+
+// redisStore is the fleet's Redis: one script call per hot key, pipelined
+// (one pipeline per node on a Cluster), and a subscription to the claims.
+type redisStore struct {
+	rdb          redis.UniversalClient
+	script, beat *redis.Script
+
+	mu     sync.Mutex
+	ps     *redis.PubSub
+	closed bool
+}
+
+func newRedisStore(o *redis.UniversalOptions) *redisStore {
+	return &redisStore{rdb: redis.NewUniversalClient(o), script: redis.NewScript(shareScript), beat: redis.NewScript(beatScript)}
+}
+
+func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
+	sent := 0
+	exec := func() ([]*redis.Cmd, *redis.Cmd, error) {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(calls))
+		for i, c := range calls {
+			channel := ""
+			if c.publish {
+				channel = r.channel
+			}
+			cmds[i] = s.script.EvalSha(ctx, pipe, []string{c.rkey, c.marker},
+				strconv.FormatFloat(float64(c.tick)/float64(time.Microsecond), 'f', -1, 64),
+				r.id, c.c, c.d, c.g, c.at, max(4*c.tick, r.ttl).Milliseconds(), r.stale.Microseconds(), r.candidate, channel)
+		}
+		if len(calls) == 0 {
+			pipe.Ping(ctx) // no hot keys: still learn whether Redis answers
+		}
+		var card *redis.Cmd
+		if beat != nil {
+			nowMs := beat.now.UnixMilli()
+			card = s.beat.EvalSha(ctx, pipe, []string{beat.key}, nowMs, beat.id, nowMs-beat.window.Milliseconds())
+		}
+		sent += pipe.Len()
+		_, err := pipe.Exec(ctx)
+		return cmds, card, err
+	}
+	cmds, card, err := exec()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A restarted or promoted node has no scripts: load them (on
+		// every node of a Cluster).
+		lerr := s.script.Load(ctx, s.rdb).Err()
+		if lerr == nil && beat != nil {
+			sent++
+			lerr = s.beat.Load(ctx, s.rdb).Err()
+		}
+		if lerr == nil {
+			sent++
+			cmds, card, err = exec()
+		}
+	}
+	replies := make([]shareReply, len(calls))
+	for i := range calls {
+		v, cerr := cmds[i].Slice()
+		if cerr == nil {
+			replies[i] = parseShareReply(v)
+		}
+	}
+	var n int64
+	if card != nil && err == nil {
+		n, _ = card.Int64()
+	}
+	return replies, n, sent, err
+}
+
+// parseShareReply reads shareScript's reply; ok is false if it is not one.
+func parseShareReply(v []any) shareReply {
+	var r shareReply
+	if len(v) < 2 || (len(v)-2)%4 != 0 {
+		return r
+	}
+	head, ok := v[0].(string)
+	if !ok || !r.head(head) {
+		return r
+	}
+	r.run, _ = v[1].(string)
+	for i := 2; i+3 < len(v); i += 4 {
+		id, ok1 := v[i].(string)
+		c, ok2 := v[i+1].(int64)
+		d, ok3 := v[i+2].(int64)
+		g, ok4 := v[i+3].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 {
+			return shareReply{}
+		}
+		r.peers = append(r.peers, peerShare{id: id, c: clampCount(c), d: clampCount(d), g: clampCount(g)})
+	}
+	r.ok = true
+	return r
+}
+
+// parseClaim reads a published claim: the hashed key, then the script's
+// reply as words. ok is false if it is not one.
+func parseClaim(payload string) (rkey string, r shareReply, ok bool) {
+	w := strings.Fields(payload)
+	if len(w) < 4 || (len(w)-4)%4 != 0 || !r.head(strings.Join(w[1:4], " ")) {
+		return "", shareReply{}, false
+	}
+	for i := 4; i+3 < len(w); i += 4 {
+		c, e1 := strconv.ParseInt(w[i+1], 10, 64)
+		d, e2 := strconv.ParseInt(w[i+2], 10, 64)
+		g, e3 := strconv.ParseInt(w[i+3], 10, 64)
+		if e1 != nil || e2 != nil || e3 != nil {
+			return "", shareReply{}, false
+		}
+		r.peers = append(r.peers, peerShare{id: w[i], c: clampCount(c), d: clampCount(d), g: clampCount(g)})
+	}
+	r.ok = true
+	return w[0], r, true
+}
+
+// head reads "tick born now".
+func (r *shareReply) head(s string) bool {
+	w := strings.Fields(s)
+	if len(w) != 3 {
+		return false
+	}
+	var err [3]error
+	r.tick, err[0] = strconv.ParseInt(w[0], 10, 64)
+	r.born, err[1] = strconv.ParseInt(w[1], 10, 64)
+	r.now, err[2] = strconv.ParseInt(w[2], 10, 64)
+	return err[0] == nil && err[1] == nil && err[2] == nil
+}
+
+func clampCount(v int64) uint32 { return uint32(min(max(v, 0), math.MaxUint32)) }
+
+// listen subscribes to channel and delivers each message until close,
+// resubscribing after an error (Redis restarted, a failover) with a wait
+// that doubles up to 5 s.
+func (s *redisStore) listen(channel string, deliver func(string), ready func(), failed func(error)) {
+	ctx := context.Background()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.ps = s.rdb.Subscribe(ctx, channel)
+	ps := s.ps
+	s.mu.Unlock()
+	wait := 100 * time.Millisecond
+	for {
+		msg, err := ps.Receive(ctx)
+		if err != nil {
+			if errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			failed(err)
+			time.Sleep(wait)
+			wait = min(2*wait, 5*time.Second)
+			continue
+		}
+		wait = 100 * time.Millisecond
+		switch m := msg.(type) {
+		case *redis.Message:
+			deliver(m.Payload)
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				ready()
+			}
+		}
+	}
+}
+
+func (s *redisStore) close() {
+	s.mu.Lock()
+	s.closed = true // a listen that starts late returns at once
+	if s.ps != nil {
+		s.ps.Close()
+	}
+	s.mu.Unlock()
+	s.rdb.Close()
 }

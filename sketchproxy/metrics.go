@@ -117,6 +117,7 @@ var (
 	dFleetHot      = newDesc("fleet_hot_keys", prometheus.GaugeValue, "Keys in the hot set, synced through Redis.")
 	dFleetRTT      = newDesc("fleet_redis_rtt_seconds", prometheus.GaugeValue, "The last successful round's time.")
 	dFleetLag      = newDesc("fleet_sync_lag_seconds", prometheus.GaugeValue, "Time since the last successful round.")
+	dFleetHearing  = newDesc("fleet_claims_subscribed", prometheus.GaugeValue, "1 while this replica hears the other replicas' claims (subscribed to the claims channel).")
 	fleetCounters  = []struct {
 		d   desc
 		get func(*fleet) uint64
@@ -128,7 +129,9 @@ var (
 		{newDesc("fleet_promotions_total", prometheus.CounterValue, "Keys promoted to the hot set."), func(f *fleet) uint64 { return f.promotions.Load() }},
 		{newDesc("fleet_demotions_total", prometheus.CounterValue, "Keys demoted from the hot set."), func(f *fleet) uint64 { return f.demotions.Load() }},
 		{newDesc("fleet_hot_set_full_total", prometheus.CounterValue, "Promotions refused because the hot set was full."), func(f *fleet) uint64 { return f.hotFull.Load() }},
-		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty) and this replica resent its local histories, decayed."), func(f *fleet) uint64 { return f.resends.Load() }},
+		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty); every replica writes its own again at its next round."), func(f *fleet) uint64 { return f.resends.Load() }},
+		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its quiet share of a key's pool: published to the other replicas."), func(f *fleet) uint64 { return f.claims.Load() }},
+		{newDesc("fleet_claims_heard_total", prometheus.CounterValue, "Claims on a key's pool published by any replica and heard by this one."), func(f *fleet) uint64 { return f.claimsHeard.Load() }},
 	}
 )
 
@@ -139,7 +142,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dUnauthorized, dClientCap, dBodyTimeouts, dHeld, dCapacity,
 		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReported, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
 		dStateLoads, dGeneration, dRLSRequests, dRLSOverLimit, dRLSUnknown, dLimitRefusals, dNearLimit, dValueHits, dValueOver, dValueNear,
-		dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag} {
+		dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag, dFleetHearing} {
 		ch <- d.Desc
 	}
 	for _, s := range sketchStats {
@@ -230,6 +233,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			lag = now.Sub(time.Unix(0, ok)).Seconds()
 		}
 		emit(dFleetLag, lag)
+		hearing := 0.0
+		if f.hearing.Load() {
+			hearing = 1
+		}
+		emit(dFleetHearing, hearing)
 	}
 	emit(dStateSaves, float64(m.met.stateSaves[0].Load()), "ok")
 	emit(dStateSaves, float64(m.met.stateSaves[1].Load()), "failed")

@@ -60,14 +60,16 @@ func writeCerts(t *testing.T, dir string) {
 	}
 }
 
-// fleetACL is the least a fleet needs: its own keys, and the commands its
-// rounds send (the script's HMGET, HSET, PEXPIRE and TIME included).
-const fleetACL = "on >%s ~sketchproxy:* resetchannels -@all +evalsha +eval +script|load +set +get +zadd +zremrangebyscore +zcard +pexpire +ping +hmget +hset +time"
+// fleetACL is the least a fleet needs: its own keys and claims channel,
+// and the commands its rounds send (the script's HGETALL, HSET, HDEL,
+// PEXPIRE, TIME and PUBLISH included).
+const fleetACL = "on >%s ~sketchproxy:* resetchannels &sketchproxy:* -@all +evalsha +eval +script|load +set +get +zadd +zremrangebyscore +zcard +pexpire +ping +hgetall +hset +hdel +time +publish +subscribe"
 
 // TestFleetRedisTLSAndACL runs a replica against a TLS-only redis-server
 // that requires client certificates and an ACL user whose password is read
-// from a file, with only the commands a fleet needs: the fleet comes up and
-// syncs a heavy key.
+// from a file, with only the commands a fleet needs: the fleet comes up,
+// hears the claims and syncs a heavy key. A user without the claims'
+// channel still syncs, and says what it misses.
 func TestFleetRedisTLSAndACL(t *testing.T) {
 	dir := t.TempDir()
 	writeCerts(t, dir)
@@ -78,7 +80,11 @@ func TestFleetRedisTLSAndACL(t *testing.T) {
 		"--tls-cert-file", filepath.Join(dir, "server.pem"), "--tls-key-file", filepath.Join(dir, "server.key"),
 		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "yes",
 		"--user", "default", "off", "--user", "fleet"}
-	startRedisWith(t, port, false, append(args, strings.Fields(fmt.Sprintf(fleetACL, "fleet-pw-0123"))...)...)
+	args = append(args, strings.Fields(fmt.Sprintf(fleetACL, "fleet-pw-0123"))...)
+	// deaf has the least ACL but the claims: no channel, PUBLISH or SUBSCRIBE.
+	deaf := strings.NewReplacer(" &sketchproxy:*", "", " +publish", "", " +subscribe", "").Replace(fmt.Sprintf(fleetACL, "fleet-pw-0123"))
+	args = append(append(args, "--user", "deaf"), strings.Fields(deaf)...)
+	startRedisWith(t, port, false, args...)
 	url, admin, out, cfg := oneReplica(t, dir, fmt.Sprintf(`  redis: "rediss://fleet@127.0.0.1:%d/0"
   password_file: %q
   tls: {ca_file: %q, cert_file: %q, key_file: %q}`,
@@ -95,10 +101,35 @@ func TestFleetRedisTLSAndACL(t *testing.T) {
 	if up, syncs, errs := metricValue(t, admin, "sketchproxy_fleet_up"), metricValue(t, admin, "sketchproxy_fleet_key_syncs_total"), metricValue(t, admin, "sketchproxy_fleet_sync_errors_total"); up != 1 || syncs == 0 || errs != 0 {
 		t.Fatalf("fleet_up %v, key syncs %v, sync errors %v, promotions %v, hot keys %v\n%s", up, syncs, errs, metricValue(t, admin, "sketchproxy_fleet_promotions_total"), metricValue(t, admin, "sketchproxy_fleet_hot_keys"), out)
 	}
+	// The least ACL lets it hear the other replicas' claims.
+	for deadline := time.Now().Add(10 * time.Second); metricValue(t, admin, "sketchproxy_fleet_claims_subscribed") != 1; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not subscribed to the claims with the least ACL\n%s", out)
+		}
+	}
+	// Without the claims' ACL a replica still syncs (the script's PUBLISH
+	// fails alone), and says that it does not hear the others' claims.
+	dir2 := t.TempDir()
+	url2, admin2, out2, _ := oneReplica(t, dir2, fmt.Sprintf(`  redis: "rediss://deaf@127.0.0.1:%d/0"
+  password_file: %q
+  tls: {ca_file: %q, cert_file: %q, key_file: %q}`,
+		port, filepath.Join(dir, "password"), filepath.Join(dir, "ca.pem"), filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key")))
+	waitFor(t, out2, regexp.MustCompile(`fleet: not hearing the other replicas' claims`))
+	for deadline := time.Now().Add(30 * time.Second); metricValue(t, admin2, "sketchproxy_fleet_key_syncs_total") == 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("without the claims' ACL the fleet did not sync\n%s", out2)
+		}
+		if n := sendHeavy(url2, 10); n != 0 {
+			t.Fatalf("%d requests failed", n)
+		}
+	}
+	if e, h := metricValue(t, admin2, "sketchproxy_fleet_sync_errors_total"), metricValue(t, admin2, "sketchproxy_fleet_claims_subscribed"); e != 0 || h != 0 {
+		t.Errorf("without the claims' ACL: %v sync errors, claims_subscribed %v; want 0 and 0", e, h)
+	}
 	// The same server refuses a replica without the client certificate.
 	os.WriteFile(cfg, []byte(strings.Replace(mustRead(t, cfg), fmt.Sprintf(", cert_file: %q, key_file: %q", filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key")), "", 1)), 0o644)
-	_, out2 := start(t, build(t), "-config", cfg)
-	waitFor(t, out2, regexp.MustCompile(`fleet: Redis unreachable`))
+	_, out3 := start(t, build(t), "-config", cfg)
+	waitFor(t, out3, regexp.MustCompile(`fleet: Redis unreachable`))
 }
 
 // oneReplica starts one sketchproxy with fleet (YAML lines indented by two
@@ -325,8 +356,11 @@ rules:
 	if !failedOver || upAfter != 3 {
 		t.Errorf("after the failover: cluster ok %v, fleet_up summed %v, want true and 3", failedOver, upAfter)
 	}
+	// Each replica counts within its share of a key: near the exact
+	// limiter, which counts whole requests (the engine 2 counts each), also
+	// while a master fails over (its keys' records are written again).
 	for name, p := range map[string]*phase{"before": &before, "during": &during} {
-		if float64(p.allowed.Load()) > 1.4*float64(p.want.Load()) {
+		if float64(p.allowed.Load()) > 1.15*float64(p.want.Load()) {
 			t.Errorf("%s: %d allowed at 3x the limit, the exact limiter %d: the cluster did not share the counts", name, p.allowed.Load(), p.want.Load())
 		}
 	}

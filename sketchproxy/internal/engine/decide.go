@@ -371,21 +371,35 @@ const (
 )
 
 // estimate is a sketch key's count in l's sketch: this replica's, or the
-// fleet's where the key is heavy enough to share; and the part of it
-// that other replicas hold.
-func (e *Engine) estimate(k []byte, l *Limit, now time.Time) (est, others uint32) {
+// fleet's where the key is heavy enough to share; the part of it this
+// replica may not use (other replicas hold it, or it is their share); and
+// whether the fleet asks to be told once the request's add counts (tell).
+func (e *Engine) estimate(k []byte, l *Limit, add uint32, now time.Time) (est, others uint32, tell bool) {
 	local := l.sk.EstimateBytes(k)
-	est = e.shared(k, l.sk, l.Tick, l.Threshold, local, now)
-	return est, est - min(est, local)
+	est, tell = e.shared(k, l.sk, l.Tick, l.Threshold, local, add, now)
+	return est, est - min(est, local), tell
 }
 
-// shared is the fleet's count of the sketch key k whose count in this
-// replica's sketch sk is local (just read), or local without a fleet.
-func (e *Engine) shared(k []byte, sk Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
+// shared is the fleet's estimate of the sketch key k whose count in this
+// replica's sketch sk is local (just read), for a request that adds add
+// (Fleet.Estimate), or local without a fleet.
+func (e *Engine) shared(k []byte, sk Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
 	if e.opts.Fleet == nil {
-		return local
+		return local, false
 	}
-	return e.opts.Fleet.Estimate(k, sk, tick, theta, local, now)
+	return e.opts.Fleet.Estimate(k, sk, tick, theta, local, add, now)
+}
+
+// told tells the fleet of each of v's limits that asked (v.tell) that the
+// request counted in it.
+func (e *Engine) told(v *Verdict, sc *Scratch) {
+	for i, l := range v.Rule.Limits {
+		if v.tell&(1<<i) != 0 {
+			sc.buf = skey(sc.buf, v.Rule.Name, l.Name, v.Key)
+			e.opts.Fleet.Counted(sc.buf)
+		}
+	}
+	v.tell = 0
 }
 
 // count counts v's hits in its limits, as decided: a rule that counted
@@ -398,6 +412,9 @@ func (e *Engine) shared(k []byte, sk Local, tick time.Duration, theta, local uin
 func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 	ru := v.Rule
 	if ru == nil || v.Out == Allowlisted || len(v.ests) == 0 || v.banned || v.counted || v.noCount {
+		if v.counted && v.tell != 0 {
+			e.told(v, sc) // counted when evaluated: admitted now
+		}
 		return true
 	}
 	strict := !v.Shadow && !v.Quota
@@ -419,7 +436,11 @@ func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 		}
 		v.ests[i] = est + v.others[i]
 		v.first = v.first || i == 0 && first
+		if v.tell&(1<<i) != 0 {
+			e.opts.Fleet.Counted(sc.buf)
+		}
 	}
+	v.tell = 0
 	v.counted = true
 	return true
 }
@@ -508,13 +529,18 @@ func (e *Engine) readCounts(v *Verdict, now time.Time, sc *Scratch) (active bool
 	v.counted = ru.CountRefused && !v.banned && !v.noCount
 	for i, l := range ru.Limits {
 		sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
+		var tell bool
 		if v.counted {
 			after, first := l.sk.ObserveBytesN(time.Time{}, sc.buf, v.add)
-			shared := e.shared(sc.buf, l.sk, l.Tick, l.Threshold, after, now)
+			var shared uint32
+			shared, tell = e.shared(sc.buf, l.sk, l.Tick, l.Threshold, after, v.add, now)
 			v.ests[i], v.others[i] = shared, shared-min(shared, after)
 			v.first = v.first || i == 0 && first
 		} else {
-			v.ests[i], v.others[i] = e.estimate(sc.buf, l, now)
+			v.ests[i], v.others[i], tell = e.estimate(sc.buf, l, v.add, now)
+		}
+		if tell && i < 64 {
+			v.tell |= 1 << i
 		}
 		active = active || v.before(i) > 0
 	}

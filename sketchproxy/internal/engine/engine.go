@@ -45,14 +45,25 @@ type Options struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 }
 
-// Fleet is the count other replicas share, behind an interface so that the
-// engine knows nothing of Redis.
+// Fleet shares heavy keys' counts with other replicas, behind an interface
+// so that the engine knows nothing of Redis. It answers with an estimate
+// whose part above the local count is what this replica may not use: the
+// engine admits a request only if the local count plus the request stays
+// within theta less that part (one conditional add), so the fleet enforces
+// this replica's share of the limit, and the estimate gives the levels,
+// the fields and Retry-After.
 type Fleet interface {
-	// Estimate returns the fleet-wide estimate of the sketch key k, whose
-	// estimate in this replica's sketch local is est (read just now); tick
-	// and theta are its limit's. The fleet may keep local, to read k again
-	// at its next round (it must copy k).
-	Estimate(k []byte, local Local, tick time.Duration, theta, est uint32, now time.Time) uint32
+	// Estimate returns the estimate of the sketch key k to decide and
+	// report against, whose count in this replica's sketch local is est
+	// (read just now); tick and theta are its limit's, add what the request
+	// would add (0: the engine only reads, for a wait or a report). The
+	// fleet may keep local, to read k again at its next round (it must
+	// copy k). tell asks the engine to call Counted once the request is
+	// counted in k: the fleet then tells the other replicas at once.
+	Estimate(k []byte, local Local, tick time.Duration, theta, est, add uint32, now time.Time) (shared uint32, tell bool)
+	// Counted reports that an admitted request was counted in k's count
+	// of this replica's sketch, after an Estimate that asked to be told.
+	Counted(k []byte)
 	// WalletsClosed reports whether wallets fail closed right now (their
 	// counts cannot be shared), and how long a refused client should wait.
 	WalletsClosed() (bool, time.Duration)

@@ -185,7 +185,7 @@ func (e *Engine) waitFor(s *Set, v *Verdict, now time.Time, sc *Scratch) time.Du
 	if b := ru.Budget; b != nil {
 		// Reservations of requests in flight may all be spent: wait as
 		// if they were (in-flight requests end when they end).
-		est, theta := e.budgetEstimate(s, ru, v.Key, v.newKey, now, sc)
+		est, theta, _ := e.budgetEstimate(s, ru, v.Key, v.newKey, 0, now, sc)
 		need := min(uint64(theta), uint64(b.Reserve)+uint64(max(0, b.Held.Get(ru.Name, v.Key))))
 		rl := b.Lim
 		rl.Threshold = theta
@@ -197,6 +197,6 @@ func (e *Engine) waitFor(s *Set, v *Verdict, now time.Time, sc *Scratch) time.Du
 // Estimate is key's count in ru's limit l now, in requests (rounded
 // down): this replica's, or the fleet's for a key heavy enough to share.
 func (e *Engine) Estimate(ru *Rule, l *Limit, key string) uint32 {
-	est, _ := e.estimate(skey(nil, ru.Name, l.Name, key), l, e.Now())
+	est, _, _ := e.estimate(skey(nil, ru.Name, l.Name, key), l, 0, e.Now())
 	return est / rate.Unit
 }

@@ -55,13 +55,17 @@ type Verdict struct {
 	// (the new keys' share applied), and the part of the count that other
 	// replicas hold (a fleet's).
 	ests, thetas, others []uint32
-	add                  uint32 // the counts the request's hits add to each limit
-	noCount              bool   // Fact.ZeroHits or Fact.Negative: never counted
-	newKey               bool   // first seen during a spike of new keys
-	banned               bool   // under a ban already: not counted
-	setBan               bool   // climbed past ban_above: banned once decided
-	counted              bool   // evaluate counted it already (refused: count)
-	first                bool   // its first request in the first limit's tick
+	// tell: bit i asks that the fleet be told once limit i counts the
+	// request (Fleet.Counted); tellBudget, once its wallet is charged.
+	tell       uint64
+	tellBudget bool
+	add        uint32 // the counts the request's hits add to each limit
+	noCount    bool   // Fact.ZeroHits or Fact.Negative: never counted
+	newKey     bool   // first seen during a spike of new keys
+	banned     bool   // under a ban already: not counted
+	setBan     bool   // climbed past ban_above: banned once decided
+	counted    bool   // evaluate counted it already (refused: count)
+	first      bool   // its first request in the first limit's tick
 }
 
 // Worse reports whether o is a worse outcome for the request than v: a

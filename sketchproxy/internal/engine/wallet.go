@@ -9,16 +9,18 @@ import (
 	"github.com/epochsketch/epochsketch/rate"
 )
 
-// budgetEstimate is a wallet's spend for key and the threshold that applies.
-func (e *Engine) budgetEstimate(s *Set, ru *Rule, key string, newKey bool, now time.Time, sc *Scratch) (est, theta uint32) {
+// budgetEstimate is a wallet's spend for key and the threshold that
+// applies, for a request that would add add (0: a wait or a report), and
+// whether the fleet asks to be told once it is charged.
+func (e *Engine) budgetEstimate(s *Set, ru *Rule, key string, newKey bool, add uint32, now time.Time, sc *Scratch) (est, theta uint32, tell bool) {
 	b := ru.Budget
 	sc.buf = skey2(sc.buf, ru.Name, b.Spec.Name, key)
-	est = e.shared(sc.buf, b.sk, b.Lim.Tick, b.Lim.Threshold, b.sk.EstimateBytes(sc.buf), now)
+	est, tell = e.shared(sc.buf, b.sk, b.Lim.Tick, b.Lim.Threshold, b.sk.EstimateBytes(sc.buf), add, now)
 	theta = b.Lim.Threshold
 	if newKey {
 		theta = max(b.Reserve, uint32(float64(theta)*s.nk.BudgetFactor))
 	}
-	return est, theta
+	return est, theta, tell
 }
 
 // checkBudget decides v's wallet without charging it: OverBudget if the
@@ -32,7 +34,10 @@ func (e *Engine) checkBudget(s *Set, v *Verdict, now time.Time, sc *Scratch) (re
 			return Verdict{Out: BudgetUnknown, Rule: ru, Key: key, Retry: wait}, false
 		}
 	}
-	est, theta := e.budgetEstimate(s, ru, key, v.newKey, now, sc)
+	// What the fleet shares of a wallet is what requests charge: the cost,
+	// at least a unit's counts.
+	est, theta, tell := e.budgetEstimate(s, ru, key, v.newKey, max(b.Cost, rate.Unit), now, sc)
+	v.tellBudget = tell
 	held := uint64(max(0, b.Held.Get(ru.Name, key)))
 	if uint64(est)+held+uint64(b.Reserve) > uint64(theta) {
 		return Verdict{Out: OverBudget, Rule: ru, Key: key, Est: est, Theta: theta, Over: true,
@@ -53,7 +58,7 @@ func (e *Engine) chargeAll(d *Decision, ix []int, sc *Scratch) {
 	d.Wallets = make([]*Wallet, 0, len(ix))
 	for _, i := range ix {
 		v := &d.Verdicts[i]
-		if !e.charge(v.Rule, v.Key, sc) {
+		if !e.charge(v.Rule, v.Key, v.tellBudget, sc) {
 			// An admission miss: the lottery may admit the key on a retry,
 			// so it retries soon.
 			for _, w := range d.Wallets {
@@ -67,13 +72,17 @@ func (e *Engine) chargeAll(d *Decision, ix []int, sc *Scratch) {
 	}
 }
 
-// charge charges key's wallet in ru its cost and holds its reservation. It
-// reports false when the sketch did not take the key and the wallet does
-// not fail open: the spend is not tracked, so nothing was held.
-func (e *Engine) charge(ru *Rule, key string, sc *Scratch) bool {
+// charge charges key's wallet in ru its cost and holds its reservation,
+// telling the fleet if it asked (tell). It reports false when the sketch
+// did not take the key and the wallet does not fail open: the spend is not
+// tracked, so nothing was held.
+func (e *Engine) charge(ru *Rule, key string, tell bool, sc *Scratch) bool {
 	b := ru.Budget
 	sc.buf = skey2(sc.buf, ru.Name, b.Spec.Name, key)
 	b.sk.ObserveBytesN(time.Time{}, sc.buf, b.Cost)
+	if tell {
+		e.opts.Fleet.Counted(sc.buf)
+	}
 	if b.sk.EstimateBytes(sc.buf) == 0 && !b.Spec.FailOpen {
 		return false
 	}

@@ -1,0 +1,137 @@
+package sketchproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// memStore is shareScript and the heartbeat in memory, on a test's clock:
+// the same records, halvings and replies as Redis's (TestShareScriptMatchesMemory
+// holds the two to it), so that the fleet's arithmetic runs on a manual
+// clock with no network. Claims published are queued until the test
+// delivers them (deliver), as the network would, late.
+type memStore struct {
+	mu      sync.Mutex
+	now     func() time.Time
+	keys    map[string]*memKey
+	markers map[string]string
+	members map[string]time.Time
+	down    bool // every sync fails, as with Redis unreachable
+
+	listeners []func(string)
+	queued    []string // published, not yet delivered
+}
+
+type memKey struct {
+	born int64
+	recs map[string]memRec
+}
+
+type memRec struct {
+	c, d, g uint32
+	w, tk   int64
+}
+
+func newMemStore(now func() time.Time) *memStore {
+	return &memStore{now: now, keys: map[string]*memKey{}, markers: map[string]string{}, members: map[string]time.Time{}}
+}
+
+var errMemDown = errors.New("memStore: down")
+
+func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	replies := make([]shareReply, len(calls))
+	if m.down {
+		return replies, 0, len(calls), errMemDown
+	}
+	now := m.now()
+	us := now.UnixMicro()
+	for i, c := range calls {
+		tick := now.UnixNano() / int64(c.tick)
+		k := m.keys[c.rkey]
+		if k == nil {
+			k = &memKey{born: us, recs: map[string]memRec{}}
+			m.keys[c.rkey] = k
+		}
+		rp := shareReply{ok: true, tick: tick, born: k.born, now: us}
+		var ids []string
+		for id := range k.recs {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		for _, id := range ids {
+			if id == r.id {
+				continue
+			}
+			x := k.recs[id]
+			cc, dd := halve(x.c, tick-x.tk), halve(x.d, tick-x.tk-1)
+			if x.w < us-r.stale.Microseconds() || cc == 0 && dd == 0 {
+				delete(k.recs, id)
+				continue
+			}
+			rp.peers = append(rp.peers, peerShare{id: id, c: cc, d: dd, g: x.g})
+		}
+		me := memRec{c: halve(c.c, tick-c.at), d: halve(c.d, tick-c.at-1), g: c.g, w: us, tk: tick}
+		k.recs[r.id] = me
+		rp.peers = append(rp.peers, peerShare{id: r.id, c: me.c, d: me.d, g: me.g})
+		if _, ok := m.markers[c.marker]; !ok {
+			m.markers[c.marker] = r.candidate
+		}
+		rp.run = m.markers[c.marker]
+		replies[i] = rp
+		if c.publish {
+			var b strings.Builder
+			fmt.Fprintf(&b, "%s %d %d %d", c.rkey, rp.tick, rp.born, rp.now)
+			for _, p := range rp.peers {
+				fmt.Fprintf(&b, " %s %d %d %d", p.id, p.c, p.d, p.g)
+			}
+			m.queued = append(m.queued, b.String())
+		}
+	}
+	var n int64
+	if beat != nil {
+		m.members[beat.id] = beat.now
+		for id, t := range m.members {
+			if beat.now.Sub(t) > beat.window {
+				delete(m.members, id)
+			}
+		}
+		n = int64(len(m.members))
+	}
+	return replies, n, len(calls), nil
+}
+
+// deliver hands every queued claim to every listener.
+func (m *memStore) deliver() {
+	m.mu.Lock()
+	q, ls := m.queued, m.listeners
+	m.queued = nil
+	m.mu.Unlock()
+	for _, p := range q {
+		for _, l := range ls {
+			l(p)
+		}
+	}
+}
+
+// flush loses everything, as a Redis restarted empty.
+func (m *memStore) flush() {
+	m.mu.Lock()
+	m.keys, m.markers, m.members = map[string]*memKey{}, map[string]string{}, map[string]time.Time{}
+	m.mu.Unlock()
+}
+
+func (m *memStore) listen(_ string, deliver func(string), ready func(), _ func(error)) {
+	m.mu.Lock()
+	m.listeners = append(m.listeners, deliver)
+	m.mu.Unlock()
+	ready()
+}
+
+func (m *memStore) close() {}

@@ -1,0 +1,127 @@
+package sketchproxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startRedisServer runs Debian's redis-server on a free loopback port for
+// the test (skipped without it, but in CI).
+func startRedisServer(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no redis-server in CI")
+		}
+		t.Skip("no redis-server (Debian: redis-server)")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	cmd.Dir = t.TempDir()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	for deadline := time.Now().Add(10 * time.Second); rdb.Ping(context.Background()).Err() != nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server did not answer on %s", addr)
+		}
+	}
+	return addr
+}
+
+// shareScript and memStore answer the same calls alike: the records kept,
+// halved (counts from their tick, demands from the tick after), dropped
+// (nothing left, or unwritten for stale), the run marker, and the claim
+// published, read back through the subscription.
+func TestShareScriptMatchesMemory(t *testing.T) {
+	addr := startRedisServer(t)
+	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+	defer rs.close()
+	mem := newMemStore(time.Now)
+	heard := make(chan string, 16)
+	go rs.listen("sketchproxy:claims", func(p string) { heard <- p }, func() {}, func(error) {})
+	const tick = time.Hour // the two clocks agree on the tick
+	tk := time.Now().UnixNano() / int64(tick)
+	call := func(c, d, g uint32, at int64, publish bool) shareCall {
+		return shareCall{rkey: "sketchproxy:{t1}k:abc", marker: "sketchproxy:{t1}run", tick: tick, c: c, d: d, g: g, at: at, publish: publish}
+	}
+	round := func(id string, stale time.Duration) *shareRound {
+		return &shareRound{id: id, candidate: "run-1", channel: "sketchproxy:claims", stale: stale, ttl: time.Minute}
+	}
+	steps := []struct {
+		id    string
+		stale time.Duration
+		call  shareCall
+	}{
+		{"r0", time.Hour, call(40, 80, 12, tk, false)},
+		{"r1", time.Hour, call(64, 100, 10, tk-3, false)}, // written 3 ticks ago: 64>>3, demand 100>>2
+		{"r2", time.Hour, call(0, 0, 0, tk, false)},       // nothing: dropped by the next call
+		{"r0", time.Hour, call(42, 90, 14, tk, true)},
+		{"r3", time.Microsecond, call(6, 6, 2, tk, false)}, // the others unwritten for more than stale: dropped
+	}
+	for i, st := range steps {
+		// The subscription is up before the first claim is published.
+		if i == 3 {
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				n, _ := rs.rdb.PubSubNumSub(context.Background(), "sketchproxy:claims").Result()
+				if n["sketchproxy:claims"] > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no subscriber on the claims channel")
+				}
+			}
+		}
+		got, _, _, err := rs.sync(context.Background(), round(st.id, st.stale), []shareCall{st.call}, nil)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		want, _, _, _ := mem.sync(context.Background(), round(st.id, st.stale), []shareCall{st.call}, nil)
+		if g, w := describe(got[0]), describe(want[0]); g != w {
+			t.Errorf("step %d (%s): Redis answered %s, memory %s", i, st.id, g, w)
+		}
+		if st.call.publish {
+			select {
+			case p := <-heard:
+				rkey, rp, ok := parseClaim(p)
+				rp.run = got[0].run // a claim carries no marker
+				if !ok || rkey != st.call.rkey || describe(rp) != describe(got[0]) {
+					t.Errorf("claim heard %q: %s, want %s", p, describe(rp), describe(got[0]))
+				}
+			case <-time.After(5 * time.Second):
+				t.Error("no claim heard")
+			}
+		}
+	}
+}
+
+// describe is a reply's content in a stable order (Redis returns the
+// records in its hash's order).
+func describe(r shareReply) string {
+	var ps []string
+	for _, p := range r.peers {
+		ps = append(ps, fmt.Sprintf("%s:%d/%d/%d", p.id, p.c, p.d, p.g))
+	}
+	slices.Sort(ps)
+	return "ok=" + strconv.FormatBool(r.ok) + " tick=" + strconv.FormatInt(r.tick, 10) + " run=" + r.run + " " + strings.Join(ps, " ")
+}

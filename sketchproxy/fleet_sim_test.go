@@ -1,0 +1,404 @@
+package sketchproxy
+
+import (
+	cheap "container/heap"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+)
+
+// fleetSim runs N replicas (each an engine with its fleet) and one replica
+// alone, on one manual clock, against a memStore: the engine's decisions
+// and the fleet's arithmetic as they run in the proxy, with the network
+// reduced to a delay that the test sets (a round trip for a send, as much
+// again for a published claim to reach the others). Deterministic.
+type fleetSim struct {
+	t      testing.TB
+	clk    *epochsketch.ManualClock
+	store  *memStore
+	fleets []*fleet
+	engs   []*engine.Engine
+	sets   []*engine.Set
+	alone  *engine.Engine
+	one    *engine.Set
+	rtt    time.Duration
+	events simEvents
+	seq    int
+	queued []bool // a fleet's send of queued entries is scheduled
+	gone   []bool // a replica that stopped: no rounds, no requests
+	sc     engine.Scratch
+}
+
+type simEvent struct {
+	at  time.Time
+	seq int
+	do  func()
+}
+
+type simEvents []simEvent
+
+func (q simEvents) Len() int { return len(q) }
+func (q simEvents) Less(i, j int) bool {
+	if !q[i].at.Equal(q[j].at) {
+		return q[i].at.Before(q[j].at)
+	}
+	return q[i].seq < q[j].seq
+}
+func (q simEvents) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *simEvents) Push(x any)   { *q = append(*q, x.(simEvent)) }
+func (q *simEvents) Pop() any {
+	o := *q
+	x := o[len(o)-1]
+	*q = o[:len(o)-1]
+	return x
+}
+
+// newFleetSim starts n replicas sharing the rule "api" with limit r,
+// rounds every interval (500 ms, the default) at staggered phases, and
+// one replica alone; replicas 0 means the replicas count each other
+// through the heartbeat.
+func newFleetSim(t testing.TB, n int, r rate.Rate, replicas int) *fleetSim {
+	return newFleetSimRule(t, n, engine.RuleSpec{Name: "api", Limits: []engine.LimitSpec{{Name: "rate", Rate: r}}}, replicas)
+}
+
+// newFleetSimRule is newFleetSim with the rule rs.
+func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fleetSim {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	s := &fleetSim{t: t, clk: clk, store: newMemStore(clk.Now), rtt: time.Millisecond, queued: make([]bool, n), gone: make([]bool, n)}
+	spec := &engine.Spec{
+		Buckets: 1 << 10,
+		Rules:   []engine.RuleSpec{rs},
+		Tarpit:  engine.TarpitSpec{DelayAbove: 1, DripAbove: 1.5, RejectAbove: 2, BanAbove: 8, BanFor: 10 * time.Minute, MaxHeld: 256, MaxHeldPerKey: 2},
+		NewKeys: engine.NewKeysSpec{Disabled: true, Window: time.Minute, Remember: time.Hour},
+	}
+	compile := func(e *engine.Engine) *engine.Set {
+		set, err := e.Compile(spec, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Retire(set, nil) })
+		return set
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for i := range n {
+		cfg := &FleetConfig{Replicas: replicas, ID: fmt.Sprint("r", i), Interval: Duration(500 * time.Millisecond),
+			Timeout: Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+		f := newFleetOn(cfg, []byte("0123456789abcdef"), s.store, log, clk.Now)
+		s.store.listen("", f.hear, func() {}, nil)
+		e := engine.New(engine.Options{Clock: clk, Seed: uint64(i + 1), Fleet: f})
+		s.fleets, s.engs, s.sets = append(s.fleets, f), append(s.engs, e), append(s.sets, compile(e))
+		phase := time.Duration(i) * 500 * time.Millisecond / time.Duration(n)
+		s.every(clk.Now().Add(phase+7*time.Millisecond), 500*time.Millisecond, func() {
+			if !s.gone[i] {
+				f.round()
+			}
+		})
+	}
+	s.alone = engine.New(engine.Options{Clock: clk, Seed: 99})
+	s.one = compile(s.alone)
+	return s
+}
+
+func (s *fleetSim) at(t time.Time, do func()) {
+	s.seq++
+	cheap.Push(&s.events, simEvent{t, s.seq, do})
+}
+
+func (s *fleetSim) every(t time.Time, d time.Duration, do func()) {
+	s.at(t, func() {
+		do()
+		s.every(t.Add(d), d, do)
+	})
+}
+
+// run runs the events until end.
+func (s *fleetSim) run(end time.Time) {
+	for s.events.Len() > 0 && !s.events[0].at.After(end) {
+		ev := cheap.Pop(&s.events).(simEvent)
+		s.clk.Set(ev.at)
+		ev.do()
+	}
+	s.clk.Set(end)
+}
+
+// decide decides one request of key on replica i (-1: the replica alone).
+func (s *fleetSim) decide(i int, key string) bool {
+	e, set := s.alone, s.one
+	if i >= 0 {
+		e, set = s.engs[i], s.sets[i]
+	}
+	s.sc.Reset()
+	facts := [1]engine.Fact{{Rule: set.Rules[0], Key: key}}
+	d := e.Decide(context.Background(), set, s.clk.Now(), &engine.Request{Facts: facts[:], NoDrip: true}, &s.sc)
+	d.Done()
+	if i >= 0 && len(s.fleets[i].pend) > 0 && !s.queued[i] {
+		// The sync goroutine wakes and sends them: a round trip later,
+		// the reply is in; as much again, a claim reaches the others.
+		s.queued[i] = true
+		f := s.fleets[i]
+		s.at(s.clk.Now().Add(s.rtt), func() {
+			s.queued[i] = false
+			if f.up.Load() {
+				f.sendPending()
+			}
+			s.at(s.clk.Now().Add(s.rtt), s.store.deliver)
+		})
+	}
+	return d.Admitted
+}
+
+// tally is what a client's requests got, on the fleet and alone, in its
+// first 10 s and after; wrong counts the requests the fleet refused that
+// the replica alone admitted.
+type tally struct {
+	fleetFirst, aloneFirst, fleetAfter, aloneAfter, sent, wrong int
+}
+
+func (a *tally) add(b tally) {
+	a.fleetFirst += b.fleetFirst
+	a.aloneFirst += b.aloneFirst
+	a.fleetAfter += b.fleetAfter
+	a.aloneAfter += b.aloneAfter
+	a.sent += b.sent
+	a.wrong += b.wrong
+}
+
+func (a tally) ratios() (first, after float64) {
+	return float64(a.fleetFirst) / float64(a.aloneFirst), float64(a.fleetAfter) / float64(a.aloneAfter)
+}
+
+// client sends key's requests from start to end, every gap with up to
+// ±jitter/2 of it at random, to the replicas in turn (route picks the
+// replica of the j-th request), and to the replica alone at the same
+// instants, counting what each admits into tl.
+func (s *fleetSim) client(key string, start, end time.Time, gap time.Duration, rng *rand.Rand, route func(j int) int, tl *tally) {
+	var next func(j int, t time.Time)
+	next = func(j int, t time.Time) {
+		if !t.Before(end) {
+			return
+		}
+		s.at(t, func() {
+			first := s.clk.Now().Sub(start) < 10*time.Second
+			tl.sent++
+			got := s.decide(route(j), key)
+			if got {
+				if first {
+					tl.fleetFirst++
+				} else {
+					tl.fleetAfter++
+				}
+			}
+			want := s.decide(-1, key)
+			if want {
+				if first {
+					tl.aloneFirst++
+				} else {
+					tl.aloneAfter++
+				}
+			}
+			if want && !got {
+				tl.wrong++
+			}
+			d := time.Duration(float64(gap) * (1 + 0.2*(rng.Float64()-0.5)))
+			next(j+1, t.Add(d))
+		})
+	}
+	next(0, start)
+}
+
+// fleetCase is one line of the table: a limit, N replicas behind
+// a round-robin balancer, a client at x times the limit.
+type fleetCase struct {
+	requests float64
+	per      time.Duration
+	n        int
+	x        float64
+}
+
+func (c fleetCase) String() string {
+	return fmt.Sprintf("%g/%v N=%d %gx", c.requests, c.per, c.n, c.x)
+}
+
+// simulate runs c with keys clients, each starting at its own moment in
+// the first tick and sending for 10 s plus after, and returns their tally.
+func simulate(t testing.TB, c fleetCase, keys int, after time.Duration, sticky bool) tally {
+	s := newFleetSim(t, c.n, rate.Rate{Requests: c.requests, Per: c.per}, c.n)
+	rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.x*1000)))
+	gap := time.Duration(float64(c.per) / (c.x * c.requests))
+	tick := c.per / 2
+	var tl tally
+	t0 := s.clk.Now().Add(time.Second)
+	for k := range keys {
+		start := t0.Add(time.Duration(k) * tick / time.Duration(keys))
+		route := func(j int) int { return (j + k) % c.n }
+		if sticky {
+			route = func(int) int { return k % c.n }
+		}
+		s.client(fmt.Sprint("client-", k), start, start.Add(10*time.Second+after), gap, rng, route, &tl)
+	}
+	s.run(t0.Add(tick + 10*time.Second + after + time.Second))
+	return tl
+}
+
+// fleetLong reports whether the long fleet runs were asked for
+// (SKETCHPROXY_FLEET_LONG=1): the whole table at full length here, and
+// through real processes in cmd/sketchproxy.
+func fleetLong() bool { return os.Getenv("SKETCHPROXY_FLEET_LONG") == "1" }
+
+// The table on a manual clock: N replicas (2, 3, 5) behind a
+// round-robin balancer admit within 5% of what one replica alone admits,
+// over each client's first 10 s and after them, for limits from 1 a second
+// to 1,000 a minute at 2x and 10x. Several clients a case, each on its own
+// key from its own moment, so that the ratio is not one request's
+// rounding: five, and 30 s (2 min for per-minute limits) after the first
+// 10 s, with SKETCHPROXY_FLEET_LONG=1; else three, and a third of that
+// after, where a case sends over 100 requests a second. Deterministic:
+// the same admissions on every run and machine.
+func TestFleetSimTable(t *testing.T) {
+	limits := []struct {
+		requests float64
+		per      time.Duration
+	}{{1, time.Second}, {10, time.Second}, {50, time.Second}, {20, time.Minute}, {1000, time.Minute}}
+	for _, l := range limits {
+		for _, n := range []int{2, 3, 5} {
+			for _, x := range []float64{2, 10} {
+				c := fleetCase{l.requests, l.per, n, x}
+				t.Run(c.String(), func(t *testing.T) {
+					keys, after := 5, 30*time.Second
+					if l.per == time.Minute {
+						after = 2 * time.Minute
+					}
+					if !fleetLong() && l.requests*x*float64(time.Second)/float64(l.per) > 100 {
+						keys, after = 3, after/3
+					}
+					tl := simulate(t, c, keys, after, false)
+					first, later := tl.ratios()
+					t.Logf("%v: first 10 s %d/%d (%.3f), after %d/%d (%.3f), %d sent", c, tl.fleetFirst, tl.aloneFirst, first, tl.fleetAfter, tl.aloneAfter, later, tl.sent)
+					if tl.aloneFirst+tl.aloneAfter >= tl.sent {
+						t.Fatalf("the replica alone refused nothing: the case measures no limit")
+					}
+					if first < 0.95 || first > 1.05 || later < 0.95 || later > 1.05 {
+						t.Errorf("%v: the fleet admitted %.3f (first 10 s) and %.3f (after) of what one replica alone admits, want within 5%%", c, first, later)
+					}
+				})
+			}
+		}
+	}
+}
+
+// A sticky balancer (each client always on one replica): the replica's
+// demand makes its share the client's whole limit, and the fleet admits
+// what one replica alone would; the first 10 s lose at most what the key's
+// first rounds hold for the replicas not yet seen (2 intervals at the fair
+// share).
+func TestFleetSimSticky(t *testing.T) {
+	for _, c := range []fleetCase{{10, time.Second, 3, 3}, {1, time.Second, 3, 3}, {1000, time.Minute, 3, 2}} {
+		after := 30 * time.Second
+		if c.per == time.Minute {
+			after = 2 * time.Minute
+		}
+		tl := simulate(t, c, 3, after, true)
+		first, later := tl.ratios()
+		t.Logf("%v, sticky: first 10 s %d/%d (%.3f), after %d/%d (%.3f)", c, tl.fleetFirst, tl.aloneFirst, first, tl.fleetAfter, tl.aloneAfter, later)
+		if first < 0.95 || first > 1.05 || later < 0.95 || later > 1.05 {
+			t.Errorf("%v on a sticky balancer: %.3f and %.3f of one replica alone, want within 5%%", c, first, later)
+		}
+	}
+}
+
+// A replica leaves (its process ends): the others count each other again
+// through the heartbeat, its record lapses (fleet.stale), and the shares
+// are re-cut over the two that remain, which then admit what one replica
+// alone would.
+func TestFleetSimReplicaLeaves(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 10, Per: time.Second}, 0)
+	rng := rand.New(rand.NewPCG(5, 6))
+	t0 := s.clk.Now().Add(time.Second)
+	leave := t0.Add(15 * time.Second)
+	var before, after tally
+	for k := range 3 {
+		key := fmt.Sprint("client-", k)
+		s.client(key, t0, leave, time.Second/30, rng, func(j int) int { return (j + k) % 3 }, &before)
+		// From the leaving on, replicas 0 and 1 only; measured from 10 s
+		// later (its record lapses in fleet.stale, 3 s).
+		s.client(key, leave, leave.Add(40*time.Second), time.Second/30, rng, func(j int) int { return (j + k) % 2 }, &after)
+	}
+	s.at(leave, func() { s.gone[2] = true })
+	s.run(leave.Add(41 * time.Second))
+	if n := s.fleets[0].replicas(); n != 2 {
+		t.Errorf("replica 0 counts %d replicas after one left, want 2", n)
+	}
+	b, _ := before.ratios()
+	_, a := after.ratios() // after: its own first 10 s are the re-cut
+	t.Logf("3 replicas: %d/%d (%.3f) in the first 10 s; after one left, from 10 s on: %d/%d (%.3f)", before.fleetFirst, before.aloneFirst, b, after.fleetAfter, after.aloneAfter, a)
+	if a < 0.95 || a > 1.05 {
+		t.Errorf("after a replica left, the two others admitted %.3f of one replica alone, want within 5%%", a)
+	}
+}
+
+// Redis goes away for 10 s, then comes back empty: keys at 0.85x their
+// limit are never refused (locally at θ/N while it is away; the replicas
+// write their records whole again, the young key holding room for those
+// not yet back), every replica sees that Redis lost its records once, and
+// a key at 3x is held near its limit throughout.
+func TestFleetSimRedisRestart(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 10, Per: time.Second}, 3)
+	rng := rand.New(rand.NewPCG(7, 8))
+	t0 := s.clk.Now().Add(time.Second)
+	end := t0.Add(40 * time.Second)
+	var steady, heavy tally
+	for k := range 6 {
+		s.client(fmt.Sprint("steady-", k), t0, end, time.Second*2/17, rng, func(j int) int { return (j + k) % 3 }, &steady)
+	}
+	s.client("heavy", t0, end, time.Second/30, rng, func(j int) int { return j % 3 }, &heavy)
+	s.at(t0.Add(15*time.Second), func() { s.store.down = true })
+	s.at(t0.Add(25*time.Second), func() { s.store.flush(); s.store.down = false })
+	s.run(end)
+	var resends uint64
+	for _, f := range s.fleets {
+		resends += f.resends.Load()
+	}
+	_, h := heavy.ratios()
+	t.Logf("keys at 0.85x: %d of %d refused where one replica alone admits; the key at 3x: %.3f of one replica alone after its first 10 s; Redis found empty by %d replicas", steady.wrong, steady.sent, h, resends)
+	if steady.wrong != 0 {
+		t.Errorf("%d requests of keys at 0.85x their limit refused", steady.wrong)
+	}
+	if resends != 3 {
+		t.Errorf("Redis found empty %d times, want once by each of 3 replicas", resends)
+	}
+	if h < 0.9 || h > 1.1 {
+		t.Errorf("the key at 3x got %.3f of one replica alone through the outage and the restart, want within 10%%", h)
+	}
+}
+
+// A wallet shared by a fleet is spent as one replica alone spends it: its
+// check and its charge go through the same shares as a limit's count.
+func TestFleetSimWallet(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		s := newFleetSimRule(t, n, engine.RuleSpec{Name: "llm", Budget: &engine.BudgetSpec{Name: "b", Units: 20, Per: time.Second, Unit: 1, Cost: 1, Reserve: 1}}, n)
+		rng := rand.New(rand.NewPCG(9, uint64(n)))
+		var tl tally
+		t0 := s.clk.Now().Add(time.Second)
+		for k := range 3 {
+			s.client(fmt.Sprint("tenant-", k), t0.Add(time.Duration(k)*100*time.Millisecond), t0.Add(40*time.Second), time.Second/60, rng, func(j int) int { return (j + k) % n }, &tl)
+		}
+		s.run(t0.Add(41 * time.Second))
+		first, after := tl.ratios()
+		t.Logf("N=%d, a wallet of 20 units a second spent at 3x: first 10 s %d/%d (%.3f), after %d/%d (%.3f)", n, tl.fleetFirst, tl.aloneFirst, first, tl.fleetAfter, tl.aloneAfter, after)
+		if tl.aloneFirst+tl.aloneAfter >= tl.sent {
+			t.Fatal("the replica alone refused nothing")
+		}
+		if first < 0.95 || first > 1.05 || after < 0.95 || after > 1.05 {
+			t.Errorf("N=%d: a fleet's wallet admitted %.3f and %.3f of one replica alone, want within 5%%", n, first, after)
+		}
+	}
+}

@@ -1,0 +1,243 @@
+package sketchproxy
+
+import (
+	"hash/fnv"
+	"math"
+	"slices"
+)
+
+// This file is the fleet's arithmetic, apart from Redis and the engine: how
+// one hot key's threshold θ is cut into the replicas' shares, and how much
+// of it this replica may count now. It is pure (no clock, no I/O), so that
+// it is tested alone and can serve any limiter that counts with a
+// conditional add, as package limit's replicas could (README, Fleets).
+//
+// Each replica's count of a hot key is in its own sketch; Redis holds, per
+// replica, that count (c), the replica's demand (d: every request it saw,
+// admitted or not, 2 counts a request, as a rate: the halving count at the
+// start of the tick, doubled; fleet.go, demand) and its guarantee (g). All counts halve every tick, everywhere, on the same
+// Unix-anchored ticks, so the fleet's count is the sum of the replicas'.
+//
+//   - The guarantee: θ's requests are apportioned to the replicas in
+//     proportion to their demand (largest remainders, in an order that only
+//     a clearly larger claim changes). A replica whose own count stays
+//     within its guarantee needs no word from anyone: the guarantees add up
+//     to at most θ, so the fleet's count does too. A replica held at its
+//     guarantee g admits g/4 requests a tick on average (the count halves
+//     from g to g/2 and refills), exactly as one replica holding θ admits
+//     θ/4: guarantees that add up to θ admit the limit.
+//   - The pool: what no guarantee holds. A replica counts past its
+//     guarantee from the pool: quietly up to its share of the pool's room
+//     (its share of what was left at its last word from Redis), and beyond
+//     that only while the room it knows of lasts, telling the others at
+//     once (published through Redis) so that they see it before their next
+//     request. A guarantee is given only where the replica's demand fills
+//     it (demand at least 1.1 times the guarantee, twice it for one
+//     request): a share of a request or two on a replica that sees a
+//     request now and then would sit idle while the others refuse, so it
+//     stays in the pool, where the first replica with a request takes it.
+
+// shareUnit is a request's counts (rate.Unit): guarantees are whole
+// requests.
+const shareUnit = 2
+
+// shareFill: a guarantee is given where demand is at least this times
+// it; a guarantee of one request needs twice it (two requests a tick: a
+// replica that sees one a tick would often leave it idle for a tick).
+const shareFillNum, shareFillDen = 11, 10
+
+// peerShare is one replica's state of one hot key as Redis holds it, its
+// counts decayed to the reply's tick.
+type peerShare struct {
+	id      string
+	c, d, g uint32
+}
+
+// shareView is what this replica knows of one hot key's fleet: built from
+// a reply to its own round, or from another replica's published claim.
+// Immutable once built.
+type shareView struct {
+	tick   int64 // the tick its counts are at
+	at     int64 // Redis's time of it (µs): a later view replaces an earlier
+	others []peerShare
+	meC    uint32 // this replica's count as Redis holds it
+	g      uint32 // this replica's guarantee, as it may use it
+	sumGo  uint32 // the other replicas' guarantees as Redis holds them
+	// reserve is room held for replicas that have not yet joined a key
+	// that was just shared (they may hold up to the promotion point
+	// each); n is how many replicas the pool is split among.
+	reserve, n uint32
+}
+
+func halve(v uint32, ticks int64) uint32 {
+	switch {
+	case ticks <= 0:
+		return v
+	case ticks >= 32:
+		return 0
+	}
+	return v >> ticks
+}
+
+// overBy is how far count c is past guarantee g, in whole requests' counts.
+func overBy(c, g uint32) int64 {
+	if c <= g {
+		return 0
+	}
+	return int64(c-g+1) &^ 1
+}
+
+// allowance is what this replica may count of the key at tick now: top,
+// the most its count may reach, and quiet, the most it may reach without
+// telling the other replicas at once. theta is the key's threshold.
+func (v *shareView) allowance(theta uint32, now int64) (top, quiet uint32) {
+	age := now - v.tick
+	var over, held, others int64
+	for _, p := range v.others {
+		c := halve(p.c, age)
+		others += int64(c)
+		over += overBy(c, p.g)
+		held += int64(max(c, p.g))
+	}
+	th, reserve := int64(theta), int64(v.reserve)
+	// A guarantee never counts on room another replica still holds (a
+	// share that moved, a count over its guarantee): it waits for those
+	// counts to halve.
+	g := int64(v.g)
+	if lim := th - reserve - held; g > lim {
+		g = max(0, lim) &^ 1
+	}
+	pool := max(0, th-int64(v.g)-int64(v.sumGo)-reserve)
+	mine := overBy(halve(v.meC, age), v.g) // what Redis knows this replica took
+	room := max(0, pool-over-mine)
+	share := room / int64(max(1, v.n)) &^ 1
+	q := g + mine + share
+	t := min(int64(v.g)+max(0, pool-over), max(g, th-reserve-held), th-others)
+	t = max(0, t)
+	return uint32(t), uint32(min(q, t))
+}
+
+// sharePoint is the local count past which a key joins the hot set: a
+// fraction of its fair share θ/N, so that it is shared before it can take
+// that share; 0 where the fair share holds no whole request (θ < 2N
+// counts): then every key is shared from its first request, since a
+// replica that decided one alone would either refuse it (and the client's
+// whole burst) or admit it on every replica (N times the burst).
+func sharePoint(theta uint32, n int64, fraction float64) uint32 {
+	if fairShare(theta, n) < shareUnit {
+		return 0
+	}
+	return max(shareUnit, uint32(fraction*float64(theta)/float64(n)))
+}
+
+// fairShare is θ/N in whole requests' counts.
+func fairShare(theta uint32, n int64) uint32 {
+	return uint32(int64(theta)/max(1, n)) &^ 1
+}
+
+// shareOrder is the order in which replicas whose claims are equal take
+// the remainders of the apportionment: the same on every replica, and
+// different for each key, so that the remainders spread.
+func shareOrder(rkey, id string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(rkey))
+	h.Write([]byte{0})
+	h.Write([]byte(id))
+	return h.Sum64()
+}
+
+// guarantee is replica me's guarantee of a key of threshold theta among
+// peers (me included), N replicas in all. During the key's first rounds
+// (young), replicas not yet present count as present with the average
+// demand, and each holds point (what it may count before it joins) in
+// reserve. It also returns the reserve and the number of replicas the pool
+// is split among.
+func guarantee(me string, peers []peerShare, n int, young bool, theta, point uint32, rkey string) (g, reserve, split uint32) {
+	type claim struct {
+		d       float64 // demand
+		units   int64
+		rank    int // the remainder's eighths, plus four for its holder
+		order   uint64
+		virtual bool // a replica not yet present
+		mine    bool
+		rawD    uint32
+		stored  uint32 // its guarantee as Redis holds it
+	}
+	cs := make([]claim, 0, max(len(peers), n))
+	var total float64
+	for _, p := range peers {
+		cs = append(cs, claim{d: float64(p.d), order: shareOrder(rkey, p.id), mine: p.id == me, rawD: p.d, stored: p.g})
+		total += float64(p.d)
+	}
+	if young && len(peers) < n {
+		avg := 1.0
+		if len(peers) > 0 && total > 0 {
+			avg = total / float64(len(peers))
+		}
+		for range n - len(peers) {
+			cs = append(cs, claim{d: avg, virtual: true, order: math.MaxUint64})
+			total += avg
+			reserve += point
+		}
+	}
+	if total == 0 {
+		for i := range cs {
+			cs[i].d = 1
+		}
+		total = float64(len(cs))
+	}
+	units := int64(theta / shareUnit)
+	left := units
+	for i := range cs {
+		s := float64(units) * cs[i].d / total
+		f := int64(s)
+		cs[i].units = f
+		cs[i].rank = int((s - float64(f)) * 8)
+		if !cs[i].virtual && int64(cs[i].stored/shareUnit) > f {
+			// It holds a remainder's request now: it keeps it unless
+			// another's claim is larger by half a request. Demands jitter
+			// from round to round (a few requests a tick); a remainder
+			// that moved at each round would sit unused while it moves.
+			cs[i].rank += 4
+		}
+		left -= f
+	}
+	idx := make([]int, len(cs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		x, y := &cs[a], &cs[b]
+		switch {
+		case x.rank != y.rank:
+			return y.rank - x.rank
+		case x.order < y.order:
+			return -1
+		case x.order > y.order:
+			return 1
+		}
+		return 0
+	})
+	for i := 0; int64(i) < left && i < len(idx); i++ {
+		cs[idx[i]].units++
+	}
+	var mine, others int64
+	for _, c := range cs {
+		switch {
+		case c.virtual:
+		case c.mine:
+			// Only what the demand fills: the rest stays in the pool.
+			fills := int64(c.rawD) * shareFillDen / (shareFillNum * shareUnit)
+			if fills == 1 && c.rawD < 2*2*shareUnit {
+				fills = 0
+			}
+			mine = shareUnit * min(c.units, fills)
+		default:
+			others += int64(c.stored)
+		}
+	}
+	if lim := int64(theta) - others - int64(reserve); mine > lim {
+		mine = max(0, lim) &^ 1
+	}
+	return uint32(mine), reserve, uint32(max(len(cs), n))
+}
