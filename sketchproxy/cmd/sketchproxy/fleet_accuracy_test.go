@@ -235,7 +235,12 @@ func b2i(b bool) int {
 
 // checkAccuracy logs each case's ratios and fails a case whose limiter
 // refused nothing, whose requests failed, or whose ratio is more than 5%
-// off (after, only where after was measured).
+// off (after, only where after was measured). A count is also within its
+// bound when it is off by at most one request a client: a replica decides
+// at the time it receives a request, one alone at the client's send time,
+// and on a busy machine the two fall on either side of a tick now and then
+// (at 1 a second over 10 s a client's 11 requests cannot show 5%; the long
+// run's counts can).
 func checkAccuracy(t *testing.T, n int, cases []accCase, tallies []*accTally, admins []string, measuredAfter bool) {
 	t.Helper()
 	var cmds, claims, heard float64
@@ -257,7 +262,11 @@ func checkAccuracy(t *testing.T, n int, cases []accCase, tallies []*accTally, ad
 		if tl.failed != 0 {
 			t.Errorf("N=%d %v: %d requests failed", n, c, tl.failed)
 		}
-		if first < 0.95 || first > 1.05 || measuredAfter && (after < 0.95 || after > 1.05) {
+		off := func(fleet, alone int) bool {
+			d := math.Abs(float64(fleet - alone))
+			return d > 0.05*float64(alone) && d > float64(c.keys)
+		}
+		if off(tl.fleetFirst, tl.aloneFirst) || measuredAfter && off(tl.fleetAfter, tl.aloneAfter) {
 			t.Errorf("N=%d %v: the fleet admitted %.3f (first 10 s) and %.3f (after) of what one replica alone admits, want within 5%%", n, c, first, after)
 		}
 	}
