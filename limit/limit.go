@@ -86,6 +86,18 @@
 // merged afterwards, so that together they pass the limit once. At any
 // other instant racing first requests agree on one slot (TestRacingNewKey:
 // 2,000 trials of 8 goroutines on a frozen clock).
+//
+// # Several replicas
+//
+// A Limiter counts in its own process. Processes that must enforce one
+// limit together (replicas behind a load balancer) use SketchProxy's
+// engine from Go instead: sketchproxy.NewLimiter (module
+// github.com/epochsketch/epochsketch/sketchproxy) takes the same words
+// plus a FleetConfig naming a Redis, answers Allow and Decide in this
+// package's words, and shares only the keys heavy enough to matter, so
+// that N replicas admit what one would (TestLimiterFleetOverRedis, on a
+// real redis-server; the SketchProxy README's "Fleets" gives the measured
+// table). This module itself stays free of dependencies.
 package limit
 
 import (

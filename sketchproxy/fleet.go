@@ -290,6 +290,11 @@ func (f *fleet) start() {
 		warned.Store(false)
 	}, func(err error) {
 		f.hearing.Store(false)
+		select {
+		case <-f.stop:
+			return // closing: the subscription ends with the client
+		default:
+		}
 		if !warned.Swap(true) {
 			// Rounds go on; a claim is heard at the claimer's next round
 			// instead of at once (an ACL without SUBSCRIBE or the channel).

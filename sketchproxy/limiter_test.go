@@ -1,6 +1,7 @@
 package sketchproxy
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -54,5 +55,53 @@ func TestLimiterConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "sketchproxy: LimiterConfig") {
 			t.Errorf("%+v: %v, want an error naming %s", c.cfg, err, c.want)
 		}
+	}
+}
+
+// Two Limiters (two replicas: two processes as far as Redis knows) share
+// one limit through a real redis-server: a client at 4 times its limit,
+// its requests alternating between them, is admitted what one Limiter
+// alone admits on the same schedule, within 5% (or one request), after a
+// first burst. The wall clock drives it, as it drives a fleet's rounds:
+// the rate achieved is measured, not assumed.
+func TestLimiterFleetOverRedis(t *testing.T) {
+	addr := startRedisServer(t)
+	newReplica := func(id string) *Limiter {
+		l, err := NewLimiter(LimiterConfig{
+			Requests: 20, Per: time.Second,
+			Fleet: &FleetConfig{Redis: addr, Secret: "a-secret-of-16-bytes-at-least", ID: id, Replicas: 2, Interval: Duration(100 * time.Millisecond)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	replicas := [2]*Limiter{newReplica("a"), newReplica("b")}
+	alone, err := NewLimiter(LimiterConfig{Requests: 20, Per: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alone.Close()
+	// 80 a second for 3 s: each request asks the fleet and the lone
+	// Limiter at the same instant.
+	fleet, one, sent := 0, 0, 0
+	start := time.Now()
+	for i := 0; time.Since(start) < 3*time.Second; i++ {
+		if replicas[i%2].Allow("client") {
+			fleet++
+		}
+		if alone.Allow("client") {
+			one++
+		}
+		sent++
+		time.Sleep(12500 * time.Microsecond)
+	}
+	t.Logf("%d requests in %v: the fleet admitted %d, one Limiter alone %d", sent, time.Since(start).Round(time.Millisecond), fleet, one)
+	if one >= sent {
+		t.Fatalf("one Limiter alone refused nothing of %d: the limit never ran", sent)
+	}
+	if d := math.Abs(float64(fleet - one)); d > 0.05*float64(one) && d > 1 {
+		t.Errorf("two replicas admitted %d, one alone %d: more than 5%% apart", fleet, one)
 	}
 }
