@@ -217,6 +217,9 @@ func TestCaddyfileFleet(t *testing.T) {
 	if string(got) != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
+	if p, d := h.Fleet.config().Prefix, (&Fleet{}).config().Prefix; p != "edge:" || d != "epochsketch:" {
+		t.Errorf("prefix %q, default %q; want edge: and epochsketch: (apart from SketchProxy's replicas)", p, d)
+	}
 	// The files are read when the fleet starts, not when the Caddyfile
 	// is adapted or validated.
 	if err := h.Validate(); err != nil {

@@ -1,6 +1,7 @@
 package caddyepochsketch
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -80,7 +81,8 @@ type Fleet struct {
 	PromoteFraction float64 `json:"promote_fraction,omitempty"`
 	// MaxHot bounds the keys shared at once (default 10000).
 	MaxHot int `json:"max_hot,omitempty"`
-	// Prefix of the Redis keys (default "sketchproxy:").
+	// Prefix of the Redis keys and the claims channel (default
+	// "epochsketch:").
 	Prefix string `json:"prefix,omitempty"`
 }
 
@@ -100,6 +102,12 @@ type FleetTLS struct {
 	ServerName string `json:"server_name,omitempty"`
 }
 
+// defaultPrefix is the module's prefix of its Redis keys: not
+// SketchProxy's own, since N counts every process that heartbeats under a
+// prefix, and SketchProxy's replicas on the same Redis are no replicas of
+// these Caddys.
+const defaultPrefix = "epochsketch:"
+
 // config is f as SketchProxy's FleetConfig. The module's zones have no
 // wallets, so wallet_on_failure has nothing to say here.
 func (f *Fleet) config() *sketchproxy.FleetConfig {
@@ -108,7 +116,7 @@ func (f *Fleet) config() *sketchproxy.FleetConfig {
 		Username: f.Username, Password: f.Password, PasswordEnv: f.PasswordEnv, PasswordFile: f.PasswordFile,
 		DB: f.DB, Secret: f.Secret, SecretFile: f.SecretFile, Replicas: f.Replicas, ID: f.ID,
 		Interval: sketchproxy.Duration(f.Interval), Timeout: sketchproxy.Duration(f.Timeout),
-		PromoteFraction: f.PromoteFraction, MaxHot: f.MaxHot, Prefix: f.Prefix,
+		PromoteFraction: f.PromoteFraction, MaxHot: f.MaxHot, Prefix: cmp.Or(f.Prefix, defaultPrefix),
 	}
 	if s := f.Sentinel; s != nil {
 		c.Sentinel = &sketchproxy.SentinelConfig{Master: s.Master, Addrs: slices.Clone(s.Addrs), Password: s.Password, PasswordEnv: s.PasswordEnv}

@@ -166,6 +166,10 @@ func TestCaddyFleet(t *testing.T) {
 	if d := math.Abs(float64(fleet - alone)); d > 0.05*float64(alone) && d > clients {
 		t.Errorf("the fleet of 2 admitted %d, one Caddy alone %d: more than 5%% (and more than a request a client) apart", fleet, alone)
 	}
+	// Caddy's metrics name the zone, not its rule in the fleet's engine.
+	if v := a.metric(`caddy_http_epochsketch_decisions_total{outcome="reject",zone="fast"}`); v <= 0 {
+		t.Errorf("the fast zone's refusals in a's metrics: %v, want some", v)
+	}
 
 	// A reload of a that keeps the fleet's settings keeps the fleet (no
 	// second start in its log) and the zones' counts: a client that spent

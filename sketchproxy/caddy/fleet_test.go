@@ -113,6 +113,17 @@ func TestFleetPool(t *testing.T) {
 	if _, ok := fleets.References(key); ok {
 		t.Error("the fleet stays in the pool after the last config that used it")
 	}
+	// The metrics count from Caddy's start: a stopped fleet's decisions
+	// stay, under the zone's name.
+	var rejects uint64
+	decisions(func(l decisionLabel, n uint64) {
+		if l == (decisionLabel{"per_key", "reject"}) {
+			rejects += n
+		}
+	})
+	if rejects < 3 {
+		t.Errorf("per_key's refusals in the metrics after its fleet stopped: %d, want at least the 3 refused here", rejects)
+	}
 }
 
 // In a fleet's engine, each zone's rule is named by its zone and a hash of
