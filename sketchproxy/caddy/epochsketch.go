@@ -13,7 +13,8 @@
 // (refuse.go). The handler changes nothing of the request the next handler sees.
 //
 // Each zone counts in fixed-memory sketches of its own that outlive a
-// config reload which keeps the zone (zones.go). README.md in this
+// config reload which keeps the zone (zones.go); with a fleet, N Caddys
+// share those counts through Redis (fleet.go). README.md in this
 // directory is the directive's documentation; caddyfile.go reads the
 // Caddyfile, keys.go resolves keys, refuse.go answers refusals, matcher.go
 // is the path matcher and metrics.go the metrics.

@@ -25,8 +25,9 @@ import (
 // own: its sketch, its counts. A handler decides every zone it holds in one
 // engine call (a request one zone refuses is counted by none), so its zones
 // must share an engine and the side sketches a decision reads beside the
-// rules' (keys seen lately, new keys, bans): one Engine per process, and
-// one side Set per sketch size and new-key setting, into which each zone's
+// rules' (keys seen lately, new keys, bans): one Engine per process (and
+// one per fleet setting, fleet.go), and one side Set per engine, sketch
+// size and new-key setting, into which each zone's
 // Set is compiled (engine.Compile shares the side sketches of the Set it
 // is given as the previous one).
 //
