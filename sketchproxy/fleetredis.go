@@ -79,7 +79,7 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 				return c.errAt("give password or password_env, not both", "fleet", "sentinel")
 			}
 			o.SentinelPassword = os.Getenv(sn.PasswordEnv)
-			if o.SentinelPassword == "" {
+			if o.SentinelPassword == "" && !fb.offline {
 				return c.errAt(fmt.Sprintf("the environment variable %s is empty or unset", sn.PasswordEnv), "fleet", "sentinel", "password_env")
 			}
 		}
@@ -96,6 +96,7 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 	}
 	o.Password = f.Password + urlPassword
 	switch {
+	case fb.offline:
 	case f.PasswordEnv != "":
 		if o.Password = os.Getenv(f.PasswordEnv); o.Password == "" {
 			return c.errAt(fmt.Sprintf("the environment variable %s is empty or unset", f.PasswordEnv), "fleet", "password_env")
@@ -115,7 +116,7 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 			if t.ServerName != "" {
 				tc.ServerName = t.ServerName
 			}
-			if t.CAFile != "" {
+			if t.CAFile != "" && !fb.offline {
 				pem, err := os.ReadFile(t.CAFile)
 				if err != nil {
 					return c.errAt(err.Error(), "fleet", "tls", "ca_file")
@@ -128,7 +129,7 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 			if (t.CertFile == "") != (t.KeyFile == "") {
 				return c.errAt("give cert_file and key_file together", "fleet", "tls")
 			}
-			if t.CertFile != "" {
+			if t.CertFile != "" && !fb.offline {
 				cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 				if err != nil {
 					return c.errAt(err.Error(), "fleet", "tls", "cert_file")

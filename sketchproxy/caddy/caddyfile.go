@@ -1,12 +1,16 @@
 package caddyepochsketch
 
 import (
+	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/epochsketch/epochsketch/sketchproxy"
 )
 
 func init() {
@@ -45,6 +49,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		new_keys off
 //		jitter  <fraction>
 //		log_key
+//		fleet {
+//			redis <host:port|url> | cluster <host:port...> | sentinel <master> <host:port...>
+//			secret <secret> | secret_file <path>
+//			...
+//		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
@@ -59,6 +68,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := h.unmarshalZone(d); err != nil {
 				return err
 			}
+			continue
+		case "fleet":
+			if h.Fleet != nil {
+				return d.Errf("fleet is given twice in this directive: one fleet decides all its zones")
+			}
+			f, err := unmarshalFleet(d)
+			if err != nil {
+				return err
+			}
+			h.Fleet = f
 			continue
 		case "sketch_buckets":
 			v, err := oneArg(d, sub, bucketsWant)
@@ -95,7 +114,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.LogKey = true
 		default:
-			return d.Errf("unrecognized subdirective %q: want zone, sketch_buckets, new_keys, jitter or log_key", sub)
+			return d.Errf("unrecognized subdirective %q: want zone, sketch_buckets, new_keys, jitter, log_key or fleet", sub)
 		}
 		if d.NextArg() {
 			return d.Errf("%s: one value only, not also %q", sub, d.Val())
@@ -234,6 +253,208 @@ func example(sub string) string {
 		return "burst 20"
 	}
 	return sub + " <value>"
+}
+
+// unmarshalFleet reads a fleet block, the dispenser on its "fleet" token
+// (README.md, Fleets). Each setting is SketchProxy's fleet setting of the
+// same name; the block is then checked by SketchProxy's own code, and a
+// mistake it finds is reported in its words at the line of the setting
+// at fault.
+func unmarshalFleet(d *caddyfile.Dispenser) (*Fleet, error) {
+	at := here(d)
+	if d.NextArg() {
+		return nil, d.Errf("fleet takes a block, not %q: write fleet { redis <host:port> ... }", d.Val())
+	}
+	f := new(Fleet)
+	lines := map[string]*caddyfile.Dispenser{} // by SketchProxy's field name, less "fleet."
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		if _, dup := lines[sub]; dup {
+			return nil, d.Errf("fleet: %s is given twice", sub)
+		}
+		lines[sub] = here(d)
+		var err error
+		switch sub {
+		case "cluster":
+			f.Cluster = d.RemainingArgs()
+			if len(f.Cluster) == 0 {
+				return nil, d.Errf("fleet: cluster: want seed nodes, e.g. cluster 10.0.0.11:6379 10.0.0.12:6379")
+			}
+			continue
+		case "sentinel":
+			if err := unmarshalSentinel(d, f, lines); err != nil {
+				return nil, err
+			}
+			continue
+		case "tls":
+			if err := unmarshalFleetTLS(d, f, lines); err != nil {
+				return nil, err
+			}
+			continue
+		case "redis":
+			f.Redis, err = fleetArg(d, sub, "redis 127.0.0.1:6379 or redis rediss://user@redis.internal:6380/0")
+		case "username":
+			f.Username, err = fleetArg(d, sub, "username sketchproxy")
+		case "password":
+			f.Password, err = fleetArg(d, sub, "password_file /run/secrets/redis-password (or password_env, or password <password>)")
+		case "password_env":
+			f.PasswordEnv, err = fleetArg(d, sub, "password_env REDIS_PASSWORD")
+		case "password_file":
+			f.PasswordFile, err = fleetArg(d, sub, "password_file /run/secrets/redis-password")
+		case "secret":
+			f.Secret, err = fleetArg(d, sub, "secret_file /etc/caddy/fleet-secret (or secret <at least 16 bytes>)")
+		case "secret_file":
+			f.SecretFile, err = fleetArg(d, sub, "secret_file /etc/caddy/fleet-secret")
+		case "id":
+			f.ID, err = fleetArg(d, sub, "id caddy-a")
+		case "prefix":
+			f.Prefix, err = fleetArg(d, sub, `prefix "sketchproxy:"`)
+		case "db":
+			f.DB, err = fleetInt(d, sub)
+		case "replicas":
+			f.Replicas, err = fleetInt(d, sub)
+		case "max_hot":
+			f.MaxHot, err = fleetInt(d, sub)
+		case "interval":
+			f.Interval, err = fleetDuration(d, sub)
+		case "timeout":
+			f.Timeout, err = fleetDuration(d, sub)
+		case "promote_fraction":
+			var v string
+			if v, err = fleetArg(d, sub, fleetExample(sub)); err == nil {
+				if f.PromoteFraction, err = strconv.ParseFloat(v, 64); err != nil {
+					return nil, d.Errf("fleet: promote_fraction %q: want a fraction, e.g. %s", v, fleetExample(sub))
+				}
+			}
+		default:
+			return nil, d.Errf("fleet: unrecognized setting %q: want redis, cluster, sentinel, username, password, password_env, password_file, db, tls, secret, secret_file, replicas, id, interval, timeout, promote_fraction, max_hot or prefix", sub)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if d.NextArg() {
+			return nil, d.Errf("fleet: %s: one value only, not also %q", sub, d.Val())
+		}
+	}
+	if err := f.check(); err != nil {
+		var ce *sketchproxy.ConfigError
+		if !errors.As(err, &ce) {
+			return nil, at.Errf("%v", err)
+		}
+		// "fleet.cluster[1]" is the cluster line; "fleet" the block's.
+		field, _, _ := strings.Cut(strings.TrimPrefix(ce.Field, "fleet."), "[")
+		line := lines[field]
+		if line == nil {
+			line = at
+		}
+		return nil, line.Errf("%v", ce)
+	}
+	return f, nil
+}
+
+// fleetArg reads a fleet setting's one value, or says what to write.
+func fleetArg(d *caddyfile.Dispenser, sub, example string) (string, error) {
+	if !d.NextArg() {
+		return "", d.Errf("fleet: %s: want a value, e.g. %s", sub, example)
+	}
+	return d.Val(), nil
+}
+
+// fleetInt reads a fleet setting's whole number (its range is checked
+// with the block).
+func fleetInt(d *caddyfile.Dispenser, sub string) (int, error) {
+	v, err := fleetArg(d, sub, fleetExample(sub))
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, d.Errf("fleet: %s %q: want a whole number, e.g. %s", sub, v, fleetExample(sub))
+	}
+	return n, nil
+}
+
+// fleetDuration reads a fleet setting's duration (its range is checked
+// with the block).
+func fleetDuration(d *caddyfile.Dispenser, sub string) (caddy.Duration, error) {
+	v, err := fleetArg(d, sub, fleetExample(sub))
+	if err != nil {
+		return 0, err
+	}
+	t, err := caddy.ParseDuration(v)
+	if err != nil {
+		return 0, d.Errf("fleet: %s %q: want a duration, e.g. %s", sub, v, fleetExample(sub))
+	}
+	return caddy.Duration(t), nil
+}
+
+// fleetExample is what to write for a fleet's numeric setting.
+func fleetExample(sub string) string {
+	return map[string]string{
+		"db": "db 2", "replicas": "replicas 3 (or 0: count the replicas that heartbeat)", "max_hot": "max_hot 10000",
+		"interval": "interval 500ms", "timeout": "timeout 250ms", "promote_fraction": "promote_fraction 0.5",
+	}[sub]
+}
+
+// unmarshalSentinel reads "sentinel <master> <addrs...> [{ password ... }]".
+func unmarshalSentinel(d *caddyfile.Dispenser, f *Fleet, lines map[string]*caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 2 {
+		return d.Errf("fleet: sentinel: want the master's name and the sentinels, e.g. sentinel mymaster 10.0.0.21:26379 10.0.0.22:26379")
+	}
+	f.Sentinel = &FleetSentinel{Master: args[0], Addrs: args[1:]}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		lines["sentinel."+sub] = here(d)
+		v, err := fleetArg(d, "sentinel "+sub, "password_env SENTINEL_PASSWORD")
+		if err != nil {
+			return err
+		}
+		switch sub {
+		case "password":
+			f.Sentinel.Password = v
+		case "password_env":
+			f.Sentinel.PasswordEnv = v
+		default:
+			return d.Errf("fleet: sentinel: unrecognized setting %q: want password or password_env (the sentinels' own)", sub)
+		}
+		if d.NextArg() {
+			return d.Errf("fleet: sentinel %s: one value only, not also %q", sub, d.Val())
+		}
+	}
+	return nil
+}
+
+// unmarshalFleetTLS reads "tls" (TLS with the system's CAs) or a tls block.
+func unmarshalFleetTLS(d *caddyfile.Dispenser, f *Fleet, lines map[string]*caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.Errf("fleet: tls takes a block or nothing, not %q: write tls { ca_file <path> }", d.Val())
+	}
+	f.TLS = new(FleetTLS)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		lines["tls."+sub] = here(d)
+		v, err := fleetArg(d, "tls "+sub, sub+" <path>")
+		if err != nil {
+			return err
+		}
+		switch sub {
+		case "ca_file":
+			f.TLS.CAFile = v
+		case "cert_file":
+			f.TLS.CertFile = v
+		case "key_file":
+			f.TLS.KeyFile = v
+		case "server_name":
+			f.TLS.ServerName = v
+		default:
+			return d.Errf("fleet: tls: unrecognized setting %q: want ca_file, cert_file, key_file or server_name", sub)
+		}
+		if d.NextArg() {
+			return d.Errf("fleet: tls %s: one value only, not also %q", sub, d.Val())
+		}
+	}
+	return nil
 }
 
 var _ caddyfile.Unmarshaler = (*Handler)(nil)

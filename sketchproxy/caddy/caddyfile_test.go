@@ -56,7 +56,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 // write instead.
 func TestCaddyfileErrors(t *testing.T) {
 	for _, tc := range []struct{ name, in, want string }{
-		{"unknown subdirective", `epochsketch { zones x }`, `unrecognized subdirective "zones": want zone, sketch_buckets, new_keys, jitter or log_key`},
+		{"unknown subdirective", `epochsketch { zones x }`, `unrecognized subdirective "zones": want zone, sketch_buckets, new_keys, jitter, log_key or fleet`},
 		{"argument on the directive", `epochsketch 5 { }`, `epochsketch takes a matcher and a block, not "5"`},
 		{"zone without name", `epochsketch { zone { key x } }`, `zone: want a name, e.g. zone per_ip`},
 		{"zone twice", "epochsketch {\nzone a {\nkey x\nevents 1\nwindow 1s\n}\nzone a {\nkey y\n}\n}", `zone a is defined twice in this directive`},
@@ -173,5 +173,130 @@ func TestReadmeSizing(t *testing.T) {
 	}
 	if !strings.Contains(string(src), "room for 131,072 keys") || !strings.Contains(string(src), "`epochsketch.BucketsFor(131072)` is 65536") {
 		t.Error("README.md no longer gives the sizing figure this test checks")
+	}
+}
+
+// A fleet block reads every FleetConfig setting under its own name, into
+// the JSON form's names.
+func TestCaddyfileFleet(t *testing.T) {
+	in := `epochsketch {
+		zone per_ip {
+			key {remote_host}
+			events 5
+			window 10s
+		}
+		fleet {
+			redis rediss://caddy@redis.internal:6380/2
+			username caddy
+			password_file /run/secrets/redis-password
+			tls {
+				ca_file /etc/caddy/redis-ca.pem
+				cert_file /etc/caddy/client.pem
+				key_file /etc/caddy/client.key
+				server_name redis.internal
+			}
+			secret_file /etc/caddy/fleet-secret
+			replicas 3
+			id caddy-a
+			interval 200ms
+			timeout 100ms
+			promote_fraction 0.25
+			max_hot 5000
+			prefix "edge:"
+		}
+	}`
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(h.Fleet)
+	want := `{"redis":"rediss://caddy@redis.internal:6380/2","username":"caddy","password_file":"/run/secrets/redis-password",` +
+		`"tls":{"ca_file":"/etc/caddy/redis-ca.pem","cert_file":"/etc/caddy/client.pem","key_file":"/etc/caddy/client.key","server_name":"redis.internal"},` +
+		`"secret_file":"/etc/caddy/fleet-secret","replicas":3,"id":"caddy-a","interval":200000000,"timeout":100000000,` +
+		`"promote_fraction":0.25,"max_hot":5000,"prefix":"edge:"}`
+	if string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if p, d := h.Fleet.config().Prefix, (&Fleet{}).config().Prefix; p != "edge:" || d != "epochsketch:" {
+		t.Errorf("prefix %q, default %q; want edge: and epochsketch: (apart from SketchProxy's replicas)", p, d)
+	}
+	// The files are read when the fleet starts, not when the Caddyfile
+	// is adapted or validated.
+	if err := h.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"cluster 10.0.0.11:6379 10.0.0.12:6379\nsecret a-secret-of-16-bytes-at-least", `{"cluster":["10.0.0.11:6379","10.0.0.12:6379"],"secret":"a-secret-of-16-bytes-at-least"}`},
+		{"sentinel mymaster 10.0.0.21:26379 10.0.0.22:26379 {\npassword_env SENTINEL_PASSWORD\n}\npassword s3cret\ndb 1\nsecret a-secret-of-16-bytes-at-least",
+			`{"sentinel":{"master":"mymaster","addrs":["10.0.0.21:26379","10.0.0.22:26379"],"password_env":"SENTINEL_PASSWORD"},"password":"s3cret","db":1,"secret":"a-secret-of-16-bytes-at-least"}`},
+		{"redis 127.0.0.1:6379\ntls\nsecret a-secret-of-16-bytes-at-least\npassword_env REDIS_PASSWORD", `{"redis":"127.0.0.1:6379","password_env":"REDIS_PASSWORD","tls":{},"secret":"a-secret-of-16-bytes-at-least"}`},
+	} {
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("epochsketch {\nzone a {\nkey {remote_host}\nevents 1\nwindow 1s\n}\nfleet {\n" + tc.in + "\n}\n}")); err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		if got, _ := json.Marshal(h.Fleet); string(got) != tc.want {
+			t.Errorf("%q:\ngot  %s\nwant %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// A fleet block's mistakes are reported at the line of the setting at
+// fault; those SketchProxy's checks find, in SketchProxy's words (the
+// field, as sketchproxy.yaml names it, and its message).
+func TestCaddyfileFleetErrors(t *testing.T) {
+	const zone = "epochsketch {\n\tzone a {\n\t\tkey {remote_host}\n\t\tevents 5\n\t\twindow 1m\n\t}\n\tfleet {\n" // the fleet is at line 7
+	const secret = "\t\tsecret a-secret-of-16-bytes-at-least\n"
+	for _, tc := range []struct{ name, in, want string }{
+		{"no redis", secret, "fleet: say where Redis is with exactly one of redis (host:port or a redis:// URL), cluster (seed nodes) or sentinel, at Testfile:7"},
+		{"two places", "\t\tredis 127.0.0.1:6379\n\t\tcluster 127.0.0.1:7000\n" + secret, "fleet: say where Redis is with exactly one of redis"},
+		{"short secret", "\t\tredis 127.0.0.1:6379\n\t\tsecret short\n", "fleet.secret: a per-deployment secret of at least 16 bytes is required (secret or secret_file): keys are hashed with it before they reach Redis, at Testfile:9"},
+		{"no secret", "\t\tredis 127.0.0.1:6379\n", "fleet.secret: a per-deployment secret of at least 16 bytes is required"},
+		{"secret twice", "\t\tredis 127.0.0.1:6379\n" + secret + "\t\tsecret_file /x\n", "fleet: give secret or secret_file, not both, at Testfile:7"},
+		{"bad redis", "\t\tredis localhost\n" + secret, `fleet.redis: "localhost": want host:port or a redis:// URL, at Testfile:8`},
+		{"bad url", "\t\tredis redis://[::1\n" + secret, "fleet.redis: "},
+		{"bad cluster node", "\t\tcluster 127.0.0.1:7000 nohost\n" + secret, `fleet.cluster[1]: "nohost": want host:port, at Testfile:8`},
+		{"db on a cluster", "\t\tcluster 127.0.0.1:7000\n\t\tdb 2\n" + secret, "fleet.db: Redis Cluster has only database 0, at Testfile:9"},
+		{"two passwords", "\t\tredis 127.0.0.1:6379\n\t\tpassword a\n\t\tpassword_env B\n" + secret, "fleet: the password is given more than once: use one of password_file, password_env, the URL or password, at Testfile:7"},
+		{"replicas", "\t\tredis 127.0.0.1:6379\n" + secret + "\t\treplicas 5000\n", "fleet.replicas: 5000: want 0 (count heartbeats) to 1000, at Testfile:10"},
+		{"interval", "\t\tredis 127.0.0.1:6379\n" + secret + "\t\tinterval 5ms\n", "fleet.interval: want 10ms to 1m, at Testfile:10"},
+		{"timeout", "\t\tredis 127.0.0.1:6379\n" + secret + "\t\tinterval 100ms\n\t\ttimeout 1s\n", "fleet.timeout: want more than 0 and at most 4 intervals, at Testfile:11"},
+		{"prefix", "\t\tredis 127.0.0.1:6379\n" + secret + "\t\tprefix {a}\n", `fleet.prefix: "{a}": no { or }: the keys' hash tags follow the prefix, at Testfile:10`},
+		{"id", "\t\tredis 127.0.0.1:6379\n" + secret + "\t\tid \"a b\"\n", `fleet.id: "a b": at most 200 bytes, no spaces`},
+		{"fraction", "\t\tredis 127.0.0.1:6379\n" + secret + "\t\tpromote_fraction 2\n", "fleet.promote_fraction: 2: want more than 0 and at most 1, at Testfile:10"},
+		{"cert without key", "\t\tredis 127.0.0.1:6379\n" + secret + "\t\ttls {\n\t\t\tcert_file /c.pem\n\t\t}\n", "fleet.tls: give cert_file and key_file together, at Testfile:10"},
+		{"sentinel without addrs", "\t\tsentinel mymaster\n" + secret, "fleet: sentinel: want the master's name and the sentinels, e.g. sentinel mymaster 10.0.0.21:26379"},
+		{"sentinel passwords", "\t\tsentinel m 127.0.0.1:26379 {\n\t\t\tpassword a\n\t\t\tpassword_env B\n\t\t}\n" + secret, "fleet.sentinel: give password or password_env, not both, at Testfile:8"},
+		// What the Caddyfile itself finds.
+		{"unknown", "\t\tredis 127.0.0.1:6379\n\t\tpool 5\n", `fleet: unrecognized setting "pool": want redis, cluster, sentinel`},
+		{"twice", "\t\tredis 127.0.0.1:6379\n\t\tredis 127.0.0.1:6380\n", "fleet: redis is given twice, at Testfile:9"},
+		{"no value", "\t\tredis\n", "fleet: redis: want a value, e.g. redis 127.0.0.1:6379"},
+		{"two values", "\t\tredis 127.0.0.1:6379 127.0.0.1:6380\n", `fleet: redis: one value only, not also "127.0.0.1:6380"`},
+		{"replicas word", "\t\treplicas three\n", `fleet: replicas "three": want a whole number, e.g. replicas 3`},
+		{"interval word", "\t\tinterval often\n", `fleet: interval "often": want a duration, e.g. interval 500ms`},
+		{"tls value", "\t\ttls on\n", `fleet: tls takes a block or nothing, not "on"`},
+		{"tls unknown", "\t\ttls {\n\t\t\tca /x\n\t\t}\n", `fleet: tls: unrecognized setting "ca": want ca_file, cert_file, key_file or server_name`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(zone + tc.in + "\t}\n}"))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+	var h Handler
+	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(zone + "\t\tredis 127.0.0.1:6379\n" + secret + "\t}\n\tfleet {\n\t}\n}"))
+	if err == nil || !strings.Contains(err.Error(), "fleet is given twice in this directive: one fleet decides all its zones, at Testfile:11") {
+		t.Errorf("two fleet blocks: %v", err)
+	}
+}
+
+// The JSON form is checked as the Caddyfile is, without a line.
+func TestValidateFleet(t *testing.T) {
+	h := Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5, Window: 1e9}}, Fleet: &Fleet{Redis: "127.0.0.1:6379", Secret: "short"}}
+	if err := h.Validate(); err == nil || err.Error() != "epochsketch: fleet.secret: a per-deployment secret of at least 16 bytes is required (secret or secret_file): keys are hashed with it before they reach Redis" {
+		t.Errorf("got %v", err)
 	}
 }

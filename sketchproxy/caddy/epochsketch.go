@@ -13,7 +13,8 @@
 // (refuse.go). The handler changes nothing of the request the next handler sees.
 //
 // Each zone counts in fixed-memory sketches of its own that outlive a
-// config reload which keeps the zone (zones.go). README.md in this
+// config reload which keeps the zone (zones.go); with a fleet, N Caddys
+// share those counts through Redis (fleet.go). README.md in this
 // directory is the directive's documentation; caddyfile.go reads the
 // Caddyfile, keys.go resolves keys, refuse.go answers refusals, matcher.go
 // is the path matcher and metrics.go the metrics.
@@ -69,12 +70,18 @@ type Handler struct {
 	// shows a keyed hash of it ("k:" and 12 hex digits, the same for the
 	// same key while Caddy runs), since keys are addresses and API keys.
 	LogKey bool `json:"log_key,omitempty"`
+	// Fleet shares the zones' counts with other Caddys through Redis,
+	// SketchProxy's fleet: N replicas enforce one limit (fleet.go).
+	// Handlers with equal settings share one fleet. Default: none, this
+	// Caddy counts alone.
+	Fleet *Fleet `json:"fleet,omitempty"`
 
 	zones    []*zoneRef // by name
 	side     *sideRef   // the side sketches every zone of the handler reads
 	eng      *engine.Engine
-	prefix   bool     // a key uses {http.epochsketch.client_prefix}
-	loc      location // where the handler sits (zones.go)
+	fleet    *fleetState // held while the handler lives; nil without Fleet
+	prefix   bool        // a key uses {http.epochsketch.client_prefix}
+	loc      location    // where the handler sits (zones.go)
 	asErrors errorMode
 	logger   *zap.Logger
 
@@ -182,6 +189,11 @@ func (h *Handler) validate() error {
 	if !(h.Jitter >= 0 && h.Jitter <= 1) {
 		return fmt.Errorf("epochsketch: jitter %v: want a fraction from 0 to 1, e.g. jitter 0.2 (up to 20%% more)", h.Jitter)
 	}
+	if h.Fleet != nil {
+		if err := h.Fleet.check(); err != nil {
+			return fmt.Errorf("epochsketch: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -250,8 +262,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // this repeats the checks for tools that only validate).
 func (h *Handler) Validate() error { return h.validate() }
 
-// Cleanup lets go of this config's zones: the last config that uses a
-// zone frees its sketches.
+// Cleanup lets go of this config's zones and fleet: the last config that
+// uses a zone frees its sketches, and the last that uses a fleet stops it.
 func (h *Handler) Cleanup() error {
 	for _, z := range h.zones {
 		z.release()
@@ -260,6 +272,10 @@ func (h *Handler) Cleanup() error {
 	if h.side != nil {
 		h.side.release()
 		h.side = nil
+	}
+	if h.fleet != nil {
+		h.fleet.release()
+		h.fleet = nil
 	}
 	return nil
 }

@@ -185,6 +185,15 @@ func TestReadmeCaddyfiles(t *testing.T) {
 		}
 		n++
 		dir := t.TempDir()
+		// validate provisions the handlers: the fleet example's files
+		// are read, so they must be there.
+		var paths []string
+		for _, name := range []string{"/etc/caddy/fleet-secret", "/run/secrets/redis-password"} {
+			f := filepath.Join(dir, filepath.Base(name))
+			os.WriteFile(f, []byte("a-per-deployment-secret-of-16-bytes-or-more\n"), 0o600)
+			paths = append(paths, name, f)
+		}
+		conf = strings.NewReplacer(paths...).Replace(conf)
 		file := filepath.Join(dir, "Caddyfile")
 		os.WriteFile(file, []byte(conf), 0o600)
 		cmd := exec.Command(bin, "validate", "--config", file, "--adapter", "caddyfile")
@@ -193,7 +202,7 @@ func TestReadmeCaddyfiles(t *testing.T) {
 			t.Errorf("README's Caddyfile %d does not load: %v\n%s\n%s", n, err, conf, out)
 		}
 	}
-	if n < 4 {
-		t.Errorf("%d whole Caddyfiles in README.md, want the 4 examples", n)
+	if n < 5 {
+		t.Errorf("%d whole Caddyfiles in README.md, want the 5 examples", n)
 	}
 }

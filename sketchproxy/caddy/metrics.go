@@ -23,27 +23,27 @@ type collector struct{}
 func (collector) Describe(ch chan<- *prometheus.Desc) { ch <- decisionsDesc }
 
 func (collector) Collect(ch chan<- prometheus.Metric) {
-	type label struct{ zone, outcome string }
-	sums := map[label]uint64{}
-	var order []label
-	for _, e := range allEngines() {
-		e.Decisions(func(zone string, c *engine.Counts) {
-			for o := range engine.NumOutcomes {
-				n := c.Get(o, false) // no zone is in shadow mode
-				if n == 0 {
-					continue
-				}
-				l := label{zone, o.String()}
-				if _, ok := sums[l]; !ok {
-					order = append(order, l)
-				}
-				sums[l] += n
+	sums := map[decisionLabel]uint64{}
+	decisions(func(l decisionLabel, n uint64) { sums[l] += n })
+	for l, n := range sums {
+		ch <- prometheus.MustNewConstMetric(decisionsDesc, prometheus.CounterValue, float64(n), l.zone, l.outcome)
+	}
+}
+
+// decisionLabel is a metric's labels: a zone's name and an outcome.
+type decisionLabel struct{ zone, outcome string }
+
+// eachDecision calls f with e's decisions by zone (a fleet's rule names
+// carry a hash after the zone's name: fleet.go) and outcome, leaving out
+// the outcomes never decided.
+func eachDecision(e *engine.Engine, f func(decisionLabel, uint64)) {
+	e.Decisions(func(rule string, c *engine.Counts) {
+		for o := range engine.NumOutcomes {
+			if n := c.Get(o, false); n != 0 { // no zone is in shadow mode
+				f(decisionLabel{zoneOf(rule), o.String()}, n)
 			}
-		})
-	}
-	for _, l := range order {
-		ch <- prometheus.MustNewConstMetric(decisionsDesc, prometheus.CounterValue, float64(sums[l]), l.zone, l.outcome)
-	}
+		}
+	})
 }
 
 // registerMetrics adds the collector to a config's registry (each config

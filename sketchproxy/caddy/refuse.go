@@ -178,7 +178,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	}
 	zone := ""
 	if v.Rule != nil {
-		zone = v.Rule.Name
+		zone = zoneOf(v.Rule.Name)
 	}
 	repl.Set(zonePlaceholder, zone)
 	repl.Set(retryPlaceholder, secs)

@@ -25,8 +25,9 @@ import (
 // own: its sketch, its counts. A handler decides every zone it holds in one
 // engine call (a request one zone refuses is counted by none), so its zones
 // must share an engine and the side sketches a decision reads beside the
-// rules' (keys seen lately, new keys, bans): one Engine per process, and
-// one side Set per sketch size and new-key setting, into which each zone's
+// rules' (keys seen lately, new keys, bans): one Engine per process (and
+// one per fleet setting, fleet.go), and one side Set per engine, sketch
+// size and new-key setting, into which each zone's
 // Set is compiled (engine.Compile shares the side sketches of the Set it
 // is given as the previous one).
 //
@@ -60,11 +61,15 @@ import (
 // routes), the place stops there, and identical zones are told apart by
 // their order in their server.
 
-// engines holds the process's Engine: one, unless tests give handlers
-// clocks of their own.
+// engines holds the process's Engine (one, unless tests give handlers
+// clocks of their own), the engines of the fleets now running (fleet.go),
+// and what the fleets stopped since Caddy started had decided, for the
+// metrics.
 var engines struct {
 	sync.Mutex
-	m map[engineKey]*engine.Engine
+	m       map[engineKey]*engine.Engine
+	fleets  map[*engine.Engine]bool
+	retired map[decisionLabel]uint64
 }
 
 type engineKey struct {
@@ -89,15 +94,43 @@ func engineFor(clock epochsketch.Clock, seed uint64) *engine.Engine {
 	return e
 }
 
-// allEngines returns the Engines made so far (for the metrics).
-func allEngines() []*engine.Engine {
+// addEngine counts a fleet's engine in the metrics while it runs.
+func addEngine(e *engine.Engine) {
 	engines.Lock()
 	defer engines.Unlock()
-	es := make([]*engine.Engine, 0, len(engines.m))
-	for _, e := range engines.m {
-		es = append(es, e)
+	if engines.fleets == nil {
+		engines.fleets = map[*engine.Engine]bool{}
 	}
-	return es
+	engines.fleets[e] = true
+}
+
+// retireEngine keeps what a stopped fleet's engine decided in the metrics,
+// which count from Caddy's start, and forgets the engine.
+func retireEngine(e *engine.Engine) {
+	engines.Lock()
+	defer engines.Unlock()
+	if engines.retired == nil {
+		engines.retired = map[decisionLabel]uint64{}
+	}
+	eachDecision(e, func(l decisionLabel, n uint64) { engines.retired[l] += n })
+	delete(engines.fleets, e)
+}
+
+// decisions calls f with the decisions of every engine of the process,
+// those of stopped fleets included, by zone and outcome (a label may come
+// more than once).
+func decisions(f func(decisionLabel, uint64)) {
+	engines.Lock()
+	defer engines.Unlock()
+	for l, n := range engines.retired {
+		f(l, n)
+	}
+	for _, e := range engines.m {
+		eachDecision(e, f)
+	}
+	for e := range engines.fleets {
+		eachDecision(e, f)
+	}
 }
 
 // spec is the engine's configuration for a handler's zones, less the rules:
@@ -210,10 +243,19 @@ type definition struct {
 // takeZones holds each zone of the handler in the pool, and the side Set
 // it decides them with.
 func (h *Handler) takeZones(ctx caddy.Context) error {
-	h.eng = engineFor(h.clock, h.seed)
 	engKey := "engine"
-	if h.clock != nil || h.seed != 0 {
-		engKey = fmt.Sprintf("engine %p %d", h.clock, h.seed) // a test's own Engine
+	switch {
+	case h.Fleet != nil:
+		f, err := takeFleet(h.Fleet, h.clock, h.seed)
+		if err != nil {
+			return err
+		}
+		h.fleet, h.eng, engKey = f, f.eng, f.key
+	default:
+		h.eng = engineFor(h.clock, h.seed)
+		if h.clock != nil || h.seed != 0 {
+			engKey = fmt.Sprintf("engine %p %d", h.clock, h.seed) // a test's own Engine
+		}
 	}
 	side, err := takeSide(h.eng, engKey, h.buckets(), h.NewKeysOff)
 	if err != nil {
@@ -227,12 +269,17 @@ func (h *Handler) takeZones(ctx caddy.Context) error {
 			return fmt.Errorf("epochsketch: zone %q: key %q: %v", name, z.Key, err)
 		}
 		def, _ := json.Marshal(definition{z.Key, z.Events, time.Duration(z.Window), z.Burst, h.buckets(), h.NewKeysOff})
-		id := "shared"
+		where := "shared"
 		if !z.Shared {
-			id = h.loc.place
+			where = h.loc.place
 		}
-		id = fmt.Sprintf("%s|%s|%q|%s", engKey, id, name, def)
-		id += "|" + strconv.Itoa(occurrence(ctx, id, z.Shared))
+		zid := fmt.Sprintf("%s|%q|%s", where, name, def)
+		zid += "|" + strconv.Itoa(occurrence(ctx, engKey+"|"+zid, z.Shared))
+		id := engKey + "|" + zid
+		rule := name
+		if h.fleet != nil {
+			rule = fleetRule(name, zid)
+		}
 		sum := sha256.Sum256([]byte(id))
 		ref := &zoneRef{name: name, zone: z, key: kt, poolKey: string(sum[:])}
 		v, _, err := zones.LoadOrNew(ref.poolKey, func() (caddy.Destructor, error) {
@@ -241,7 +288,10 @@ func (h *Handler) takeZones(ctx caddy.Context) error {
 				return nil, err
 			}
 			sp := spec(h.buckets(), h.NewKeysOff)
-			sp.Rules = []engine.RuleSpec{{Name: name, Limits: []engine.LimitSpec{{Name: limitName(time.Duration(z.Window)), Rate: z.rate()}}}}
+			// The policy keeps the zone's name where a fleet's rule
+			// has a hash after it.
+			lim := limitName(time.Duration(z.Window))
+			sp.Rules = []engine.RuleSpec{{Name: rule, Limits: []engine.LimitSpec{{Name: lim, Policy: name + "-" + lim, Rate: z.rate()}}}}
 			set, err := h.eng.Compile(sp, zside.set)
 			if err != nil {
 				zside.release()
