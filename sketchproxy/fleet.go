@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -350,6 +351,14 @@ func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 	s := f.shard(skey)
 	s.mu.Lock()
 	e := s.m[string(skey)]
+	if e != nil && (e.sk != sk || e.tick != tick || e.theta != theta) {
+		// A reload changed the limit (another tick, threshold or sketch)
+		// under the same rule and limit names: the entry shares another
+		// limit's count, so it goes, and the key is shared anew under a
+		// record of its own (redisKeys hashes the tick and threshold).
+		f.drop(s, e)
+		e = nil
+	}
 	if e == nil {
 		if below || add == 0 {
 			s.mu.Unlock()
@@ -361,7 +370,7 @@ func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 			return alone(local, theta, n), false
 		}
 		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta}
-		e.rkey, e.marker = f.redisKeys(skey)
+		e.rkey, e.marker = f.redisKeys(skey, tick, theta)
 		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
 		s.m[string(e.skey)] = e
 		f.count.Add(1)
@@ -489,11 +498,16 @@ func (e *hotEntry) demandAt(now time.Time) uint32 {
 const fleetTags = 16
 
 // redisKeys are the key's name in Redis, the keyed hash of the sketch key
-// (Redis never sees a client address or an API key), and the run marker of
-// its hash tag.
-func (f *fleet) redisKeys(skey []byte) (key, marker string) {
+// and of its limit's tick and threshold (Redis never sees a client address
+// or an API key, and a limit changed at a reload counts apart from the
+// old one's record), and the run marker of its hash tag.
+func (f *fleet) redisKeys(skey []byte, tick time.Duration, theta uint32) (key, marker string) {
 	m := hmac.New(sha256.New, f.secret)
 	m.Write(skey)
+	var lim [12]byte
+	binary.LittleEndian.PutUint64(lim[:8], uint64(tick))
+	binary.LittleEndian.PutUint32(lim[8:], theta)
+	m.Write(lim[:])
 	sum := m.Sum(nil)
 	tag := f.cfg.Prefix + "{t" + strconv.Itoa(int(sum[16])%fleetTags) + "}"
 	return tag + "k:" + hex.EncodeToString(sum[:16]), tag + "run"
@@ -747,13 +761,18 @@ func (f *fleet) demote(es []*hotEntry) {
 		s := f.shard(e.skey)
 		s.mu.Lock()
 		if s.m[string(e.skey)] == e {
-			delete(s.m, string(e.skey))
-			f.count.Add(-1)
-			f.demotions.Add(1)
-			f.rmu.Lock()
-			delete(f.rkeys, e.rkey)
-			f.rmu.Unlock()
+			f.drop(s, e)
 		}
 		s.mu.Unlock()
 	}
+}
+
+// drop removes e from the hot set; s is e's shard, locked.
+func (f *fleet) drop(s *hotShard, e *hotEntry) {
+	delete(s.m, string(e.skey))
+	f.count.Add(-1)
+	f.demotions.Add(1)
+	f.rmu.Lock()
+	delete(f.rkeys, e.rkey)
+	f.rmu.Unlock()
 }

@@ -402,3 +402,70 @@ func TestFleetSimWallet(t *testing.T) {
 		}
 	}
 }
+
+// A reload that changes a limit but keeps its rule's and limit's names
+// (20 a second becomes 5) decides a key the fleet already shares by the
+// new limit at once: its hot entry counted the old sketch's key, and kept
+// syncing it until the key cooled. The entry is replaced, and the new
+// limit's record in Redis is another (redisKeys hashes tick and threshold).
+func TestFleetReloadChangesLimit(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	store := newMemStore(clk.Now)
+	cfg := &FleetConfig{Replicas: 2, ID: "r0", Interval: Duration(500 * time.Millisecond),
+		Timeout: Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+	f := newFleetOn(cfg, []byte("0123456789abcdef"), store, slog.New(slog.NewTextHandler(io.Discard, nil)), clk.Now)
+	e := engine.New(engine.Options{Clock: clk, Seed: 1, Fleet: f})
+	spec := func(requests float64) *engine.Spec {
+		return &engine.Spec{
+			Buckets: 1 << 10, Rules: []engine.RuleSpec{{Name: "api", Limits: []engine.LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: requests, Per: time.Second}}}}},
+			Tarpit:  engine.TarpitSpec{BanFor: time.Minute, MaxHeld: 1, MaxHeldPerKey: 1},
+			NewKeys: engine.NewKeysSpec{Disabled: true, Window: time.Minute, Remember: time.Hour},
+		}
+	}
+	decide := func(set *engine.Set) bool {
+		var sc engine.Scratch
+		facts := [1]engine.Fact{{Rule: set.Rules[0], Key: "k"}}
+		d := e.Decide(context.Background(), set, clk.Now(), &engine.Request{Facts: facts[:]}, &sc)
+		d.Done()
+		return d.Admitted
+	}
+	old, err := e.Compile(spec(20), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		decide(old) // past half of the fair share of 20: shared
+		f.round()
+	}
+	if f.count.Load() != 1 {
+		t.Fatalf("%d hot keys after 8 requests of a 20-a-second key on 2 replicas, want 1", f.count.Load())
+	}
+	cur, err := e.Compile(spec(5), old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Retire(old, cur)
+	defer e.Retire(cur, nil)
+	admitted := 0
+	for range 10 {
+		if decide(cur) {
+			admitted++
+		}
+		f.round()
+	}
+	// The new limit's fair share on 2 replicas, from a fresh count: at
+	// most its burst of 5, never the old limit's room.
+	if admitted == 0 || admitted > 5 {
+		t.Errorf("after the reload to 5 a second, %d of 10 admitted at once, want 1 to 5", admitted)
+	}
+	if f.count.Load() != 1 {
+		t.Errorf("%d hot keys after the reload, want the one entry, replaced", f.count.Load())
+	}
+	for i := range f.shards {
+		for _, h := range f.shards[i].m {
+			if h.theta != 10 {
+				t.Errorf("the hot entry shares a limit of threshold %d after the reload to 5 a second (10)", h.theta)
+			}
+		}
+	}
+}
