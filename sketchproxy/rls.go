@@ -126,17 +126,20 @@ type RLSDomain struct {
 }
 
 // RLSDescriptor matches one entry of a request's descriptor: its key, and
-// its value if Value is set. A value with * matches as envoyproxy/ratelimit
-// does: each * stands for any run of bytes (files/*, foo*bar); no value
-// matches any. Exact values are tried first, then the wildcard values in
-// the order given, then the descriptor without a value.
+// its value if Value is set. A value ending in * matches as
+// envoyproxy/ratelimit's does: every value that starts with what comes
+// before that * (files/* matches files/a.pdf and files/); a * elsewhere is
+// a literal byte (foo*bar matches only foo*bar, as theirs: "Wildcard in the
+// middle of value is not supported"). No value matches any. Exact values
+// are tried first, then the wildcard values in the order given, then the
+// descriptor without a value.
 type RLSDescriptor struct {
 	// Key is the descriptor entry's key, as Envoy's actions name it
 	// (remote_address, header_match, generic_key, ...).
 	Key string `yaml:"key" example:"remote_address"`
-	// Value, if set, is the entry's value to match: exact, or with * as a
-	// wildcard. Without it every value matches, each with a count of its
-	// own.
+	// Value, if set, is the entry's value to match: exact, or a prefix
+	// when it ends in * (only a trailing * is a wildcard). Without it every
+	// value matches, each with a count of its own.
 	Value string `yaml:"value" example:"files/*"`
 	// RateLimit is the limit of the requests whose descriptor ends here.
 	RateLimit *RLSRateLimit `yaml:"rate_limit"`
@@ -151,7 +154,8 @@ type RLSDescriptor struct {
 	// count the request's hits.
 	QuotaMode bool `yaml:"quota_mode" example:"true"`
 	// ShareThreshold makes every value a wildcard Value matches share one
-	// count, instead of one count per value. It needs a * in Value.
+	// count, instead of one count per value. It needs a Value ending in *,
+	// as envoyproxy/ratelimit's does.
 	ShareThreshold bool `yaml:"share_threshold" example:"true"`
 	// DetailedMetric counts the descriptor's calls per value it matched,
 	// as envoyproxy/ratelimit's statistics do:
@@ -224,7 +228,7 @@ type rlsNode struct {
 	quota     bool   // quota_mode
 	share     bool   // share_threshold: count every matching value as one
 	pattern   string // the wildcard value this node was declared with
-	wildParts []string
+	prefix    string // the pattern without its trailing *: what a value must start with
 	detailed  bool // detailed_metric or value_to_metric: a series per value
 }
 
@@ -254,7 +258,7 @@ func (n *rlsNode) child(key, value string) (c *rlsNode, shared bool) {
 		return c, false
 	}
 	for _, w := range n.wild {
-		if w.key == key && wildcardMatch(w.n.wildParts, value) {
+		if w.key == key && strings.HasPrefix(value, w.n.prefix) {
 			return w.n, w.n.share
 		}
 	}
@@ -280,25 +284,6 @@ func (n *rlsNode) unlimitedBelow() int {
 		each(c)
 	}
 	return count
-}
-
-// wildcardMatch reports whether value matches a wildcard value split at
-// its *s: it starts with the first part, ends with the last, and holds the
-// others in order between them, each * standing for any run of bytes.
-func wildcardMatch(parts []string, value string) bool {
-	first, last := parts[0], parts[len(parts)-1]
-	if len(value) < len(first)+len(last) || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
-		return false
-	}
-	rest := value[len(first) : len(value)-len(last)]
-	for _, p := range parts[1 : len(parts)-1] {
-		i := strings.Index(rest, p)
-		if i < 0 {
-			return false
-		}
-		rest = rest[i+len(p):]
-	}
-	return true
 }
 
 // validateEnvoyRLS loads and compiles the domains.
@@ -414,13 +399,16 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 					return c.errAt(fmt.Sprintf("key %q without a value is given twice at this level", dd.Key), p...)
 				}
 				n.any[dd.Key] = child
-			case strings.Contains(v, "*"):
+			case strings.HasSuffix(v, "*"):
+				// Only a trailing * is a wildcard, as in envoyproxy/ratelimit
+				// (its wildcardKeys): any other * is a literal byte of an
+				// exact value, so that a file means what it means there.
 				for _, w := range n.wild {
 					if w.key == dd.Key && w.n.pattern == v {
 						return twice()
 					}
 				}
-				child.pattern, child.wildParts, child.share = v, strings.Split(v, "*"), dd.ShareThreshold
+				child.pattern, child.prefix, child.share = v, strings.TrimSuffix(v, "*"), dd.ShareThreshold
 				n.wild = append(n.wild, rlsWild{dd.Key, child})
 			default:
 				k := [2]string{dd.Key, v}
@@ -429,8 +417,8 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 				}
 				n.exact[k] = child
 			}
-			if dd.ShareThreshold && !strings.Contains(dd.Value, "*") {
-				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value (with *), not %q", dd.Value), append(p, "share_threshold")...)
+			if dd.ShareThreshold && !strings.HasSuffix(dd.Value, "*") {
+				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value, one ending in * (as envoyproxy/ratelimit), not %q", dd.Value), append(p, "share_threshold")...)
 			}
 			child.detailed = dd.DetailedMetric || dd.ValueToMetric
 			r.nodes++

@@ -280,15 +280,27 @@ descriptors:
 	}
 }
 
-// Wildcards anywhere in a value match as envoyproxy/ratelimit's do, each
-// value counted apart; with share_threshold every matching value shares
-// one count, also when the limit sits deeper.
+// Only a trailing * is a wildcard, as in envoyproxy/ratelimit (its
+// wildcardKeys; its test/config/wildcard.yaml: "Wildcard in the middle of
+// value is not supported"): /v1/* matches every value under /v1/, each
+// counted apart; a * elsewhere is a literal byte; wildcards are tried in
+// the order given, after exact values. With share_threshold every matching
+// value shares one count, also when the limit sits deeper.
 func TestRLSWildcards(t *testing.T) {
 	h := newRLSHarness(t, "", "d.yaml", `domain: d
 descriptors:
   - key: path
     value: /v1/*/report
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: /v1/admin
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: path
+    value: /v1/*
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /v1/a*
+    rate_limit: {unit: minute, requests_per_unit: 5}
   - key: path
     value: /files/*
     share_threshold: true
@@ -306,14 +318,22 @@ descriptors:
 		value string
 		limit uint32
 	}{
-		{"/v1/a/report", 2}, {"/v1/a/b/report", 2}, {"/v1/report", 100}, {"/v1/a/report/x", 100}, {"/files/", 2}, {"/file", 100},
+		{"/v1/*/report", 3},   // the literal value: exact
+		{"/v1/admin", 4},      // exact before any wildcard
+		{"/v1/a/report", 2},   // not /v1/*/report (a literal *): /v1/*, the first wildcard given
+		{"/v1/abc", 2},        // /v1/* before /v1/a*: the order given
+		{"/v1/", 2},           // the * may stand for nothing
+		{"/v1", 100},          // shorter than the prefix
+		{"/files/", 2},        // share_threshold's wildcard
+		{"/file", 100},        // no wildcard: the key without a value
+		{"/v2/x/report", 100}, // no * in the middle either
 	} {
 		if got := h.ask(t, "d", 0, entries("path", c.value)).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != c.limit {
 			t.Errorf("%s: limit %d, want %d", c.value, got, c.limit)
 		}
 	}
-	// /v1/a/report has 1 left; /v1/b/report its own 2.
-	if got := h.passes(t, 3, "d", entries("path", "/v1/b/report")); got != 2 {
+	// /v1/a/report has 1 of its 2 left; /v1/b its own 2.
+	if got := h.passes(t, 3, "d", entries("path", "/v1/b")); got != 2 {
 		t.Errorf("another value of a wildcard without share_threshold: %d of 3 passed, want its own 2", got)
 	}
 	// /files/ took 1 of the shared 2.
