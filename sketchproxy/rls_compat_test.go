@@ -2,6 +2,7 @@ package sketchproxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -452,5 +453,38 @@ descriptors:
 	// limit saw four calls.
 	if r := h.ask(t, "d", 0, entries("user", "ann")).GetStatuses()[0].GetLimitRemaining(); r != 95 {
 		t.Errorf("the ordinary limit: remaining %d, want 95 (four calls and this one)", r)
+	}
+}
+
+// The new-key defence changes decisions envoyproxy/ratelimit would make:
+// after a spike of new values (150 in a second), a client first seen
+// during it gets budget_factor of its limit, and at 2 a minute its 2nd
+// call is refused. new_keys: {disabled: true} gives their decisions back:
+// every client its whole limit, whatever others do.
+func TestRLSNewKeysDisabledGivesTheirDecisions(t *testing.T) {
+	file := `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+	run := func(newKeys string) []rlsv3.RateLimitResponse_Code {
+		h := newRLSHarness(t, "new_keys: "+newKeys+"\n", "d.yaml", file)
+		for i := range 150 {
+			h.ask(t, "d", 0, entries("user", fmt.Sprint("rotating-", i)))
+			h.clk.Advance(time.Second / 150)
+		}
+		var got []rlsv3.RateLimitResponse_Code
+		for range 3 {
+			got = append(got, h.ask(t, "d", 0, entries("user", "ann")).GetOverallCode())
+		}
+		return got
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	// The defence on (warm-up skipped, as after a minute of running).
+	if got := run("{warmup: 0s}"); got[0] != ok || got[1] != over {
+		t.Fatalf("the defence on, a client first seen in a spike: %v, want its 2nd call refused (it gets a quarter of 2)", got)
+	}
+	if got := run("{disabled: true, warmup: 0s}"); got[0] != ok || got[1] != ok || got[2] != over {
+		t.Errorf("new_keys disabled: %v, want OK OK OVER_LIMIT, as envoyproxy/ratelimit decides", got)
 	}
 }
