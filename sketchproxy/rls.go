@@ -71,11 +71,13 @@ type EnvoyRLSConfig struct {
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata" example:"true"`
 	// Directory is a directory of envoyproxy/ratelimit configuration
-	// files, relative to this config's directory: every *.yaml and *.yml
-	// file directly in it is loaded as Files are, in name order; names
-	// starting with "." (Kubernetes' ..data) and subdirectories are
-	// skipped. cmd/sketchproxy reloads the config when the directory's
-	// files change, a symlink swap included (rlsdir.go).
+	// files, relative to this config's directory, loaded as theirs loads
+	// its runtime directory: every file in it and in its subdirectories,
+	// whatever its extension, as Files are, in path order. Names starting
+	// with "." are skipped, files and directories (theirs with
+	// RUNTIME_IGNOREDOTFILES=true: Kubernetes' ..data holds a second copy
+	// of every file). cmd/sketchproxy reloads the config when the
+	// directory's files change, a symlink swap included (rlsdir.go).
 	Directory string `yaml:"directory" example:"/etc/ratelimit/config"`
 	// WatchEvery is how often cmd/sketchproxy looks for changes in
 	// Directory and in the TLS files.
