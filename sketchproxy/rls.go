@@ -150,10 +150,12 @@ type RLSDescriptor struct {
 	Descriptors []RLSDescriptor `yaml:"descriptors"`
 	// ShadowMode decides and counts but never answers OVER_LIMIT.
 	ShadowMode bool `yaml:"shadow_mode" example:"true"`
-	// QuotaMode makes the limit one quota among the request's: the request
-	// is over only if every quota descriptor is (or an ordinary one). A
-	// quota it is over still reads OVER_LIMIT in its status, and does not
-	// count the request's hits.
+	// QuotaMode makes the limit a quota, as envoyproxy/ratelimit's
+	// quota_mode: a call over it is never refused for it. Its status stays
+	// OK, with its limit and what remains (0 once spent), and with
+	// response_dynamic_metadata the call's metadata lists it in
+	// quotaModeViolations. Its hits are counted as every descriptor's are,
+	// over the quota or not.
 	QuotaMode bool `yaml:"quota_mode" example:"true"`
 	// ShareThreshold makes every value a wildcard Value matches share one
 	// count, instead of one count per value. It needs a Value ending in *,
@@ -461,6 +463,11 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, 
 	}
 	n.name, n.quota = rl.Name, dd.QuotaMode
 	if rl.Unlimited {
+		// As envoyproxy/ratelimit ("should not specify rate limit unit when
+		// unlimited"): a unit says the writer meant a limit.
+		if _, ok := rlsUnits[strings.ToLower(rl.Unit)]; ok {
+			return c.errAt(fmt.Sprintf("%q with unlimited: true: remove the unit, or unlimited for a limit of requests_per_unit per %s", rl.Unit, strings.ToLower(rl.Unit)), append(p, "unit")...)
+		}
 		n.limit = rlsUnlimited
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -176,6 +177,31 @@ func TestRLSRefusedRequestCountsNothing(t *testing.T) {
 	}
 	if r := h.ask(t, "d", 0, ip).GetStatuses()[0].GetLimitRemaining(); r != 9 {
 		t.Errorf("the address after the refused request and one of its own: remaining %d, want 9", r)
+	}
+}
+
+// With refused: count, a refused call counts every descriptor's hits, each
+// on its own, as envoyproxy/ratelimit does: the one over its limit and the
+// one that fit (refused: free counts neither: TestRLSRefusedRequestCountsNothing).
+func TestRLSRefusedCallCountsEveryDescriptor(t *testing.T) {
+	h := newRLSHarness(t, "  refused: count\n", "d.yaml", rlsUserFile)
+	h.passes(t, 10, "d", entries("user", "ann"))
+	ip := entries("ip", "192.0.2.1")
+	resp := h.ask(t, "d", 0, entries("user", "ann"), ip)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("ann over, the address not: %v", resp)
+	}
+	if r := resp.GetStatuses()[1].GetLimitRemaining(); r != 9 {
+		t.Errorf("the address in the refused call: remaining %d, want 9 (its hit counted)", r)
+	}
+	if r := h.ask(t, "d", 0, ip).GetStatuses()[0].GetLimitRemaining(); r != 8 {
+		t.Errorf("the address after the refused call and one of its own: remaining %d, want 8", r)
+	}
+	// ann's refused hit was counted too: half a minute halves her 11 hits
+	// to 5.5, so 4 more fit, not the 5 that 10 halved would leave.
+	h.clk.Advance(30 * time.Second)
+	if got := h.passes(t, 10, "d", entries("user", "ann")); got != 4 {
+		t.Errorf("ann half a minute after 11 calls: %d passed, want 4", got)
 	}
 }
 
@@ -486,5 +512,54 @@ descriptors:
 	}
 	if got := run("{disabled: true, warmup: 0s}"); got[0] != ok || got[1] != ok || got[2] != over {
 		t.Errorf("new_keys disabled: %v, want OK OK OVER_LIMIT, as envoyproxy/ratelimit decides", got)
+	}
+}
+
+// Every row of the README's "Moving from envoyproxy/ratelimit" table names
+// at least one test, and each test it names exists (in this package or,
+// where the row says so, in cmd/sketchproxy): a row whose test was renamed
+// or never written is a claim nothing holds.
+func TestMigrationTableNamesRealTests(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(readme), "### Moving from envoyproxy/ratelimit\n")
+	if !ok {
+		t.Fatal("README.md has no Moving from envoyproxy/ratelimit section")
+	}
+	table, _, _ = strings.Cut(table, "\n#")
+	defined := map[string]bool{}
+	for _, glob := range []string{"*_test.go", filepath.Join("cmd", "sketchproxy", "*_test.go")} {
+		files, _ := filepath.Glob(glob)
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range regexp.MustCompile(`(?m)^func (Test\w+)\(`).FindAllStringSubmatch(string(b), -1) {
+				defined[m[1]] = true
+			}
+		}
+	}
+	rows := 0
+	for _, line := range strings.Split(table, "\n") {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| Behaviour ") {
+			continue
+		}
+		rows++
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		names := regexp.MustCompile(`\bTest\w+`).FindAllString(cells[len(cells)-1], -1)
+		if len(names) == 0 {
+			t.Errorf("row %q names no test", cells[0])
+		}
+		for _, n := range names {
+			if !defined[n] {
+				t.Errorf("row %q names %s, which does not exist", cells[0], n)
+			}
+		}
+	}
+	if rows < 20 {
+		t.Errorf("%d rows read: the table's shape changed", rows)
 	}
 }

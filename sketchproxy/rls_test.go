@@ -17,6 +17,7 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 	write("typo.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      request_per_unit: 5\n")
 	write("ok.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: SECOND, requests_per_unit: 5}\n")
 	write("empty.yaml", "")
+	write("unlimited.yaml", "domain: u\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: minute\n")
 	for _, c := range []struct{ yaml, want string }{
 		{"envoy_rls: {domains: [{domain: a, descriptors: [{key: k}]}]}\n", `main.yaml:1: envoy_rls.listen: missing`},
 		{"envoy_rls: {listen: x}\n", "no domains"},
@@ -33,6 +34,8 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 		{"envoy_rls:\n  listen: x\n  domains:\n    - {domain: a}\n    - {domain: a}\n", `"a" is given twice`},
 		{"envoy_rls:\n  listen: x\n  files: [typo.yaml]\n", "typo.yaml:6"},
 		{"envoy_rls:\n  listen: x\n  files: [empty.yaml]\n", "empty.yaml: the file is empty"},
+		// As envoyproxy/ratelimit: "should not specify rate limit unit when unlimited".
+		{"envoy_rls:\n  listen: x\n  files: [unlimited.yaml]\n", `unlimited.yaml:6: descriptors[0].rate_limit.unit: "minute" with unlimited: true: remove the unit`},
 		{"envoy_rls:\n  listen: x\n  files: [missing.yaml]\n", "missing.yaml: no such file"},
 		{"envoy_rls:\n  listen: x\n  files: [ok.yaml, ok.yaml]\n", `"api" is given twice: give each domain once, or set envoy_rls.merge_domains: true`},
 	} {

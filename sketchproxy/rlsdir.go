@@ -43,7 +43,7 @@ func (r *EnvoyRLSConfig) Warnings() []string {
 // warn records that the field at path p of c's document was loaded and is
 // ignored.
 func (r *rlsBuilt) warn(c *Config, p []any) {
-	msg := "ignored: SketchProxy sends no dynamic metadata; the descriptor's limit applies as written"
+	msg := "ignored: nothing reads a descriptor's metadata (envoy_rls.response_dynamic_metadata returns the call's domain, descriptors and quota violations, not this field); the descriptor's limit applies as written"
 	r.warned = append(r.warned, c.errAt(msg, p...).Error())
 }
 
