@@ -51,10 +51,14 @@ type EnvoyRLSConfig struct {
 	// LIMIT_RESPONSE_HEADERS_ENABLED=false); "ratelimit", as
 	// envoyproxy/ratelimit sends them when enabled: RateLimit-Limit,
 	// RateLimit-Remaining and RateLimit-Reset of the most limiting
-	// descriptor; or "draft", the RateLimit-Policy and RateLimit fields of
-	// draft-ietf-httpapi-ratelimit-headers-10 and Retry-After, each policy
-	// named by its rate_limit's name, or by its unit (per-second, ...): a
-	// descriptor's keys and values never reach a client.
+	// descriptor (the last one over its limit, else the first with the
+	// least remaining); or "draft", the RateLimit-Policy and RateLimit
+	// fields of draft-ietf-httpapi-ratelimit-headers-10 and Retry-After,
+	// each policy named by its rate_limit's name, or by its unit
+	// (per-second, ...), made unique in its domain (per-minute-2): a
+	// descriptor's keys and values never reach a client. Under shadow_mode
+	// both send what they would without it, but Retry-After: the call
+	// passes.
 	ResponseHeaders string `yaml:"response_headers" example:"draft"`
 	// Refused says whether the hits of a call answered OVER_LIMIT count:
 	// "free" (the default) counts nothing of a refused call, so a client
@@ -64,7 +68,9 @@ type EnvoyRLSConfig struct {
 	Refused string `yaml:"refused" example:"count"`
 	// ShadowMode answers every call OK while deciding and counting as
 	// usual (envoyproxy/ratelimit's SHADOW_MODE): what would have been
-	// refused is counted as a shadow refusal and logged.
+	// refused is counted as a shadow refusal and logged. As theirs, the
+	// descriptors' statuses and the response headers still say what
+	// would have been refused; only the call's overall code is OK.
 	ShadowMode bool `yaml:"shadow_mode" example:"true"`
 	// ResponseDynamicMetadata returns the call's domain, descriptors, hits
 	// and quota_mode violations as dynamic metadata, as
@@ -117,6 +123,9 @@ type rlsBuilt struct {
 	nodes   int                 // descriptors loaded
 	warned  []string            // fields loaded and ignored (rlsdir.go)
 	digest  string              // the directory's files, as read (rlsdir.go)
+	// policies are the draft policy names given in each domain: a call
+	// names one domain, so names unique in it are unique in a response.
+	policies map[string]map[string]bool
 }
 
 // RLSDomain is one domain: a tree of descriptors.
@@ -435,7 +444,7 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 			}
 			names := append(append([]string(nil), names...), label)
 			if rl := dd.RateLimit; rl != nil {
-				if err := r.limit(c, child, dd, printable("envoy:"+d.Domain+":"+strings.Join(names, ":")), append(p, "rate_limit")); err != nil {
+				if err := r.limit(c, child, dd, d.Domain, printable("envoy:"+d.Domain+":"+strings.Join(names, ":")), append(p, "rate_limit")); err != nil {
 					return err
 				}
 			}
@@ -448,9 +457,9 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 	return walk(root, d.Descriptors, nil, path)
 }
 
-// limit compiles descriptor dd's rate_limit, at path p, into node n: a
-// rule named name for a counted limit.
-func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, p []any) error {
+// limit compiles descriptor dd's rate_limit of domain, at path p, into
+// node n: a rule named name for a counted limit.
+func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name string, p []any) error {
 	rl := dd.RateLimit
 	for j, rp := range rl.Replaces {
 		switch {
@@ -487,11 +496,27 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, 
 		rule.Refused = "count"
 	}
 	// The policy's name in the draft's fields: the limit's own name, or
-	// its unit; never the descriptor's keys and values.
-	rule.policy = printable(rl.Name)
-	if rule.policy == "" {
-		rule.policy = "per-" + strings.ToLower(rl.Unit)
+	// its unit; never the descriptor's keys and values. Unique in its
+	// domain, as the HTTP rules' limit names are in a rule: two limits
+	// called per-minute in one response would be one policy to a client,
+	// so the second is per-minute-2.
+	base := printable(rl.Name)
+	if base == "" {
+		base = "per-" + strings.ToLower(rl.Unit)
 	}
+	if r.policies == nil {
+		r.policies = map[string]map[string]bool{}
+	}
+	taken := r.policies[domain]
+	if taken == nil {
+		taken = map[string]bool{}
+		r.policies[domain] = taken
+	}
+	rule.policy = base
+	for i := 2; taken[rule.policy]; i++ {
+		rule.policy = base + "-" + strconv.Itoa(i)
+	}
+	taken[rule.policy] = true
 	if rl.RequestsPerUnit == 0 {
 		n.limit, rule.block = rlsBlock, true // every hit is over
 	} else {
@@ -727,7 +752,10 @@ func rlsFacts(st *state, ms []rlsMatch, facts []engine.Fact) []engine.Fact {
 // rlsStatus is one descriptor's status: OK without a limit; the maximum
 // remaining for an unlimited one (as envoyproxy/ratelimit); else its
 // verdict's code, limit, remaining and time until reset (none for a limit
-// its hits can never fit: that would promise a pass).
+// its hits can never fit: that would promise a pass). A descriptor over its
+// limit reads OVER_LIMIT also under the global shadow_mode, as theirs
+// (only the call's overall code is OK there); one in shadow_mode of its
+// own, or a quota, reads OK.
 func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	switch {
@@ -739,8 +767,8 @@ func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimi
 	}
 	v := &vs[mt.fact]
 	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.name, RequestsPerUnit: mt.n.requests, Unit: mt.n.unit}
-	if v.Over && !v.Shadow && !v.Quota {
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT // a quota over stays OK, as in envoyproxy/ratelimit
+	if rlsOver(v) {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if v.Never {
 		return st // remaining 0, and no reset: it never comes
@@ -749,6 +777,15 @@ func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimi
 	st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 	st.DurationUntilReset = durationpb.New(reset)
 	return st
+}
+
+// rlsOver reports whether a verdict's descriptor status reads OVER_LIMIT:
+// over its limit, not a quota (a quota over stays OK, as in
+// envoyproxy/ratelimit), and not in a shadow_mode of its own. The global
+// shadow_mode, which only turns the call's overall code OK, does not
+// count.
+func rlsOver(v *engine.Verdict) bool {
+	return v.Over && !v.Quota && !v.Rule.Shadow
 }
 
 // rlsDraftHeaders are the RateLimit-Policy and RateLimit fields, and
@@ -766,16 +803,22 @@ func rlsDraftHeaders(d *engine.Decision) []*corev3.HeaderValue {
 
 // rlsLimitHeaders are envoyproxy/ratelimit's headers (response_headers:
 // ratelimit): RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of
-// the most limiting descriptor, the one over its limit or else the one
-// with the least remaining; Reset is the seconds until its count leaves
-// room (theirs: until the window's end), left out where none ever will.
+// the most limiting descriptor, chosen as theirs chooses it: the last
+// descriptor over its limit, or, with none over, the first with the least
+// remaining (a quota or a shadow descriptor competes by its remaining
+// only). Under the global shadow_mode they are sent as without it, as
+// theirs. Reset is the seconds until its count leaves room (theirs: until
+// the window's end), left out where none ever will.
 func rlsLimitHeaders(sts []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
 	var most *rlsv3.RateLimitResponse_DescriptorStatus
+	over := false
 	for _, st := range sts {
 		switch {
 		case st.GetCurrentLimit() == nil:
-		case most == nil, st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && most.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT,
-			st.GetCode() == most.GetCode() && st.GetLimitRemaining() < most.GetLimitRemaining():
+		case st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+			most, over = st, true // the last over wins, as theirs
+		case over:
+		case most == nil, st.GetLimitRemaining() < most.GetLimitRemaining():
 			most = st
 		}
 	}

@@ -195,6 +195,66 @@ descriptors:
 	}
 }
 
+// The headers where several descriptors compete, as envoyproxy/ratelimit
+// chooses: draft policies are unique in a response (two unnamed limits per
+// minute are per-minute and per-minute-2, not one policy twice); ratelimit
+// mode reports the last descriptor over its limit (theirs sets it at each
+// one over); under the global shadow_mode the statuses still read
+// OVER_LIMIT and both modes send their headers as without it (theirs sends
+// its headers there), but no Retry-After: the call passes.
+func TestRLSResponseHeadersAsTheirs(t *testing.T) {
+	file := `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 3}
+`
+	ds := []*rlv3.RateLimitDescriptor{entries("user", "ann"), entries("ip", "192.0.2.1")}
+	h := newRLSHarness(t, "  response_headers: draft\n", "d.yaml", file)
+	resp := h.ask(t, "d", 0, ds...)
+	if p := header(resp, "RateLimit-Policy"); p != `"per-minute";q=2;w=60, "per-minute-2";q=3;w=60` {
+		t.Errorf("two unnamed limits per minute: RateLimit-Policy %q, want per-minute and per-minute-2", p)
+	}
+	if rl := header(resp, "RateLimit"); rl != `"per-minute";r=1;t=30, "per-minute-2";r=2;t=30` {
+		t.Errorf("RateLimit %q", rl)
+	}
+
+	// Both over: theirs reports the last one over.
+	h = newRLSHarness(t, "  response_headers: ratelimit\n", "d.yaml", file)
+	for range 3 {
+		h.ask(t, "d", 0, ds...)
+	}
+	h.ask(t, "d", 0, ds[1]) // ip: 3 of 3, user: 2 of 2
+	resp = h.ask(t, "d", 0, ds...)
+	if resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("want both over: %v", resp)
+	}
+	if l, r := header(resp, "RateLimit-Limit"), header(resp, "RateLimit-Remaining"); l != "3" || r != "0" {
+		t.Errorf("both over: RateLimit-Limit %s, -Remaining %s; want the last over's, 3 and 0", l, r)
+	}
+
+	// The global shadow_mode.
+	for _, c := range []struct{ mode, want, value string }{
+		{"ratelimit", "RateLimit-Remaining", "0"},
+		{"draft", "RateLimit", `"per-minute";r=0;t=`},
+	} {
+		h := newRLSHarness(t, "  shadow_mode: true\n  response_headers: "+c.mode+"\n", "d.yaml", file)
+		h.ask(t, "d", 0, ds[0])
+		h.ask(t, "d", 0, ds[0])
+		resp := h.ask(t, "d", 0, ds[0])
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("shadow_mode, %s: %v; want the call OK, its descriptor OVER_LIMIT", c.mode, resp)
+		}
+		if got := header(resp, c.want); !strings.HasPrefix(got, c.value) {
+			t.Errorf("shadow_mode, %s: %s %q, want %q", c.mode, c.want, got, c.value)
+		}
+		if ra := header(resp, "Retry-After"); ra != "" {
+			t.Errorf("shadow_mode, %s: Retry-After %s on a call that passes", c.mode, ra)
+		}
+	}
+}
+
 // envoy_rls.shadow_mode answers every call OK, counting and logging what
 // it would have refused; refused: count counts every hit of a refused call,
 // as envoyproxy/ratelimit does by default.

@@ -21,7 +21,8 @@ type Request struct {
 	// call), so a refusal the tarpit would drip is refused at once.
 	NoDrip bool
 	// Shadow decides every fact in shadow mode: nothing is refused, and
-	// every hit is counted (Envoy's global shadow mode).
+	// every hit is counted (Envoy's global shadow mode). The fields still
+	// describe the limits as they would be enforced.
 	Shadow bool
 }
 
