@@ -550,7 +550,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	defer d.Done()
 	for i := range d.Verdicts {
 		if v := &d.Verdicts[i]; v.Shadow && v.Out.Refuses() {
-			m.logDecision(r, v, true)
+			m.logDecision(r, v, true, v.Never)
 		}
 	}
 	switch {
@@ -656,7 +656,7 @@ func (m *Middleware) answerRefusal(w http.ResponseWriter, r *http.Request, st *s
 		m.met.clientCap.Add(1) // server.max_in_flight_per_client
 		d.Worst.Key = rq.client
 	}
-	m.logDecision(r, &d.Worst, false)
+	m.logDecision(r, &d.Worst, false, d.Never)
 	code := http.StatusTooManyRequests
 	if d.Unavailable() {
 		code = http.StatusServiceUnavailable

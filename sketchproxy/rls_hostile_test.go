@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -343,6 +344,51 @@ descriptors:
 	}
 	if strings.Contains(line, "alice") {
 		t.Errorf("a client's value reached the log:\n%s", line)
+	}
+}
+
+// A refusal's log line says the wait the client is (or, in shadow mode,
+// would have been) told: a shadow refusal's retry_after_s is what the
+// enforced rule would have answered (it logged 1 s, the floor, where the
+// wait was 30 s), and a limit no wait satisfies (requests_per_unit: 0)
+// logs never, not 1 s.
+func TestRLSRefusalLogWaits(t *testing.T) {
+	var logs bytes.Buffer
+	h := newRLSHarnessLog(t, slog.New(slog.NewTextHandler(&logs, nil)), "  response_headers: draft\n", "d.yaml", `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: blocked
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: trial_blocked
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
+`)
+	var enforced *rlsv3.RateLimitResponse
+	for range 3 {
+		enforced = h.ask(t, "d", 0, entries("user", "ann"))
+		h.ask(t, "d", 0, entries("trial", "ann"))
+	}
+	if enforced.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || header(enforced, "Retry-After") != "30" {
+		t.Fatalf("the enforced rule's 3rd call: %v, want OVER_LIMIT with Retry-After 30", enforced)
+	}
+	h.ask(t, "d", 0, entries("blocked", "x"))
+	h.ask(t, "d", 0, entries("trial_blocked", "x"))
+	want := map[string]string{ // rule: its line's retry_after_s
+		"envoy:d:user":          "30",
+		"envoy:d:trial":         "30", // as the enforced rule said
+		"envoy:d:blocked":       "never",
+		"envoy:d:trial_blocked": "never",
+	}
+	for rule, retry := range want {
+		re := regexp.MustCompile(`msg="sketchproxy decision" rule=` + regexp.QuoteMeta(rule) + ` .*retry_after_s=(\S+)`)
+		m := re.FindStringSubmatch(logs.String())
+		if m == nil || m[1] != retry {
+			t.Errorf("%s: logged retry_after_s %v, want %s\n%s", rule, m, retry, logs.String())
+		}
 	}
 }
 

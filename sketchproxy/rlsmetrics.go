@@ -67,7 +67,7 @@ func (r *rlsValues) each(f func(rule, value string, c *valueCounts)) {
 // is).
 func (m *Middleware) rlsObserve(domain string, ms []rlsMatch, d *engine.Decision) {
 	if !d.Admitted {
-		m.logVerdict(&d.Worst, false, "door", "envoy_rls", "domain", domain)
+		m.logVerdict(&d.Worst, false, d.Never, "door", "envoy_rls", "domain", domain)
 	}
 	for i := range ms {
 		mt := &ms[i]
@@ -76,7 +76,7 @@ func (m *Middleware) rlsObserve(domain string, ms []rlsMatch, d *engine.Decision
 		}
 		v := &d.Verdicts[mt.fact]
 		if v.Shadow && v.Out.Refuses() {
-			m.logVerdict(v, true, "door", "envoy_rls", "domain", domain)
+			m.logVerdict(v, true, v.Never, "door", "envoy_rls", "domain", domain)
 		}
 		if mt.n.detailed {
 			c := m.rlsValues.get(v.Rule.Name, m.display(mt.key))
