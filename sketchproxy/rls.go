@@ -229,20 +229,20 @@ var rlsUnits = map[string]struct {
 // rlsNode is a compiled descriptor: its children by key and value (exact,
 // then wildcard, then any value), and its limit, if any.
 type rlsNode struct {
-	exact     map[[2]string]*rlsNode
-	wild      []rlsWild
-	any       map[string]*rlsNode
-	limit     rlsLimitKind
-	rule      int // index in the rules (and state.rlsRules); -1: none
-	name      string
-	replaces  []string
-	unit      rlsv3.RateLimitResponse_RateLimit_Unit
-	requests  uint32
-	quota     bool   // quota_mode
-	share     bool   // share_threshold: count every matching value as one
-	pattern   string // the wildcard value this node was declared with
-	prefix    string // the pattern without its trailing *: what a value must start with
-	detailed  bool // detailed_metric or value_to_metric: a series per value
+	exact    map[[2]string]*rlsNode
+	wild     []rlsWild
+	any      map[string]*rlsNode
+	limit    rlsLimitKind
+	rule     int // index in the rules (and state.rlsRules); -1: none
+	name     string
+	replaces []string
+	unit     rlsv3.RateLimitResponse_RateLimit_Unit
+	requests uint32
+	quota    bool   // quota_mode
+	share    bool   // share_threshold: count every matching value as one
+	pattern  string // the wildcard value this node was declared with
+	prefix   string // the pattern without its trailing *: what a value must start with
+	detailed bool   // detailed_metric or value_to_metric: a series per value
 }
 
 // rlsLimitKind is what a node's rate_limit says.

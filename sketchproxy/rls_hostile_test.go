@@ -13,7 +13,9 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -427,6 +429,41 @@ descriptors:
 	}
 	if ok != 30 {
 		t.Errorf("2 hits a minute (the descriptor twice) under 3 a minute: %d of 30 calls admitted", ok)
+	}
+}
+
+// A call up to gRPC's default 4 MiB is answered, as envoyproxy/ratelimit
+// answers one of 2.1 MB (the cap was 1 MiB: such a call failed, and Envoy
+// let the request through); a larger one is refused by gRPC before it is
+// read (ResourceExhausted).
+func TestRLSLargeCall(t *testing.T) {
+	h := newRLSHarness(t, "", "edge.yaml", `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	call := func(n int) (*rlsv3.RateLimitResponse, error) {
+		ds := make([]*rlv3.RateLimitDescriptor, n)
+		for i := range ds {
+			ds[i] = entries("remote_address", fmt.Sprintf("%0120d", i))
+		}
+		ds[n-1] = entries("remote_address", "203.0.113.7")
+		req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: ds}
+		t.Logf("%d descriptors: %d bytes", n, proto.Size(req))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return h.client.ShouldRateLimit(ctx, req)
+	}
+	h.ask(t, "edge", 0, entries("remote_address", "203.0.113.7")) // its 1 a minute spent
+	resp, err := call(15000)                                      // about 2.1 MB
+	if err != nil {
+		t.Fatalf("a 2.1 MB call: %v", err)
+	}
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || len(resp.GetStatuses()) != 15000 {
+		t.Errorf("a 2.1 MB call: %v, %d statuses; want OVER_LIMIT (its last descriptor is over)", resp.GetOverallCode(), len(resp.GetStatuses()))
+	}
+	if _, err := call(32000); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a 4.5 MB call: %v, want ResourceExhausted", err)
 	}
 }
 
