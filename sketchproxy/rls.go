@@ -20,6 +20,7 @@ import (
 	"go.yaml.in/yaml/v4"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -88,6 +89,17 @@ type EnvoyRLSConfig struct {
 	// WatchEvery is how often cmd/sketchproxy looks for changes in
 	// Directory and in the TLS files.
 	WatchEvery Duration `yaml:"watch_every" reload:"restart" example:"1s"`
+	// MaxConnectionAge closes each gRPC connection after about this long
+	// (a GOAWAY, ±10% jitter, then calls in progress finish), as
+	// envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE: Envoy opens a new
+	// one, so its connections spread onto replicas started since, where
+	// they would otherwise stay on the first ones for good. Default 24h,
+	// theirs; 0s: never.
+	MaxConnectionAge Duration `yaml:"max_connection_age" reload:"restart" example:"24h"`
+	// MaxConnectionAgeGrace is how long calls in progress on a connection
+	// past MaxConnectionAge may take before it is closed
+	// (GRPC_MAX_CONNECTION_AGE_GRACE). Default 1h, theirs; 0s: no bound.
+	MaxConnectionAgeGrace Duration `yaml:"max_connection_age_grace" reload:"restart" example:"1h"`
 	// TLS serves the gRPC listener over TLS, or mutual TLS (nil: plain
 	// gRPC).
 	TLS *RLSTLSConfig `yaml:"tls" reload:"restart; its files' contents reload by themselves"`
@@ -321,6 +333,12 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	case "free", "count":
 	default:
 		return c.errAt(fmt.Sprintf("%q: want free (a refused call counts nothing) or count (every hit counts, as envoyproxy/ratelimit)", r.Refused), "envoy_rls", "refused")
+	}
+	if err := orNone(c, &r.MaxConnectionAge, Duration(24*time.Hour), "envoy_rls", "max_connection_age"); err != nil {
+		return err
+	}
+	if err := orNone(c, &r.MaxConnectionAgeGrace, Duration(time.Hour), "envoy_rls", "max_connection_age_grace"); err != nil {
+		return err
 	}
 	*b = rlsBuilt{merge: r.MergeDomains, count: r.Refused == "count", domains: map[string]*rlsNode{}}
 	for i := range r.Domains {
@@ -558,6 +576,17 @@ func printable(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// Keepalive is the gRPC server's connection ages, as
+// envoy_rls.max_connection_age and max_connection_age_grace ask (pass it
+// to grpc.KeepaliveParams): zero fields are gRPC's "never" and "no bound",
+// as 0s is in the config.
+func (r *EnvoyRLSConfig) Keepalive() keepalive.ServerParameters {
+	return keepalive.ServerParameters{
+		MaxConnectionAge:      time.Duration(r.MaxConnectionAge),
+		MaxConnectionAgeGrace: time.Duration(r.MaxConnectionAgeGrace),
+	}
 }
 
 // RegisterRateLimitService registers Envoy's rate-limit service, answered

@@ -188,7 +188,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var gs *grpc.Server
 	if gln != nil {
-		gopts := []grpc.ServerOption{grpc.MaxConcurrentStreams(1024)}
+		gopts := []grpc.ServerOption{grpc.MaxConcurrentStreams(1024), grpc.KeepaliveParams(cfg.EnvoyRLS.Keepalive())}
 		tlsMode := "off"
 		if tlsw != nil {
 			gopts = append(gopts, grpc.Creds(tlsw.Credentials()))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -13,7 +14,11 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/sketchproxy"
@@ -151,5 +156,43 @@ func TestReplayRejectsInvalidEnvoyConfig(t *testing.T) {
 		if code := run([]string{"-envoy", p, "-rls", "127.0.0.1:1"}, &o, &e); code != 1 || !strings.Contains(e.String(), c.want) {
 			t.Errorf("%s: exit %d, %q; want 1 and %q", name, code, e.String(), c.want)
 		}
+	}
+}
+
+// The example's rate-limit cluster health-checks SketchProxy's gRPC health
+// service under the name SketchProxy answers for, often enough to see a
+// draining replica's NOT_SERVING within its drain (-drain 10s in the
+// Kubernetes example), and the service answers SERVING under that name.
+func TestExampleHealthCheck(t *testing.T) {
+	bs, err := loadBootstrap(filepath.Join("..", "envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hc *corev3.HealthCheck
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		if c.GetName() == "sketchproxy_rls" && len(c.GetHealthChecks()) == 1 {
+			hc = c.GetHealthChecks()[0]
+		}
+	}
+	if hc == nil || hc.GetGrpcHealthCheck() == nil {
+		t.Fatalf("the sketchproxy_rls cluster has no gRPC health check: Envoy would not see a draining replica's NOT_SERVING")
+	}
+	name := hc.GetGrpcHealthCheck().GetServiceName()
+	if name != rlsv3.RateLimitService_ServiceDesc.ServiceName {
+		t.Errorf("health check service_name %q, want %q", name, rlsv3.RateLimitService_ServiceDesc.ServiceName)
+	}
+	if seen := hc.GetInterval().AsDuration()*time.Duration(hc.GetUnhealthyThreshold().GetValue()) + hc.GetTimeout().AsDuration(); seen >= 10*time.Second {
+		t.Errorf("a draining replica is seen after up to %v: not within a 10 s drain", seen)
+	}
+	conn, err := grpc.NewClient(serveExample(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health of %q: %v, %v; want SERVING", name, resp, err)
 	}
 }
