@@ -40,7 +40,7 @@ func (m *Middleware) initMetrics() {
 	m.reg = prometheus.NewRegistry()
 	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sketchproxy_request_duration_seconds",
-		Help:    "Time from a request's arrival to its answer (upstream included), by each rule it matched.",
+		Help:    "Time from a request's arrival to its answer (upstream included), by each rule it matched; for Envoy's service, each call once per rule its descriptors matched.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
 	}, []string{"rule"})
 	m.reg.MustRegister(

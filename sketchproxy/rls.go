@@ -625,6 +625,7 @@ type rlsMatch struct {
 // Unknown domains are OK: the limiter fails open.
 func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	m := s.m
+	begin := time.Now() // the latency histogram's clock, as the HTTP doors'
 	st := m.state.Load()
 	now := m.now()
 	m.met.rlsRequests.Add(1)
@@ -671,7 +672,41 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if rc.ResponseDynamicMetadata {
 		resp.DynamicMetadata = rlsMetadata(req, matches, d.Verdicts)
 	}
+	observeRLSLatency(st, matches, time.Since(begin).Seconds())
 	return resp, nil
+}
+
+// observeRLSLatency observes a call's duration once in the latency
+// histogram of each rule its descriptors matched (an unlimited descriptor
+// has none), however many descriptors matched it.
+func observeRLSLatency(st *state, ms []rlsMatch, secs float64) {
+	var room [8]int
+	seen := room[:0]
+	var many map[int]bool // for many rules; a few are compared pairwise
+	for i := range ms {
+		mt := &ms[i]
+		if mt.fact < 0 {
+			continue
+		}
+		r := mt.n.rule
+		switch {
+		case many != nil:
+			if many[r] {
+				continue
+			}
+			many[r] = true
+		case slices.Contains(seen, r):
+			continue
+		case len(seen) == cap(seen):
+			many = map[int]bool{r: true}
+			for _, o := range seen {
+				many[o] = true
+			}
+		default:
+			seen = append(seen, r)
+		}
+		st.rlsLatency[r].Observe(secs)
+	}
 }
 
 // matchDescriptors matches each descriptor of req against the domain's

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -390,6 +392,37 @@ descriptors:
 		m := re.FindStringSubmatch(logs.String())
 		if m == nil || m[1] != retry {
 			t.Errorf("%s: logged retry_after_s %v, want %s\n%s", rule, m, retry, logs.String())
+		}
+	}
+}
+
+// sketchproxy_request_duration_seconds observes each ShouldRateLimit call
+// once for each rule it matched, however many of its descriptors matched
+// it (the series existed, never observed); a reload that renames a
+// descriptor drops the old name's series.
+func TestRLSRequestDuration(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
+	h.ask(t, "d", 0, entries("user", "ann"))
+	h.ask(t, "d", 0, entries("user", "ann"), entries("user", "bob"), entries("ip", "192.0.2.1"))
+	h.ask(t, "d", 0, entries("path", "/")) // matches nothing
+	const name = "sketchproxy_request_duration_seconds"
+	fams := scrape(t, h.mw)
+	for rule, want := range map[string]float64{"envoy:d:user": 2, "envoy:d:ip": 1} {
+		if got, ok := metricValue(fams, name, `rule="`+rule+`"`); !ok || got != want {
+			t.Errorf("%s{rule=%q}: %v observations (found %v), want %v", name, rule, got, ok, want)
+		}
+	}
+	dir := t.TempDir()
+	main := filepath.Join(dir, "main.yaml")
+	os.WriteFile(filepath.Join(dir, "d.yaml"), []byte("domain: d\ndescriptors:\n  - key: account\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"), 0o644)
+	os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  files: [d.yaml]\n"), 0o644)
+	if err := h.mw.ReloadFrom(func() (*Config, error) { return LoadConfig(main) }); err != nil {
+		t.Fatal(err)
+	}
+	fams = scrape(t, h.mw)
+	for _, rule := range []string{"envoy:d:user", "envoy:d:ip"} {
+		if _, ok := metricValue(fams, name, `rule="`+rule+`"`); ok {
+			t.Errorf("%s{rule=%q} outlived its descriptor's reload", name, rule)
 		}
 	}
 }
