@@ -228,6 +228,7 @@ func (m *Middleware) install(cfg *Config, b *built) error {
 		st.rlsLatency = append(st.rlsLatency, m.observer(ru.Name))
 	}
 	m.dropLatencies(set)
+	m.rlsValues.retain(b.rls.detailed)
 	m.state.Store(st)
 	if old != nil {
 		m.eng.Retire(old.set, set)

@@ -186,7 +186,7 @@ func (m *Middleware) logVerdict(v *verdict, shadow, never bool, door ...any) {
 	if !ok {
 		return
 	}
-	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", m.display(v.Key)}, door...)
+	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", m.keyLabelOf(v)}, door...)
 	if never {
 		attrs = append(attrs, "retry_after_s", "never")
 	} else {

@@ -134,7 +134,10 @@ type rlsBuilt struct {
 	rules   []Rule              // one per descriptor with a limit
 	nodes   int                 // descriptors loaded
 	warned  []string            // fields loaded and ignored (rlsdir.go)
-	digest  string              // the directory's files, as read (rlsdir.go)
+	// detailed are the names of the rules of detailed_metric descriptors:
+	// the per-value series of the others go at a reload.
+	detailed map[string]bool
+	digest   string // the directory's files, as read (rlsdir.go)
 	// policies are the draft policy names given in each domain: a call
 	// names one domain, so names unique in it are unique in a response.
 	policies map[string]map[string]bool
@@ -182,10 +185,14 @@ type RLSDescriptor struct {
 	// count, instead of one count per value. It needs a Value ending in *,
 	// as envoyproxy/ratelimit's does.
 	ShareThreshold bool `yaml:"share_threshold" example:"true"`
-	// DetailedMetric counts the descriptor's calls per value it matched,
-	// as envoyproxy/ratelimit's statistics do:
-	// sketchproxy_envoy_rls_value_*_total, the value shown by keyed hash,
-	// at most 100 series per descriptor, "other" (the rest) included.
+	// DetailedMetric counts the descriptor's calls per value, as
+	// envoyproxy/ratelimit's statistics do:
+	// sketchproxy_envoy_rls_value_*_total, the value label the keyed hash
+	// of the descriptor's values as sent, joined with "|" (sketchproxy
+	// -key-label 'VALUE|VALUE' prints it). The heaviest 1,000 values of
+	// all such descriptors have series of their own, the rest count in
+	// each descriptor's "other"; a reload drops the series of descriptors
+	// no longer configured (docs/metrics.md).
 	DetailedMetric bool `yaml:"detailed_metric" example:"true"`
 	// ValueToMetric does what DetailedMetric does, under
 	// envoyproxy/ratelimit's other name for it.
@@ -465,6 +472,12 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 				if err := r.limit(c, child, dd, d.Domain, printable("envoy:"+d.Domain+":"+strings.Join(names, ":")), append(p, "rate_limit")); err != nil {
 					return err
 				}
+			}
+			if child.detailed && child.rule >= 0 {
+				if r.detailed == nil {
+					r.detailed = map[string]bool{}
+				}
+				r.detailed[r.rules[child.rule].Name] = true
 			}
 			if err := walk(child, dd.Descriptors, names, p); err != nil {
 				return err

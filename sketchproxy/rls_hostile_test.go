@@ -304,50 +304,138 @@ descriptors:
 
 // What an operator of envoyproxy/ratelimit watches: refused calls in the
 // log (as the HTTP doors log theirs), near_limit per rule, and per-value
-// series of a detailed_metric descriptor, bounded whatever the clients
-// send.
+// series of detailed_metric descriptors. Their value label is the keyed
+// hash of the descriptor's values as sent, joined with "|", which
+// Config.KeyLabel (sketchproxy -key-label) computes under
+// key_label_secret_file; the series are bounded over all descriptors
+// together and keep the heaviest values, whenever they came: a client
+// that arrives after a flood of one-off values still gets its own series
+// (the first 99 values kept theirs for good, and it counted in "other").
+// A reload drops the series of descriptors no longer configured.
 func TestRLSObservability(t *testing.T) {
-	var logs bytes.Buffer
-	h := newRLSHarnessLog(t, slog.New(slog.NewTextHandler(&logs, nil)), "", "api.yaml", `domain: api
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "label.key")
+	os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+	file := `domain: api
 descriptors:
   - key: api_key
     detailed_metric: true
     rate_limit: {unit: minute, requests_per_unit: 5}
-`)
-	for range 7 {
-		h.ask(t, "api", 0, entries("api_key", "alice"))
+    descriptors:
+      - key: path
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: plan
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+`
+	var logs bytes.Buffer
+	h := newRLSHarnessLog(t, slog.New(slog.NewTextHandler(&logs, nil)), "key_label_secret_file: "+secret+"\n", "api.yaml", file)
+	h.mw.rlsValues.max = 100 // the bound, lowered to see it work
+	labels, err := ParseConfig("labels.yaml", []byte("key_label_secret_file: "+secret+"\nenvoy_rls: {listen: x, domains: [{domain: d}]}\n"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i := range 150 {
-		h.ask(t, "api", 0, entries("api_key", fmt.Sprint("client-", i)))
+	label := func(key string) string {
+		t.Helper()
+		l, err := labels.KeyLabel(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	sent := map[string]float64{} // hits sent, by rule
+	ask := func(rule string, d *rlv3.RateLimitDescriptor) {
+		h.ask(t, "api", 0, d)
+		sent[rule]++
+	}
+	const apiKey, path, plan = "envoy:api:api_key", "envoy:api:api_key:path", "envoy:api:plan"
+	for i := range 100 {
+		ask(apiKey, entries("api_key", fmt.Sprint("early-", i)))
+	}
+	for range 7 {
+		ask(apiKey, entries("api_key", "alice"))
+	}
+	ask(path, entries("api_key", "bob", "path", "/v1/x"))
+	ask(path, entries("api_key", "bob", "path", "/v1/x"))
+	for i := range 200 {
+		if i%2 == 0 {
+			ask(apiKey, entries("api_key", fmt.Sprint("late-", i)))
+		} else {
+			ask(plan, entries("plan", fmt.Sprint("plan-", i)))
+		}
 	}
 	fams := scrape(t, h.mw)
-	rule := "envoy:api:api_key"
-	alice := h.mw.display("5:alice")
+	alice, bob := label("alice"), label("bob|/v1/x")
 	for _, c := range []struct {
 		name, labels string
 		want         float64
 	}{
-		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + rule + `",value="` + alice + `"`, 7},
-		{"sketchproxy_envoy_rls_value_over_limit_total", `rule="` + rule + `",value="` + alice + `"`, 2},
+		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + apiKey + `",value="` + alice + `"`, 7},
+		{"sketchproxy_envoy_rls_value_over_limit_total", `rule="` + apiKey + `",value="` + alice + `"`, 2},
 		// 5 admitted calls leave 2, 4, 6, 8 and 10 counts of 10: the 5th
 		// is above 80%.
-		{"sketchproxy_envoy_rls_value_near_limit_total", `rule="` + rule + `",value="` + alice + `"`, 1},
-		{"sketchproxy_decisions_near_limit_total", `rule="` + rule + `"`, 1},
-		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + rule + `",value="other"`, 52}, // alice and 98 clients have their own
+		{"sketchproxy_envoy_rls_value_near_limit_total", `rule="` + apiKey + `",value="` + alice + `"`, 1},
+		{"sketchproxy_decisions_near_limit_total", `rule="` + apiKey + `"`, 1},
+		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + path + `",value="` + bob + `"`, 2},
 	} {
 		if got, ok := metricValue(fams, c.name, c.labels); !ok || got != c.want {
 			t.Errorf("%s{%s} = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
-	if n := len(fams["sketchproxy_envoy_rls_value_hits_total"].GetMetric()); n != maxValueSeries {
-		t.Errorf("%d value series after 151 values, want at most %d", n, maxValueSeries)
+	// Bounded over all descriptors; the values and other add up to every
+	// hit of each descriptor.
+	own := 0
+	sums := map[string]float64{}
+	for _, m := range fams["sketchproxy_envoy_rls_value_hits_total"].GetMetric() {
+		var rule, value string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "rule":
+				rule = l.GetValue()
+			case "value":
+				value = l.GetValue()
+			}
+		}
+		if value != "other" {
+			own++
+		}
+		sums[rule] += m.GetCounter().GetValue()
+	}
+	if own != 100 {
+		t.Errorf("%d value series of 310 values, want the bound, 100", own)
+	}
+	for rule, n := range sent {
+		if sums[rule] != n {
+			t.Errorf("%s: its values and other add up to %v hits, want the %v sent", rule, sums[rule], n)
+		}
 	}
 	line := logs.String()
 	if !strings.Contains(line, "sketchproxy decision") || !strings.Contains(line, "door=envoy_rls") || !strings.Contains(line, "domain=api") || !strings.Contains(line, "key="+alice) {
-		t.Errorf("no refusal logged as the HTTP doors log theirs:\n%s", line)
+		t.Errorf("no refusal logged as the HTTP doors log theirs, under -key-label's label %s:\n%s", alice, line)
 	}
 	if strings.Contains(line, "alice") {
 		t.Errorf("a client's value reached the log:\n%s", line)
+	}
+
+	// A reload that renames plan (and drops path's detailed_metric)
+	// drops their series; api_key's stay.
+	main := filepath.Join(dir, "main.yaml")
+	os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(strings.Replace(strings.Replace(file, "key: plan", "key: tier", 1), "        detailed_metric: true\n", "", 1)), 0o644)
+	os.WriteFile(main, []byte("admin: \"off\"\nkey_label_secret_file: "+secret+"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  files: [api.yaml]\n"), 0o644)
+	if err := h.mw.ReloadFrom(func() (*Config, error) { return LoadConfig(main) }); err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]bool{}
+	for _, m := range scrape(t, h.mw)["sketchproxy_envoy_rls_value_hits_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "rule" {
+				left[l.GetValue()] = true
+			}
+		}
+	}
+	if left[plan] || left[path] || !left[apiKey] {
+		t.Errorf("after the reload, series of %v; want %s's only", left, apiKey)
 	}
 }
 
