@@ -187,7 +187,7 @@ func TestReloadTags(t *testing.T) {
 		}
 	}
 	walk(reflect.TypeFor[Config](), "Config")
-	if n != 16 {
-		t.Errorf("%d fields tagged reload, want the 14 cmd/sketchproxy's hand-kept list named, fleet and key_label_secret_file", n)
+	if n != 18 {
+		t.Errorf("%d fields tagged reload, want the 14 cmd/sketchproxy's hand-kept list named, fleet, key_label_secret_file and envoy_rls.max_connection_age and its grace", n)
 	}
 }

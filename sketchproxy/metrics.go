@@ -40,7 +40,7 @@ func (m *Middleware) initMetrics() {
 	m.reg = prometheus.NewRegistry()
 	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sketchproxy_request_duration_seconds",
-		Help:    "Time from a request's arrival to its answer (upstream included), by each rule it matched.",
+		Help:    "Time from a request's arrival to its answer (upstream included), by each rule it matched; for Envoy's service, each call once per rule its descriptors matched.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
 	}, []string{"rule"})
 	m.reg.MustRegister(
@@ -97,7 +97,7 @@ var (
 	dRLSUnknown      = newDesc("envoy_rls_unknown_domain_total", prometheus.CounterValue, "ShouldRateLimit calls for a domain envoy_rls does not configure (answered OK).")
 	dLimitRefusals   = newDesc("limit_refusals_total", prometheus.CounterValue, "Refusals by the limit the request was over (its rule's most constrained), beside its rule: which of a rule's limits refuses.", "rule", "limit")
 	dNearLimit       = newDesc("decisions_near_limit_total", prometheus.CounterValue, "Admitted requests that left their key above 80% of its limit (envoyproxy/ratelimit's near_limit).", "rule")
-	dValueHits       = newDesc("envoy_rls_value_hits_total", prometheus.CounterValue, "Hits of a detailed_metric descriptor, by the value it matched (keyed hash; at most 100 series per descriptor, other included).", "rule", "value")
+	dValueHits       = newDesc("envoy_rls_value_hits_total", prometheus.CounterValue, "Hits of a detailed_metric descriptor, by the values it was sent with (keyed hash, as sketchproxy -key-label computes it); the 1,000 heaviest values of all such descriptors have a series, the rest count in other.", "rule", "value")
 	dValueOver       = newDesc("envoy_rls_value_over_limit_total", prometheus.CounterValue, "Calls of a detailed_metric descriptor over its limit, by value.", "rule", "value")
 	dValueNear       = newDesc("envoy_rls_value_near_limit_total", prometheus.CounterValue, "Calls of a detailed_metric descriptor admitted above 80% of its limit, by value.", "rule", "value")
 
@@ -178,9 +178,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		c.Limits(func(limit string, n uint64) { emit(dLimitRefusals, float64(n), rule, limit) })
 	})
 	m.rlsValues.each(func(rule, value string, c *valueCounts) {
-		emit(dValueHits, float64(c.hits.Load()), rule, value)
-		emit(dValueOver, float64(c.over.Load()), rule, value)
-		emit(dValueNear, float64(c.near.Load()), rule, value)
+		emit(dValueHits, float64(c.hits), rule, value)
+		emit(dValueOver, float64(c.over), rule, value)
+		emit(dValueNear, float64(c.near), rule, value)
 	})
 
 	emit(dHeld, float64(m.eng.Held()))

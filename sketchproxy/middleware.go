@@ -80,7 +80,11 @@ type state struct {
 	set   *engine.Set
 	rules []*rule      // set.Rules, with what requests match
 	jwt   *jwtVerifier // nil without a jwt section
-	gen   int64
+	// rlsLatency are the latency histograms of set.RLSRules, in order:
+	// each ShouldRateLimit call is observed in those of the rules it
+	// matched.
+	rlsLatency []prometheus.Observer
+	gen        int64
 }
 
 // rule is a compiled rule with what the HTTP doors need to match a request
@@ -221,8 +225,10 @@ func (m *Middleware) install(cfg *Config, b *built) error {
 		st.rules = append(st.rules, m.matcher(&cfg.Rules[i], &b.allow[i], set.Rules[i]))
 	}
 	for _, ru := range set.RLSRules {
-		m.observer(ru.Name)
+		st.rlsLatency = append(st.rlsLatency, m.observer(ru.Name))
 	}
+	m.dropLatencies(set)
+	m.rlsValues.retain(b.rls.detailed)
 	m.state.Store(st)
 	if old != nil {
 		m.eng.Retire(old.set, set)
@@ -266,6 +272,24 @@ func (m *Middleware) observer(name string) prometheus.Observer {
 		m.latencies[name] = o
 	}
 	return o
+}
+
+// dropLatencies removes the latency series of the rules set no longer
+// has, so that reloads that rename rules or Envoy descriptors do not add
+// series for the life of the process. m.mu is held.
+func (m *Middleware) dropLatencies(set *engine.Set) {
+	keep := make(map[string]bool, len(set.Rules)+len(set.RLSRules))
+	for _, rs := range [2][]*engine.Rule{set.Rules, set.RLSRules} {
+		for _, ru := range rs {
+			keep[ru.Name] = true
+		}
+	}
+	for name := range m.latencies {
+		if !keep[name] {
+			m.latency.DeleteLabelValues(name)
+			delete(m.latencies, name)
+		}
+	}
 }
 
 // ReloadFrom calls load and reloads with its config; a failure of either is
@@ -550,7 +574,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	defer d.Done()
 	for i := range d.Verdicts {
 		if v := &d.Verdicts[i]; v.Shadow && v.Out.Refuses() {
-			m.logDecision(r, v, true)
+			m.logDecision(r, v, true, v.Never)
 		}
 	}
 	switch {
@@ -656,7 +680,7 @@ func (m *Middleware) answerRefusal(w http.ResponseWriter, r *http.Request, st *s
 		m.met.clientCap.Add(1) // server.max_in_flight_per_client
 		d.Worst.Key = rq.client
 	}
-	m.logDecision(r, &d.Worst, false)
+	m.logDecision(r, &d.Worst, false, d.Never)
 	code := http.StatusTooManyRequests
 	if d.Unavailable() {
 		code = http.StatusServiceUnavailable

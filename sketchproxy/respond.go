@@ -164,15 +164,17 @@ func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, d *
 
 // logDecision logs an HTTP door's refusal (or a shadow one): logVerdict,
 // with the request's method and path.
-func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow bool) {
-	m.logVerdict(v, shadow, "method", r.Method, "path", truncate(r.URL.Path, 256)) // slog quotes and escapes control bytes
+func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow, never bool) {
+	m.logVerdict(v, shadow, never, "method", r.Method, "path", truncate(r.URL.Path, 256)) // slog quotes and escapes control bytes
 }
 
 // logVerdict logs a refusal (or a shadow one) of any door, with the door's
 // own attributes: the first of its rule's interval (refusallog.go), at
 // most logsPerSecond a second in all; the next line says how many were
-// left out. Counts are in requests.
-func (m *Middleware) logVerdict(v *verdict, shadow bool, door ...any) {
+// left out. Counts are in requests. retry_after_s is v.Retry in seconds,
+// or "never" where no wait is enough (never: the request's Decision.Never
+// for a refusal, the verdict's own Never for a shadow one).
+func (m *Middleware) logVerdict(v *verdict, shadow, never bool, door ...any) {
 	rule := ""
 	if v.Rule != nil {
 		rule = v.Rule.Name
@@ -184,8 +186,12 @@ func (m *Middleware) logVerdict(v *verdict, shadow bool, door ...any) {
 	if !ok {
 		return
 	}
-	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", m.display(v.Key)}, door...)
-	attrs = append(attrs, "retry_after_s", rate.Seconds(v.Retry))
+	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", m.keyLabelOf(v)}, door...)
+	if never {
+		attrs = append(attrs, "retry_after_s", "never")
+	} else {
+		attrs = append(attrs, "retry_after_s", rate.Seconds(v.Retry))
+	}
 	if v.Limit != nil {
 		attrs = append(attrs, "limit", v.Limit.Name, "estimate", v.Est/rate.Unit, "threshold", v.Theta/rate.Unit)
 	}

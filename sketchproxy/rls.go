@@ -20,6 +20,7 @@ import (
 	"go.yaml.in/yaml/v4"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -51,10 +52,14 @@ type EnvoyRLSConfig struct {
 	// LIMIT_RESPONSE_HEADERS_ENABLED=false); "ratelimit", as
 	// envoyproxy/ratelimit sends them when enabled: RateLimit-Limit,
 	// RateLimit-Remaining and RateLimit-Reset of the most limiting
-	// descriptor; or "draft", the RateLimit-Policy and RateLimit fields of
-	// draft-ietf-httpapi-ratelimit-headers-10 and Retry-After, each policy
-	// named by its rate_limit's name, or by its unit (per-second, ...): a
-	// descriptor's keys and values never reach a client.
+	// descriptor (the last one over its limit, else the first with the
+	// least remaining); or "draft", the RateLimit-Policy and RateLimit
+	// fields of draft-ietf-httpapi-ratelimit-headers-10 and Retry-After,
+	// each policy named by its rate_limit's name, or by its unit
+	// (per-second, ...), made unique in its domain (per-minute-2): a
+	// descriptor's keys and values never reach a client. Under shadow_mode
+	// both send what they would without it, but Retry-After: the call
+	// passes.
 	ResponseHeaders string `yaml:"response_headers" example:"draft"`
 	// Refused says whether the hits of a call answered OVER_LIMIT count:
 	// "free" (the default) counts nothing of a refused call, so a client
@@ -64,22 +69,37 @@ type EnvoyRLSConfig struct {
 	Refused string `yaml:"refused" example:"count"`
 	// ShadowMode answers every call OK while deciding and counting as
 	// usual (envoyproxy/ratelimit's SHADOW_MODE): what would have been
-	// refused is counted as a shadow refusal and logged.
+	// refused is counted as a shadow refusal and logged. As theirs, the
+	// descriptors' statuses and the response headers still say what
+	// would have been refused; only the call's overall code is OK.
 	ShadowMode bool `yaml:"shadow_mode" example:"true"`
 	// ResponseDynamicMetadata returns the call's domain, descriptors, hits
 	// and quota_mode violations as dynamic metadata, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata" example:"true"`
 	// Directory is a directory of envoyproxy/ratelimit configuration
-	// files, relative to this config's directory: every *.yaml and *.yml
-	// file directly in it is loaded as Files are, in name order; names
-	// starting with "." (Kubernetes' ..data) and subdirectories are
-	// skipped. cmd/sketchproxy reloads the config when the directory's
-	// files change, a symlink swap included (rlsdir.go).
+	// files, relative to this config's directory, loaded as theirs loads
+	// its runtime directory: every file in it and in its subdirectories,
+	// whatever its extension, as Files are, in path order. Names starting
+	// with "." are skipped, files and directories (theirs with
+	// RUNTIME_IGNOREDOTFILES=true: Kubernetes' ..data holds a second copy
+	// of every file). cmd/sketchproxy reloads the config when the
+	// directory's files change, a symlink swap included (rlsdir.go).
 	Directory string `yaml:"directory" example:"/etc/ratelimit/config"`
 	// WatchEvery is how often cmd/sketchproxy looks for changes in
 	// Directory and in the TLS files.
 	WatchEvery Duration `yaml:"watch_every" reload:"restart" example:"1s"`
+	// MaxConnectionAge closes each gRPC connection after about this long
+	// (a GOAWAY, ±10% jitter, then calls in progress finish), as
+	// envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE: Envoy opens a new
+	// one, so its connections spread onto replicas started since, where
+	// they would otherwise stay on the first ones for good. Default 24h,
+	// theirs; 0s: never.
+	MaxConnectionAge Duration `yaml:"max_connection_age" reload:"restart" example:"24h"`
+	// MaxConnectionAgeGrace is how long calls in progress on a connection
+	// past MaxConnectionAge may take before it is closed
+	// (GRPC_MAX_CONNECTION_AGE_GRACE). Default 1h, theirs; 0s: no bound.
+	MaxConnectionAgeGrace Duration `yaml:"max_connection_age_grace" reload:"restart" example:"1h"`
 	// TLS serves the gRPC listener over TLS, or mutual TLS (nil: plain
 	// gRPC).
 	TLS *RLSTLSConfig `yaml:"tls" reload:"restart; its files' contents reload by themselves"`
@@ -114,7 +134,13 @@ type rlsBuilt struct {
 	rules   []Rule              // one per descriptor with a limit
 	nodes   int                 // descriptors loaded
 	warned  []string            // fields loaded and ignored (rlsdir.go)
-	digest  string              // the directory's files, as read (rlsdir.go)
+	// detailed are the names of the rules of detailed_metric descriptors:
+	// the per-value series of the others go at a reload.
+	detailed map[string]bool
+	digest   string // the directory's files, as read (rlsdir.go)
+	// policies are the draft policy names given in each domain: a call
+	// names one domain, so names unique in it are unique in a response.
+	policies map[string]map[string]bool
 }
 
 // RLSDomain is one domain: a tree of descriptors.
@@ -126,17 +152,20 @@ type RLSDomain struct {
 }
 
 // RLSDescriptor matches one entry of a request's descriptor: its key, and
-// its value if Value is set. A value with * matches as envoyproxy/ratelimit
-// does: each * stands for any run of bytes (files/*, foo*bar); no value
-// matches any. Exact values are tried first, then the wildcard values in
-// the order given, then the descriptor without a value.
+// its value if Value is set. A value ending in * matches as
+// envoyproxy/ratelimit's does: every value that starts with what comes
+// before that * (files/* matches files/a.pdf and files/); a * elsewhere is
+// a literal byte (foo*bar matches only foo*bar, as theirs: "Wildcard in the
+// middle of value is not supported"). No value matches any. Exact values
+// are tried first, then the wildcard values in the order given, then the
+// descriptor without a value.
 type RLSDescriptor struct {
 	// Key is the descriptor entry's key, as Envoy's actions name it
 	// (remote_address, header_match, generic_key, ...).
 	Key string `yaml:"key" example:"remote_address"`
-	// Value, if set, is the entry's value to match: exact, or with * as a
-	// wildcard. Without it every value matches, each with a count of its
-	// own.
+	// Value, if set, is the entry's value to match: exact, or a prefix
+	// when it ends in * (only a trailing * is a wildcard). Without it every
+	// value matches, each with a count of its own.
 	Value string `yaml:"value" example:"files/*"`
 	// RateLimit is the limit of the requests whose descriptor ends here.
 	RateLimit *RLSRateLimit `yaml:"rate_limit"`
@@ -145,18 +174,25 @@ type RLSDescriptor struct {
 	Descriptors []RLSDescriptor `yaml:"descriptors"`
 	// ShadowMode decides and counts but never answers OVER_LIMIT.
 	ShadowMode bool `yaml:"shadow_mode" example:"true"`
-	// QuotaMode makes the limit one quota among the request's: the request
-	// is over only if every quota descriptor is (or an ordinary one). A
-	// quota it is over still reads OVER_LIMIT in its status, and does not
-	// count the request's hits.
+	// QuotaMode makes the limit a quota, as envoyproxy/ratelimit's
+	// quota_mode: a call over it is never refused for it. Its status stays
+	// OK, with its limit and what remains (0 once spent), and with
+	// response_dynamic_metadata the call's metadata lists it in
+	// quotaModeViolations. Its hits are counted as every descriptor's are,
+	// over the quota or not.
 	QuotaMode bool `yaml:"quota_mode" example:"true"`
 	// ShareThreshold makes every value a wildcard Value matches share one
-	// count, instead of one count per value. It needs a * in Value.
+	// count, instead of one count per value. It needs a Value ending in *,
+	// as envoyproxy/ratelimit's does.
 	ShareThreshold bool `yaml:"share_threshold" example:"true"`
-	// DetailedMetric counts the descriptor's calls per value it matched,
-	// as envoyproxy/ratelimit's statistics do:
-	// sketchproxy_envoy_rls_value_*_total, the value shown by keyed hash,
-	// at most 100 series per descriptor, "other" (the rest) included.
+	// DetailedMetric counts the descriptor's calls per value, as
+	// envoyproxy/ratelimit's statistics do:
+	// sketchproxy_envoy_rls_value_*_total, the value label the keyed hash
+	// of the descriptor's values as sent, joined with "|" (sketchproxy
+	// -key-label 'VALUE|VALUE' prints it). The heaviest 1,000 values of
+	// all such descriptors have series of their own, the rest count in
+	// each descriptor's "other"; a reload drops the series of descriptors
+	// no longer configured (docs/metrics.md).
 	DetailedMetric bool `yaml:"detailed_metric" example:"true"`
 	// ValueToMetric does what DetailedMetric does, under
 	// envoyproxy/ratelimit's other name for it.
@@ -212,20 +248,20 @@ var rlsUnits = map[string]struct {
 // rlsNode is a compiled descriptor: its children by key and value (exact,
 // then wildcard, then any value), and its limit, if any.
 type rlsNode struct {
-	exact     map[[2]string]*rlsNode
-	wild      []rlsWild
-	any       map[string]*rlsNode
-	limit     rlsLimitKind
-	rule      int // index in the rules (and state.rlsRules); -1: none
-	name      string
-	replaces  []string
-	unit      rlsv3.RateLimitResponse_RateLimit_Unit
-	requests  uint32
-	quota     bool   // quota_mode
-	share     bool   // share_threshold: count every matching value as one
-	pattern   string // the wildcard value this node was declared with
-	wildParts []string
-	detailed  bool // detailed_metric or value_to_metric: a series per value
+	exact    map[[2]string]*rlsNode
+	wild     []rlsWild
+	any      map[string]*rlsNode
+	limit    rlsLimitKind
+	rule     int // index in the rules (and state.rlsRules); -1: none
+	name     string
+	replaces []string
+	unit     rlsv3.RateLimitResponse_RateLimit_Unit
+	requests uint32
+	quota    bool   // quota_mode
+	share    bool   // share_threshold: count every matching value as one
+	pattern  string // the wildcard value this node was declared with
+	prefix   string // the pattern without its trailing *: what a value must start with
+	detailed bool   // detailed_metric or value_to_metric: a series per value
 }
 
 // rlsLimitKind is what a node's rate_limit says.
@@ -254,7 +290,7 @@ func (n *rlsNode) child(key, value string) (c *rlsNode, shared bool) {
 		return c, false
 	}
 	for _, w := range n.wild {
-		if w.key == key && wildcardMatch(w.n.wildParts, value) {
+		if w.key == key && strings.HasPrefix(value, w.n.prefix) {
 			return w.n, w.n.share
 		}
 	}
@@ -282,25 +318,6 @@ func (n *rlsNode) unlimitedBelow() int {
 	return count
 }
 
-// wildcardMatch reports whether value matches a wildcard value split at
-// its *s: it starts with the first part, ends with the last, and holds the
-// others in order between them, each * standing for any run of bytes.
-func wildcardMatch(parts []string, value string) bool {
-	first, last := parts[0], parts[len(parts)-1]
-	if len(value) < len(first)+len(last) || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
-		return false
-	}
-	rest := value[len(first) : len(value)-len(last)]
-	for _, p := range parts[1 : len(parts)-1] {
-		i := strings.Index(rest, p)
-		if i < 0 {
-			return false
-		}
-		rest = rest[i+len(p):]
-	}
-	return true
-}
-
 // validateEnvoyRLS loads and compiles the domains.
 func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	r := c.EnvoyRLS
@@ -323,6 +340,12 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	case "free", "count":
 	default:
 		return c.errAt(fmt.Sprintf("%q: want free (a refused call counts nothing) or count (every hit counts, as envoyproxy/ratelimit)", r.Refused), "envoy_rls", "refused")
+	}
+	if err := orNone(c, &r.MaxConnectionAge, Duration(24*time.Hour), "envoy_rls", "max_connection_age"); err != nil {
+		return err
+	}
+	if err := orNone(c, &r.MaxConnectionAgeGrace, Duration(time.Hour), "envoy_rls", "max_connection_age_grace"); err != nil {
+		return err
 	}
 	*b = rlsBuilt{merge: r.MergeDomains, count: r.Refused == "count", domains: map[string]*rlsNode{}}
 	for i := range r.Domains {
@@ -414,13 +437,16 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 					return c.errAt(fmt.Sprintf("key %q without a value is given twice at this level", dd.Key), p...)
 				}
 				n.any[dd.Key] = child
-			case strings.Contains(v, "*"):
+			case strings.HasSuffix(v, "*"):
+				// Only a trailing * is a wildcard, as in envoyproxy/ratelimit
+				// (its wildcardKeys): any other * is a literal byte of an
+				// exact value, so that a file means what it means there.
 				for _, w := range n.wild {
 					if w.key == dd.Key && w.n.pattern == v {
 						return twice()
 					}
 				}
-				child.pattern, child.wildParts, child.share = v, strings.Split(v, "*"), dd.ShareThreshold
+				child.pattern, child.prefix, child.share = v, strings.TrimSuffix(v, "*"), dd.ShareThreshold
 				n.wild = append(n.wild, rlsWild{dd.Key, child})
 			default:
 				k := [2]string{dd.Key, v}
@@ -429,8 +455,8 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 				}
 				n.exact[k] = child
 			}
-			if dd.ShareThreshold && !strings.Contains(dd.Value, "*") {
-				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value (with *), not %q", dd.Value), append(p, "share_threshold")...)
+			if dd.ShareThreshold && !strings.HasSuffix(dd.Value, "*") {
+				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value, one ending in * (as envoyproxy/ratelimit), not %q", dd.Value), append(p, "share_threshold")...)
 			}
 			child.detailed = dd.DetailedMetric || dd.ValueToMetric
 			r.nodes++
@@ -443,9 +469,15 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 			}
 			names := append(append([]string(nil), names...), label)
 			if rl := dd.RateLimit; rl != nil {
-				if err := r.limit(c, child, dd, printable("envoy:"+d.Domain+":"+strings.Join(names, ":")), append(p, "rate_limit")); err != nil {
+				if err := r.limit(c, child, dd, d.Domain, printable("envoy:"+d.Domain+":"+strings.Join(names, ":")), append(p, "rate_limit")); err != nil {
 					return err
 				}
+			}
+			if child.detailed && child.rule >= 0 {
+				if r.detailed == nil {
+					r.detailed = map[string]bool{}
+				}
+				r.detailed[r.rules[child.rule].Name] = true
 			}
 			if err := walk(child, dd.Descriptors, names, p); err != nil {
 				return err
@@ -456,9 +488,9 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 	return walk(root, d.Descriptors, nil, path)
 }
 
-// limit compiles descriptor dd's rate_limit, at path p, into node n: a
-// rule named name for a counted limit.
-func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, p []any) error {
+// limit compiles descriptor dd's rate_limit of domain, at path p, into
+// node n: a rule named name for a counted limit.
+func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name string, p []any) error {
 	rl := dd.RateLimit
 	for j, rp := range rl.Replaces {
 		switch {
@@ -471,6 +503,11 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, 
 	}
 	n.name, n.quota = rl.Name, dd.QuotaMode
 	if rl.Unlimited {
+		// As envoyproxy/ratelimit ("should not specify rate limit unit when
+		// unlimited"): a unit says the writer meant a limit.
+		if _, ok := rlsUnits[strings.ToLower(rl.Unit)]; ok {
+			return c.errAt(fmt.Sprintf("%q with unlimited: true: remove the unit, or unlimited for a limit of requests_per_unit per %s", rl.Unit, strings.ToLower(rl.Unit)), append(p, "unit")...)
+		}
 		n.limit = rlsUnlimited
 		return nil
 	}
@@ -490,11 +527,27 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, name string, 
 		rule.Refused = "count"
 	}
 	// The policy's name in the draft's fields: the limit's own name, or
-	// its unit; never the descriptor's keys and values.
-	rule.policy = printable(rl.Name)
-	if rule.policy == "" {
-		rule.policy = "per-" + strings.ToLower(rl.Unit)
+	// its unit; never the descriptor's keys and values. Unique in its
+	// domain, as the HTTP rules' limit names are in a rule: two limits
+	// called per-minute in one response would be one policy to a client,
+	// so the second is per-minute-2.
+	base := printable(rl.Name)
+	if base == "" {
+		base = "per-" + strings.ToLower(rl.Unit)
 	}
+	if r.policies == nil {
+		r.policies = map[string]map[string]bool{}
+	}
+	taken := r.policies[domain]
+	if taken == nil {
+		taken = map[string]bool{}
+		r.policies[domain] = taken
+	}
+	rule.policy = base
+	for i := 2; taken[rule.policy]; i++ {
+		rule.policy = base + "-" + strconv.Itoa(i)
+	}
+	taken[rule.policy] = true
 	if rl.RequestsPerUnit == 0 {
 		n.limit, rule.block = rlsBlock, true // every hit is over
 	} else {
@@ -538,6 +591,17 @@ func printable(s string) string {
 	return string(b)
 }
 
+// Keepalive is the gRPC server's connection ages, as
+// envoy_rls.max_connection_age and max_connection_age_grace ask (pass it
+// to grpc.KeepaliveParams): zero fields are gRPC's "never" and "no bound",
+// as 0s is in the config.
+func (r *EnvoyRLSConfig) Keepalive() keepalive.ServerParameters {
+	return keepalive.ServerParameters{
+		MaxConnectionAge:      time.Duration(r.MaxConnectionAge),
+		MaxConnectionAgeGrace: time.Duration(r.MaxConnectionAgeGrace),
+	}
+}
+
 // RegisterRateLimitService registers Envoy's rate-limit service, answered
 // from the envoy_rls domains of the running config, and the standard gRPC
 // health service on s.
@@ -574,6 +638,7 @@ type rlsMatch struct {
 // Unknown domains are OK: the limiter fails open.
 func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	m := s.m
+	begin := time.Now() // the latency histogram's clock, as the HTTP doors'
 	st := m.state.Load()
 	now := m.now()
 	m.met.rlsRequests.Add(1)
@@ -620,7 +685,41 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if rc.ResponseDynamicMetadata {
 		resp.DynamicMetadata = rlsMetadata(req, matches, d.Verdicts)
 	}
+	observeRLSLatency(st, matches, time.Since(begin).Seconds())
 	return resp, nil
+}
+
+// observeRLSLatency observes a call's duration once in the latency
+// histogram of each rule its descriptors matched (an unlimited descriptor
+// has none), however many descriptors matched it.
+func observeRLSLatency(st *state, ms []rlsMatch, secs float64) {
+	var room [8]int
+	seen := room[:0]
+	var many map[int]bool // for many rules; a few are compared pairwise
+	for i := range ms {
+		mt := &ms[i]
+		if mt.fact < 0 {
+			continue
+		}
+		r := mt.n.rule
+		switch {
+		case many != nil:
+			if many[r] {
+				continue
+			}
+			many[r] = true
+		case slices.Contains(seen, r):
+			continue
+		case len(seen) == cap(seen):
+			many = map[int]bool{r: true}
+			for _, o := range seen {
+				many[o] = true
+			}
+		default:
+			seen = append(seen, r)
+		}
+		st.rlsLatency[r].Observe(secs)
+	}
 }
 
 // matchDescriptors matches each descriptor of req against the domain's
@@ -730,7 +829,10 @@ func rlsFacts(st *state, ms []rlsMatch, facts []engine.Fact) []engine.Fact {
 // rlsStatus is one descriptor's status: OK without a limit; the maximum
 // remaining for an unlimited one (as envoyproxy/ratelimit); else its
 // verdict's code, limit, remaining and time until reset (none for a limit
-// its hits can never fit: that would promise a pass).
+// its hits can never fit: that would promise a pass). A descriptor over its
+// limit reads OVER_LIMIT also under the global shadow_mode, as theirs
+// (only the call's overall code is OK there); one in shadow_mode of its
+// own, or a quota, reads OK.
 func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	switch {
@@ -742,8 +844,8 @@ func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimi
 	}
 	v := &vs[mt.fact]
 	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.name, RequestsPerUnit: mt.n.requests, Unit: mt.n.unit}
-	if v.Over && !v.Shadow && !v.Quota {
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT // a quota over stays OK, as in envoyproxy/ratelimit
+	if rlsOver(v) {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if v.Never {
 		return st // remaining 0, and no reset: it never comes
@@ -752,6 +854,15 @@ func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimi
 	st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 	st.DurationUntilReset = durationpb.New(reset)
 	return st
+}
+
+// rlsOver reports whether a verdict's descriptor status reads OVER_LIMIT:
+// over its limit, not a quota (a quota over stays OK, as in
+// envoyproxy/ratelimit), and not in a shadow_mode of its own. The global
+// shadow_mode, which only turns the call's overall code OK, does not
+// count.
+func rlsOver(v *engine.Verdict) bool {
+	return v.Over && !v.Quota && !v.Rule.Shadow
 }
 
 // rlsDraftHeaders are the RateLimit-Policy and RateLimit fields, and
@@ -769,16 +880,22 @@ func rlsDraftHeaders(d *engine.Decision) []*corev3.HeaderValue {
 
 // rlsLimitHeaders are envoyproxy/ratelimit's headers (response_headers:
 // ratelimit): RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of
-// the most limiting descriptor, the one over its limit or else the one
-// with the least remaining; Reset is the seconds until its count leaves
-// room (theirs: until the window's end), left out where none ever will.
+// the most limiting descriptor, chosen as theirs chooses it: the last
+// descriptor over its limit, or, with none over, the first with the least
+// remaining (a quota or a shadow descriptor competes by its remaining
+// only). Under the global shadow_mode they are sent as without it, as
+// theirs. Reset is the seconds until its count leaves room (theirs: until
+// the window's end), left out where none ever will.
 func rlsLimitHeaders(sts []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
 	var most *rlsv3.RateLimitResponse_DescriptorStatus
+	over := false
 	for _, st := range sts {
 		switch {
 		case st.GetCurrentLimit() == nil:
-		case most == nil, st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && most.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT,
-			st.GetCode() == most.GetCode() && st.GetLimitRemaining() < most.GetLimitRemaining():
+		case st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+			most, over = st, true // the last over wins, as theirs
+		case over:
+		case most == nil, st.GetLimitRemaining() < most.GetLimitRemaining():
 			most = st
 		}
 	}

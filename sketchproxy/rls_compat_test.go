@@ -2,6 +2,7 @@ package sketchproxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -178,6 +180,31 @@ func TestRLSRefusedRequestCountsNothing(t *testing.T) {
 	}
 }
 
+// With refused: count, a refused call counts every descriptor's hits, each
+// on its own, as envoyproxy/ratelimit does: the one over its limit and the
+// one that fit (refused: free counts neither: TestRLSRefusedRequestCountsNothing).
+func TestRLSRefusedCallCountsEveryDescriptor(t *testing.T) {
+	h := newRLSHarness(t, "  refused: count\n", "d.yaml", rlsUserFile)
+	h.passes(t, 10, "d", entries("user", "ann"))
+	ip := entries("ip", "192.0.2.1")
+	resp := h.ask(t, "d", 0, entries("user", "ann"), ip)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("ann over, the address not: %v", resp)
+	}
+	if r := resp.GetStatuses()[1].GetLimitRemaining(); r != 9 {
+		t.Errorf("the address in the refused call: remaining %d, want 9 (its hit counted)", r)
+	}
+	if r := h.ask(t, "d", 0, ip).GetStatuses()[0].GetLimitRemaining(); r != 8 {
+		t.Errorf("the address after the refused call and one of its own: remaining %d, want 8", r)
+	}
+	// ann's refused hit was counted too: half a minute halves her 11 hits
+	// to 5.5, so 4 more fit, not the 5 that 10 halved would leave.
+	h.clk.Advance(30 * time.Second)
+	if got := h.passes(t, 10, "d", entries("user", "ann")); got != 4 {
+		t.Errorf("ann half a minute after 11 calls: %d passed, want 4", got)
+	}
+}
+
 // More hits than the whole limit can never pass: OVER_LIMIT with no
 // duration_until_reset, no Retry-After and no RateLimit item (whose t
 // would promise a time), while a request that fits later is told when.
@@ -280,15 +307,27 @@ descriptors:
 	}
 }
 
-// Wildcards anywhere in a value match as envoyproxy/ratelimit's do, each
-// value counted apart; with share_threshold every matching value shares
-// one count, also when the limit sits deeper.
+// Only a trailing * is a wildcard, as in envoyproxy/ratelimit (its
+// wildcardKeys; its test/config/wildcard.yaml: "Wildcard in the middle of
+// value is not supported"): /v1/* matches every value under /v1/, each
+// counted apart; a * elsewhere is a literal byte; wildcards are tried in
+// the order given, after exact values. With share_threshold every matching
+// value shares one count, also when the limit sits deeper.
 func TestRLSWildcards(t *testing.T) {
 	h := newRLSHarness(t, "", "d.yaml", `domain: d
 descriptors:
   - key: path
     value: /v1/*/report
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: /v1/admin
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: path
+    value: /v1/*
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /v1/a*
+    rate_limit: {unit: minute, requests_per_unit: 5}
   - key: path
     value: /files/*
     share_threshold: true
@@ -306,14 +345,22 @@ descriptors:
 		value string
 		limit uint32
 	}{
-		{"/v1/a/report", 2}, {"/v1/a/b/report", 2}, {"/v1/report", 100}, {"/v1/a/report/x", 100}, {"/files/", 2}, {"/file", 100},
+		{"/v1/*/report", 3},   // the literal value: exact
+		{"/v1/admin", 4},      // exact before any wildcard
+		{"/v1/a/report", 2},   // not /v1/*/report (a literal *): /v1/*, the first wildcard given
+		{"/v1/abc", 2},        // /v1/* before /v1/a*: the order given
+		{"/v1/", 2},           // the * may stand for nothing
+		{"/v1", 100},          // shorter than the prefix
+		{"/files/", 2},        // share_threshold's wildcard
+		{"/file", 100},        // no wildcard: the key without a value
+		{"/v2/x/report", 100}, // no * in the middle either
 	} {
 		if got := h.ask(t, "d", 0, entries("path", c.value)).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != c.limit {
 			t.Errorf("%s: limit %d, want %d", c.value, got, c.limit)
 		}
 	}
-	// /v1/a/report has 1 left; /v1/b/report its own 2.
-	if got := h.passes(t, 3, "d", entries("path", "/v1/b/report")); got != 2 {
+	// /v1/a/report has 1 of its 2 left; /v1/b its own 2.
+	if got := h.passes(t, 3, "d", entries("path", "/v1/b")); got != 2 {
 		t.Errorf("another value of a wildcard without share_threshold: %d of 3 passed, want its own 2", got)
 	}
 	// /files/ took 1 of the shared 2.
@@ -432,5 +479,87 @@ descriptors:
 	// limit saw four calls.
 	if r := h.ask(t, "d", 0, entries("user", "ann")).GetStatuses()[0].GetLimitRemaining(); r != 95 {
 		t.Errorf("the ordinary limit: remaining %d, want 95 (four calls and this one)", r)
+	}
+}
+
+// The new-key defence changes decisions envoyproxy/ratelimit would make:
+// after a spike of new values (150 in a second), a client first seen
+// during it gets budget_factor of its limit, and at 2 a minute its 2nd
+// call is refused. new_keys: {disabled: true} gives their decisions back:
+// every client its whole limit, whatever others do.
+func TestRLSNewKeysDisabledGivesTheirDecisions(t *testing.T) {
+	file := `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+	run := func(newKeys string) []rlsv3.RateLimitResponse_Code {
+		h := newRLSHarness(t, "new_keys: "+newKeys+"\n", "d.yaml", file)
+		for i := range 150 {
+			h.ask(t, "d", 0, entries("user", fmt.Sprint("rotating-", i)))
+			h.clk.Advance(time.Second / 150)
+		}
+		var got []rlsv3.RateLimitResponse_Code
+		for range 3 {
+			got = append(got, h.ask(t, "d", 0, entries("user", "ann")).GetOverallCode())
+		}
+		return got
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	// The defence on (warm-up skipped, as after a minute of running).
+	if got := run("{warmup: 0s}"); got[0] != ok || got[1] != over {
+		t.Fatalf("the defence on, a client first seen in a spike: %v, want its 2nd call refused (it gets a quarter of 2)", got)
+	}
+	if got := run("{disabled: true, warmup: 0s}"); got[0] != ok || got[1] != ok || got[2] != over {
+		t.Errorf("new_keys disabled: %v, want OK OK OVER_LIMIT, as envoyproxy/ratelimit decides", got)
+	}
+}
+
+// Every row of the README's "Moving from envoyproxy/ratelimit" table names
+// at least one test, and each test it names exists (in this package or,
+// where the row says so, in cmd/sketchproxy): a row whose test was renamed
+// or never written is a claim nothing holds.
+func TestMigrationTableNamesRealTests(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(readme), "### Moving from envoyproxy/ratelimit\n")
+	if !ok {
+		t.Fatal("README.md has no Moving from envoyproxy/ratelimit section")
+	}
+	table, _, _ = strings.Cut(table, "\n#")
+	defined := map[string]bool{}
+	for _, glob := range []string{"*_test.go", filepath.Join("cmd", "sketchproxy", "*_test.go")} {
+		files, _ := filepath.Glob(glob)
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range regexp.MustCompile(`(?m)^func (Test\w+)\(`).FindAllStringSubmatch(string(b), -1) {
+				defined[m[1]] = true
+			}
+		}
+	}
+	rows := 0
+	for _, line := range strings.Split(table, "\n") {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| Behaviour ") {
+			continue
+		}
+		rows++
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		names := regexp.MustCompile(`\bTest\w+`).FindAllString(cells[len(cells)-1], -1)
+		if len(names) == 0 {
+			t.Errorf("row %q names no test", cells[0])
+		}
+		for _, n := range names {
+			if !defined[n] {
+				t.Errorf("row %q names %s, which does not exist", cells[0], n)
+			}
+		}
+	}
+	if rows < 20 {
+		t.Errorf("%d rows read: the table's shape changed", rows)
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +15,9 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -195,6 +200,66 @@ descriptors:
 	}
 }
 
+// The headers where several descriptors compete, as envoyproxy/ratelimit
+// chooses: draft policies are unique in a response (two unnamed limits per
+// minute are per-minute and per-minute-2, not one policy twice); ratelimit
+// mode reports the last descriptor over its limit (theirs sets it at each
+// one over); under the global shadow_mode the statuses still read
+// OVER_LIMIT and both modes send their headers as without it (theirs sends
+// its headers there), but no Retry-After: the call passes.
+func TestRLSResponseHeadersAsTheirs(t *testing.T) {
+	file := `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 3}
+`
+	ds := []*rlv3.RateLimitDescriptor{entries("user", "ann"), entries("ip", "192.0.2.1")}
+	h := newRLSHarness(t, "  response_headers: draft\n", "d.yaml", file)
+	resp := h.ask(t, "d", 0, ds...)
+	if p := header(resp, "RateLimit-Policy"); p != `"per-minute";q=2;w=60, "per-minute-2";q=3;w=60` {
+		t.Errorf("two unnamed limits per minute: RateLimit-Policy %q, want per-minute and per-minute-2", p)
+	}
+	if rl := header(resp, "RateLimit"); rl != `"per-minute";r=1;t=30, "per-minute-2";r=2;t=30` {
+		t.Errorf("RateLimit %q", rl)
+	}
+
+	// Both over: theirs reports the last one over.
+	h = newRLSHarness(t, "  response_headers: ratelimit\n", "d.yaml", file)
+	for range 3 {
+		h.ask(t, "d", 0, ds...)
+	}
+	h.ask(t, "d", 0, ds[1]) // ip: 3 of 3, user: 2 of 2
+	resp = h.ask(t, "d", 0, ds...)
+	if resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("want both over: %v", resp)
+	}
+	if l, r := header(resp, "RateLimit-Limit"), header(resp, "RateLimit-Remaining"); l != "3" || r != "0" {
+		t.Errorf("both over: RateLimit-Limit %s, -Remaining %s; want the last over's, 3 and 0", l, r)
+	}
+
+	// The global shadow_mode.
+	for _, c := range []struct{ mode, want, value string }{
+		{"ratelimit", "RateLimit-Remaining", "0"},
+		{"draft", "RateLimit", `"per-minute";r=0;t=`},
+	} {
+		h := newRLSHarness(t, "  shadow_mode: true\n  response_headers: "+c.mode+"\n", "d.yaml", file)
+		h.ask(t, "d", 0, ds[0])
+		h.ask(t, "d", 0, ds[0])
+		resp := h.ask(t, "d", 0, ds[0])
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("shadow_mode, %s: %v; want the call OK, its descriptor OVER_LIMIT", c.mode, resp)
+		}
+		if got := header(resp, c.want); !strings.HasPrefix(got, c.value) {
+			t.Errorf("shadow_mode, %s: %s %q, want %q", c.mode, c.want, got, c.value)
+		}
+		if ra := header(resp, "Retry-After"); ra != "" {
+			t.Errorf("shadow_mode, %s: Retry-After %s on a call that passes", c.mode, ra)
+		}
+	}
+}
+
 // envoy_rls.shadow_mode answers every call OK, counting and logging what
 // it would have refused; refused: count counts every hit of a refused call,
 // as envoyproxy/ratelimit does by default.
@@ -239,50 +304,214 @@ descriptors:
 
 // What an operator of envoyproxy/ratelimit watches: refused calls in the
 // log (as the HTTP doors log theirs), near_limit per rule, and per-value
-// series of a detailed_metric descriptor, bounded whatever the clients
-// send.
+// series of detailed_metric descriptors. Their value label is the keyed
+// hash of the descriptor's values as sent, joined with "|", which
+// Config.KeyLabel (sketchproxy -key-label) computes under
+// key_label_secret_file; the series are bounded over all descriptors
+// together and keep the heaviest values, whenever they came: a client
+// that arrives after a flood of one-off values still gets its own series
+// (the first 99 values kept theirs for good, and it counted in "other").
+// A reload drops the series of descriptors no longer configured.
 func TestRLSObservability(t *testing.T) {
-	var logs bytes.Buffer
-	h := newRLSHarnessLog(t, slog.New(slog.NewTextHandler(&logs, nil)), "", "api.yaml", `domain: api
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "label.key")
+	os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+	file := `domain: api
 descriptors:
   - key: api_key
     detailed_metric: true
     rate_limit: {unit: minute, requests_per_unit: 5}
-`)
-	for range 7 {
-		h.ask(t, "api", 0, entries("api_key", "alice"))
+    descriptors:
+      - key: path
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: plan
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+`
+	var logs bytes.Buffer
+	h := newRLSHarnessLog(t, slog.New(slog.NewTextHandler(&logs, nil)), "key_label_secret_file: "+secret+"\n", "api.yaml", file)
+	h.mw.rlsValues.max = 100 // the bound, lowered to see it work
+	labels, err := ParseConfig("labels.yaml", []byte("key_label_secret_file: "+secret+"\nenvoy_rls: {listen: x, domains: [{domain: d}]}\n"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i := range 150 {
-		h.ask(t, "api", 0, entries("api_key", fmt.Sprint("client-", i)))
+	label := func(key string) string {
+		t.Helper()
+		l, err := labels.KeyLabel(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	sent := map[string]float64{} // hits sent, by rule
+	ask := func(rule string, d *rlv3.RateLimitDescriptor) {
+		h.ask(t, "api", 0, d)
+		sent[rule]++
+	}
+	const apiKey, path, plan = "envoy:api:api_key", "envoy:api:api_key:path", "envoy:api:plan"
+	for i := range 100 {
+		ask(apiKey, entries("api_key", fmt.Sprint("early-", i)))
+	}
+	for range 7 {
+		ask(apiKey, entries("api_key", "alice"))
+	}
+	ask(path, entries("api_key", "bob", "path", "/v1/x"))
+	ask(path, entries("api_key", "bob", "path", "/v1/x"))
+	for i := range 200 {
+		if i%2 == 0 {
+			ask(apiKey, entries("api_key", fmt.Sprint("late-", i)))
+		} else {
+			ask(plan, entries("plan", fmt.Sprint("plan-", i)))
+		}
 	}
 	fams := scrape(t, h.mw)
-	rule := "envoy:api:api_key"
-	alice := h.mw.display("5:alice")
+	alice, bob := label("alice"), label("bob|/v1/x")
 	for _, c := range []struct {
 		name, labels string
 		want         float64
 	}{
-		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + rule + `",value="` + alice + `"`, 7},
-		{"sketchproxy_envoy_rls_value_over_limit_total", `rule="` + rule + `",value="` + alice + `"`, 2},
+		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + apiKey + `",value="` + alice + `"`, 7},
+		{"sketchproxy_envoy_rls_value_over_limit_total", `rule="` + apiKey + `",value="` + alice + `"`, 2},
 		// 5 admitted calls leave 2, 4, 6, 8 and 10 counts of 10: the 5th
 		// is above 80%.
-		{"sketchproxy_envoy_rls_value_near_limit_total", `rule="` + rule + `",value="` + alice + `"`, 1},
-		{"sketchproxy_decisions_near_limit_total", `rule="` + rule + `"`, 1},
-		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + rule + `",value="other"`, 52}, // alice and 98 clients have their own
+		{"sketchproxy_envoy_rls_value_near_limit_total", `rule="` + apiKey + `",value="` + alice + `"`, 1},
+		{"sketchproxy_decisions_near_limit_total", `rule="` + apiKey + `"`, 1},
+		{"sketchproxy_envoy_rls_value_hits_total", `rule="` + path + `",value="` + bob + `"`, 2},
 	} {
 		if got, ok := metricValue(fams, c.name, c.labels); !ok || got != c.want {
 			t.Errorf("%s{%s} = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
-	if n := len(fams["sketchproxy_envoy_rls_value_hits_total"].GetMetric()); n != maxValueSeries {
-		t.Errorf("%d value series after 151 values, want at most %d", n, maxValueSeries)
+	// Bounded over all descriptors; the values and other add up to every
+	// hit of each descriptor.
+	own := 0
+	sums := map[string]float64{}
+	for _, m := range fams["sketchproxy_envoy_rls_value_hits_total"].GetMetric() {
+		var rule, value string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "rule":
+				rule = l.GetValue()
+			case "value":
+				value = l.GetValue()
+			}
+		}
+		if value != "other" {
+			own++
+		}
+		sums[rule] += m.GetCounter().GetValue()
+	}
+	if own != 100 {
+		t.Errorf("%d value series of 310 values, want the bound, 100", own)
+	}
+	for rule, n := range sent {
+		if sums[rule] != n {
+			t.Errorf("%s: its values and other add up to %v hits, want the %v sent", rule, sums[rule], n)
+		}
 	}
 	line := logs.String()
 	if !strings.Contains(line, "sketchproxy decision") || !strings.Contains(line, "door=envoy_rls") || !strings.Contains(line, "domain=api") || !strings.Contains(line, "key="+alice) {
-		t.Errorf("no refusal logged as the HTTP doors log theirs:\n%s", line)
+		t.Errorf("no refusal logged as the HTTP doors log theirs, under -key-label's label %s:\n%s", alice, line)
 	}
 	if strings.Contains(line, "alice") {
 		t.Errorf("a client's value reached the log:\n%s", line)
+	}
+
+	// A reload that renames plan (and drops path's detailed_metric)
+	// drops their series; api_key's stay.
+	main := filepath.Join(dir, "main.yaml")
+	os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(strings.Replace(strings.Replace(file, "key: plan", "key: tier", 1), "        detailed_metric: true\n", "", 1)), 0o644)
+	os.WriteFile(main, []byte("admin: \"off\"\nkey_label_secret_file: "+secret+"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  files: [api.yaml]\n"), 0o644)
+	if err := h.mw.ReloadFrom(func() (*Config, error) { return LoadConfig(main) }); err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]bool{}
+	for _, m := range scrape(t, h.mw)["sketchproxy_envoy_rls_value_hits_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "rule" {
+				left[l.GetValue()] = true
+			}
+		}
+	}
+	if left[plan] || left[path] || !left[apiKey] {
+		t.Errorf("after the reload, series of %v; want %s's only", left, apiKey)
+	}
+}
+
+// A refusal's log line says the wait the client is (or, in shadow mode,
+// would have been) told: a shadow refusal's retry_after_s is what the
+// enforced rule would have answered (it logged 1 s, the floor, where the
+// wait was 30 s), and a limit no wait satisfies (requests_per_unit: 0)
+// logs never, not 1 s.
+func TestRLSRefusalLogWaits(t *testing.T) {
+	var logs bytes.Buffer
+	h := newRLSHarnessLog(t, slog.New(slog.NewTextHandler(&logs, nil)), "  response_headers: draft\n", "d.yaml", `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: blocked
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: trial_blocked
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
+`)
+	var enforced *rlsv3.RateLimitResponse
+	for range 3 {
+		enforced = h.ask(t, "d", 0, entries("user", "ann"))
+		h.ask(t, "d", 0, entries("trial", "ann"))
+	}
+	if enforced.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || header(enforced, "Retry-After") != "30" {
+		t.Fatalf("the enforced rule's 3rd call: %v, want OVER_LIMIT with Retry-After 30", enforced)
+	}
+	h.ask(t, "d", 0, entries("blocked", "x"))
+	h.ask(t, "d", 0, entries("trial_blocked", "x"))
+	want := map[string]string{ // rule: its line's retry_after_s
+		"envoy:d:user":          "30",
+		"envoy:d:trial":         "30", // as the enforced rule said
+		"envoy:d:blocked":       "never",
+		"envoy:d:trial_blocked": "never",
+	}
+	for rule, retry := range want {
+		re := regexp.MustCompile(`msg="sketchproxy decision" rule=` + regexp.QuoteMeta(rule) + ` .*retry_after_s=(\S+)`)
+		m := re.FindStringSubmatch(logs.String())
+		if m == nil || m[1] != retry {
+			t.Errorf("%s: logged retry_after_s %v, want %s\n%s", rule, m, retry, logs.String())
+		}
+	}
+}
+
+// sketchproxy_request_duration_seconds observes each ShouldRateLimit call
+// once for each rule it matched, however many of its descriptors matched
+// it (the series existed, never observed); a reload that renames a
+// descriptor drops the old name's series.
+func TestRLSRequestDuration(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
+	h.ask(t, "d", 0, entries("user", "ann"))
+	h.ask(t, "d", 0, entries("user", "ann"), entries("user", "bob"), entries("ip", "192.0.2.1"))
+	h.ask(t, "d", 0, entries("path", "/")) // matches nothing
+	const name = "sketchproxy_request_duration_seconds"
+	fams := scrape(t, h.mw)
+	for rule, want := range map[string]float64{"envoy:d:user": 2, "envoy:d:ip": 1} {
+		if got, ok := metricValue(fams, name, `rule="`+rule+`"`); !ok || got != want {
+			t.Errorf("%s{rule=%q}: %v observations (found %v), want %v", name, rule, got, ok, want)
+		}
+	}
+	dir := t.TempDir()
+	main := filepath.Join(dir, "main.yaml")
+	os.WriteFile(filepath.Join(dir, "d.yaml"), []byte("domain: d\ndescriptors:\n  - key: account\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"), 0o644)
+	os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  files: [d.yaml]\n"), 0o644)
+	if err := h.mw.ReloadFrom(func() (*Config, error) { return LoadConfig(main) }); err != nil {
+		t.Fatal(err)
+	}
+	fams = scrape(t, h.mw)
+	for _, rule := range []string{"envoy:d:user", "envoy:d:ip"} {
+		if _, ok := metricValue(fams, name, `rule="`+rule+`"`); ok {
+			t.Errorf("%s{rule=%q} outlived its descriptor's reload", name, rule)
+		}
 	}
 }
 
@@ -321,6 +550,41 @@ descriptors:
 	}
 	if ok != 30 {
 		t.Errorf("2 hits a minute (the descriptor twice) under 3 a minute: %d of 30 calls admitted", ok)
+	}
+}
+
+// A call up to gRPC's default 4 MiB is answered, as envoyproxy/ratelimit
+// answers one of 2.1 MB (the cap was 1 MiB: such a call failed, and Envoy
+// let the request through); a larger one is refused by gRPC before it is
+// read (ResourceExhausted).
+func TestRLSLargeCall(t *testing.T) {
+	h := newRLSHarness(t, "", "edge.yaml", `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	call := func(n int) (*rlsv3.RateLimitResponse, error) {
+		ds := make([]*rlv3.RateLimitDescriptor, n)
+		for i := range ds {
+			ds[i] = entries("remote_address", fmt.Sprintf("%0120d", i))
+		}
+		ds[n-1] = entries("remote_address", "203.0.113.7")
+		req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: ds}
+		t.Logf("%d descriptors: %d bytes", n, proto.Size(req))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return h.client.ShouldRateLimit(ctx, req)
+	}
+	h.ask(t, "edge", 0, entries("remote_address", "203.0.113.7")) // its 1 a minute spent
+	resp, err := call(15000)                                      // about 2.1 MB
+	if err != nil {
+		t.Fatalf("a 2.1 MB call: %v", err)
+	}
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || len(resp.GetStatuses()) != 15000 {
+		t.Errorf("a 2.1 MB call: %v, %d statuses; want OVER_LIMIT (its last descriptor is over)", resp.GetOverallCode(), len(resp.GetStatuses()))
+	}
+	if _, err := call(32000); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a 4.5 MB call: %v, want ResourceExhausted", err)
 	}
 }
 

@@ -1,10 +1,22 @@
 package sketchproxy
 
 import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 func TestEnvoyRLSConfigErrors(t *testing.T) {
@@ -17,6 +29,7 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 	write("typo.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      request_per_unit: 5\n")
 	write("ok.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: SECOND, requests_per_unit: 5}\n")
 	write("empty.yaml", "")
+	write("unlimited.yaml", "domain: u\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: minute\n")
 	for _, c := range []struct{ yaml, want string }{
 		{"envoy_rls: {domains: [{domain: a, descriptors: [{key: k}]}]}\n", `main.yaml:1: envoy_rls.listen: missing`},
 		{"envoy_rls: {listen: x}\n", "no domains"},
@@ -33,6 +46,8 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 		{"envoy_rls:\n  listen: x\n  domains:\n    - {domain: a}\n    - {domain: a}\n", `"a" is given twice`},
 		{"envoy_rls:\n  listen: x\n  files: [typo.yaml]\n", "typo.yaml:6"},
 		{"envoy_rls:\n  listen: x\n  files: [empty.yaml]\n", "empty.yaml: the file is empty"},
+		// As envoyproxy/ratelimit: "should not specify rate limit unit when unlimited".
+		{"envoy_rls:\n  listen: x\n  files: [unlimited.yaml]\n", `unlimited.yaml:6: descriptors[0].rate_limit.unit: "minute" with unlimited: true: remove the unit`},
 		{"envoy_rls:\n  listen: x\n  files: [missing.yaml]\n", "missing.yaml: no such file"},
 		{"envoy_rls:\n  listen: x\n  files: [ok.yaml, ok.yaml]\n", `"api" is given twice: give each domain once, or set envoy_rls.merge_domains: true`},
 	} {
@@ -60,5 +75,71 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 	}
 	if d, n, l := cfg.EnvoyRLS.Loaded(); d != 2 || n != 5 || l != 3 {
 		t.Errorf("Loaded: %d domains, %d descriptors, %d limits; want 2, 5, 3", d, n, l)
+	}
+}
+
+// envoy_rls.max_connection_age is envoyproxy/ratelimit's
+// GRPC_MAX_CONNECTION_AGE: 24h and a 1h grace unless set, 0s never; a
+// connection past it gets a GOAWAY, and the client's next call opens a new
+// one (Envoy's connections spread onto replicas started since).
+func TestRLSMaxConnectionAge(t *testing.T) {
+	dir := t.TempDir()
+	load := func(extra string) (*Config, error) {
+		p := filepath.Join(dir, "main.yaml")
+		os.WriteFile(p, []byte("admin: \"off\"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  domains: [{domain: d, descriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 5}}]}]\n"+extra), 0o644)
+		return LoadConfig(p)
+	}
+	cfg, err := load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ka := cfg.EnvoyRLS.Keepalive(); ka.MaxConnectionAge != 24*time.Hour || ka.MaxConnectionAgeGrace != time.Hour {
+		t.Errorf("defaults: %+v, want envoyproxy/ratelimit's 24h and 1h", ka)
+	}
+	if cfg, err = load("  max_connection_age: 0s\n"); err != nil || cfg.EnvoyRLS.Keepalive().MaxConnectionAge != 0 {
+		t.Errorf("0s: %v, %+v; want never (0)", err, cfg)
+	}
+	if _, err := load("  max_connection_age: -1s\n"); err == nil || !strings.Contains(err.Error(), "main.yaml:5: envoy_rls.max_connection_age: want 0 (none) or more") {
+		t.Errorf("-1s: %v", err)
+	}
+
+	cfg, err = load("  max_connection_age: 200ms\n  max_connection_age_grace: 1s\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	srv := grpc.NewServer(append(RateLimitServerOptions(), grpc.KeepaliveParams(cfg.EnvoyRLS.Keepalive()))...)
+	mw.RegisterRateLimitService(srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{entries("k", "v")}}
+	if _, err := client.ShouldRateLimit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	// The GOAWAY moves the client off READY: the wait is for that event,
+	// bounded by ctx.
+	for s := conn.GetState(); s == connectivity.Ready; s = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, s) {
+			t.Fatal("the connection was still READY after 10 s: no GOAWAY at max_connection_age")
+		}
+	}
+	if _, err := client.ShouldRateLimit(ctx, req); err != nil {
+		t.Errorf("the call after the GOAWAY, on a new connection: %v", err)
 	}
 }

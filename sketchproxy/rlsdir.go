@@ -43,7 +43,7 @@ func (r *EnvoyRLSConfig) Warnings() []string {
 // warn records that the field at path p of c's document was loaded and is
 // ignored.
 func (r *rlsBuilt) warn(c *Config, p []any) {
-	msg := "ignored: SketchProxy sends no dynamic metadata; the descriptor's limit applies as written"
+	msg := "ignored: nothing reads a descriptor's metadata (envoy_rls.response_dynamic_metadata returns the call's domain, descriptors and quota violations, not this field); the descriptor's limit applies as written"
 	r.warned = append(r.warned, c.errAt(msg, p...).Error())
 }
 
@@ -113,7 +113,8 @@ func readRLSDir(dir string) (*rlsDir, error) {
 			return nil, err
 		}
 		d.paths, d.data = append(d.paths, path), append(d.data, data)
-		fmt.Fprintf(h, "%s\x00%d\x00", filepath.Base(path), len(data))
+		rel, _ := filepath.Rel(dir, path) // a file moved to a subdirectory is a change
+		fmt.Fprintf(h, "%s\x00%d\x00", rel, len(data))
 		h.Write(data)
 	}
 	d.digest = hex.EncodeToString(h.Sum(nil))
@@ -121,38 +122,57 @@ func readRLSDir(dir string) (*rlsDir, error) {
 }
 
 // rlsDirFiles lists the configuration files of an envoy_rls directory, in
-// name order: the *.yaml and *.yml entries directly in it that are regular
-// files or symlinks to one. Names starting with "." are skipped (editors'
-// swap files, a ConfigMap's ..data), and so are links that lead nowhere: a
-// ConfigMap removes a file's link just after the swap that removed the file.
+// path order: every regular file in it and in its subdirectories, whatever
+// its extension, as envoyproxy/ratelimit's runtime loader (goruntime's
+// filepath.Walk) reads its directory. Names starting with "." are skipped,
+// files and directories, as theirs with RUNTIME_IGNOREDOTFILES=true: a
+// ConfigMap's ..data and ..TIMESTAMP hold a second copy of every file
+// (theirs, by default, loads dot names too). Symlinks to files are
+// followed; symlinks to directories are not descended, as filepath.Walk
+// does not; links that lead nowhere are skipped: a ConfigMap removes a
+// file's link just after the swap that removed the file.
 func rlsDirFiles(dir string) ([]string, error) {
 	if st, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%s: no such directory: create it, or set envoy_rls.directory to the directory of your envoyproxy/ratelimit files", dir)
 	} else if err == nil && !st.IsDir() {
 		return nil, fmt.Errorf("%s is a file, not a directory: name it in envoy_rls.files, or give its directory", dir)
 	}
-	entries, err := os.ReadDir(dir)
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if path != dir && errors.Is(err, fs.ErrNotExist) {
+				return nil // removed while walked: the next look sees it gone
+			}
+			return err
+		}
+		if path == dir {
+			return nil
+		}
+		if strings.HasPrefix(e.Name(), ".") {
+			if e.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch {
+		case e.Type().IsRegular():
+			files = append(files, path)
+		case e.Type()&fs.ModeSymlink != 0:
+			st, err := os.Stat(path) // follows the link
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if st.Mode().IsRegular() {
+				files = append(files, path)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	var files []string
-	for _, e := range entries {
-		name := e.Name()
-		ext := strings.ToLower(filepath.Ext(name))
-		if strings.HasPrefix(name, ".") || ext != ".yaml" && ext != ".yml" {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		st, err := os.Stat(path) // follows the link
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if st.Mode().IsRegular() {
-			files = append(files, path)
-		}
 	}
 	slices.Sort(files)
 	return files, nil

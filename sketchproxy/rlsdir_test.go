@@ -83,8 +83,8 @@ func rlsLimitOf(t *testing.T, mw *Middleware, domain, key, value string) (uint32
 // A ConfigMap mounted as envoy_rls.directory loads whole; a swap of its
 // ..data link changes the digest, and a reload applies it; a broken
 // version is refused with its file and line and the running domains stay;
-// dotfiles, subdirectories, other extensions and dangling links are not
-// read.
+// dot names (the ConfigMap's ..data and ..TIMESTAMP among them) and
+// dangling links are not read.
 func TestRLSDirectoryConfigMapSwap(t *testing.T) {
 	root := t.TempDir()
 	cm := &configMap{t: t, dir: filepath.Join(root, "ratelimit")}
@@ -94,8 +94,7 @@ func TestRLSDirectoryConfigMapSwap(t *testing.T) {
 	})
 	// Not configuration: none of these is read (each would fail to load).
 	os.WriteFile(filepath.Join(cm.dir, ".swap.yaml"), []byte("nonsense: ["), 0o644)
-	os.WriteFile(filepath.Join(cm.dir, "README"), []byte("nonsense: ["), 0o644)
-	os.Mkdir(filepath.Join(cm.dir, "sub.yaml"), 0o755)
+	os.Mkdir(filepath.Join(cm.dir, "sub.yaml"), 0o755) // an empty directory
 	os.Symlink("..data/gone.yaml", filepath.Join(cm.dir, "gone.yaml"))
 
 	main := filepath.Join(root, "main.yaml")
@@ -246,5 +245,65 @@ func TestRLSDirectoryErrorsAndWarnings(t *testing.T) {
 	}
 	if n := b.rls.domains["m"].any["k"]; n == nil || n.requests != 4 {
 		t.Errorf("the descriptor with metadata: %+v", n)
+	}
+}
+
+// envoy_rls.directory loads what envoyproxy/ratelimit's runtime loader
+// loads: every file, whatever its extension, in subdirectories too (their
+// goruntime walks the tree), in path order; dot names are skipped, files
+// and directories (their RUNTIME_IGNOREDOTFILES=true), and so are links to
+// directories (filepath.Walk does not follow them). A file of another
+// extension that is not a configuration fails the load, as it does there.
+func TestRLSDirectoryLoadsAsTheirs(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		p := filepath.Join(dir, "rl", name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	domain := func(name string, n int) string {
+		return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", name, n)
+	}
+	write("a.yaml", domain("a", 1))
+	write("b.conf", domain("b", 2))      // any extension
+	write("team/c.yml", domain("c", 3))  // a subdirectory
+	write("team/deep/d", domain("d", 4)) // deeper, no extension
+	write(".hidden/e.yaml", "nonsense: [")
+	write("team/.f.yaml.swp", "nonsense: [")
+	os.Mkdir(filepath.Join(dir, "elsewhere"), 0o755)
+	os.WriteFile(filepath.Join(dir, "elsewhere", "g.yaml"), []byte(domain("g", 5)), 0o644)
+	os.Symlink(filepath.Join(dir, "elsewhere"), filepath.Join(dir, "rl", "linked"))
+	os.Symlink(filepath.Join(dir, "elsewhere", "g.yaml"), filepath.Join(dir, "rl", "g-link.yaml"))
+	main := filepath.Join(dir, "main.yaml")
+	os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  directory: rl\n"), 0o644)
+	cfg, err := LoadConfig(main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _, _ := cfg.EnvoyRLS.Loaded(); d != 5 {
+		t.Errorf("%d domains loaded, want 5: a, b.conf, team/c.yml, team/deep/d and the link to a file", d)
+	}
+	mw, err := New(cfg, http.NotFoundHandler(), Options{Clock: epochsketch.NewManualClock(rlsT0), Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	for name, want := range map[string]uint32{"a": 1, "b": 2, "c": 3, "d": 4, "g": 5} {
+		if l, _ := rlsLimitOf(t, mw, name, "k", "v"); l != want {
+			t.Errorf("domain %s: limit %d, want %d", name, l, want)
+		}
+	}
+	// Moving a file into a subdirectory changes the digest: a reload is due.
+	before, _ := cfg.RLSDirectoryDigest()
+	os.Rename(filepath.Join(dir, "rl", "b.conf"), filepath.Join(dir, "rl", "team", "b.conf"))
+	if after, _ := cfg.RLSDirectoryDigest(); after == before {
+		t.Error("a file moved to a subdirectory left the digest as it was")
+	}
+	// A file that is not a configuration fails the load, with its name.
+	write("README.txt", "Rate limits of the team.\n")
+	if _, err := LoadConfig(main); err == nil || !strings.Contains(err.Error(), "README.txt") {
+		t.Errorf("a README in the directory: %v, want an error naming it", err)
 	}
 }

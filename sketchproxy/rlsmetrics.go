@@ -1,64 +1,199 @@
 package sketchproxy
 
 import (
+	stdheap "container/heap" // accuracy_test.go has a heap of its own
+	"strconv"
+	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
-// maxValueSeries bounds the per-value series of one detailed_metric
-// descriptor, "other" included: its first values each get their own;
-// later ones are counted under the value "other", so no client can grow
-// the metrics.
-const maxValueSeries = 100
+// maxValueSeries bounds the per-value series of all detailed_metric
+// descriptors together, for the life of the process: a value is one
+// series of each sketchproxy_envoy_rls_value_* metric. Each descriptor's
+// "other" is one more, bounded by the config.
+const maxValueSeries = 1000
 
-// rlsValues counts each detailed_metric descriptor's calls per value.
+// rlsValues counts the detailed_metric descriptors' calls per value, for
+// at most max values in all, kept as the space-saving algorithm keeps the
+// heaviest items of a stream (Metwally, Agrawal and El Abbadi, 2005): a
+// value not tracked takes the place of the tracked value with the fewest
+// hits, whose counts move to its descriptor's "other". So a value that
+// sends more than its share of hits keeps its series whenever it came
+// (the first values no longer keep theirs for good), every series is
+// bounded, and for each descriptor the values and "other" add up to
+// every hit counted. A value's own counts start when it takes its place;
+// its rank also holds the evicted value's hits (space-saving's
+// overestimate), so that a newcomer is not evicted by the next one before
+// it can show its weight.
 type rlsValues struct {
 	mu    sync.Mutex
-	rules map[string]map[string]*valueCounts // rule name → value label → counts
+	max   int                      // 0: maxValueSeries (tests lower it)
+	byKey map[valueKey]*valueEntry // the tracked values
+	order valueHeap                // the same, the least ranked first
+	other map[string]*valueCounts  // by rule: the values not tracked
 }
 
-// valueCounts are one value's calls: hits, and those over or near the
-// limit.
-type valueCounts struct{ hits, over, near atomic.Uint64 }
+// valueKey is a tracked value: its rule's name and its label.
+type valueKey struct{ rule, value string }
 
-// get returns the counts of value under rule, or those of "other" once
-// the rule has maxValueSeries values.
-func (r *rlsValues) get(rule, value string) *valueCounts {
+// valueCounts are a value's calls: hits, and those over or near the limit.
+type valueCounts struct{ hits, over, near uint64 }
+
+// valueEntry is a tracked value: its counts since it got its series, its
+// rank (hits, with those of the value it replaced), and its place in the
+// heap.
+type valueEntry struct {
+	key    valueKey
+	counts valueCounts
+	rank   uint64
+	i      int
+}
+
+// valueHeap orders the tracked values by rank, least first
+// (container/heap).
+type valueHeap []*valueEntry
+
+func (h valueHeap) Len() int           { return len(h) }
+func (h valueHeap) Less(i, j int) bool { return h[i].rank < h[j].rank }
+func (h valueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].i, h[j].i = i, j }
+func (h *valueHeap) Push(x any)        { e := x.(*valueEntry); e.i = len(*h); *h = append(*h, e) }
+func (h *valueHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// add counts one call of value under rule: hits, and whether it was over
+// or near the limit.
+func (r *rlsValues) add(rule, value string, hits uint64, over, near bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.rules == nil {
-		r.rules = map[string]map[string]*valueCounts{}
+	if r.byKey == nil {
+		r.byKey, r.other = map[valueKey]*valueEntry{}, map[string]*valueCounts{}
 	}
-	vs := r.rules[rule]
-	if vs == nil {
-		vs = map[string]*valueCounts{}
-		r.rules[rule] = vs
+	k := valueKey{rule, value}
+	e := r.byKey[k]
+	switch max := r.limit(); {
+	case e != nil:
+		e.rank += hits
+		stdheap.Fix(&r.order, e.i)
+	case len(r.order) < max:
+		e = &valueEntry{key: k, rank: hits}
+		r.byKey[k] = e
+		stdheap.Push(&r.order, e)
+	default:
+		// Space-saving: the least ranked value gives its place, its
+		// counts going to its rule's other.
+		e = r.order[0]
+		o := r.otherOf(e.key.rule)
+		o.hits, o.over, o.near = o.hits+e.counts.hits, o.over+e.counts.over, o.near+e.counts.near
+		delete(r.byKey, e.key)
+		e.key, e.counts, e.rank = k, valueCounts{}, e.rank+hits
+		r.byKey[k] = e
+		stdheap.Fix(&r.order, 0)
 	}
-	c := vs[value]
-	if c == nil {
-		if len(vs) >= maxValueSeries-1 {
-			value = "other"
-			if c = vs[value]; c != nil {
-				return c
-			}
-		}
-		c = &valueCounts{}
-		vs[value] = c
+	e.counts.hits += hits
+	if over {
+		e.counts.over++
+	} else if near {
+		e.counts.near++
 	}
-	return c
 }
 
-// each calls f with every value's counts, under the lock.
+func (r *rlsValues) limit() int {
+	if r.max > 0 {
+		return r.max
+	}
+	return maxValueSeries
+}
+
+// otherOf is rule's other, made if need be. r.mu is held.
+func (r *rlsValues) otherOf(rule string) *valueCounts {
+	o := r.other[rule]
+	if o == nil {
+		o = &valueCounts{}
+		r.other[rule] = o
+	}
+	return o
+}
+
+// retain drops the series of every rule not in keep: the descriptors a
+// reload removed, or whose detailed_metric it turned off, so that reloads
+// that rename descriptors add no series for the life of the process.
+func (r *rlsValues) retain(keep map[string]bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kept := r.order[:0]
+	for _, e := range r.order {
+		if keep[e.key.rule] {
+			e.i = len(kept)
+			kept = append(kept, e)
+		} else {
+			delete(r.byKey, e.key)
+		}
+	}
+	clear(r.order[len(kept):])
+	r.order = kept
+	stdheap.Init(&r.order)
+	for rule := range r.other {
+		if !keep[rule] {
+			delete(r.other, rule)
+		}
+	}
+}
+
+// each calls f with every series' counts, the tracked values' and each
+// rule's other, under the lock.
 func (r *rlsValues) each(f func(rule, value string, c *valueCounts)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for rule, vs := range r.rules {
-		for value, c := range vs {
-			f(rule, value, c)
-		}
+	for _, e := range r.order {
+		f(e.key.rule, e.key.value, &e.counts)
 	}
+	for rule, o := range r.other {
+		f(rule, "other", o)
+	}
+}
+
+// rlsKeyValues is an Envoy rule's engine key as an operator can write it:
+// the values of the descriptor's entries, joined with "|" as an HTTP
+// rule's key parts are (a share_threshold entry's is its wildcard value,
+// which all its values count under). The engine key writes each value
+// with its length ("5:alice"), so that no two descriptors meet; a key not
+// of that shape is returned as it is.
+func rlsKeyValues(key string) string {
+	var b strings.Builder
+	for rest := key; rest != ""; {
+		n, tail, ok := strings.Cut(rest, ":")
+		l, err := strconv.Atoi(n)
+		if !ok || err != nil || l < 0 || l > len(tail) {
+			return key
+		}
+		if b.Len() > 0 {
+			b.WriteByte('|')
+		}
+		b.WriteString(tail[:l])
+		rest = tail[l:]
+	}
+	return b.String()
+}
+
+// isRLSRule reports whether a rule is one of Envoy's descriptors': their
+// names start with "envoy:", which no HTTP rule's may (letters, digits, -
+// and _ only).
+func isRLSRule(name string) bool { return strings.HasPrefix(name, "envoy:") }
+
+// keyLabelOf is the label logs and metrics show for a verdict's key: an
+// Envoy descriptor's values as sent (rlsKeyValues), an HTTP rule's key,
+// under the keyed hash, so that sketchproxy -key-label computes both.
+func (m *Middleware) keyLabelOf(v *verdict) string {
+	if v.Rule != nil && isRLSRule(v.Rule.Name) {
+		return m.display(rlsKeyValues(v.Key))
+	}
+	return m.display(v.Key)
 }
 
 // rlsObserve logs an Envoy call's refusal and its shadow refusals, as the
@@ -67,7 +202,7 @@ func (r *rlsValues) each(f func(rule, value string, c *valueCounts)) {
 // is).
 func (m *Middleware) rlsObserve(domain string, ms []rlsMatch, d *engine.Decision) {
 	if !d.Admitted {
-		m.logVerdict(&d.Worst, false, "door", "envoy_rls", "domain", domain)
+		m.logVerdict(&d.Worst, false, d.Never, "door", "envoy_rls", "domain", domain)
 	}
 	for i := range ms {
 		mt := &ms[i]
@@ -76,16 +211,10 @@ func (m *Middleware) rlsObserve(domain string, ms []rlsMatch, d *engine.Decision
 		}
 		v := &d.Verdicts[mt.fact]
 		if v.Shadow && v.Out.Refuses() {
-			m.logVerdict(v, true, "door", "envoy_rls", "domain", domain)
+			m.logVerdict(v, true, v.Never, "door", "envoy_rls", "domain", domain)
 		}
 		if mt.n.detailed {
-			c := m.rlsValues.get(v.Rule.Name, m.display(mt.key))
-			c.hits.Add(uint64(mt.hits))
-			if v.Over {
-				c.over.Add(1)
-			} else if d.Admitted && v.NearLimit() {
-				c.near.Add(1)
-			}
+			m.rlsValues.add(v.Rule.Name, m.display(rlsKeyValues(mt.key)), uint64(mt.hits), v.Over, d.Admitted && v.NearLimit())
 		}
 	}
 }

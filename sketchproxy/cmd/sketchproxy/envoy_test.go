@@ -15,6 +15,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -331,5 +332,36 @@ func TestBinaryEnvoyRLSReload(t *testing.T) {
 	}
 	if got := limit(); got != 7 {
 		t.Errorf("after an invalid reload: limit %d, want the running 7", got)
+	}
+}
+
+// The binary's gRPC server ages its connections out at
+// envoy_rls.max_connection_age: a connection gets a GOAWAY, and the next
+// call opens a new one.
+func TestBinaryEnvoyRLSMaxConnectionAge(t *testing.T) {
+	bin := build(t)
+	socks := holdSockets(t, "envoy_rls")
+	cfg := filepath.Join(t.TempDir(), "sp.yaml")
+	os.WriteFile(cfg, []byte("admin: \"off\"\nenvoy_rls:\n  listen: \"192.0.2.1:9\"\n  max_connection_age: 300ms\n"+rlsEdgeDomain), 0o644)
+	_, out := socks.start(t, bin, "-config", cfg)
+	waitFor(t, out, regexp.MustCompile(`msg="envoy rate limit service listening"`))
+	conn, err := grpc.NewClient(socks.addr("envoy_rls"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	if got := rlsLimit(t, client, "edge", "user", "ann"); got != 100 {
+		t.Fatalf("limit %d, want 100", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for s := conn.GetState(); s == connectivity.Ready; s = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, s) {
+			t.Fatalf("still READY 10 s after a call: no GOAWAY at max_connection_age 300ms\n%s", out)
+		}
+	}
+	if got := rlsLimit(t, client, "edge", "user", "ann"); got != 100 {
+		t.Errorf("after the GOAWAY: limit %d, want 100", got)
 	}
 }

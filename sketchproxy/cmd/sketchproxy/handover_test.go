@@ -406,3 +406,26 @@ func TestSystemdExample(t *testing.T) {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
+
+// The socket units must outlive a restart of the service: PartOf= (or
+// BindsTo=) naming sketchproxy.service makes systemctl restart sketchproxy
+// restart the socket too (systemd.unit(5)), which closes it and resets the
+// connections queued in it, the gap the sockets are there to close. Read
+// from the units' text, so that it holds where systemd is not installed.
+func TestSystemdSocketsOutliveRestarts(t *testing.T) {
+	src := filepath.Join("..", "..", "examples", "systemd")
+	units, err := filepath.Glob(filepath.Join(src, "*.socket"))
+	if err != nil || len(units) == 0 {
+		t.Fatalf("no socket units in %s: %v", src, err)
+	}
+	tied := regexp.MustCompile(`(?m)^\s*(PartOf|BindsTo|Requisite)\s*=.*\bsketchproxy\.service\b`)
+	for _, u := range units {
+		b, err := os.ReadFile(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := tied.FindString(string(b)); m != "" {
+			t.Errorf("%s: %q: restarting sketchproxy.service would restart the socket and reset its queued connections", filepath.Base(u), strings.TrimSpace(m))
+		}
+	}
+}

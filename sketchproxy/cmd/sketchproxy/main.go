@@ -188,7 +188,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var gs *grpc.Server
 	if gln != nil {
-		gopts := []grpc.ServerOption{grpc.MaxConcurrentStreams(1024)}
+		gopts := []grpc.ServerOption{grpc.MaxConcurrentStreams(1024), grpc.KeepaliveParams(cfg.EnvoyRLS.Keepalive())}
 		tlsMode := "off"
 		if tlsw != nil {
 			gopts = append(gopts, grpc.Creds(tlsw.Credentials()))
@@ -400,9 +400,9 @@ func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketch
 	for {
 		select {
 		case <-hup:
-			o.reload(cfg, mw, log)
+			o.reload(cfg, mw, log, false)
 		case <-o.changed:
-			o.reload(cfg, mw, log)
+			o.reload(cfg, mw, log, true)
 		case err := <-errc:
 			if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 				log.Error("server stopped", "err", err.Error())
@@ -437,9 +437,11 @@ func (o *options) serve(ctx context.Context, cfg *sketchproxy.Config, mw *sketch
 	}
 }
 
-// reload re-reads the config file (SIGHUP); an invalid one is logged and
-// the running config stays.
-func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, log *slog.Logger) {
+// reload re-reads the config file (SIGHUP, or the watcher: watched); an
+// invalid one is logged and the running config stays. The watcher retries
+// a failed reload until the directory is live (watch.go): the same failure
+// again is logged at debug level, not once a retry.
+func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, log *slog.Logger, watched bool) {
 	if o.cfgPath == "" {
 		log.Info("reload: the demo has no config file")
 		return
@@ -451,9 +453,15 @@ func (o *options) reload(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, lo
 		return c, err
 	})
 	if err != nil {
+		if watched && err.Error() == o.lastReloadErr {
+			log.Debug("reload failed again: keeping the running config", "err", err.Error())
+			return
+		}
+		o.lastReloadErr = err.Error()
 		log.Error("reload failed: keeping the running config", "err", err.Error())
 		return
 	}
+	o.lastReloadErr = ""
 	o.current.Store(next)
 	for _, w := range next.EnvoyRLS.Warnings() {
 		log.Warn("config: " + w)

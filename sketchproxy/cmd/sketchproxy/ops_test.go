@@ -147,6 +147,55 @@ func TestBinaryEnvoyRLSDirectory(t *testing.T) {
 	}
 }
 
+// A directory change whose reload fails for another reason (the TLS
+// certificate broken meanwhile, as the reviewer did with a ConfigMap swap)
+// is retried until the directory is live: restoring the certificate makes
+// the new limit apply without SIGHUP (the failed digest was marked asked
+// and never retried), and the failure is logged once, not at every retry.
+func TestBinaryEnvoyRLSDirectoryRetriesFailedReload(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	ca := newTestCA(t, nil, "CA")
+	server := newTestCA(t, ca, "server", "sketchproxy.test")
+	os.Mkdir(filepath.Join(dir, "tls"), 0o755)
+	crt := filepath.Join(dir, "tls", "tls.crt")
+	os.WriteFile(crt, server.pem, 0o644)
+	os.WriteFile(filepath.Join(dir, "tls", "tls.key"), server.keyPEM(t), 0o600)
+	rl := filepath.Join(dir, "ratelimit")
+	edge := func(n int) string {
+		return fmt.Sprintf("domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: %d}\n", n)
+	}
+	swapConfigMap(t, rl, 1, map[string]string{"edge.yaml": edge(100)})
+	cfg := filepath.Join(dir, "rls.yaml")
+	os.WriteFile(cfg, []byte("admin: \"off\"\nenvoy_rls:\n  listen: \"127.0.0.1:0\"\n  directory: ratelimit\n  watch_every: 20ms\n  tls: {cert_file: tls/tls.crt, key_file: tls/tls.key}\n"), 0o644)
+	_, out := start(t, bin, "-config", cfg)
+	addr := waitFor(t, out, regexp.MustCompile(`msg="envoy rate limit service listening" protocol=grpc addr=(\S+) .* tls=on`))[1]
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "sketchproxy.test"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	if got := rlsLimit(t, client, "edge", "user", "k"); got != 100 {
+		t.Fatalf("limit %d, want 100", got)
+	}
+
+	os.WriteFile(crt, []byte("not a certificate\n"), 0o644)
+	waitFor(t, out, regexp.MustCompile(`msg="tls: new files not loaded`))
+	swapConfigMap(t, rl, 2, map[string]string{"edge.yaml": edge(7)})
+	waitFor(t, out, regexp.MustCompile(`msg="reload failed: keeping the running config" err="[^"]*tls`))
+	if got := rlsLimit(t, client, "edge", "user", "k"); got != 100 {
+		t.Fatalf("with the certificate broken: limit %d, want the running 100", got)
+	}
+	os.WriteFile(crt, server.pem, 0o644)
+	limitBecomes(t, client, "edge", 7)
+	if n := strings.Count(out.String(), "reload failed"); n != 1 {
+		t.Errorf("the failed reload was logged %d times, want once:\n%s", n, out)
+	}
+}
+
 // SIGTERM drains: the gRPC health service reports NOT_SERVING at once, for
 // the server and the rate-limit service, and /healthz answers 503, while
 // calls are still answered for -drain; a second SIGTERM ends the drain and

@@ -21,7 +21,8 @@ type Request struct {
 	// call), so a refusal the tarpit would drip is refused at once.
 	NoDrip bool
 	// Shadow decides every fact in shadow mode: nothing is refused, and
-	// every hit is counted (Envoy's global shadow mode).
+	// every hit is counted (Envoy's global shadow mode). The fields still
+	// describe the limits as they would be enforced.
 	Shadow bool
 }
 
@@ -168,6 +169,7 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 	if !d.Admitted {
 		e.refusal(s, now, rq.NoDrip, sc, &d)
 	}
+	e.shadowWaits(s, now, sc, &d)
 	e.countOutcomes(&d)
 	d.Fields = e.fields(d.Verdicts, !d.Admitted, now, sc)
 	d.places = sc.places
@@ -321,6 +323,40 @@ func (e *Engine) refusal(s *Set, now time.Time, noDrip bool, sc *Scratch, d *Dec
 	}
 	if d.worst >= 0 {
 		d.Verdicts[d.worst].Out = w.Out // the final outcome, as counted
+	}
+}
+
+// shadowWaits gives each shadow verdict that would have refused the wait
+// its refusal would have had, had its rule been enforced (Retry, or Never
+// where no wait is enough), so that its log line previews what a client
+// would have been told: the request's Retry-After covers only the
+// verdicts that refuse. A shadow rule counts every hit, but an enforced
+// rule that does not count refused requests would not have counted this
+// one: its wait is reckoned without them. Only shadow refusals pay for
+// it, a few reads each.
+func (e *Engine) shadowWaits(s *Set, now time.Time, sc *Scratch, d *Decision) {
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		if !v.Shadow || !v.Out.Refuses() || v.Rule == nil {
+			continue
+		}
+		var counted []uint32 // v.ests as counted, restored after
+		if v.counted && !v.Rule.CountRefused {
+			counted = sc.take(len(v.ests))
+			copy(counted, v.ests)
+			for j := range v.ests {
+				v.ests[j] = v.before(j)
+			}
+		}
+		w := e.waitFor(s, v, now, sc)
+		if counted != nil {
+			copy(v.ests, counted)
+		}
+		if w == forever {
+			v.Never, v.Retry = true, 0
+		} else {
+			v.Retry = max(v.Retry, w, time.Second)
+		}
 	}
 }
 

@@ -115,9 +115,13 @@ func bestOfRules(vs []Verdict) map[*Rule]int {
 	return best
 }
 
-// fieldsOf reports whether a verdict has fields to show.
+// fieldsOf reports whether a verdict has fields to show: not one of a
+// shadow rule. A request decided in shadow mode as a whole
+// (Request.Shadow: Envoy's global shadow_mode) still shows its rules'
+// fields, as they would be enforced, as envoyproxy/ratelimit's headers
+// do there.
 func fieldsOf(v *Verdict) bool {
-	return v.Rule != nil && !v.Shadow && v.Out != Allowlisted && len(v.ests) > 0
+	return v.Rule != nil && !v.Rule.Shadow && v.Out != Allowlisted && len(v.ests) > 0
 }
 
 // moreConstrained orders verdicts of one rule: the higher level, then the

@@ -37,7 +37,9 @@ type Verdict struct {
 	Est   uint32  // its count with this request's hits
 	Theta uint32  // its threshold (the new keys' share applied)
 	// Retry is a refusal's own wait, where no count says it: a wallet's
-	// fleet wait, an in-flight place.
+	// fleet wait, an in-flight place. A shadow verdict that would have
+	// refused gets the whole wait its refusal would have had (Never where
+	// none is enough), for its log line.
 	Retry time.Duration
 	Delay time.Duration // Delay: how long the tarpit holds the request
 	Key   string

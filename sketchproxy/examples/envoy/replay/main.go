@@ -18,8 +18,12 @@
 // route_config; routes matched by prefix, path or safe_regex on the path;
 // the filter's domain, or a route's RateLimitPerRoute domain; stage 0; the
 // actions source_cluster, destination_cluster, request_headers,
-// remote_address, generic_key and header_value_match (string_match and
-// present_match). Anything else is an error naming it.
+// remote_address, generic_key and header_value_match (string_match, its
+// safe_regex a full match as in Envoy, and present_match); the connection
+// manager's path_with_escaped_slashes_action REJECT_REQUEST,
+// normalize_path (dot segments, unreserved %XX) and merge_slashes, applied
+// to :path before routing, in Envoy's order. Anything else is an error
+// naming it.
 package main
 
 import (
@@ -117,6 +121,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		timeout = t.AsDuration()
 	}
 	for i := 1; i <= *n; i++ {
+		if plan.rejected != "" {
+			fmt.Fprintf(stdout, "request %d: rejected: Envoy answers 400 (%s) and calls no service\n", i, plan.rejected)
+			continue
+		}
 		fmt.Fprintf(stdout, "request %d: %s\n", i, ask(rls, plan, timeout))
 	}
 	return 0
@@ -174,6 +182,9 @@ type plan struct {
 	route       string // how the route matched, for the reader
 	domain      string
 	descriptors []*rlv3.RateLimitDescriptor
+	// rejected is why the connection manager refuses the request before
+	// any filter runs ("": it does not).
+	rejected string
 }
 
 // planFor finds the first listener's route for r and the descriptors its
@@ -210,6 +221,12 @@ func planHCM(hcm *hcmv3.HttpConnectionManager, r request) (*plan, error) {
 	}
 	p.domain = p.filter.GetDomain()
 	p.cluster = p.filter.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName()
+	path, why := normalizePath(hcm, r.path)
+	if why != "" {
+		p.rejected, p.route = why, "none"
+		return p, nil
+	}
+	r.path = path // routes and actions see the normalized :path, as in Envoy
 	rc := hcm.GetRouteConfig()
 	if rc == nil {
 		return nil, errors.New("no static route_config (RDS is not replayed)")
@@ -381,6 +398,13 @@ func headerMatches(hm *routev3.HeaderMatcher, r request) (bool, error) {
 			ok = strings.HasSuffix(v, norm(m.Suffix))
 		case *matcherv3.StringMatcher_Contains:
 			ok = strings.Contains(v, norm(m.Contains))
+		case *matcherv3.StringMatcher_SafeRegex:
+			// RE2, matched against the whole value, as Envoy's safe_regex.
+			re, err := regexp.Compile("^(?:" + m.SafeRegex.GetRegex() + ")$")
+			if err != nil {
+				return false, fmt.Errorf("header %s: safe_regex: %v", hm.GetName(), err)
+			}
+			ok = re.MatchString(v)
 		default:
 			return false, fmt.Errorf("header %s: a string_match by %T is not replayed", hm.GetName(), m)
 		}
@@ -453,4 +477,77 @@ func ask(rls rlsv3.RateLimitServiceClient, p *plan, timeout time.Duration) strin
 		what = "OVER_LIMIT: Envoy answers 429"
 	}
 	return fmt.Sprintf("%s; remaining %s; headers %s", what, strings.Join(remaining, " "), strings.Join(hs, "; "))
+}
+
+// normalizePath is the :path Envoy's connection manager hands to routing
+// and filters under hcm's settings, in its order: escaped slashes (%2F,
+// %5C) first (REJECT_REQUEST refuses them: why is the reason), then
+// normalize_path (RFC 3986: unreserved %XX decoded, other %xx upper-cased,
+// dot segments removed), then merge_slashes. The query is left as sent.
+func normalizePath(hcm *hcmv3.HttpConnectionManager, full string) (string, string) {
+	p, q, hasQ := strings.Cut(full, "?")
+	if hcm.GetPathWithEscapedSlashesAction() == hcmv3.HttpConnectionManager_REJECT_REQUEST {
+		l := strings.ToLower(p)
+		if strings.Contains(l, "%2f") || strings.Contains(l, "%5c") {
+			return "", "an escaped slash in the path, path_with_escaped_slashes_action REJECT_REQUEST"
+		}
+	}
+	if hcm.GetNormalizePath().GetValue() {
+		p = removeDotSegments(decodeUnreserved(p))
+	}
+	if hcm.GetMergeSlashes() {
+		for strings.Contains(p, "//") {
+			p = strings.ReplaceAll(p, "//", "/")
+		}
+	}
+	if hasQ {
+		p += "?" + q
+	}
+	return p, ""
+}
+
+// decodeUnreserved decodes the %XX of unreserved characters (RFC 3986
+// section 6.2.2.2) and upper-cases the hex digits of the others.
+func decodeUnreserved(p string) string {
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		if p[i] == '%' && i+2 < len(p) {
+			if n, err := strconv.ParseUint(p[i+1:i+3], 16, 8); err == nil {
+				c := byte(n)
+				if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-._~", c) >= 0 {
+					b.WriteByte(c)
+				} else {
+					b.WriteString(strings.ToUpper(p[i : i+3]))
+				}
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(p[i])
+	}
+	return b.String()
+}
+
+// removeDotSegments is RFC 3986 section 5.2.4 on an absolute path.
+func removeDotSegments(p string) string {
+	var out []string
+	segs := strings.Split(p, "/")[1:]
+	for i, s := range segs {
+		switch s {
+		case ".":
+			if i == len(segs)-1 {
+				out = append(out, "")
+			}
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+			if i == len(segs)-1 {
+				out = append(out, "")
+			}
+		default:
+			out = append(out, s)
+		}
+	}
+	return "/" + strings.Join(out, "/")
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -13,7 +14,11 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/sketchproxy"
@@ -55,7 +60,7 @@ func replay(t *testing.T, args ...string) (out, errs string, code int) {
 // answers lists what Envoy would do for each request replayed.
 func answers(out string) []string {
 	var got []string
-	for _, m := range regexp.MustCompile(`(?m)^request \d+: (OK|OVER_LIMIT|no descriptors|error)`).FindAllStringSubmatch(out, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^request \d+: (OK|OVER_LIMIT|no descriptors|error|rejected)`).FindAllStringSubmatch(out, -1) {
 		got = append(got, m[1])
 	}
 	return got
@@ -82,18 +87,30 @@ func TestReplay(t *testing.T) {
 		t.Errorf("the 6th request's answer:\n%s", out)
 	}
 
-	out, _, _ = replay(t, "-rls", addr, "-n", "11", "-path", "/v1/generate?x=1", "-H", "X-API-Key: k1")
-	if !strings.Contains(out, `route prefix "/v1/", domain api, 2 descriptors`) || !strings.Contains(out, "descriptor [api_key=k1, path=/v1/generate?x=1]") {
-		t.Errorf("the plan for /v1/generate:\n%s", out)
+	// The generate limit holds in every spelling Envoy sends of its path:
+	// :path carries the query (a request_headers action on it made
+	// /v1/generate?x=1 a value no descriptor matched, so the limit was
+	// skipped), and normalize_path and merge_slashes fold the others.
+	for _, c := range []struct{ key, path string }{
+		{"k1", "/v1/generate"}, {"k2", "/v1/generate?x=1"}, {"k3", "//v1//generate"}, {"k4", "/v1/./x/../generate/"}, {"k5", "/v1/gen%65rate?a=b"},
+	} {
+		out, _, _ = replay(t, "-rls", addr, "-n", "11", "-path", c.path, "-H", "X-API-Key: "+c.key)
+		if !strings.Contains(out, `route prefix "/v1/", domain api, 2 descriptors`) || !strings.Contains(out, "descriptor [api_key="+c.key+", path=/v1/generate]") {
+			t.Errorf("the plan for %s:\n%s", c.path, out)
+		}
+		if got := strings.Join(answers(out), " "); got != strings.TrimSpace(strings.Repeat("OK ", 10))+" OVER_LIMIT" {
+			t.Errorf("11 generate calls at 10 a minute as %s: %s\n%s", c.path, got, out)
+		}
 	}
-	// :path carries the query, as in Envoy: ratelimit/api.yaml's
-	// /v1/generate does not match it, only the key's 100 a second does.
-	if got := answers(out); len(got) != 11 || slicesCount(got, "OK") != 11 {
-		t.Errorf("11 requests with a query: %v\n%s", got, out)
+	// Another path of the API: the key's own limit only.
+	out, _, _ = replay(t, "-rls", addr, "-n", "11", "-path", "/v1/generated", "-H", "X-API-Key: k6")
+	if !strings.Contains(out, "domain api, 1 descriptors") || slicesCount(answers(out), "OK") != 11 {
+		t.Errorf("/v1/generated:\n%s", out)
 	}
-	out, _, _ = replay(t, "-rls", addr, "-n", "11", "-path", "/v1/generate", "-H", "X-API-Key: k1")
-	if got := strings.Join(answers(out), " "); got != strings.TrimSpace(strings.Repeat("OK ", 10))+" OVER_LIMIT" {
-		t.Errorf("11 generate calls at 10 a minute: %s\n%s", got, out)
+	// An escaped slash never reaches the filter: Envoy answers 400.
+	out, _, _ = replay(t, "-rls", addr, "-path", "/v1%2Fgenerate", "-H", "X-API-Key: k7")
+	if got := answers(out); len(got) != 1 || got[0] != "rejected" {
+		t.Errorf("/v1%%2Fgenerate: %v\n%s", got, out)
 	}
 	out, _, _ = replay(t, "-rls", addr, "-path", "/v1/generate")
 	if got := answers(out); len(got) != 1 || got[0] != "no descriptors" {
@@ -139,5 +156,43 @@ func TestReplayRejectsInvalidEnvoyConfig(t *testing.T) {
 		if code := run([]string{"-envoy", p, "-rls", "127.0.0.1:1"}, &o, &e); code != 1 || !strings.Contains(e.String(), c.want) {
 			t.Errorf("%s: exit %d, %q; want 1 and %q", name, code, e.String(), c.want)
 		}
+	}
+}
+
+// The example's rate-limit cluster health-checks SketchProxy's gRPC health
+// service under the name SketchProxy answers for, often enough to see a
+// draining replica's NOT_SERVING within its drain (-drain 10s in the
+// Kubernetes example), and the service answers SERVING under that name.
+func TestExampleHealthCheck(t *testing.T) {
+	bs, err := loadBootstrap(filepath.Join("..", "envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hc *corev3.HealthCheck
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		if c.GetName() == "sketchproxy_rls" && len(c.GetHealthChecks()) == 1 {
+			hc = c.GetHealthChecks()[0]
+		}
+	}
+	if hc == nil || hc.GetGrpcHealthCheck() == nil {
+		t.Fatalf("the sketchproxy_rls cluster has no gRPC health check: Envoy would not see a draining replica's NOT_SERVING")
+	}
+	name := hc.GetGrpcHealthCheck().GetServiceName()
+	if name != rlsv3.RateLimitService_ServiceDesc.ServiceName {
+		t.Errorf("health check service_name %q, want %q", name, rlsv3.RateLimitService_ServiceDesc.ServiceName)
+	}
+	if seen := hc.GetInterval().AsDuration()*time.Duration(hc.GetUnhealthyThreshold().GetValue()) + hc.GetTimeout().AsDuration(); seen >= 10*time.Second {
+		t.Errorf("a draining replica is seen after up to %v: not within a 10 s drain", seen)
+	}
+	conn, err := grpc.NewClient(serveExample(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health of %q: %v, %v; want SERVING", name, resp, err)
 	}
 }
