@@ -1,9 +1,13 @@
 # EpochSketch: one entry point for the checks and the long runs.
 # `make help` lists the targets; `make test` is what CI runs.
 GO ?= go
+# SHORT is -short in the default run, which measures behaviour on manual
+# clocks in seconds; `make test-long` empties it, and the tests run their
+# wall-clock repeats, floods and accuracy runs too.
+SHORT ?= -short
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-core test-bench test-e2e test-sketchproxy test-caddy test-grpclimit test-readme \
+.PHONY: help test test-long test-core test-bench test-e2e test-sketchproxy test-caddy test-grpclimit test-readme \
 	fuzz bench sketchproxy-bench rls-compare theory simulator scaling
 
 help: ## list the targets
@@ -12,12 +16,15 @@ help: ## list the targets
 
 test: test-readme test-core test-bench test-e2e test-sketchproxy test-caddy test-grpclimit ## the README's commands first (seconds), then every module's vet and tests, as CI runs them
 
+test-long: ## the same without -short: the wall-clock repeats, floods and accuracy runs too, and the fleet's whole table (tens of minutes)
+	$(MAKE) test SHORT= SKETCHPROXY_FLEET_LONG=1
+
 test-core: ## the library and the epochsketch command: vet, race tests, the trace build, the library's tests on 386, wasm builds
 	$(GO) vet ./...
-	$(GO) test -race ./...
-	$(GO) test -tags epochsketch_trace .
+	$(GO) test $(SHORT) -race ./...
+	$(GO) test $(SHORT) -tags epochsketch_trace .
 	GOARCH=386 $(GO) vet ./...
-	GO=$(GO) bash scripts/test386.sh
+	GO=$(GO) SHORT=$(SHORT) bash scripts/test386.sh
 	GOOS=js GOARCH=wasm $(GO) vet ./...
 	GOOS=js GOARCH=wasm $(GO) vet -tags epochsketch_trace ./...
 
@@ -25,16 +32,16 @@ test-bench: ## the peer benchmark harness (its own module), each benchmark once
 	cd bench && $(GO) vet ./... && $(GO) test -bench 'Peers$$/workload=hot' -benchtime=1x ./...
 
 test-e2e: ## the browser simulator driven in headless Chromium (its own module)
-	cd simulator/e2e && $(GO) vet ./... && $(GO) test ./...
+	cd simulator/e2e && $(GO) vet ./... && $(GO) test $(SHORT) ./...
 
 test-sketchproxy: ## SketchProxy (its own module): vet and race tests, real redis-server and python3 included
-	cd sketchproxy && $(GO) vet ./... && $(GO) test -race ./...
+	cd sketchproxy && $(GO) vet ./... && $(GO) test $(SHORT) -race ./...
 
 test-caddy: ## the epochsketch Caddy module (its own module): vet, race tests, and tests that drive a Caddy built with it (the first build downloads Caddy: minutes)
-	cd sketchproxy/caddy && $(GO) vet ./... && $(GO) test -race ./...
+	cd sketchproxy/caddy && $(GO) vet ./... && $(GO) test $(SHORT) -race ./...
 
 test-grpclimit: ## package limit's gRPC interceptor (its own module): vet and race tests against a real gRPC server
-	cd limit/grpclimit && $(GO) vet ./... && $(GO) test -race ./...
+	cd limit/grpclimit && $(GO) vet ./... && $(GO) test $(SHORT) -race ./...
 
 test-readme: ## the README's short commands, run exactly as written
 	bash scripts/readme-check.sh

@@ -19,4 +19,4 @@ if ! "$tmp/probe" 2>/dev/null; then
   echo "test386: SKIPPED: this host's kernel cannot run 32-bit binaries (exec format error); CI runs them"
   exit 0
 fi
-GOARCH=386 "$GO" test .
+GOARCH=386 "$GO" test ${SHORT:-} .
