@@ -14,7 +14,10 @@ import (
 func TestConcurrentRequestsReloadsSavesAndScrapes(t *testing.T) {
 	dir := t.TempDir()
 	conf := func(limit int) string {
+		// A small sketch: the test is of the races, and each save writes
+		// every sketch.
 		return fmt.Sprintf(`state_file: %s
+sketch: {buckets: 4096}
 rules:
   - name: api
     key: ["header:X-Key"]

@@ -268,8 +268,12 @@ func TestFleetSimTable(t *testing.T) {
 		requests float64
 		per      time.Duration
 	}{{1, time.Second}, {10, time.Second}, {50, time.Second}, {20, time.Minute}, {1000, time.Minute}}
+	replicas := []int{2, 3, 5}
+	if testing.Short() && !fleetLong() {
+		replicas = []int{3} // every limit and overload; make test-long runs 2 and 5 too
+	}
 	for _, l := range limits {
-		for _, n := range []int{2, 3, 5} {
+		for _, n := range replicas {
 			for _, x := range []float64{2, 10} {
 				c := fleetCase{l.requests, l.per, n, x}
 				t.Run(c.String(), func(t *testing.T) {

@@ -97,7 +97,7 @@ func TestStateSurvivesRestart(t *testing.T) {
 func TestBadStateFileStartsEmpty(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "state")
-	yaml := "state_file: " + p + "\nrules:\n  - name: a\n    limits: [{name: r, requests: 5, per: 10s}]\n"
+	yaml := "state_file: " + p + "\nsketch: {buckets: 1024}\nrules:\n  - name: a\n    limits: [{name: r, requests: 5, per: 10s}]\n"
 	clk := epochsketch.NewManualClock(t0)
 	mw, _ := startWithState(t, yaml, clk)
 	for range 20 {
@@ -127,7 +127,7 @@ func TestBadStateFileStartsEmpty(t *testing.T) {
 	}
 	// A config whose sketch changed size skips that sketch and says so.
 	os.WriteFile(p, good, 0o600)
-	mw2, logs := startWithState(t, "state_file: "+p+"\nsketch: {buckets: 1024}\nrules:\n  - name: a\n    limits: [{name: r, requests: 5, per: 10s}]\n", clk)
+	mw2, logs := startWithState(t, "state_file: "+p+"\nsketch: {buckets: 2048}\nrules:\n  - name: a\n    limits: [{name: r, requests: 5, per: 10s}]\n", clk)
 	defer mw2.Close()
 	if !strings.Contains(logs.String(), "skipped=2") { // the limit's and new_keys' memory
 		t.Errorf("resized sketch: %s", logs.String())
