@@ -274,6 +274,7 @@ func worstBias(hash func([]byte) uint64, keyLen, trials int, r *rand.Rand) float
 // wide margin: its last byte never reaches the low output bits it sits
 // below, which is why it is not offered.
 func TestAvalanche(t *testing.T) {
+	skipUnderRace(t)
 	const trials, bound = 4000, 0.05
 	mseed := epochsketch.New(epochsketch.Config{NumBuckets: 1, Clock: epochsketch.NewManualClock(t0)})
 	hashes := []struct {

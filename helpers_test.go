@@ -1,6 +1,9 @@
 package epochsketch_test
 
-import "time"
+import (
+	"testing"
+	"time"
+)
 
 // t0 is a fixed wall-clock instant for deterministic tests.
 var t0 = time.Unix(1_800_000_000, 0).UTC()
@@ -16,3 +19,14 @@ const (
 )
 
 var lotteries = []lottery{chip, heavyKeeper}
+
+// skipUnderRace skips a test that checks statistics or a process's life,
+// not concurrency, when the race detector only slows it several times over:
+// make test-core runs the package again without -race (the trace build's
+// run), where it runs.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("not a concurrency test: make test-core runs it without -race (go test -tags epochsketch_trace .)")
+	}
+}

@@ -380,6 +380,9 @@ func TestLoadFromStream(t *testing.T) {
 // whole. The writer is this test binary, re-run as a child that saves a
 // 64 MiB sketch through a slow writer, and is killed while writing.
 func TestSaveFileSurvivesAKilledWriter(t *testing.T) {
+	if os.Getenv("EPOCHSKETCH_SLOW_WRITER") == "" {
+		skipUnderRace(t)
+	}
 	if os.Getenv("EPOCHSKETCH_SLOW_WRITER") != "" {
 		cfg := epochsketch.Config{NumBuckets: 1 << 20, Hash: epochsketch.HashWyhash, Seed: 2, TickDuration: time.Second, Clock: epochsketch.NewManualClock(t0)}
 		s := epochsketch.New(cfg)
