@@ -14,7 +14,7 @@ help: ## list the targets
 	@echo "usage: make TARGET"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-test: test-readme test-core test-bench test-e2e test-sketchproxy test-caddy test-grpclimit ## the README's commands first (seconds), then every module's vet and tests, as CI runs them
+test: test-readme test-core test-bench test-e2e test-sketchproxy test-caddy test-grpclimit ## the README's commands first (a minute), then every module's vet and tests, as CI runs them
 
 test-long: ## the same without -short: the wall-clock repeats, floods and accuracy runs too, and the fleet's whole table (tens of minutes)
 	$(MAKE) test SHORT= SKETCHPROXY_FLEET_LONG=1
@@ -43,7 +43,7 @@ test-caddy: ## the epochsketch Caddy module (its own module): vet, race tests, a
 test-grpclimit: ## package limit's gRPC interceptor (its own module): vet and race tests against a real gRPC server
 	cd limit/grpclimit && $(GO) vet ./... && $(GO) test $(SHORT) -race ./...
 
-test-readme: ## the README's short commands, run exactly as written
+test-readme: ## the short commands of the READMEs and SketchProxy's pages, run exactly as written
 	bash scripts/readme-check.sh
 
 fuzz: ## each fuzz target for 30 s (FUZZTIME=2m for longer)

@@ -18,6 +18,7 @@ deps=(
   redis-server:redis-server  # SketchProxy's fleet test starts its own on a free port
   python3:python3            # SketchProxy's WSGI upstream test
   curl:curl                  # the README's demo loop (make test-readme)
+  openssl:openssl            # SketchProxy's key-label and secret commands (make test-readme)
   nginx:nginx                # SketchProxy's gateway examples, end to end
   caddy:caddy                # the same, for Caddy
 )

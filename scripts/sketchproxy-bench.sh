@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SketchProxy's overhead, two ways (sketchproxy/README.md, "Verification"):
+# SketchProxy's overhead, two ways (BENCHMARKS.md, "SketchProxy: overhead"):
 # 1. go test -bench: real HTTP clients on loopback against the upstream
 #    alone, a plain reverse proxy and SketchProxy, medians of 6, benchstat;
 # 2. wrk (Debian's wrk) against the demo upstream alone and through the

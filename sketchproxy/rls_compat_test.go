@@ -24,7 +24,7 @@ import (
 	"github.com/epochsketch/epochsketch"
 )
 
-// The tests behind the README's "Moving from envoyproxy/ratelimit" table:
+// The tests behind docs/envoy.md's "Moving from envoyproxy/ratelimit" table:
 // each drives the real gRPC service, on a manual clock, with a config in
 // envoyproxy/ratelimit's file format.
 
@@ -515,18 +515,18 @@ descriptors:
 	}
 }
 
-// Every row of the README's "Moving from envoyproxy/ratelimit" table names
+// Every row of docs/envoy.md's "Moving from envoyproxy/ratelimit" table names
 // at least one test, and each test it names exists (in this package or,
 // where the row says so, in cmd/sketchproxy): a row whose test was renamed
 // or never written is a claim nothing holds.
 func TestMigrationTableNamesRealTests(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	page, err := os.ReadFile(filepath.Join("docs", "envoy.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, table, ok := strings.Cut(string(readme), "### Moving from envoyproxy/ratelimit\n")
+	_, table, ok := strings.Cut(string(page), "## Moving from envoyproxy/ratelimit\n")
 	if !ok {
-		t.Fatal("README.md has no Moving from envoyproxy/ratelimit section")
+		t.Fatal("docs/envoy.md has no Moving from envoyproxy/ratelimit section")
 	}
 	table, _, _ = strings.Cut(table, "\n#")
 	defined := map[string]bool{}

@@ -9,7 +9,7 @@ import (
 // envoyproxy/ratelimit treats only a trailing * as a wildcard
 // (config_impl.go: wildcardKeys holds keys ending in "*"; its own
 // test/config/wildcard.yaml says "Wildcard in the middle of value is not
-// supported"). The README's table says SketchProxy does "the same".
+// supported"). docs/envoy.md's table says SketchProxy does "the same".
 func TestRLSMidValueStarIsLiteral(t *testing.T) {
 	h := newRLSHarness(t, "", "d.yaml", `domain: d
 descriptors:

@@ -3,9 +3,9 @@ package sketchproxy
 import "testing"
 
 // With the default ladder a tarpitted key reaches the upstream up to 1.5
-// times its limit, as docs/metrics.md and the tarpit section's doc say: 10
-// requests allowed, 5 delayed and then proxied, the rest refused without
-// reaching it. drip_above is that 1.5.
+// times its limit, as docs/rules-and-limits.md (Tarpitting) and the
+// tarpit section's doc say: 10 requests allowed, 5 delayed and then
+// proxied, the rest refused without reaching it. drip_above is that 1.5.
 func TestTarpitProxiesUpToDripAbove(t *testing.T) {
 	h := newHarness(t, "rules:\n  - tarpit: true\n    limits: [{requests: 10, per: 10s}]\n")
 	if d := h.mw.state.Load().cfg.Tarpit.DripAbove; d != 1.5 {

@@ -104,7 +104,7 @@ func TestCaddyFleet(t *testing.T) {
 	// limit) for 10 s, each request sent to the fleet (a and b in turn)
 	// and to one Caddy alone at the same instant. The fleet's error is in
 	// its first second (each Caddy admits up to promote_fraction of θ/N of
-	// a key before it shares it: README, Worst cases), so the run is as
+	// a key before it shares it: docs/fleets.md, Worst cases), so the run is as
 	// long as the first 10 s of SketchProxy's own measure.
 	const clients, every, length = 3, 25 * time.Millisecond, 10 * time.Second
 	type tally struct{ sent, fleet, alone int }

@@ -468,7 +468,8 @@ func TestRefusalLog(t *testing.T) {
 // it is provisioned; the side sketches (keys seen lately, of the same
 // size; new keys and bans, 4096 buckets each) are shared by every zone of
 // the same sketch size and new-key setting.
-// The README's memory per zone is this test's log line:
+// BENCHMARKS.md's memory per zone (SketchProxy: the Caddy module) is
+// this test's log line:
 //
 //	go test -run TestZoneMemory -v .
 func TestZoneMemory(t *testing.T) {

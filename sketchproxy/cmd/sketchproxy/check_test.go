@@ -11,7 +11,7 @@ import (
 	"github.com/epochsketch/epochsketch/sketchproxy"
 )
 
-// -check warns of the forward_auth settings the README's gateway table
+// -check warns of the forward_auth settings docs/forward-auth.md's gateway table
 // calls broken or unsafe: a refusal status other than 401 or 403 behind
 // nginx (auth_request turns it into 500), and behind Traefik a client
 // address read from Forwarded (the client's own) or X-Real-Ip (Traefik's).

@@ -16,9 +16,9 @@ import (
 )
 
 // What nginx and Caddy answer while the decision service is unreachable,
-// as the README's "While SketchProxy is unreachable" says, with its
-// snippets for failing open and failing closed; each snippet must appear
-// in the README exactly as here.
+// as docs/operations.md's "While SketchProxy is unreachable" says, with
+// its snippets for failing open and failing closed; each snippet must
+// appear on that page exactly as here.
 var unreachableVariants = []struct {
 	gateway, name string
 	// edits applies the snippet to the example's config: pairs of the
@@ -90,7 +90,7 @@ const (
 // (SketchProxy hung), then at a closed one (SketchProxy down), and checks
 // what a client gets, as shipped and with each snippet.
 func TestGatewayUnreachable(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,8 +99,8 @@ func TestGatewayUnreachable(t *testing.T) {
 	for _, v := range unreachableVariants {
 		t.Run(v.gateway+"/"+v.name, func(t *testing.T) {
 			for i := 0; i+1 < len(v.edits); i += 2 {
-				if snippet := v.edits[i+1]; !strings.Contains(string(readme), strings.Trim(snippet, "\n")) {
-					t.Errorf("the README lacks the snippet:\n%s", snippet)
+				if snippet := v.edits[i+1]; !strings.Contains(string(page), strings.Trim(snippet, "\n")) {
+					t.Errorf("docs/operations.md lacks the snippet:\n%s", snippet)
 				}
 			}
 			needTool(t, v.gateway, v.gateway)
