@@ -227,13 +227,19 @@ for line in 'go run ./cmd/sketchproxy -config examples/envoy/sketchproxy.yaml &'
   said "$sp_readme" "$line"; said sketchproxy/docs/envoy.md "$line"
 done
 said sketchproxy/docs/envoy.md "go run ./examples/envoy/replay -n 11 -path /v1/generate -H 'X-API-Key: k1'"
-if (: < /dev/tcp/127.0.0.1/8081) 2>/dev/null; then echo "127.0.0.1:8081, the Envoy example's address, is taken: free it to run this check"; exit 1; fi
-(cd sketchproxy && exec sketchproxy -config examples/envoy/sketchproxy.yaml -admin off) > "$tmp/envoy.out" 2>&1 &
+# The example listens on 127.0.0.1:8081, as Envoy's config names it; a
+# check never takes a fixed port, so it runs a copy on a free one and
+# points the replay at it (-rls): the same config and commands otherwise.
+mkdir -p "$tmp/envoy-example"
+cp -r sketchproxy/examples/envoy/ratelimit "$tmp/envoy-example/"
+sed 's#listen: "127.0.0.1:8081"#listen: "127.0.0.1:0"#' sketchproxy/examples/envoy/sketchproxy.yaml > "$tmp/envoy-example/sketchproxy.yaml"
+grep -q 'listen: "127.0.0.1:0"' "$tmp/envoy-example/sketchproxy.yaml" || { echo "examples/envoy/sketchproxy.yaml no longer listens on 127.0.0.1:8081"; exit 1; }
+sketchproxy -config "$tmp/envoy-example/sketchproxy.yaml" -admin off > "$tmp/envoy.out" 2>&1 &
 pid=$!
-wait_line "$tmp/envoy.out" 'envoy rate limit service listening' >/dev/null
+rls=$(wait_line "$tmp/envoy.out" 'envoy rate limit service listening.*addr=127\.0\.0\.1:[0-9]+' | grep -oE 'addr=127\.0\.0\.1:[0-9]+' | cut -d= -f2)
 away_from_tick_edge 30
-first=$(cd sketchproxy && go run ./examples/envoy/replay -n 6 -client 203.0.113.1 | grep -oE '(OK|OVER_LIMIT): Envoy [a-z]+' | tr '\n' ' ')
-second=$(cd sketchproxy && go run ./examples/envoy/replay -n 11 -path /v1/generate -H 'X-API-Key: k1' | grep -oE '(OK|OVER_LIMIT): Envoy [a-z]+' | tr '\n' ' ')
+first=$(cd sketchproxy && go run ./examples/envoy/replay -rls "$rls" -n 6 -client 203.0.113.1 | grep -oE '(OK|OVER_LIMIT): Envoy [a-z]+' | tr '\n' ' ')
+second=$(cd sketchproxy && go run ./examples/envoy/replay -rls "$rls" -n 11 -path /v1/generate -H 'X-API-Key: k1' | grep -oE '(OK|OVER_LIMIT): Envoy [a-z]+' | tr '\n' ' ')
 kill -TERM "$pid"; wait "$pid" || true
 [ "$first" = "$(printf 'OK: Envoy forwards %.0s' 1 2 3 4 5)OVER_LIMIT: Envoy answers " ] || { echo "replay -n 6: $first"; exit 1; }
 [ "$second" = "$(printf 'OK: Envoy forwards %.0s' $(seq 10))OVER_LIMIT: Envoy answers " ] || { echo "replay -n 11 -path /v1/generate: $second"; exit 1; }
