@@ -15,7 +15,7 @@ import (
 // the request really used, e.g. tokens), as a response header or trailer.
 // While a request runs, Reserve units are held against the wallet: a
 // request is admitted only if what is spent, what is held and its own
-// reservation fit in Units. See the README's "What a budget means".
+// reservation fit in Units. See docs/rules-and-limits.md, "What a budget means".
 type Budget struct {
 	// Name names the wallet in RateLimit-Policy, metrics and logs.
 	Name string `yaml:"name" example:"tokens"`

@@ -10,7 +10,7 @@ import (
 )
 
 // Limit is "Requests per Per, with bursts of Burst": how it maps onto a
-// decayed count is the README's "How a limit maps onto a decayed count".
+// decayed count is docs/rules-and-limits.md's "How a limit maps onto a decayed count".
 type Limit struct {
 	// Name names the limit in RateLimit-Policy, metrics and logs, unique
 	// in its rule. An unnamed limit is named by its period as written:

@@ -58,7 +58,7 @@ type Match struct {
 	// Host is the host the request names, exact and in any case; a port
 	// and a trailing dot are ignored.
 	Host string `yaml:"host" example:"api.example.com"`
-	// PathPrefix matches the cleaned path (see the README's Paths). One
+	// PathPrefix matches the cleaned path (docs/rules-and-limits.md, Paths). One
 	// that ends in "/" matches by segments: "/v1/" matches /v1, /v1/ and
 	// /v1/x, not /v1x. Letters match in any case unless CaseSensitive.
 	PathPrefix string `yaml:"path_prefix" example:"/v1/"`

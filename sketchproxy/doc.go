@@ -21,7 +21,9 @@
 // [Middleware.SaveState] with Config.StateFile keeps the counts across
 // restarts.
 //
-// The README beside this package gives the limit math, the headers of
-// draft-ietf-httpapi-ratelimit-headers-10, the hostile inputs tested and
-// the measured accuracy and overhead.
+// The README beside this package starts each way to run it; its docs/
+// pages give the limit math and the headers of
+// draft-ietf-httpapi-ratelimit-headers-10 (rules-and-limits.md), the
+// hostile inputs tested (hostile-inputs.md) and the design (design.md);
+// the repository's BENCHMARKS.md gives the measured accuracy and overhead.
 package sketchproxy

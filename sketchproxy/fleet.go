@@ -23,7 +23,7 @@ import (
 )
 
 // FleetConfig makes N SketchProxy replicas enforce one limit through Redis
-// (or Valkey), sharing only the elephants. See the README's "Fleets".
+// (or Valkey), sharing only the elephants. See docs/fleets.md.
 type FleetConfig struct {
 	// Redis is one server: host:port, or a redis:// or rediss:// (TLS) URL
 	// with an optional user, password and database, e.g.

@@ -10,7 +10,7 @@ import (
 // one hot key's threshold θ is cut into the replicas' shares, and how much
 // of it this replica may count now. It is pure (no clock, no I/O), so that
 // it is tested alone and can serve any limiter that counts with a
-// conditional add, as package limit's replicas could (README, Fleets).
+// conditional add, as package limit's replicas could (docs/fleets.md).
 //
 // Each replica's count of a hot key is in its own sketch; Redis holds, per
 // replica, that count (c), the replica's demand (d: every request it saw,

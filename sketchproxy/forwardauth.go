@@ -24,7 +24,7 @@ type ForwardAuthConfig struct {
 	// RefusalStatus is the status of every refusal: 429, 403 or 401.
 	// nginx's auth_request accepts only 2xx, 401 and 403 from the check and turns
 	// anything else into 500: give 403 there and map it back to 429 with
-	// error_page (README, Use with your gateway). With 401 or 403, every
+	// error_page (docs/nginx.md). With 401 or 403, every
 	// other answer that is not 2xx (400 for a bad path, say) is sent with
 	// this status too, and its own status in the SketchProxy-Status header.
 	RefusalStatus int `yaml:"refusal_status" example:"403"`

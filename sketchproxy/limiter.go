@@ -18,7 +18,7 @@ import (
 // than through an HTTP door: what package limit's Limiter is, plus a
 // fleet. With a FleetConfig, Limiters in several processes enforce one
 // limit together through Redis, sharing only the keys heavy enough to
-// matter, exactly as SketchProxy's replicas do (the README's "Fleets"):
+// matter, exactly as SketchProxy's replicas do (docs/fleets.md):
 // package limit's way to run several replicas. The same words give the
 // same limit as package limit's (package rate compiles both).
 //

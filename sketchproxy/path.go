@@ -102,7 +102,7 @@ func normalizePath(r *http.Request) {
 // drop before they route) and its NTFS stream name (":" on, which IIS
 // drops: "api::$DATA" is "api"), then its trailing dots and spaces (which
 // IIS and Windows file systems drop), and the result cleaned. Rules match both
-// spellings, so neither one slips past a rule (README, Paths).
+// spellings, so neither one slips past a rule (docs/rules-and-limits.md, Paths).
 func loosePath(p string) string {
 	if p == "" || p[0] != '/' {
 		return p

@@ -59,7 +59,7 @@ type Handler struct {
 	SketchBuckets int `json:"sketch_buckets,omitempty"`
 	// NewKeysOff turns off the key-rotation defense (on by default: while
 	// keys never seen before spike, keys first seen during the spike get a
-	// quarter of each limit; see sketchproxy's README, "New keys").
+	// quarter of each limit; see sketchproxy/docs/rules-and-limits.md, "New keys").
 	NewKeysOff bool `json:"new_keys_off,omitempty"`
 	// Jitter lengthens each refusal's Retry-After by a random fraction of
 	// it, up to Jitter (0 to 1; default 0), so that clients refused

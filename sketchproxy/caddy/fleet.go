@@ -21,7 +21,7 @@ import (
 )
 
 // Distributed counts: SketchProxy's fleet (sketchproxy/fleet.go, the
-// README's "Fleets") under the handler's zones, so that N Caddys enforce
+// docs/fleets.md) under the handler's zones, so that N Caddys enforce
 // one limit through Redis, sharing only the keys heavy enough to matter.
 //
 // A fleet belongs to an engine (engine.Options.Fleet), so handlers with a

@@ -9,7 +9,7 @@ import (
 )
 
 // decisionsDesc is caddy_http_epochsketch_decisions_total: the engine's
-// decisions by zone and outcome ("allow", "reject"; sketchproxy's README
+// decisions by zone and outcome ("allow", "reject"; sketchproxy/docs/metrics.md
 // lists the others), summed over the zones of that name. It counts from
 // Caddy's start: the engine keeps its counts by zone name across reloads.
 var decisionsDesc = prometheus.NewDesc("caddy_http_epochsketch_decisions_total",

@@ -67,9 +67,8 @@ func configWarnings(cfg *sketchproxy.Config) []string {
 	return append(ws, cfg.EnvoyRLS.Warnings()...)
 }
 
-// gatewayWarnings are forward_auth settings that README.md's "Use with
-// your gateway" (its table of gateways) calls broken or unsafe with the
-// gateway named: a refusal status nginx's auth_request turns into 500, and
+// gatewayWarnings are forward_auth settings that docs/forward-auth.md
+// (its table of gateways) calls broken or unsafe with the gateway named: a refusal status nginx's auth_request turns into 500, and
 // a client address Traefik lets the client choose, or names Traefik by.
 func gatewayWarnings(cfg *sketchproxy.Config) []string {
 	fa := cfg.ForwardAuth
@@ -80,7 +79,7 @@ func gatewayWarnings(cfg *sketchproxy.Config) []string {
 	switch fa.Gateway {
 	case "nginx":
 		if fa.RefusalStatus != http.StatusUnauthorized && fa.RefusalStatus != http.StatusForbidden {
-			ws = append(ws, fmt.Sprintf("forward_auth.refusal_status: %d with gateway nginx: auth_request accepts only 2xx, 401 and 403 from the check and answers the client 500 for anything else, so every refusal becomes a 500; set refusal_status: 403 and map it back to 429 with error_page (README, Use with your gateway)", fa.RefusalStatus))
+			ws = append(ws, fmt.Sprintf("forward_auth.refusal_status: %d with gateway nginx: auth_request accepts only 2xx, 401 and 403 from the check and answers the client 500 for anything else, so every refusal becomes a 500; set refusal_status: 403 and map it back to 429 with error_page (docs/nginx.md)", fa.RefusalStatus))
 		}
 	case "traefik":
 		switch cfg.ClientIP.Source {

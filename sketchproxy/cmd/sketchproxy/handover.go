@@ -16,7 +16,7 @@ import (
 // the manager, connections that arrive meanwhile wait in their queue, and
 // the new process accepts them, so no client is refused while SketchProxy
 // restarts. The old process saves the state file as it stops and the new
-// one restores it as it starts: counts carry over. sketchproxy/README.md
+// one restores it as it starts: counts carry over. sketchproxy/docs/operations.md
 // ("Restarts without a gap") has the units.
 
 // doors are the names a socket may carry (systemd's FileDescriptorName=):

@@ -15,7 +15,7 @@
 // counts the request (one conditional add per limit: check and count in one
 // atomic step), counts the outcome and computes Retry-After and the
 // RateLimit fields. The door then answers, and calls Decision.Done when the
-// request ends (sketchproxy/README.md, How it is built).
+// request ends (sketchproxy/docs/design.md).
 package engine
 
 import (
