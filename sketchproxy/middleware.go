@@ -59,8 +59,9 @@ type Middleware struct {
 
 	transport atomic.Bool // Transport is in use: wallet requests outlive their clients
 
-	mu        sync.Mutex // one Reload at a time; guards latencies
+	mu        sync.Mutex // one Reload at a time; guards latencies and savesHeld
 	latencies map[string]prometheus.Observer
+	savesHeld bool // HandOverState: a successor owns the state file
 	met       globalMetrics
 	reg       *prometheus.Registry
 	latency   *prometheus.HistogramVec

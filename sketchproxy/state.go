@@ -18,6 +18,34 @@ import (
 func (m *Middleware) SaveState() error {
 	m.mu.Lock() // no reload between reading the rule set and writing it
 	defer m.mu.Unlock()
+	if m.savesHeld {
+		return nil // a successor restored the file and saves it now
+	}
+	return m.saveLocked()
+}
+
+// HandOverState saves the state file for a successor process that takes
+// over this one's listeners (cmd/sketchproxy's handover), then holds every
+// later save, periodic or at Close: this process, which still answers the
+// requests in flight, must not overwrite what the successor restored and
+// saves from then on. resume lifts the hold, where the successor failed
+// and this process serves on. Without a state_file it saves nothing.
+func (m *Middleware) HandOverState() (resume func(), err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.saveLocked(); err != nil {
+		return nil, err
+	}
+	m.savesHeld = true
+	return func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.savesHeld = false
+	}, nil
+}
+
+// saveLocked is SaveState with m.mu held.
+func (m *Middleware) saveLocked() error {
 	st := m.state.Load()
 	path := st.cfg.StateFile
 	if path == "" {

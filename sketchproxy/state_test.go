@@ -166,3 +166,46 @@ rules:
 		t.Errorf("log: %s", logs.String())
 	}
 }
+
+// HandOverState saves the state file for a successor, then holds every
+// later save, a Close's included, so that the old process never
+// overwrites what the successor restored; resume (a failed handover)
+// lifts the hold.
+func TestHandOverStateHoldsSaves(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state")
+	yaml := "state_file: " + p + "\nrules:\n  - name: a\n    limits: [{name: r, requests: 5, per: 10s}]\n"
+	mw, _ := startWithState(t, yaml, epochsketch.NewManualClock(t0))
+	resume, err := mw.HandOverState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("not saved at the handover: %v", err)
+	}
+	os.Remove(p) // the successor's now
+	if err := mw.SaveState(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err == nil {
+		t.Error("a save after the handover wrote the file")
+	}
+	resume()
+	if err := mw.SaveState(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Errorf("no save after resume: %v", err)
+	}
+	os.Remove(p)
+	if _, err := mw.HandOverState(); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(p)
+	if err := mw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err == nil {
+		t.Error("Close after a handover wrote the file over the successor's")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -17,15 +18,25 @@ type running struct {
 	// current is the config running now: the watcher compares its
 	// envoy_rls.directory with the files.
 	current atomic.Pointer[sketchproxy.Config]
-	// changed carries the reloads the watcher asks serve for.
-	changed chan struct{}
+	// changed carries the reloads the watcher asks serve for; hup and
+	// usr2 the signals, caught from the start.
+	changed   chan struct{}
+	hup, usr2 chan os.Signal
 	// sockets are the inherited listening sockets no listener has taken
-	// yet (handover.go).
-	sockets map[string]net.Listener
+	// yet (handover.go); listeners are every listener, by door, for a
+	// handover; ready is a predecessor's handover pipe (nil: none).
+	sockets   map[string]net.Listener
+	listeners map[string]net.Listener
+	ready     *os.File
 	// draining is set when a graceful stop starts: /healthz answers 503;
 	// health is the gRPC health service, NOT_SERVING from then on.
 	draining atomic.Bool
 	health   *health.Server
+	// closing is set once a handover's successor serves: HTTP answers
+	// close their connections; conns counts the proxy's and the check's
+	// open HTTP connections (newServer).
+	closing atomic.Bool
+	conns   atomic.Int64
 	// lastReloadErr is the last reload's error ("": it succeeded), so
 	// that the watcher's retries of one failure log it once (serve's
 	// goroutine only).
