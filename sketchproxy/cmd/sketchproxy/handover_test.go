@@ -522,7 +522,18 @@ func TestBinaryHandoverWithoutGap(t *testing.T) {
 	}
 }
 
+// shortDeadline is the handover test's gRPC deadline in the default run
+// (-short), on a machine busy with the other tests: far above any wait a
+// busy machine adds, so that a failed call is the handover's, and the
+// test never has to call the machine too busy to judge. Envoy's own
+// deadline (envoyDeadline) is make test-long's.
+const shortDeadline = time.Second
+
 func handoverUnderLoad(t *testing.T, viaSystemd bool) {
+	rlsDeadline := envoyDeadline
+	if testing.Short() {
+		rlsDeadline = shortDeadline
+	}
 	bin := build(t)
 	dir := t.TempDir()
 	var appN atomic.Int64
@@ -717,7 +728,7 @@ envoy_rls:
 		}
 	}
 	busy := ""
-	if away > 0 {
+	if away > 0 && !testing.Short() {
 		busy = fmt.Sprintf("%d gRPC calls missed the %v deadline more than a second from a handover, %d in all: the machine is too busy to judge the handovers at this deadline", away, rlsDeadline, len(grpcLoad.errs))
 	}
 	if len(httpLoad.errs) > 0 || len(grpcLoad.errs) > 0 && busy == "" {

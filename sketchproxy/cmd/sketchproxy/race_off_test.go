@@ -4,6 +4,6 @@ package main
 
 import "time"
 
-// rlsDeadline is the deadline of the gRPC calls of the handover test:
-// Envoy's default timeout for a rate-limit call.
-const rlsDeadline = 20 * time.Millisecond
+// envoyDeadline is the deadline of the gRPC calls of the handover test's
+// long run: Envoy's default timeout for a rate-limit call.
+const envoyDeadline = 20 * time.Millisecond
