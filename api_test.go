@@ -68,6 +68,7 @@ func exported(t *testing.T, tags ...string) []string {
 // exactly the API of a normal build: the trace's types and SetTracer are
 // internal/lab's.
 func TestTraceBuildKeepsTheAPI(t *testing.T) {
+	startsProcesses(t) // go/build runs the go command
 	normal, traced := exported(t), exported(t, "epochsketch_trace")
 	if len(normal) < 20 {
 		t.Fatalf("found %d exported names: the scan no longer reads the package", len(normal))

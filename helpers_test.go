@@ -1,6 +1,7 @@
 package epochsketch_test
 
 import (
+	"os"
 	"testing"
 	"time"
 )
@@ -28,5 +29,17 @@ func skipUnderRace(t *testing.T) {
 	t.Helper()
 	if raceEnabled {
 		t.Skip("not a concurrency test: make test-core runs it without -race (go test -tags epochsketch_trace .)")
+	}
+}
+
+// startsProcesses skips t in the 386 run when qemu-user emulates it
+// (scripts/test386.sh sets EPOCHSKETCH_QEMU on a host whose kernel cannot
+// run 32-bit binaries): qemu-user crashes a Go program that forks. Such a
+// test checks files, the API or the King James text, not 32-bit
+// arithmetic, and the native runs of make test-core run it.
+func startsProcesses(t *testing.T) {
+	t.Helper()
+	if os.Getenv("EPOCHSKETCH_QEMU") != "" {
+		t.Skip("starts a process, which qemu-user cannot: the native runs of make test-core run it")
 	}
 }

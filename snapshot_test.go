@@ -380,6 +380,7 @@ func TestLoadFromStream(t *testing.T) {
 // whole. The writer is this test binary, re-run as a child that saves a
 // 64 MiB sketch through a slow writer, and is killed while writing.
 func TestSaveFileSurvivesAKilledWriter(t *testing.T) {
+	startsProcesses(t)
 	if os.Getenv("EPOCHSKETCH_SLOW_WRITER") == "" {
 		skipUnderRace(t)
 	}

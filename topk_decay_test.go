@@ -210,6 +210,7 @@ func precisionRun(t *testing.T, stream func(tick int) []string, ticks, k, bucket
 // own scale without decay. THEORY.md section 7 reports the same runs.
 func TestTopKPrecision(t *testing.T) {
 	skipUnderRace(t)
+	startsProcesses(t) // the bible command
 	words := kjvtest.Words(t)
 	chunk := func(n int) func(int) []string {
 		return func(i int) []string { return words[min(i*n, len(words)):min((i+1)*n, len(words))] }

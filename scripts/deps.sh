@@ -21,6 +21,7 @@ deps=(
   openssl:openssl            # SketchProxy's key-label and secret commands (make test-readme)
   nginx:nginx                # SketchProxy's gateway examples, end to end
   caddy:caddy                # the same, for Caddy
+  qemu-i386:qemu-user        # the 386 tests on a kernel without 32-bit support (scripts/test386.sh)
 )
 
 missing=()
