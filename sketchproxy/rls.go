@@ -427,33 +427,9 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 			if dd.Key == "" {
 				return c.errAt("missing: every descriptor needs a key", append(p, "key")...)
 			}
-			child := newRLSNode()
-			twice := func() error {
-				return c.errAt(fmt.Sprintf("%s=%s is given twice at this level", dd.Key, dd.Value), p...)
-			}
-			switch v := dd.Value; {
-			case v == "":
-				if n.any[dd.Key] != nil {
-					return c.errAt(fmt.Sprintf("key %q without a value is given twice at this level", dd.Key), p...)
-				}
-				n.any[dd.Key] = child
-			case strings.HasSuffix(v, "*"):
-				// Only a trailing * is a wildcard, as in envoyproxy/ratelimit
-				// (its wildcardKeys): any other * is a literal byte of an
-				// exact value, so that a file means what it means there.
-				for _, w := range n.wild {
-					if w.key == dd.Key && w.n.pattern == v {
-						return twice()
-					}
-				}
-				child.pattern, child.prefix, child.share = v, strings.TrimSuffix(v, "*"), dd.ShareThreshold
-				n.wild = append(n.wild, rlsWild{dd.Key, child})
-			default:
-				k := [2]string{dd.Key, v}
-				if n.exact[k] != nil {
-					return twice()
-				}
-				n.exact[k] = child
+			child, err := n.add(c, dd, p)
+			if err != nil {
+				return err
 			}
 			if dd.ShareThreshold && !strings.HasSuffix(dd.Value, "*") {
 				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value, one ending in * (as envoyproxy/ratelimit), not %q", dd.Value), append(p, "share_threshold")...)
@@ -486,6 +462,40 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 		return nil
 	}
 	return walk(root, d.Descriptors, nil, path)
+}
+
+// add gives n a child for descriptor dd, found at path p: a key without a
+// value, a wildcard value or an exact one. Each may appear once per level.
+func (n *rlsNode) add(c *Config, dd *RLSDescriptor, p []any) (*rlsNode, error) {
+	child := newRLSNode()
+	twice := func() error {
+		return c.errAt(fmt.Sprintf("%s=%s is given twice at this level", dd.Key, dd.Value), p...)
+	}
+	switch v := dd.Value; {
+	case v == "":
+		if n.any[dd.Key] != nil {
+			return nil, c.errAt(fmt.Sprintf("key %q without a value is given twice at this level", dd.Key), p...)
+		}
+		n.any[dd.Key] = child
+	case strings.HasSuffix(v, "*"):
+		// Only a trailing * is a wildcard, as in envoyproxy/ratelimit (its
+		// wildcardKeys): any other * is a literal byte of an exact value,
+		// so that a file means what it means there.
+		for _, w := range n.wild {
+			if w.key == dd.Key && w.n.pattern == v {
+				return nil, twice()
+			}
+		}
+		child.pattern, child.prefix, child.share = v, strings.TrimSuffix(v, "*"), dd.ShareThreshold
+		n.wild = append(n.wild, rlsWild{dd.Key, child})
+	default:
+		k := [2]string{dd.Key, v}
+		if n.exact[k] != nil {
+			return nil, twice()
+		}
+		n.exact[k] = child
+	}
+	return child, nil
 }
 
 // limit compiles descriptor dd's rate_limit of domain, at path p, into
@@ -531,23 +541,7 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name 
 	// domain, as the HTTP rules' limit names are in a rule: two limits
 	// called per-minute in one response would be one policy to a client,
 	// so the second is per-minute-2.
-	base := printable(rl.Name)
-	if base == "" {
-		base = "per-" + strings.ToLower(rl.Unit)
-	}
-	if r.policies == nil {
-		r.policies = map[string]map[string]bool{}
-	}
-	taken := r.policies[domain]
-	if taken == nil {
-		taken = map[string]bool{}
-		r.policies[domain] = taken
-	}
-	rule.policy = base
-	for i := 2; taken[rule.policy]; i++ {
-		rule.policy = base + "-" + strconv.Itoa(i)
-	}
-	taken[rule.policy] = true
+	rule.policy = r.policyName(domain, rl.Name, rl.Unit)
 	if rl.RequestsPerUnit == 0 {
 		n.limit, rule.block = rlsBlock, true // every hit is over
 	} else {
@@ -575,6 +569,30 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name 
 	n.rule = len(r.rules)
 	r.rules = append(r.rules, rule)
 	return nil
+}
+
+// policyName is the name in the draft's fields of a limit called name
+// (or, unnamed, per-unit), unique in its domain: the first free of base,
+// base-2, base-3, ...
+func (r *rlsBuilt) policyName(domain, name, unit string) string {
+	base := printable(name)
+	if base == "" {
+		base = "per-" + strings.ToLower(unit)
+	}
+	if r.policies == nil {
+		r.policies = map[string]map[string]bool{}
+	}
+	taken := r.policies[domain]
+	if taken == nil {
+		taken = map[string]bool{}
+		r.policies[domain] = taken
+	}
+	policy := base
+	for i := 2; taken[policy]; i++ {
+		policy = base + "-" + strconv.Itoa(i)
+	}
+	taken[policy] = true
+	return policy
 }
 
 func cloneAnys(p []any) []any { return append([]any(nil), p...) }
