@@ -85,17 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	warnings := configWarnings(cfg)
 	if o.check {
-		for _, w := range warnings {
-			fmt.Fprintf(stderr, "%s: warning: %s\n", o.cfgPath, w)
-		}
-		fmt.Fprintf(stdout, "%s: ok, %s", o.cfgPath, plural(len(cfg.Rules), "rule"))
-		if d, n, l := cfg.EnvoyRLS.Loaded(); d > 0 {
-			fmt.Fprintf(stdout, ", envoy_rls: %d domains, %d descriptors (%d with a rate_limit)", d, n, l)
-		}
-		if len(warnings) > 0 {
-			fmt.Fprintf(stdout, " (%s on standard error)", plural(len(warnings), "warning"))
-		}
-		fmt.Fprintln(stdout)
+		o.printCheck(cfg, warnings, stdout, stderr)
 		return 0
 	}
 	for _, w := range warnings {
@@ -128,46 +118,46 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer closeDemo()
 		cfg.Upstream = u
 	}
-	// Both addresses first: a start that cannot listen touches no state
+	// Every address first: a start that cannot listen touches no state
 	// file (Close would save the empty sketches over the last good one).
-	ln, aln, err := o.listenBoth(cfg)
+	lns, err := o.listenAll(cfg, log)
+	defer lns.close()
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
-	if ln != nil {
-		defer ln.Close()
-	}
-	if aln != nil {
-		defer aln.Close()
-	}
-	var faln net.Listener // forward_auth's own listener, if it has one
-	if fa := cfg.ForwardAuth; fa != nil && fa.Listen != "" {
-		if faln, err = o.bind("forward_auth", fa.Listen); err != nil {
-			fmt.Fprintf(stderr, "sketchproxy: forward_auth listen: %v (set forward_auth.listen)\n", err)
-			return 1
-		}
-		defer faln.Close()
-	}
-	var gln net.Listener // Envoy's rate-limit service
-	if r := cfg.EnvoyRLS; r != nil {
-		if gln, err = o.bind("envoy_rls", r.Listen); err != nil {
-			fmt.Fprintf(stderr, "sketchproxy: envoy_rls listen: %v (set envoy_rls.listen)\n", err)
-			return 1
-		}
-		defer gln.Close()
-	}
-	if err := o.unclaimedSockets(log); err != nil {
-		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
-		return 1
-	}
 	var tlsw *sketchproxy.GRPCTLS // the gRPC listener's TLS, if any
-	if gln != nil {
+	if lns.grpc != nil {
 		if tlsw, err = sketchproxy.NewGRPCTLS(cfg); err != nil {
 			fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 			return 1
 		}
 	}
+	mw, err := o.newMiddleware(cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+		return 1
+	}
+	defer mw.Close()
+
+	errc := make(chan error, 4) // one per server: forward_auth, main, admin, gRPC
+	servers := o.serveHTTP(cfg, mw, lns, lh, errc, log)
+	var gs *grpc.Server
+	if lns.grpc != nil {
+		gs = o.serveGRPC(ctx, cfg, mw, lns.grpc, tlsw, errc, log)
+	}
+	logListening(cfg, lns, log)
+	if demo {
+		printDemo(stdout, lns.main.Addr().String())
+	}
+	o.serving(log)
+	return o.serve(ctx, cfg, mw, servers, gs, errc, log)
+}
+
+// newMiddleware is the decision middleware in front of cfg's upstream (a
+// reverse proxy whose transport reports wallets' usage), or in front of
+// noUpstream where a config has none.
+func (o *options) newMiddleware(cfg *sketchproxy.Config, log *slog.Logger) (*sketchproxy.Middleware, error) {
 	var next http.Handler = noUpstream
 	var proxy *httputil.ReverseProxy
 	var mw *sketchproxy.Middleware
@@ -176,74 +166,131 @@ func run(args []string, stdout, stderr io.Writer) int {
 		proxy = newReverseProxy(target, time.Duration(cfg.Server.UpstreamTimeout), log, func(pr *httputil.ProxyRequest) { mw.SetForwarded(pr) })
 		next = proxy
 	}
-	mw, err = sketchproxy.New(cfg, next, sketchproxy.Options{Logger: log, RefusalLogInterval: o.refusalLogEvery})
+	mw, err := sketchproxy.New(cfg, next, sketchproxy.Options{Logger: log, RefusalLogInterval: o.refusalLogEvery})
 	if err != nil {
-		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
-		return 1
+		return nil, err
 	}
-	defer mw.Close()
 	if proxy != nil {
 		proxy.Transport = mw.Transport(proxy.Transport) // wallets: usage in trailers, and after the client left
 	}
+	return mw, nil
+}
 
-	errc := make(chan error, 4) // one per server: forward_auth, main, admin, gRPC
+// serveHTTP serves the HTTP listeners of l (forward_auth's own, the main
+// one, admin) and returns their servers; each sends its end to errc.
+func (o *options) serveHTTP(cfg *sketchproxy.Config, mw *sketchproxy.Middleware, l *listeners, lh slog.Handler, errc chan<- error, log *slog.Logger) []*http.Server {
 	var servers []*http.Server
 	// The middleware answers the check's path itself, in every spelling,
 	// when the check shares the main listener; on its own listener the
 	// check answers 404 to any other path.
-	if faln != nil {
+	if l.forwardAuth != nil {
 		fsrv := o.newServer(cfg, mw.ForwardAuth(), lh)
-		go func() { errc <- fsrv.Serve(faln) }()
+		go func() { errc <- fsrv.Serve(l.forwardAuth) }()
 		servers = append(servers, fsrv)
 	}
-	if ln != nil {
+	if l.main != nil {
 		srv := o.newServer(cfg, mw, lh)
-		go func() { errc <- srv.Serve(ln) }()
+		go func() { errc <- srv.Serve(l.main) }()
 		servers = append(servers, srv)
 	}
-	if adminSrv := serveAdmin(aln, mw, o.draining.Load, errc, log); adminSrv != nil {
+	if adminSrv := serveAdmin(l.admin, mw, o.draining.Load, errc, log); adminSrv != nil {
 		servers = append(servers, adminSrv)
 	}
-	var gs *grpc.Server
-	if gln != nil {
-		gopts := []grpc.ServerOption{grpc.MaxConcurrentStreams(1024), grpc.KeepaliveParams(cfg.EnvoyRLS.Keepalive())}
-		tlsMode := "off"
-		if tlsw != nil {
-			gopts = append(gopts, grpc.Creds(tlsw.Credentials()))
-			tlsMode = "on"
-			if cfg.EnvoyRLS.TLS.ClientCAFile != "" {
-				tlsMode = "mutual"
-			}
-		}
-		gs = grpc.NewServer(append(gopts, sketchproxy.RateLimitServerOptions()...)...)
-		o.health = mw.RegisterRateLimitServiceWithHealth(gs)
-		go func() { errc <- gs.Serve(gln) }()
-		domains, _, _ := cfg.EnvoyRLS.Loaded() // files and the directory's included
-		log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),
-			"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", domains, "tls", tlsMode)
-		go o.watch(ctx, time.Duration(cfg.EnvoyRLS.WatchEvery), tlsw, log)
+	return servers
+}
+
+// printCheck prints -check's verdict on cfg: its warnings on stderr, and
+// what it holds on stdout.
+func (o *options) printCheck(cfg *sketchproxy.Config, warnings []string, stdout, stderr io.Writer) {
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "%s: warning: %s\n", o.cfgPath, w)
 	}
+	fmt.Fprintf(stdout, "%s: ok, %s", o.cfgPath, plural(len(cfg.Rules), "rule"))
+	if d, n, l := cfg.EnvoyRLS.Loaded(); d > 0 {
+		fmt.Fprintf(stdout, ", envoy_rls: %d domains, %d descriptors (%d with a rate_limit)", d, n, l)
+	}
+	if len(warnings) > 0 {
+		fmt.Fprintf(stdout, " (%s on standard error)", plural(len(warnings), "warning"))
+	}
+	fmt.Fprintln(stdout)
+}
+
+// listeners are the sockets a config asks for; a nil one is not asked for.
+type listeners struct {
+	main, admin net.Listener
+	forwardAuth net.Listener // forward_auth's own listener, if it has one
+	grpc        net.Listener // Envoy's rate-limit service
+}
+
+func (l *listeners) close() {
+	for _, ln := range []net.Listener{l.main, l.admin, l.forwardAuth, l.grpc} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// listenAll binds (or inherits) every listener cfg asks for; on an error
+// the ones bound so far are in the result, for close.
+func (o *options) listenAll(cfg *sketchproxy.Config, log *slog.Logger) (*listeners, error) {
+	l := &listeners{}
+	var err error
+	if l.main, l.admin, err = o.listenBoth(cfg); err != nil {
+		return l, err
+	}
+	if fa := cfg.ForwardAuth; fa != nil && fa.Listen != "" {
+		if l.forwardAuth, err = o.bind("forward_auth", fa.Listen); err != nil {
+			return l, fmt.Errorf("forward_auth listen: %v (set forward_auth.listen)", err)
+		}
+	}
+	if r := cfg.EnvoyRLS; r != nil {
+		if l.grpc, err = o.bind("envoy_rls", r.Listen); err != nil {
+			return l, fmt.Errorf("envoy_rls listen: %v (set envoy_rls.listen)", err)
+		}
+	}
+	return l, o.unclaimedSockets(log)
+}
+
+// serveGRPC serves Envoy's rate-limit service and gRPC health on gln, with
+// tlsw's credentials if it has any, and watches the config's files.
+func (o *options) serveGRPC(ctx context.Context, cfg *sketchproxy.Config, mw *sketchproxy.Middleware, gln net.Listener, tlsw *sketchproxy.GRPCTLS, errc chan<- error, log *slog.Logger) *grpc.Server {
+	gopts := []grpc.ServerOption{grpc.MaxConcurrentStreams(1024), grpc.KeepaliveParams(cfg.EnvoyRLS.Keepalive())}
+	tlsMode := "off"
+	if tlsw != nil {
+		gopts = append(gopts, grpc.Creds(tlsw.Credentials()))
+		tlsMode = "on"
+		if cfg.EnvoyRLS.TLS.ClientCAFile != "" {
+			tlsMode = "mutual"
+		}
+	}
+	gs := grpc.NewServer(append(gopts, sketchproxy.RateLimitServerOptions()...)...)
+	o.health = mw.RegisterRateLimitServiceWithHealth(gs)
+	go func() { errc <- gs.Serve(gln) }()
+	domains, _, _ := cfg.EnvoyRLS.Loaded() // files and the directory's included
+	log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),
+		"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", domains, "tls", tlsMode)
+	go o.watch(ctx, time.Duration(cfg.EnvoyRLS.WatchEvery), tlsw, log)
+	return gs
+}
+
+// logListening logs the HTTP listeners' addresses, as the README shows.
+func logListening(cfg *sketchproxy.Config, l *listeners, log *slog.Logger) {
 	switch {
 	case cfg.Upstream != "":
-		log.Info("sketchproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream, "rules", len(cfg.Rules))
-	case ln != nil:
-		log.Info("sketchproxy listening", "addr", ln.Addr().String(), "upstream", "none: forward_auth only", "rules", len(cfg.Rules))
+		log.Info("sketchproxy listening", "addr", l.main.Addr().String(), "upstream", cfg.Upstream, "rules", len(cfg.Rules))
+	case l.main != nil:
+		log.Info("sketchproxy listening", "addr", l.main.Addr().String(), "upstream", "none: forward_auth only", "rules", len(cfg.Rules))
 	}
 	if fa := cfg.ForwardAuth; fa != nil {
 		addr := ""
-		if ln != nil {
-			addr = ln.Addr().String()
+		if l.main != nil {
+			addr = l.main.Addr().String()
 		}
-		if faln != nil {
-			addr = faln.Addr().String()
+		if l.forwardAuth != nil {
+			addr = l.forwardAuth.Addr().String()
 		}
 		log.Info("forward_auth listening", "addr", addr, "check", "http://"+addr+fa.Path, "refusal_status", fa.RefusalStatus)
 	}
-	if demo {
-		printDemo(stdout, ln.Addr().String())
-	}
-	o.serving(log)
-	return o.serve(ctx, cfg, mw, servers, gs, errc, log)
 }
 
 // newServer is an http.Server with the config's client bounds. Its
