@@ -111,58 +111,9 @@ func (c *Config) validateJWT(k *jwtKeyset) error {
 	if n != 1 {
 		return at("give exactly one of hmac_secret_file, public_key_file, jwks_file and jwks_url")
 	}
-	var algs []string
-	switch {
-	case j.HMACSecretFile != "":
-		b, err := os.ReadFile(j.HMACSecretFile)
-		if err != nil {
-			return at(err.Error(), "hmac_secret_file")
-		}
-		k.secret = []byte(strings.TrimRight(string(b), "\r\n"))
-		if len(k.secret) < 32 {
-			return at(fmt.Sprintf("the secret is %d bytes: use at least 32 random bytes", len(k.secret)), "hmac_secret_file")
-		}
-		algs = hmacAlgs
-	case j.PublicKeyFile != "":
-		b, err := os.ReadFile(j.PublicKeyFile)
-		if err != nil {
-			return at(err.Error(), "public_key_file")
-		}
-		blk, _ := pem.Decode(b)
-		if blk == nil {
-			return at("no PEM block: want a PUBLIC KEY in PEM", "public_key_file")
-		}
-		pub, err := x509.ParsePKIXPublicKey(blk.Bytes)
-		if err != nil {
-			return at("not a public key: "+err.Error(), "public_key_file")
-		}
-		switch pub.(type) {
-		case *rsa.PublicKey:
-			algs = rsaAlgs
-		case *ecdsa.PublicKey:
-			algs = ecAlgs
-		case ed25519.PublicKey:
-			algs = edAlgs
-		default:
-			return at(fmt.Sprintf("a %T key: want RSA, ECDSA or Ed25519", pub), "public_key_file")
-		}
-		k.public = pub
-	case j.JWKSFile != "":
-		b, err := os.ReadFile(j.JWKSFile)
-		if err != nil {
-			return at(err.Error(), "jwks_file")
-		}
-		if _, err := keyfunc.NewJWKSetJSON(b); err != nil {
-			return at("not a JSON Web Key Set: "+err.Error(), "jwks_file")
-		}
-		k.jwks = b
-		algs = append(append(append([]string{}, rsaAlgs...), ecAlgs...), edAlgs...)
-	default:
-		u, err := url.Parse(j.JWKSURL)
-		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			return at(fmt.Sprintf("%q: want an https:// URL", j.JWKSURL), "jwks_url")
-		}
-		algs = append(append(append([]string{}, rsaAlgs...), ecAlgs...), edAlgs...)
+	algs, err := j.readKey(k, at)
+	if err != nil {
+		return err
 	}
 	if len(j.Algorithms) == 0 {
 		j.Algorithms = algs
@@ -177,6 +128,70 @@ func (c *Config) validateJWT(k *jwtKeyset) error {
 		}
 	}
 	return nil
+}
+
+// readKey reads the one key source j names into k, and returns the
+// algorithms its key can verify; at places an error at a jwt field.
+func (j *JWTConfig) readKey(k *jwtKeyset, at func(msg string, path ...any) error) ([]string, error) {
+	switch {
+	case j.HMACSecretFile != "":
+		b, err := os.ReadFile(j.HMACSecretFile)
+		if err != nil {
+			return nil, at(err.Error(), "hmac_secret_file")
+		}
+		k.secret = []byte(strings.TrimRight(string(b), "\r\n"))
+		if len(k.secret) < 32 {
+			return nil, at(fmt.Sprintf("the secret is %d bytes: use at least 32 random bytes", len(k.secret)), "hmac_secret_file")
+		}
+		return hmacAlgs, nil
+	case j.PublicKeyFile != "":
+		b, err := os.ReadFile(j.PublicKeyFile)
+		if err != nil {
+			return nil, at(err.Error(), "public_key_file")
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil {
+			return nil, at("no PEM block: want a PUBLIC KEY in PEM", "public_key_file")
+		}
+		pub, err := x509.ParsePKIXPublicKey(blk.Bytes)
+		if err != nil {
+			return nil, at("not a public key: "+err.Error(), "public_key_file")
+		}
+		var algs []string
+		switch pub.(type) {
+		case *rsa.PublicKey:
+			algs = rsaAlgs
+		case *ecdsa.PublicKey:
+			algs = ecAlgs
+		case ed25519.PublicKey:
+			algs = edAlgs
+		default:
+			return nil, at(fmt.Sprintf("a %T key: want RSA, ECDSA or Ed25519", pub), "public_key_file")
+		}
+		k.public = pub
+		return algs, nil
+	case j.JWKSFile != "":
+		b, err := os.ReadFile(j.JWKSFile)
+		if err != nil {
+			return nil, at(err.Error(), "jwks_file")
+		}
+		if _, err := keyfunc.NewJWKSetJSON(b); err != nil {
+			return nil, at("not a JSON Web Key Set: "+err.Error(), "jwks_file")
+		}
+		k.jwks = b
+		return anyAlgs(), nil
+	default:
+		u, err := url.Parse(j.JWKSURL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return nil, at(fmt.Sprintf("%q: want an https:// URL", j.JWKSURL), "jwks_url")
+		}
+		return anyAlgs(), nil
+	}
+}
+
+// anyAlgs is every algorithm of a key set's keys (RSA, ECDSA, Ed25519).
+func anyAlgs() []string {
+	return append(append(append([]string{}, rsaAlgs...), ecAlgs...), edAlgs...)
 }
 
 // jwtVerifier checks tokens for one configuration.
