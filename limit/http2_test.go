@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -429,5 +430,33 @@ func TestReset(t *testing.T) {
 	wg.Wait()
 	if n := admitted[1] + admitted[2] + admitted[3]; n < 3 || n > 3*51 {
 		t.Fatalf("admitted %d with 50 racing resets, want 3 to %d", n, 3*51)
+	}
+}
+
+// TestWaitBeyondDurations: a wait longer than a time.Duration holds (3
+// per 292 years: its whole burst again is 3 ticks of 146 years away) is
+// the longest Duration, so that Retry-After says 292 years, not 1 s, and
+// Wait reports the deadline at once rather than spinning on a negative
+// wait until the context ends.
+func TestWaitBeyondDurations(t *testing.T) {
+	l, _ := newManual(t, limit.Config{Requests: 3, Per: 292 * 365 * 24 * time.Hour})
+	l.AllowN(time.Time{}, "k", 3)
+	d := l.Decide(time.Time{}, "k", 3)
+	if d.Allowed || d.RetryAfter != math.MaxInt64 {
+		t.Fatalf("the whole burst again: %+v, want a refusal for the longest Duration", d)
+	}
+	h := http.Header{}
+	l.AddFields(h, d)
+	if got := h.Get("Retry-After"); got != "9223372037" {
+		t.Fatalf("Retry-After %q, want 9223372037 (292 years)", got)
+	}
+	limit.SetSleep(l, func(context.Context, time.Duration) error {
+		t.Fatal("slept past the deadline")
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	if err := l.WaitN(ctx, "k", 3); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitN: %v, want the deadline at once", err)
 	}
 }

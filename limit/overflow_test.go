@@ -183,3 +183,49 @@ func TestOverflowValidate(t *testing.T) {
 		t.Errorf("String: %q", s)
 	}
 }
+
+// TestOverflowRefuseNewClient: OverflowRefuse fails closed for new keys
+// only in buckets full of keys at their limit. A client that arrives
+// during a flood of 16 times the capacity, at 3 times its limit of 10 per
+// second, meets buckets holding keys below their limit too: it challenges
+// them, and its losses are admitted untracked (Stats.AdmittedUntracked),
+// so that it passes its limit a little (Config's OverflowRefuse gives the
+// numbers this logs), but by no more than 5%.
+func TestOverflowRefuseNewClient(t *testing.T) {
+	const burst, buckets = 10, 64
+	clk := epochsketch.NewManualClock(t0)
+	l := limit.NewWith(limit.Config{Requests: burst, Per: time.Second, NumBuckets: buckets, Clock: clk, Seed: 1, Overflow: limit.OverflowRefuse})
+	defer l.Close()
+	perTick := 16 * capacity(buckets, burst)
+	const steps = 100
+	step := time.Second / 2 / steps
+	gap := time.Second / (3 * burst)
+	next, k := time.Second, 0
+	admitted, untracked, lastUntracked := 0, 0, time.Duration(0)
+	for el, i := time.Duration(0), 0; el < 31*time.Second; el, i = el+step, i+1 {
+		for ; next <= el; next += gap {
+			before := l.Stats().AdmittedUntracked
+			if l.Allow("late") {
+				admitted++
+				if l.Stats().AdmittedUntracked != before {
+					untracked++
+					lastUntracked = el - time.Second
+				}
+			}
+		}
+		s := i % steps
+		for range perTick*(s+1)/steps - perTick*s/steps {
+			key := fmt.Sprintf("flood-%d", k)
+			k++
+			for range burst {
+				l.Allow(key)
+			}
+		}
+		clk.Advance(step)
+	}
+	limitIn30s := burst + 30*burst // its first burst, then 10 a second
+	t.Logf("the late client: %d admitted in 30 s (its limit %d), %d of them untracked, the last %v after its first request; %+v", admitted, limitIn30s, untracked, lastUntracked, l.Stats())
+	if untracked == 0 || admitted*100 > limitIn30s*105 {
+		t.Fatalf("the late client was admitted %d times, %d untracked: want some untracked, and at most 5%% over its limit %d", admitted, untracked, limitIn30s)
+	}
+}

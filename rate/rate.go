@@ -209,9 +209,29 @@ func (l *Limit) Status(est, add uint32, now time.Time) (r int64, t time.Duration
 
 // UntilTick is the time from now to the start of the k-th next tick of
 // length tick (ticks are anchored on the Unix epoch, like the sketch's).
+// A time beyond a Duration's 292 years (k ticks of a long limit) is the
+// longest Duration, math.MaxInt64: never a negative one, which would tell
+// a client to retry at once.
 func UntilTick(now time.Time, tick time.Duration, k int64) time.Duration {
 	ns := now.UnixNano()
-	return time.Duration((ns/int64(tick)+k)*int64(tick) - ns)
+	if k < 1 {
+		return time.Duration((ns/int64(tick)+k)*int64(tick) - ns)
+	}
+	// k·tick - (ns mod tick), in 128 bits.
+	rem := ns % int64(tick)
+	hi, lo := bits.Mul64(uint64(k), uint64(tick))
+	var c uint64
+	if rem >= 0 {
+		lo, c = bits.Sub64(lo, uint64(rem), 0)
+		hi -= c
+	} else {
+		lo, c = bits.Add64(lo, uint64(-rem), 0)
+		hi += c
+	}
+	if hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(lo)
 }
 
 // PolicyItem is the limit's item of the RateLimit-Policy field, for a
@@ -249,7 +269,11 @@ func AppendItem(b []byte, quoted string, r, t int64) []byte {
 // the RateLimit field's t count in seconds, and a client that retries
 // early is refused.
 func Seconds(d time.Duration) int64 {
-	return max(1, int64((d+time.Second-1)/time.Second))
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++ // rounded up without d + 1 s, which overflows near the longest Duration
+	}
+	return max(1, s)
 }
 
 // WholePolicy writes requests per per as whole requests q per whole

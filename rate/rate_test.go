@@ -3,6 +3,7 @@ package rate_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -216,5 +217,28 @@ func TestWaitIsHonest(t *testing.T) {
 				t.Fatalf("%+v: count %d, %d more, at %v: Wait %v is not the first instant they fit", r, est, add, now, w)
 			}
 		}
+	}
+}
+
+// TestLongWaitsSaturate: a wait past a time.Duration's 292 years (a tick
+// of 146 years, 3 ticks on) reads as the longest Duration, never as a
+// negative one, and Seconds rounds the longest Duration up without
+// overflowing: a negative wait would tell a client to retry in 1 s and
+// make a waiter spin.
+func TestLongWaitsSaturate(t *testing.T) {
+	const year = 365 * 24 * time.Hour
+	now := time.Unix(1_800_000_000, 0)
+	if got := rate.UntilTick(now, 146*year, 3); got != math.MaxInt64 {
+		t.Errorf("UntilTick 3 ticks of 146 years on: %v, want the longest Duration", got)
+	}
+	if got, want := rate.UntilTick(now, 146*year, 1), 146*year-time.Duration(now.UnixNano()); got != want {
+		t.Errorf("UntilTick 1 tick of 146 years on: %v, want %v", got, want)
+	}
+	l := compile(t, rate.Rate{Requests: 3, Per: 292 * year})
+	if w := l.Wait(l.Threshold, l.Threshold, now); w != math.MaxInt64 {
+		t.Errorf("Wait for a whole burst of 3 per 292 years: %v, want the longest Duration", w)
+	}
+	if got := rate.Seconds(math.MaxInt64); got != math.MaxInt64/int64(time.Second)+1 {
+		t.Errorf("Seconds(the longest Duration) = %d, want %d", got, math.MaxInt64/int64(time.Second)+1)
 	}
 }

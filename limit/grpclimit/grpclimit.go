@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/epochsketch/epochsketch/limit"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // Limiter admits each client's calls at the rate of a limit.Limiter. It
@@ -67,7 +68,8 @@ func (g *Limiter) Limit(ctx context.Context) error {
 	if d.Allowed {
 		return nil
 	}
-	secs := max(1, int64((d.RetryAfter+time.Second-1)/time.Second))
+	secs := rate.Seconds(d.RetryAfter) // whole seconds, at least 1, as Retry-After
+
 	// On a client's context there is no server stream: nothing to set.
 	_ = grpc.SetTrailer(ctx, metadata.Pairs("retry-after", strconv.FormatInt(secs, 10)))
 	return status.Errorf(codes.ResourceExhausted, "rate limit exceeded: retry after %d s", secs)

@@ -2,7 +2,9 @@ package grpclimit_test
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,5 +111,23 @@ func TestMetadata(t *testing.T) {
 	}
 	if got := grpclimit.PeerIP(context.Background()); got != "" {
 		t.Fatalf("no peer: %q, want \"\"", got)
+	}
+}
+
+// TestLongestWait: a wait as long as a time.Duration holds (a new key
+// refused, by OverflowRefuse, in a bucket full of keys at a limit of 1
+// per 292 years with a Burst of 2) says 292 years, in the seconds that
+// package rate rounds, not 1 s.
+func TestLongestWait(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_800_000_015, 0))
+	l := limit.NewWith(limit.Config{Requests: 1, Per: 292 * 365 * 24 * time.Hour, Burst: 2, NumBuckets: 1, Overflow: limit.OverflowRefuse, Clock: clk, Seed: 1})
+	t.Cleanup(func() { l.Close() })
+	for i := range 8 {
+		l.AllowN(time.Time{}, fmt.Sprint("full-", i), 2)
+	}
+	g := grpclimit.New(l, func(context.Context) string { return "new" })
+	err := g.Limit(context.Background())
+	if status.Code(err) != codes.ResourceExhausted || !strings.HasSuffix(err.Error(), "retry after 9223372037 s") {
+		t.Fatalf("%v, want ResourceExhausted, retry after 9223372037 s", err)
 	}
 }
