@@ -125,3 +125,37 @@ func describe(r shareReply) string {
 	slices.Sort(ps)
 	return "ok=" + strconv.FormatBool(r.ok) + " tick=" + strconv.FormatInt(r.tick, 10) + " run=" + r.run + " " + strings.Join(ps, " ")
 }
+
+// A Redis without the scripts (new, restarted or failed over: SCRIPT
+// FLUSH here) costs a round no error: the round is sent again as EVAL,
+// which caches them, heartbeat included, and the next round's EVALSHA
+// finds them.
+func TestSyncWithoutScriptsCached(t *testing.T) {
+	addr := startRedisServer(t)
+	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+	defer rs.close()
+	const tick = time.Hour
+	tk := time.Now().UnixNano() / int64(tick)
+	call := shareCall{rkey: "sketchproxy:{t1}k:abc", marker: "sketchproxy:{t1}run", tick: tick, c: 40, d: 80, g: 12, at: tk}
+	round := &shareRound{id: "r0", candidate: "run-1", channel: "sketchproxy:claims", stale: time.Hour, ttl: time.Minute}
+	ctx := context.Background()
+	for i := range 3 {
+		if i < 2 {
+			if err := rs.rdb.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		hb := &heartbeat{key: "sketchproxy:replicas", id: "r0", now: time.Now(), window: time.Minute}
+		got, replicas, sent, err := rs.sync(ctx, round, []shareCall{call}, hb)
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if !got[0].ok || replicas != 1 {
+			t.Fatalf("round %d: reply %s, %d replicas: want a record and 1 replica", i, describe(got[0]), replicas)
+		}
+		// EVALSHA twice, then EVAL twice where the scripts were flushed.
+		if want := map[bool]int{true: 4, false: 2}[i < 2]; sent != want {
+			t.Errorf("round %d: %d commands sent, want %d", i, sent, want)
+		}
+	}
+}

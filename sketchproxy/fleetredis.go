@@ -308,7 +308,15 @@ func newRedisStore(o *redis.UniversalOptions) *redisStore {
 
 func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
 	sent := 0
-	exec := func() ([]*redis.Cmd, *redis.Cmd, error) {
+	// exec sends the round; with eval, as EVAL (which also caches the
+	// scripts), not EVALSHA.
+	exec := func(eval bool) ([]*redis.Cmd, *redis.Cmd, error) {
+		run := func(sc *redis.Script, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
+			if eval {
+				return sc.Eval(ctx, c, keys, args...)
+			}
+			return sc.EvalSha(ctx, c, keys, args...)
+		}
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(calls))
 		for i, c := range calls {
@@ -316,7 +324,7 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 			if c.publish {
 				channel = r.channel
 			}
-			cmds[i] = s.script.EvalSha(ctx, pipe, []string{c.rkey, c.marker},
+			cmds[i] = run(s.script, pipe, []string{c.rkey, c.marker},
 				strconv.FormatFloat(float64(c.tick)/float64(time.Microsecond), 'f', -1, 64),
 				r.id, c.c, c.d, c.g, c.at, max(4*c.tick, r.ttl).Milliseconds(), r.stale.Microseconds(), r.candidate, channel)
 		}
@@ -326,25 +334,20 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		var card *redis.Cmd
 		if beat != nil {
 			nowMs := beat.now.UnixMilli()
-			card = s.beat.EvalSha(ctx, pipe, []string{beat.key}, nowMs, beat.id, nowMs-beat.window.Milliseconds())
+			card = run(s.beat, pipe, []string{beat.key}, nowMs, beat.id, nowMs-beat.window.Milliseconds())
 		}
 		sent += pipe.Len()
 		_, err := pipe.Exec(ctx)
 		return cmds, card, err
 	}
-	cmds, card, err := exec()
+	cmds, card, err := exec(false)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		// A restarted or promoted node has no scripts: load them (on
-		// every node of a Cluster).
-		lerr := s.script.Load(ctx, s.rdb).Err()
-		if lerr == nil && beat != nil {
-			sent++
-			lerr = s.beat.Load(ctx, s.rdb).Err()
-		}
-		if lerr == nil {
-			sent++
-			cmds, card, err = exec()
-		}
+		// A new, restarted or promoted node has no scripts: send the
+		// round again as EVAL, which caches them on the node that runs
+		// each (every node of a Cluster in turn), in one round trip
+		// where loading them first took two and could run past the
+		// round's timeout on a busy machine.
+		cmds, card, err = exec(true)
 	}
 	replies := make([]shareReply, len(calls))
 	for i := range calls {
