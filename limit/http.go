@@ -3,6 +3,7 @@ package limit
 import (
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,7 +42,11 @@ import (
 // refused. A limit that refuses only when it counts (racing requests
 // filled it since it was read, or a new key met a bucket full of keys at
 // their limit: Config.Overflow) refuses the request, and the limits
-// counted before it keep their count. Middlewares with other handlers
+// counted before it keep their count. One Limiter given twice for the
+// same key of a request is checked, counted and listed once. Give each
+// Limiter of a route its own Config.Name: the fields name a policy by it,
+// and two called "default" are two items a client cannot tell apart.
+// Middlewares with other handlers
 // between them cannot know of each other: each checks and counts its own
 // limits when the request reaches it, and appends its items to the fields
 // the outer one wrote.
@@ -160,7 +165,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if c.skip != nil && c.skip(r) {
 			continue
 		}
-		cs = append(cs, checked{c: c, key: c.key(r)})
+		k := c.key(r)
+		if !slices.ContainsFunc(cs, func(o checked) bool { return o.c.l == c.l && o.key == k }) {
+			// The same Limiter given twice for one key (a Middleware
+			// nested in another of the same limit) is one limit: checked
+			// and counted once, listed once.
+			cs = append(cs, checked{c: c, key: k})
+		}
 	}
 	if len(cs) == 0 {
 		h.next.ServeHTTP(w, r)

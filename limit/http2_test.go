@@ -87,6 +87,40 @@ func TestMiddlewareSeveralLimits(t *testing.T) {
 	}
 }
 
+// TestMiddlewareSameLimitTwice: one Limiter given twice for a request's
+// key (by Also, or a Middleware nested in another of the same limit) is
+// one limit: a limit of 1 admits the first request, counts it once, and
+// lists one item. Given twice with different keys, it is two.
+func TestMiddlewareSameLimitTwice(t *testing.T) {
+	for _, form := range []string{"nested", "also"} {
+		t.Run(form, func(t *testing.T) {
+			l, _ := newManual(t, limit.Config{Requests: 1, Per: time.Hour})
+			final := http.NotFoundHandler()
+			var h http.Handler
+			if form == "nested" {
+				h = limit.Middleware(l, apiKey)(limit.Middleware(l, apiKey)(final))
+			} else {
+				h = limit.Middleware(l, apiKey, limit.Also(l, apiKey))(final)
+			}
+			w := serve(h, "192.0.2.1:1", "X-Api-Key", "k")
+			if w.Code != 404 || w.Header().Get("RateLimit") != `"default";r=0;t=1800` {
+				t.Fatalf("first request: %d, RateLimit %q: want the handler's 404 and one item", w.Code, w.Header().Get("RateLimit"))
+			}
+			if w := serve(h, "192.0.2.1:1", "X-Api-Key", "k"); w.Code != 429 {
+				t.Fatalf("second request: %d, want 429", w.Code)
+			}
+			if r := remaining(l, "k"); r != 0 {
+				t.Fatalf("%d left", r)
+			}
+		})
+	}
+	l, _ := newManual(t, limit.Config{Requests: 1, Per: time.Hour})
+	h := limit.Middleware(l, apiKey, limit.Also(l, limit.RemoteIP))(http.NotFoundHandler())
+	if w := serve(h, "192.0.2.1:1", "X-Api-Key", "k"); w.Code != 404 || remaining(l, "k") != 0 || remaining(l, "192.0.2.1") != 0 {
+		t.Fatalf("two keys of one Limiter: %d, each should count once", w.Code)
+	}
+}
+
 // TestMiddlewareApart: Middlewares with another handler between them
 // append their items to one field, though each counts on its own.
 func TestMiddlewareApart(t *testing.T) {
