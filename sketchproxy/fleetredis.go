@@ -174,6 +174,9 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 // KEYS[1] the hashed key, KEYS[2] its tag's marker; ARGV: the tick in µs,
 // the replica's id, its count, demand and guarantee, the tick they are at,
 // the TTL in ms, stale in µs, the candidate marker, the channel or "".
+// No unpack of a list that fields written by someone else could make
+// long: Lua unpacks at most 8,000 values, and a key past that would fail
+// at every round.
 // It returns "tick born now", the marker, then id, count, demand and
 // guarantee of each replica, this one last.
 const shareScript = `
@@ -211,7 +214,9 @@ for i = 1, #h, 2 do
     end
   end
 end
-if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+for i = 1, #gone, 1000 do
+  redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
+end
 local c = halve(tonumber(ARGV[3]), tonumber(ARGV[6]))
 local d = slow(tonumber(ARGV[4]), tonumber(ARGV[6]))
 redis.call('HSET', KEYS[1], 'r:' .. id, string.format('%d %d %d %d %d', c, d, tonumber(ARGV[5]), now, tick))
@@ -229,7 +234,9 @@ local head = string.format('%d %d %d', tick, born, now)
 if ARGV[10] ~= '' then
   pcall(redis.call, 'PUBLISH', ARGV[10], KEYS[1] .. ' ' .. head .. ' ' .. table.concat(out, ' '))
 end
-return {head, redis.call('GET', KEYS[2]), unpack(out)}
+local res = {head, redis.call('GET', KEYS[2])}
+for i = 1, #out do res[#res + 1] = out[i] end
+return res
 `
 
 // beatScript is the heartbeat in one command: this replica's entry in the
@@ -308,6 +315,7 @@ func newRedisStore(o *redis.UniversalOptions) *redisStore {
 
 func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
 	sent := 0
+	var all []redis.Cmder // every command of the last pipeline
 	exec := func() ([]*redis.Cmd, *redis.Cmd, error) {
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(calls))
@@ -329,7 +337,8 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 			card = s.beat.EvalSha(ctx, pipe, []string{beat.key}, nowMs, beat.id, nowMs-beat.window.Milliseconds())
 		}
 		sent += pipe.Len()
-		_, err := pipe.Exec(ctx)
+		var err error
+		all, err = pipe.Exec(ctx)
 		return cmds, card, err
 	}
 	cmds, card, err := exec()
@@ -346,6 +355,12 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 			cmds, card, err = exec()
 		}
 	}
+	if err != nil && keysOnly(all) {
+		// Redis answered; only some keys' records could not be read (a key
+		// of another type under the prefix): those keys are not synced,
+		// and the round is good for the others.
+		err = nil
+	}
 	replies := make([]shareReply, len(calls))
 	for i := range calls {
 		v, cerr := cmds[i].Slice()
@@ -358,6 +373,27 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		n, _ = card.Int64()
 	}
 	return replies, n, sent, err
+}
+
+// keysOnly reports whether every command that failed, failed because of
+// its key alone: Redis answered WRONGTYPE (something else wrote a key of
+// another type under the fleet's prefix). Other errors (a connection, a
+// timeout, LOADING, READONLY, a Cluster node down) fail the round, as the
+// first failed command's error does a pipeline.
+func keysOnly(all []redis.Cmder) bool {
+	if len(all) == 0 {
+		return false
+	}
+	for _, c := range all {
+		if c.Err() == nil {
+			continue
+		}
+		var re redis.Error
+		if !errors.As(c.Err(), &re) || !strings.Contains(c.Err().Error(), "WRONGTYPE") {
+			return false
+		}
+	}
+	return true
 }
 
 // parseShareReply reads shareScript's reply; ok is false if it is not one.
