@@ -139,3 +139,39 @@ func TestFleetPoisonedKeyDoesNotDownTheFleet(t *testing.T) {
 		t.Fatal(bad.rkey)
 	}
 }
+
+// The members are counted on Redis's clock, as the records are: two
+// replicas whose clocks are 10 s apart each count both. Before, the
+// heartbeat's score and the window it pruned by were each replica's own
+// clock: the replica ahead dropped the other's entry at each of its beats
+// and counted itself alone (N = 1: its fair share was the whole θ), and
+// an entry written with a score in the future (a clock ahead, or anyone
+// writing to the set) was never dropped, and counted for ever.
+func TestFleetHeartbeatOnRedisClock(t *testing.T) {
+	addr := startRedisServer(t)
+	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+	defer rs.close()
+	ctx := context.Background()
+	window := 3*500*time.Millisecond + time.Second
+	beat := func(id string, skew time.Duration) int64 {
+		r := &shareRound{id: id, candidate: id, channel: "sketchproxy:claims", stale: 3 * time.Second, ttl: time.Second}
+		_, n, _, err := rs.sync(ctx, r, nil, &heartbeat{key: "sketchproxy:members", id: id, now: time.Now().Add(skew), window: window})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	beat("behind", -10*time.Second)
+	if n := beat("ahead", 10*time.Second); n != 2 {
+		t.Errorf("the replica 10 s ahead counts %d replicas, want 2", n)
+	}
+	if n := beat("behind", -10*time.Second); n != 2 {
+		t.Errorf("the replica 10 s behind counts %d replicas, want 2", n)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	rdb.ZAdd(ctx, "sketchproxy:members", redis.Z{Score: 1e15, Member: "forged"})
+	if n := beat("ahead", 10*time.Second); n != 2 {
+		t.Errorf("an entry dated in the future is counted: %d replicas, want 2", n)
+	}
+}

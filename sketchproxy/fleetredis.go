@@ -241,11 +241,18 @@ return res
 
 // beatScript is the heartbeat in one command: this replica's entry in the
 // members' sorted set, the entries older than the window dropped, and the
-// members counted (KEYS[1] the set; ARGV: now in ms, the id, the oldest
-// time kept in ms).
+// members counted, all on Redis's clock, as the records are: on the
+// replicas' own clocks, one ahead by more than the window dropped the
+// others' entries and counted itself alone, and an entry dated in the
+// future (a clock ahead, or anyone writing to the set) was never dropped.
+// Entries later than now are dropped too. KEYS[1] the set; ARGV: the id,
+// the window in ms.
 const beatScript = `
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now - tonumber(ARGV[2])))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], string.format('(%d', now), '+inf')
 redis.call('PEXPIRE', KEYS[1], 60000)
 return redis.call('ZCARD', KEYS[1])
 `
@@ -294,7 +301,7 @@ type fleetStore interface {
 // heartbeat is this replica's entry in the members' sorted set.
 type heartbeat struct {
 	key, id string
-	now     time.Time
+	now     time.Time     // the test store's clock; Redis counts on its own
 	window  time.Duration // members older than this are gone
 }
 
@@ -333,8 +340,7 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		}
 		var card *redis.Cmd
 		if beat != nil {
-			nowMs := beat.now.UnixMilli()
-			card = s.beat.EvalSha(ctx, pipe, []string{beat.key}, nowMs, beat.id, nowMs-beat.window.Milliseconds())
+			card = s.beat.EvalSha(ctx, pipe, []string{beat.key}, beat.id, beat.window.Milliseconds())
 		}
 		sent += pipe.Len()
 		var err error
