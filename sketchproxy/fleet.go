@@ -220,7 +220,10 @@ type fleet struct {
 	promotions, demotions, hotFull, resends atomic.Uint64
 	claims, claimsHeard                     atomic.Uint64
 	rttNs, lastOK                           atomic.Int64
-	roundTime                               prometheus.Histogram
+	// redisAt is the latest Redis time (µs) a reply to this replica
+	// carried; redisSeen, f.now (ns) when it came.
+	redisAt, redisSeen atomic.Int64
+	roundTime          prometheus.Histogram
 
 	run   map[string]string // each hash tag's run marker as last seen, by marker key (sync goroutine only)
 	runID string            // this replica's candidate marker
@@ -249,7 +252,11 @@ type hotEntry struct {
 	demand  demand
 	view    atomic.Pointer[shareView]
 	pending atomic.Bool // queued to be sent at once
-	loud    atomic.Bool // the next send publishes: a claim on the pool
+	// unsynced: Redis answered the last round, but not with this key's
+	// records (a key of another type under the prefix): decided alone at
+	// its fair share until a round syncs it.
+	unsynced atomic.Bool
+	loud     atomic.Bool // the next send publishes: a claim on the pool
 
 	// gWant is the guarantee to store at the next send; gSent, the one
 	// the last send stored (sync goroutine only).
@@ -381,7 +388,7 @@ func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		r, ok := f.heard[e.rkey]
 		delete(f.heard, e.rkey)
 		f.rmu.Unlock()
-		if ok {
+		if ok && tickFits(e, &r) {
 			// Another replica claimed this key lately: start from its word.
 			v, _ := f.viewOf(e, &r, 0, nil)
 			e.view.Store(v)
@@ -392,6 +399,9 @@ func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		if add > 0 {
 			e.demand.add(add, now.UnixNano()/int64(tick))
 		}
+	}
+	if e.unsynced.Load() {
+		return alone(local, theta, n), false
 	}
 	v := e.view.Load()
 	if v == nil {
@@ -621,13 +631,21 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	for i, e := range es {
 		rp := &replies[i]
 		if !rp.ok {
+			if err == nil && !e.unsynced.Swap(true) {
+				f.log.Warn("fleet: Redis answered, but not with a hot key's records (a key of another type under the prefix?): the key is decided here at its fair share until it syncs", "key", e.rkey)
+			}
 			continue
 		}
+		e.unsynced.Store(false)
 		if old, seen := f.run[e.marker]; seen && old != rp.run {
 			lost++
 		}
 		f.run[e.marker] = rp.run
 		synced++
+		if rp.now > f.redisAt.Load() {
+			f.redisSeen.Store(f.now().UnixNano())
+			f.redisAt.Store(rp.now)
+		}
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
 		f.store1(e, v)
@@ -687,12 +705,15 @@ func (f *fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	return v, g
 }
 
-// store1 installs v unless a later view is in place (a claim heard after
-// the reply was sent).
+// store1 installs v, from a reply to this replica's own round, unless a
+// later view is in place (a claim heard after the reply was sent). A
+// claim can be later than the reply by the time until the reply came
+// (less than a timeout); one later than that was not written by the
+// script, and the reply replaces it.
 func (f *fleet) store1(e *hotEntry, v *shareView) {
 	for {
 		cur := e.view.Load()
-		if cur != nil && cur.at > v.at {
+		if cur != nil && cur.at > v.at && cur.at <= v.at+int64(time.Duration(f.cfg.Timeout)/time.Microsecond) {
 			return
 		}
 		if e.view.CompareAndSwap(cur, v) {
@@ -708,6 +729,9 @@ func (f *fleet) hear(payload string) {
 	if !ok {
 		return
 	}
+	if !f.plausible(rp) {
+		return
+	}
 	f.claimsHeard.Add(1)
 	f.rmu.Lock()
 	e := f.rkeys[rkey]
@@ -720,6 +744,9 @@ func (f *fleet) hear(payload string) {
 		return
 	}
 	f.rmu.Unlock()
+	if !tickFits(e, &rp) {
+		return
+	}
 	for {
 		cur := e.view.Load()
 		if cur != nil && cur.at >= rp.now {
@@ -733,6 +760,35 @@ func (f *fleet) hear(payload string) {
 			return
 		}
 	}
+}
+
+// plausible reports whether a claim heard could be one the script
+// published: not from later than Redis's clock can be now (the last time
+// a reply of this replica's own read on it, plus the time since, plus a
+// timeout). Anyone allowed to PUBLISH on the channel can send a claim; one
+// dated in the future would hold the key's view against this replica's
+// own rounds (a view is replaced only by a later one) for as long as the
+// key stays hot. Before any reply there is nothing to check against:
+// store1 replaces such a view at the replica's own round.
+func (f *fleet) plausible(rp shareReply) bool {
+	at, seen := f.redisAt.Load(), f.redisSeen.Load()
+	if at == 0 {
+		return true
+	}
+	since := max(0, f.now().UnixNano()-seen) / int64(time.Microsecond)
+	return rp.now <= at+since+int64(time.Duration(f.cfg.Timeout)/time.Microsecond)
+}
+
+// tickFits reports whether a claim's tick is the one its time falls in
+// for e's limit, as the script computes it: a claim with a later tick
+// would have this replica halve the others' counts to nothing.
+func tickFits(e *hotEntry, rp *shareReply) bool {
+	us := int64(e.tick / time.Microsecond)
+	if us <= 0 {
+		return true
+	}
+	d := rp.tick - rp.now/us
+	return d >= -1 && d <= 1
 }
 
 // demote drops hot keys that cooled here and fleet-wide: the local count

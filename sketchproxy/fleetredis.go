@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -174,6 +175,9 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 // KEYS[1] the hashed key, KEYS[2] its tag's marker; ARGV: the tick in µs,
 // the replica's id, its count, demand and guarantee, the tick they are at,
 // the TTL in ms, stale in µs, the candidate marker, the channel or "".
+// No unpack of a list that fields written by someone else could make
+// long: Lua unpacks at most 8,000 values, and a key past that would fail
+// at every round.
 // It returns "tick born now", the marker, then id, count, demand and
 // guarantee of each replica, this one last.
 const shareScript = `
@@ -211,7 +215,9 @@ for i = 1, #h, 2 do
     end
   end
 end
-if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+for i = 1, #gone, 1000 do
+  redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
+end
 local c = halve(tonumber(ARGV[3]), tonumber(ARGV[6]))
 local d = slow(tonumber(ARGV[4]), tonumber(ARGV[6]))
 redis.call('HSET', KEYS[1], 'r:' .. id, string.format('%d %d %d %d %d', c, d, tonumber(ARGV[5]), now, tick))
@@ -229,16 +235,25 @@ local head = string.format('%d %d %d', tick, born, now)
 if ARGV[10] ~= '' then
   pcall(redis.call, 'PUBLISH', ARGV[10], KEYS[1] .. ' ' .. head .. ' ' .. table.concat(out, ' '))
 end
-return {head, redis.call('GET', KEYS[2]), unpack(out)}
+local res = {head, redis.call('GET', KEYS[2])}
+for i = 1, #out do res[#res + 1] = out[i] end
+return res
 `
 
 // beatScript is the heartbeat in one command: this replica's entry in the
 // members' sorted set, the entries older than the window dropped, and the
-// members counted (KEYS[1] the set; ARGV: now in ms, the id, the oldest
-// time kept in ms).
+// members counted, all on Redis's clock, as the records are: on the
+// replicas' own clocks, one ahead by more than the window dropped the
+// others' entries and counted itself alone, and an entry dated in the
+// future (a clock ahead, or anyone writing to the set) was never dropped.
+// Entries later than now are dropped too. KEYS[1] the set; ARGV: the id,
+// the window in ms.
 const beatScript = `
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now - tonumber(ARGV[2])))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], string.format('(%d', now), '+inf')
 redis.call('PEXPIRE', KEYS[1], 60000)
 return redis.call('ZCARD', KEYS[1])
 `
@@ -287,7 +302,7 @@ type fleetStore interface {
 // heartbeat is this replica's entry in the members' sorted set.
 type heartbeat struct {
 	key, id string
-	now     time.Time
+	now     time.Time     // the test store's clock; Redis counts on its own
 	window  time.Duration // members older than this are gone
 }
 
@@ -308,6 +323,7 @@ func newRedisStore(o *redis.UniversalOptions) *redisStore {
 
 func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
 	sent := 0
+	var all []redis.Cmder // every command of the last pipeline
 	// exec sends the round; with eval, as EVAL (which also caches the
 	// scripts), not EVALSHA.
 	exec := func(eval bool) ([]*redis.Cmd, *redis.Cmd, error) {
@@ -333,21 +349,27 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		}
 		var card *redis.Cmd
 		if beat != nil {
-			nowMs := beat.now.UnixMilli()
-			card = run(s.beat, pipe, []string{beat.key}, nowMs, beat.id, nowMs-beat.window.Milliseconds())
+			card = run(s.beat, pipe, []string{beat.key}, beat.id, beat.window.Milliseconds())
 		}
 		sent += pipe.Len()
-		_, err := pipe.Exec(ctx)
+		var err error
+		all, err = pipe.Exec(ctx)
 		return cmds, card, err
 	}
 	cmds, card, err := exec(false)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+	if err != nil && slices.ContainsFunc(all, func(c redis.Cmder) bool { return redis.HasErrorPrefix(c.Err(), "NOSCRIPT") }) {
 		// A new, restarted or promoted node has no scripts: send the
 		// round again as EVAL, which caches them on the node that runs
 		// each (every node of a Cluster in turn), in one round trip
 		// where loading them first took two and could run past the
 		// round's timeout on a busy machine.
 		cmds, card, err = exec(true)
+	}
+	if err != nil && keysOnly(all) {
+		// Redis answered; only some keys' records could not be read (a key
+		// of another type under the prefix): those keys are not synced,
+		// and the round is good for the others.
+		err = nil
 	}
 	replies := make([]shareReply, len(calls))
 	for i := range calls {
@@ -361,6 +383,27 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		n, _ = card.Int64()
 	}
 	return replies, n, sent, err
+}
+
+// keysOnly reports whether every command that failed, failed because of
+// its key alone: Redis answered WRONGTYPE (something else wrote a key of
+// another type under the fleet's prefix). Other errors (a connection, a
+// timeout, LOADING, READONLY, a Cluster node down) fail the round, as the
+// first failed command's error does a pipeline.
+func keysOnly(all []redis.Cmder) bool {
+	if len(all) == 0 {
+		return false
+	}
+	for _, c := range all {
+		if c.Err() == nil {
+			continue
+		}
+		var re redis.Error
+		if !errors.As(c.Err(), &re) || !strings.Contains(c.Err().Error(), "WRONGTYPE") {
+			return false
+		}
+	}
+	return true
 }
 
 // parseShareReply reads shareScript's reply; ok is false if it is not one.

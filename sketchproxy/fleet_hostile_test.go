@@ -1,0 +1,177 @@
+package sketchproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch"
+	"github.com/redis/go-redis/v9"
+)
+
+// fixedLocal is a sketch that holds c for every key.
+type fixedLocal uint32
+
+func (c fixedLocal) EstimateBytes([]byte) uint32 { return uint32(c) }
+
+func hostileFleet(t *testing.T, store fleetStore, now func() time.Time, replicas int) *fleet {
+	t.Helper()
+	cfg := &FleetConfig{Replicas: replicas, ID: "r0", Interval: Duration(500 * time.Millisecond),
+		Timeout: Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+	return newFleetOn(cfg, []byte("0123456789abcdef"), store, slog.New(slog.NewTextHandler(io.Discard, nil)), now)
+}
+
+// hostileEntry puts key k (threshold theta, tick 1 s, local count c) in
+// f's hot set, as a promotion does.
+func hostileEntry(f *fleet, k string, theta, c uint32) *hotEntry {
+	e := &hotEntry{skey: []byte(k), sk: fixedLocal(c), tick: time.Second, theta: theta}
+	e.rkey, e.marker = f.redisKeys(e.skey, e.tick, e.theta)
+	s := f.shard(e.skey)
+	s.mu.Lock()
+	s.m[k] = e
+	s.mu.Unlock()
+	f.count.Add(1)
+	f.rmu.Lock()
+	f.rkeys[e.rkey] = e
+	f.rmu.Unlock()
+	return e
+}
+
+// A claim is published through Redis by whoever may PUBLISH on the
+// channel, and carries no proof that the script wrote it. One that says
+// it is from the far future must not pin the view: the replica's own
+// rounds must go on replacing it, or a single forged message would hold
+// a key's view (nobody else counts anything) for as long as it stays hot.
+func TestFleetForgedClaimCannotPinAView(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	store := newMemStore(clk.Now)
+	f := hostileFleet(t, store, clk.Now, 2)
+	e := hostileEntry(f, "client", 20, 10)
+	if !f.send([]*hotEntry{e}, false) {
+		t.Fatal("the round failed")
+	}
+	good := e.view.Load()
+	if good == nil {
+		t.Fatal("no view after a round")
+	}
+	// Far in the future, nobody but this replica, which holds nothing.
+	far := good.at + int64(100*365*24*time.Hour/time.Microsecond)
+	f.hear(fmt.Sprintf("%s %d %d %d r0 0 0 0", e.rkey, far/int64(time.Second/time.Microsecond), good.at, far))
+	clk.Advance(600 * time.Millisecond)
+	if !f.send([]*hotEntry{e}, false) {
+		t.Fatal("the round failed")
+	}
+	if v := e.view.Load(); v.at == far {
+		t.Fatalf("a forged claim from the future pinned the view (at %d); the replica's own round did not replace it", v.at)
+	}
+	// A claim whose tick does not match its time (counts halved to
+	// nothing) is not one the script wrote either.
+	now := e.view.Load().at
+	f.hear(fmt.Sprintf("%s %d %d %d r0 0 0 0", e.rkey, now/int64(time.Second/time.Microsecond)+40, good.at, now+1))
+	if v := e.view.Load(); v.at == now+1 {
+		t.Fatal("a claim whose tick is 40 ticks past its time was taken")
+	}
+
+	// Heard before this replica's first reply (nothing to check it
+	// against): its own round replaces it.
+	f2 := hostileFleet(t, store, clk.Now, 2)
+	e2 := hostileEntry(f2, "client2", 20, 10)
+	f2.hear(fmt.Sprintf("%s %d %d %d r0 0 0 0", e2.rkey, far/int64(time.Second/time.Microsecond), good.at, far))
+	if !f2.send([]*hotEntry{e2}, false) {
+		t.Fatal("the round failed")
+	}
+	if v := e2.view.Load(); v == nil || v.at == far {
+		t.Fatal("a forged claim heard before the first round pinned the view")
+	}
+}
+
+// One hot key whose record Redis cannot run the script on (a key of
+// another type, written by someone else under the fleet's prefix; a hash
+// with more fields than Lua can unpack) is that key's problem: the
+// other keys stay synced and the fleet stays up. Before, the pipeline's
+// first error failed the whole round at every interval for as long as
+// the key stayed hot (it is demoted only after a good round): every key
+// fell back to θ/N and budget routes answered 503.
+func TestFleetPoisonedKeyDoesNotDownTheFleet(t *testing.T) {
+	addr := startRedisServer(t)
+	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+	f := hostileFleet(t, rs, time.Now, 0)
+	defer f.store.close()
+	bad := hostileEntry(f, "wrongtype", 20, 10)
+	wide := hostileEntry(f, "wide", 20, 10)
+	good := hostileEntry(f, "good", 20, 10)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	if err := rdb.Set(ctx, bad.rkey, "junk", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var fields []any
+	for i := range 20000 {
+		fields = append(fields, fmt.Sprint("r:junk", i), "x")
+	}
+	if err := rdb.HSet(ctx, wide.rkey, fields...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !f.round() {
+		t.Fatal("one key of another type failed the whole round")
+	}
+	if !f.up.Load() {
+		t.Fatal("the fleet went down")
+	}
+	if good.view.Load() == nil {
+		t.Fatal("the good key was not synced")
+	}
+	if wide.view.Load() == nil {
+		t.Fatal("a hash with 20,000 junk fields was not synced (its junk dropped)")
+	}
+	if n, _ := rdb.HLen(ctx, wide.rkey).Result(); n > 5 {
+		t.Fatalf("the junk fields stayed: %d fields", n)
+	}
+	if bad.view.Load() != nil {
+		t.Fatal("a key of another type got a view")
+	}
+	if !strings.HasPrefix(bad.rkey, "sketchproxy:{t") {
+		t.Fatal(bad.rkey)
+	}
+}
+
+// The members are counted on Redis's clock, as the records are: two
+// replicas whose clocks are 10 s apart each count both. Before, the
+// heartbeat's score and the window it pruned by were each replica's own
+// clock: the replica ahead dropped the other's entry at each of its beats
+// and counted itself alone (N = 1: its fair share was the whole θ), and
+// an entry written with a score in the future (a clock ahead, or anyone
+// writing to the set) was never dropped, and counted for ever.
+func TestFleetHeartbeatOnRedisClock(t *testing.T) {
+	addr := startRedisServer(t)
+	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+	defer rs.close()
+	ctx := context.Background()
+	window := 3*500*time.Millisecond + time.Second
+	beat := func(id string, skew time.Duration) int64 {
+		r := &shareRound{id: id, candidate: id, channel: "sketchproxy:claims", stale: 3 * time.Second, ttl: time.Second}
+		_, n, _, err := rs.sync(ctx, r, nil, &heartbeat{key: "sketchproxy:members", id: id, now: time.Now().Add(skew), window: window})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	beat("behind", -10*time.Second)
+	if n := beat("ahead", 10*time.Second); n != 2 {
+		t.Errorf("the replica 10 s ahead counts %d replicas, want 2", n)
+	}
+	if n := beat("behind", -10*time.Second); n != 2 {
+		t.Errorf("the replica 10 s behind counts %d replicas, want 2", n)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	rdb.ZAdd(ctx, "sketchproxy:members", redis.Z{Score: 1e15, Member: "forged"})
+	if n := beat("ahead", 10*time.Second); n != 2 {
+		t.Errorf("an entry dated in the future is counted: %d replicas, want 2", n)
+	}
+}
