@@ -94,24 +94,18 @@ func (l *Limiter) Allow(key string) bool { return l.Decide(key, 1).Allowed }
 // are admitted; it returns what a response says about the key, in package
 // limit's words (limit.Decision).
 func (l *Limiter) Decide(key string, n int) limit.Decision {
-	if n <= 0 {
-		return limit.Decision{Allowed: true}
-	}
 	st := l.mw.state.Load()
 	sc := scratchPool.Get().(*engine.Scratch)
 	defer func() { sc.Reset(); scratchPool.Put(sc) }()
 	now := l.mw.now()
-	facts := [1]engine.Fact{{Rule: l.rule, Key: key, Hits: uint32(min(n, 1<<30))}}
+	// n <= 0 reads the key: judged as it is, nothing counted.
+	facts := [1]engine.Fact{{Rule: l.rule, Key: key, Hits: uint32(min(max(n, 0), 1<<30)), ZeroHits: n <= 0}}
 	d := l.mw.eng.Decide(context.Background(), st.set, now, &engine.Request{Facts: facts[:], NoDrip: true}, sc)
 	defer d.Done()
-	v := &d.Verdicts[0]
-	remaining, reset := v.Status(now)
-	out := limit.Decision{Allowed: d.Admitted, Remaining: int(remaining), Reset: reset}
-	if !d.Admitted {
-		out.Remaining = 0
-		if !d.Never {
-			out.RetryAfter = d.Wait
-		}
+	remaining, reset := d.Verdicts[0].Left(now)
+	out := limit.Decision{Allowed: d.Admitted || n <= 0, Remaining: int(remaining), Reset: reset}
+	if !out.Allowed && !d.Never {
+		out.RetryAfter = d.Wait
 	}
 	return out
 }

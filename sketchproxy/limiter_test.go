@@ -2,6 +2,7 @@ package sketchproxy
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,39 @@ func TestLimiterAgreesWithPackageLimit(t *testing.T) {
 	}
 	if refused == 0 {
 		t.Fatal("nothing refused: the limit never ran")
+	}
+}
+
+// Over random histories (gaps of 0 to 1.5 ticks, n from 0, a read, to
+// Burst+1, which never fits), a Limiter's Decisions are package limit's,
+// field by field: Remaining and Reset of a read and of a refusal included.
+func TestLimiterAgreesOnEveryN(t *testing.T) {
+	for seed := range uint64(20) {
+		clk := epochsketch.NewManualClock(t0)
+		cfg := LimiterConfig{Requests: 6, Per: time.Second, Burst: 4, Clock: clk, Seed: 1}
+		l, err := NewLimiter(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := limit.NewWith(limit.Config{Requests: 6, Per: time.Second, Burst: 4, Clock: clk, Seed: 1})
+		rng := rand.New(rand.NewPCG(seed, 1))
+		refused := 0
+		for i := range 300 {
+			n := rng.IntN(6)
+			a, b := l.Decide("k", n), p.Decide(time.Time{}, "k", n)
+			if a != b {
+				t.Fatalf("seed %d, call %d (n=%d) at %v: Limiter %+v, package limit %+v", seed, i, n, clk.Now().Sub(t0), a, b)
+			}
+			if !a.Allowed {
+				refused++
+			}
+			clk.Advance(time.Duration(rng.Int64N(int64(500 * time.Millisecond))))
+		}
+		l.Close()
+		p.Close()
+		if refused == 0 {
+			t.Fatalf("seed %d: nothing refused: the limit never ran", seed)
+		}
 	}
 }
 

@@ -147,6 +147,18 @@ func (v *Verdict) Status(now time.Time) (remaining int64, reset time.Duration) {
 	return r, t
 }
 
+// Left is the verdict's first limit in package limit's words (its
+// Decision): the requests the key may still send at once, after this
+// request where it was counted, and the time to the next tick.
+func (v *Verdict) Left(now time.Time) (remaining int64, reset time.Duration) {
+	if len(v.ests) == 0 {
+		return 0, 0
+	}
+	rl := v.Rule.Limits[0].Limit
+	rl.Threshold = v.thetas[0]
+	return rl.Remaining(v.ests[0]), rate.UntilTick(now, rl.Tick, 1)
+}
+
 // forever is a wait no client can sit out.
 const forever = time.Duration(math.MaxInt64)
 
