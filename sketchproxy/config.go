@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v4"
 
@@ -162,16 +163,19 @@ var (
 // fields are errors (a typo must not silently disable a limit).
 func ParseConfig(name string, data []byte) (*Config, error) {
 	c := &Config{src: name}
+	if err := notUTF8(name, data); err != nil {
+		return nil, err
+	}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, yamlError(name, err, nil, nil)
+		return nil, yamlError(name, err, nil, nil, data)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(c); errors.Is(err, io.EOF) {
 		return nil, &ConfigError{File: name, Msg: "the file is empty: see sketchproxy -example"}
 	} else if err != nil {
-		return nil, yamlError(name, err, &root, reflect.TypeFor[Config]())
+		return nil, yamlError(name, err, &root, reflect.TypeFor[Config](), data)
 	}
 	c.src, c.root = name, &root
 	if err := c.prepare(&built{}); err != nil { // the parsed Config is ours: defaults applied in place
@@ -183,8 +187,9 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 // yamlError turns the YAML library's errors into "file:line: field: what",
 // with the line of the problem itself and, where the document root (of
 // type top) was parsed, the path of the value at fault; an unknown field
-// is named with the section it is in and the closest known field.
-func yamlError(name string, err error, root *yaml.Node, top reflect.Type) error {
+// is named with the section it is in and the closest known field. data is
+// the document, for a hint about the line at fault (a tab in its indent).
+func yamlError(name string, err error, root *yaml.Node, top reflect.Type, data []byte) error {
 	var mark yaml.Mark
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	var les *yaml.LoadErrors
@@ -207,7 +212,50 @@ func yamlError(name string, err error, root *yaml.Node, top reflect.Type) error 
 		return &ConfigError{File: name, Line: mark.Line, Msg: fmt.Sprintf("unknown field %q", m[1])}
 	}
 	msg = reBadType.ReplaceAllString(msg, "a $1 \"$2\" where a $3 belongs")
+	if m := reNotMapping.FindStringSubmatch(msg); m != nil && len(path) == 0 && top != nil {
+		msg = fmt.Sprintf("a %s where the file's settings belong: the top level is a mapping (listen:, upstream:, rules: ...; see sketchproxy -example)", m[1])
+	}
+	if !strings.Contains(msg, "tab") && tabIndented(data, mark.Line) {
+		msg += " (the line is indented with a tab: YAML indents with spaces)"
+	}
 	return &ConfigError{File: name, Line: mark.Line, Field: fieldName(path...), Msg: msg}
+}
+
+var reNotMapping = regexp.MustCompile(`^cannot construct !!(seq|str|int|float|bool) into \S+$`)
+
+// tabIndented reports whether line (from 1) of data has a tab in its
+// leading white space: the YAML library's message about it is often only
+// "found character that cannot start any token".
+func tabIndented(data []byte, line int) bool {
+	if line < 1 {
+		return false
+	}
+	lines := bytes.SplitN(data, []byte("\n"), line+1)
+	if len(lines) < line {
+		return false
+	}
+	l := lines[line-1]
+	return bytes.IndexByte(l[:len(l)-len(bytes.TrimLeft(l, " \t"))], '\t') >= 0
+}
+
+// notUTF8 is the error for a document that is not UTF-8 (nor UTF-16 with
+// its byte order mark, which the YAML library reads), at the first byte at
+// fault: the library's own message names neither its line nor its column.
+func notUTF8(name string, data []byte) error {
+	if utf8.Valid(data) || bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		return nil
+	}
+	at := 0
+	for at < len(data) {
+		r, n := utf8.DecodeRune(data[at:])
+		if r == utf8.RuneError && n <= 1 {
+			break
+		}
+		at += n
+	}
+	line := 1 + bytes.Count(data[:at], []byte("\n"))
+	col := at - bytes.LastIndexByte(data[:at], '\n')
+	return &ConfigError{File: name, Line: line, Msg: fmt.Sprintf("byte 0x%02X at column %d is not UTF-8: save the file as UTF-8", data[at], col)}
 }
 
 // lineOf finds the line of a field by path: strings are map keys, ints

@@ -63,7 +63,17 @@ func unknownField(top reflect.Type, path []any, name string) string {
 	if best := closest(name, yamlFields(t)); best != "" {
 		return msg + fmt.Sprintf(": did you mean %s?", best)
 	}
-	if elsewhere := sectionsWith(top, name, ""); len(elsewhere) > 0 {
+	elsewhere := sectionsWith(top, name, "")
+	if word := withWord(name, yamlFields(t)); word != "" {
+		// path in rules[].match is path_prefix there, whatever
+		// forward_auth's own path is.
+		msg += fmt.Sprintf(": did you mean %s?", word)
+		if len(elsewhere) > 0 {
+			msg += fmt.Sprintf(" (%s has a field %s of its own)", strings.Join(elsewhere, " and "), name)
+		}
+		return msg
+	}
+	if len(elsewhere) > 0 {
 		return msg + fmt.Sprintf(": it belongs under %s", strings.Join(elsewhere, " or "))
 	}
 	return msg + ": the fields here are " + strings.Join(yamlFields(t), ", ")
@@ -123,6 +133,24 @@ func sectionsWith(t reflect.Type, name, prefix string) []string {
 		out = append(out, sectionsWith(ft, name, p)...)
 	}
 	return out
+}
+
+// withWord is the one candidate that has name as one of its words
+// (path_prefix for path, max_in_flight for in_flight), or "" if none or
+// several do.
+func withWord(name string, candidates []string) string {
+	name = strings.ToLower(name)
+	found := ""
+	for _, c := range candidates {
+		if c == name || !strings.Contains("_"+c+"_", "_"+name+"_") {
+			continue
+		}
+		if found != "" {
+			return ""
+		}
+		found = c
+	}
+	return found
 }
 
 // closest is the candidate within an edit distance of about a third of

@@ -67,6 +67,10 @@ func TestConfigErrors(t *testing.T) {
 		{"body timeout", "server: {body_timeout: 2h}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "server.body_timeout: want 10ms to 1h"},
 		{"buffer", "server: {buffer_body: -1}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "server.buffer_body: -1: want 0 (stream at once) to 64 MiB"},
 		{"remember", "new_keys: {window: 10m, remember: 1m}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "new_keys.remember: want window (default 1m) to 30d"},
+		{"not UTF-8", "listen: \":1\"\n# caf\xe9\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "p.yaml:2: byte 0xE9 at column 6 is not UTF-8: save the file as UTF-8"},
+		{"not UTF-8 in a value", "rules:\n  - name: \xff\n    limits: [{requests: 1, per: 1s}]\n", "p.yaml:2: byte 0xFF at column 11 is not UTF-8"},
+		{"tab before a list item", "rules:\n\t- name: a\n", "p.yaml:2: found character that cannot start any token (the line is indented with a tab: YAML indents with spaces)"},
+		{"a list at the top", "- a\n- b\n", "p.yaml:1: a seq where the file's settings belong: the top level is a mapping"},
 		{"ipv6 prefix", "client_ip: {ipv6_prefix: 129}\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", "client_ip.ipv6_prefix: 129: want 1 to 128"},
 	} {
 		_, err := ParseConfig("p.yaml", []byte(c.src))
@@ -159,6 +163,7 @@ func TestConfigErrorPaths(t *testing.T) {
 		{"misspelt at the top", "lisen: \":1\"\n" + rule, `p.yaml:1: unknown field "lisen": did you mean listen?`},
 		{"misspelt two deep", "rules:\n  - limits: [{requests: 1, per: 1s, brust: 2}]\n", `unknown field "brust" in rules[0].limits[0]: did you mean burst?`},
 		{"in the wrong section", "trusted_proxies: [10.0.0.1]\n" + rule, `p.yaml:1: unknown field "trusted_proxies": it belongs under client_ip`},
+		{"a word of a field", "rules:\n  - match: {path: /api/}\n    limits: [{requests: 1, per: 1s}]\n", `p.yaml:2: unknown field "path" in rules[0].match: did you mean path_prefix? (forward_auth has a field path of its own)`},
 		{"no likeness", "rules:\n  - colour: red\n    limits: [{requests: 1, per: 1s}]\n", `unknown field "colour" in rules[0]: the fields here are name, match, key,`},
 		{"envoy descriptor", "envoy_rls:\n  listen: \":1\"\n  domains:\n    - domain: d\n      descriptors:\n        - key: k\n          rate_limt: {unit: second, requests_per_unit: 1}\n",
 			`p.yaml:7: unknown field "rate_limt" in envoy_rls.domains[0].descriptors[0]: did you mean rate_limit?`},
@@ -180,6 +185,31 @@ func TestRLSFileErrorPaths(t *testing.T) {
 	_, err := LoadConfig(main)
 	want := `api.yaml:4: unknown field "nmae" in descriptors[0].rate_limit: did you mean name?`
 	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("got %v\nwant an error containing %q", err, want)
+	}
+}
+
+// A file that is not UTF-8 is named with the line and column of its first
+// bad byte, in the main config and in an envoyproxy/ratelimit file alike;
+// UTF-16 with its byte order mark, which the YAML library reads, and a
+// UTF-8 byte order mark still load.
+func TestConfigEncodings(t *testing.T) {
+	src := "rules:\n  - name: a\n    limits: [{requests: 1, per: 1s}]\n"
+	u16 := []byte{0xff, 0xfe}
+	for _, r := range src {
+		u16 = append(u16, byte(r), 0)
+	}
+	for name, data := range map[string][]byte{"utf-16": u16, "utf-8 bom": append([]byte("\xef\xbb\xbf"), src...)} {
+		if c, err := ParseConfig("p.yaml", data); err != nil || len(c.Rules) != 1 {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "api.yaml"), []byte("domain: api\ndescriptors:\n  - key: k\xe9\n"), 0o600)
+	main := filepath.Join(dir, "proxy.yaml")
+	os.WriteFile(main, []byte("envoy_rls:\n  listen: \":1\"\n  files: [api.yaml]\n"), 0o600)
+	_, err := LoadConfig(main)
+	if want := "api.yaml:3: byte 0xE9 at column 11 is not UTF-8"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("got %v\nwant an error containing %q", err, want)
 	}
 }

@@ -390,9 +390,12 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 // parseRLSFile reads an envoyproxy/ratelimit configuration file: unknown
 // fields are errors with the file and line.
 func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
+	if err := notUTF8(name, data); err != nil {
+		return nil, nil, err
+	}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, nil, yamlError(name, err, nil, nil)
+		return nil, nil, yamlError(name, err, nil, nil, data)
 	}
 	var d RLSDomain
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -400,7 +403,7 @@ func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 	if err := dec.Decode(&d); errors.Is(err, io.EOF) {
 		return nil, nil, &ConfigError{File: name, Msg: "the file is empty: want domain: and descriptors:"}
 	} else if err != nil {
-		return nil, nil, yamlError(name, err, &root, reflect.TypeFor[RLSDomain]())
+		return nil, nil, yamlError(name, err, &root, reflect.TypeFor[RLSDomain](), data)
 	}
 	return &Config{src: name, root: &root}, &d, nil
 }

@@ -68,19 +68,31 @@ func configWarnings(cfg *sketchproxy.Config) []string {
 }
 
 // gatewayWarnings are forward_auth settings that docs/forward-auth.md
-// (its table of gateways) calls broken or unsafe with the gateway named: a refusal status nginx's auth_request turns into 500, and
-// a client address Traefik lets the client choose, or names Traefik by.
+// (its table of gateways) calls broken or unsafe with the gateway named: a
+// refusal status nginx's auth_request turns into 500, a client address
+// Traefik lets the client choose, or names Traefik by, and a client
+// address nginx and Caddy pass on from the client unless their config
+// replaces the header.
 func gatewayWarnings(cfg *sketchproxy.Config) []string {
 	fa := cfg.ForwardAuth
 	if fa == nil {
 		return nil
 	}
 	var ws []string
+	passedThrough := func(gw, replace string) {
+		if src := cfg.ClientIP.Source; src == "forwarded" || src == "x-real-ip" {
+			ws = append(ws, fmt.Sprintf("client_ip.source: %s with gateway %s: %s passes a client's own %s header to the check unless %s replaces it, so each client can choose its key and escape every per-client limit; use source: x-forwarded-for (docs/forward-auth.md)",
+				src, gw, map[string]string{"nginx": "nginx", "caddy": "Caddy"}[gw], map[string]string{"forwarded": "Forwarded", "x-real-ip": "X-Real-IP"}[src], replace))
+		}
+	}
 	switch fa.Gateway {
 	case "nginx":
 		if fa.RefusalStatus != http.StatusUnauthorized && fa.RefusalStatus != http.StatusForbidden {
 			ws = append(ws, fmt.Sprintf("forward_auth.refusal_status: %d with gateway nginx: auth_request accepts only 2xx, 401 and 403 from the check and answers the client 500 for anything else, so every refusal becomes a 500; set refusal_status: 403 and map it back to 429 with error_page (docs/nginx.md)", fa.RefusalStatus))
 		}
+		passedThrough("nginx", "the auth location's proxy_set_header")
+	case "caddy":
+		passedThrough("caddy", "the forward_auth block's header_up")
 	case "traefik":
 		switch cfg.ClientIP.Source {
 		case "forwarded":

@@ -13,8 +13,10 @@ import (
 
 // -check warns of the forward_auth settings docs/forward-auth.md's gateway table
 // calls broken or unsafe: a refusal status other than 401 or 403 behind
-// nginx (auth_request turns it into 500), and behind Traefik a client
-// address read from Forwarded (the client's own) or X-Real-Ip (Traefik's).
+// nginx (auth_request turns it into 500), behind Traefik a client address
+// read from Forwarded (the client's own) or X-Real-Ip (Traefik's), and
+// behind nginx and Caddy one read from Forwarded or X-Real-IP, which they
+// pass on from the client unless their config replaces them.
 // The repository's gateway examples, the safe settings, get none.
 func TestGatewayWarnings(t *testing.T) {
 	const rule = "rules:\n  - limits: [{requests: 1, per: 1s}]\n"
@@ -32,6 +34,13 @@ func TestGatewayWarnings(t *testing.T) {
 			"client_ip.source: forwarded with gateway traefik: Traefik passes a client's own Forwarded header to the check, so each client chooses its key"},
 		{"traefik, x-real-ip", "client_ip: {trusted_proxies: [127.0.0.1], source: X-Real-IP}\nforward_auth: {gateway: traefik}\n" + rule,
 			"client_ip.source: x-real-ip with gateway traefik: X-Real-Ip names Traefik, not the client, so every client shares one key"},
+		{"caddy, forwarded", "client_ip: {trusted_proxies: [127.0.0.1], source: forwarded}\nforward_auth: {gateway: caddy}\n" + rule,
+			"client_ip.source: forwarded with gateway caddy: Caddy passes a client's own Forwarded header to the check unless the forward_auth block's header_up replaces it"},
+		{"caddy, x-real-ip", "client_ip: {trusted_proxies: [127.0.0.1], source: x-real-ip}\nforward_auth: {gateway: caddy}\n" + rule,
+			"client_ip.source: x-real-ip with gateway caddy: Caddy passes a client's own X-Real-IP header"},
+		{"nginx, x-real-ip", "client_ip: {trusted_proxies: [127.0.0.1], source: x-real-ip}\nforward_auth: {gateway: nginx, refusal_status: 403}\n" + rule,
+			"client_ip.source: x-real-ip with gateway nginx: nginx passes a client's own X-Real-IP header to the check unless the auth location's proxy_set_header replaces it"},
+		{"caddy, a header of its own", "client_ip: {trusted_proxies: [127.0.0.1], source: \"header:CF-Connecting-IP\"}\nforward_auth: {gateway: caddy}\n" + rule, ""},
 		{"traefik, x-forwarded-for", "client_ip: {trusted_proxies: [127.0.0.1]}\nforward_auth: {gateway: traefik}\n" + rule, ""},
 		{"no gateway named", "client_ip: {trusted_proxies: [127.0.0.1], source: forwarded}\nforward_auth: {}\n" + rule, ""},
 		{"no forward_auth", "client_ip: {source: forwarded}\n" + rule, ""},
