@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -495,6 +496,14 @@ func (c *Config) prepareTop(b *built) error {
 	orDefault(&c.Listen, ":8080")
 	orDefault(&c.Admin, "127.0.0.1:9091")
 	orDefault(&c.StateEvery, Duration(time.Minute))
+	if err := checkAddr(c.Listen); err != nil {
+		return c.errAt(err.Error(), "listen")
+	}
+	if c.Admin != "off" {
+		if err := checkAddr(c.Admin); err != nil {
+			return c.errAt(err.Error()+`, or "off"`, "admin")
+		}
+	}
 	if c.StateEvery < Duration(time.Second) {
 		return c.errAt("want 1s or more", "state_every")
 	}
@@ -512,6 +521,22 @@ func (c *Config) prepareTop(b *built) error {
 		if b.labelKey = []byte(strings.TrimSpace(string(raw))); len(b.labelKey) < 16 {
 			return c.errAt(fmt.Sprintf("the secret is %d bytes: use at least 16 random bytes, e.g. openssl rand -hex 32", len(b.labelKey)), "key_label_secret_file")
 		}
+	}
+	return nil
+}
+
+// checkAddr checks a listener's address as net.Listen("tcp") reads it:
+// host:port, the host empty (every interface), an IP or a name, and the
+// port a number or a service name. -check finds a bad one, not the start.
+func checkAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		if _, perr := net.LookupPort("tcp", port); perr != nil {
+			err = perr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf(`%q: want host:port, e.g. ":8080" or "127.0.0.1:9091"`, addr)
 	}
 	return nil
 }

@@ -95,8 +95,8 @@ func compileRate(r rate.Rate, at func(msg, field string) error) (rate.Limit, err
 // checkRate checks n per per, a limit's or a budget's, before it is
 // compiled: a period from 1ms to 366d, and at least one request.
 func checkRate(n float64, per time.Duration) error {
-	if per <= 0 {
-		return fmt.Errorf("per is missing: say e.g. per: 1m")
+	if per == 0 {
+		return fmt.Errorf("per is missing or 0: say e.g. per: 1m")
 	}
 	if per < time.Millisecond || per > 366*24*time.Hour {
 		return fmt.Errorf("per %v: want 1ms to 366d", per)

@@ -75,6 +75,11 @@ func (c *Config) validateForwardAuth() error {
 	if fa.Path == "" {
 		fa.Path = "/check"
 	}
+	if fa.Listen != "" {
+		if err := checkAddr(fa.Listen); err != nil {
+			return c.errAt(err.Error(), "forward_auth", "listen")
+		}
+	}
 	if fa.Path[0] != '/' || cleanPath(fa.Path) != fa.Path || strings.ContainsAny(fa.Path, "?#%") {
 		return c.errAt(fmt.Sprintf("%q: want a clean absolute path such as /check", fa.Path), "forward_auth", "path")
 	}

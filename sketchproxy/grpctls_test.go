@@ -188,7 +188,7 @@ func TestRLSTLSReload(t *testing.T) {
 	cert, key := ca.issue(t, "server-1", "sketchproxy.test")
 	secret(t, filepath.Join(dir, "tls"), map[string][]byte{"tls.crt": cert, "tls.key": key})
 	main := filepath.Join(dir, "main.yaml")
-	os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: x\n  tls: {cert_file: tls/tls.crt, key_file: tls/tls.key}\n"+tlsDomain), 0o644)
+	os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: 127.0.0.1:0\n  tls: {cert_file: tls/tls.crt, key_file: tls/tls.key}\n"+tlsDomain), 0o644)
 	addr, g := tlsServer(t, main)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.cert)
@@ -249,7 +249,7 @@ func TestRLSMutualTLS(t *testing.T) {
 	cert, key := ca.issue(t, "server", "sketchproxy.test")
 	secret(t, filepath.Join(dir, "tls"), map[string][]byte{"tls.crt": cert, "tls.key": key, "ca.crt": clientCA.pem})
 	main := filepath.Join(dir, "main.yaml")
-	os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: x\n  tls:\n    cert_file: tls/tls.crt\n    key_file: tls/tls.key\n    client_ca_file: tls/ca.crt\n    client_san: envoy.test\n"+tlsDomain), 0o644)
+	os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: 127.0.0.1:0\n  tls:\n    cert_file: tls/tls.crt\n    key_file: tls/tls.key\n    client_ca_file: tls/ca.crt\n    client_san: envoy.test\n"+tlsDomain), 0o644)
 	addr, g := tlsServer(t, main)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.cert)
@@ -303,7 +303,7 @@ func TestRLSTLSConfigErrors(t *testing.T) {
 		{"tls: {cert_file: c.pem, key_file: k.pem, client_san: envoy}", "envoy_rls.tls.client_san: client_san needs client_ca_file"},
 	} {
 		main := filepath.Join(dir, "main.yaml")
-		os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: x\n  "+c.tls+"\n"+tlsDomain), 0o644)
+		os.WriteFile(main, []byte("admin: \"off\"\nenvoy_rls:\n  listen: 127.0.0.1:0\n  "+c.tls+"\n"+tlsDomain), 0o644)
 		_, err := LoadConfig(main)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s:\n got %v\nwant %q", c.tls, err, c.want)

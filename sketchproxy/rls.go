@@ -327,6 +327,9 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	if r.Listen == "" {
 		return c.errAt(`missing: the gRPC address, e.g. listen: "127.0.0.1:8081"`, "envoy_rls", "listen")
 	}
+	if err := checkAddr(r.Listen); err != nil {
+		return c.errAt(err.Error(), "envoy_rls", "listen")
+	}
 	switch r.ResponseHeaders = strings.ToLower(r.ResponseHeaders); r.ResponseHeaders {
 	case "":
 		r.ResponseHeaders = rlsHeadersNone

@@ -32,31 +32,31 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 	write("unlimited.yaml", "domain: u\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: minute\n")
 	for _, c := range []struct{ yaml, want string }{
 		{"envoy_rls: {domains: [{domain: a, descriptors: [{key: k}]}]}\n", `main.yaml:1: envoy_rls.listen: missing`},
-		{"envoy_rls: {listen: x}\n", "no domains"},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: fortnight, requests_per_unit: 1}\n", `main.yaml:7: envoy_rls.domains[0].descriptors[0].rate_limit.unit: "fortnight"`},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second, requests_per_unit: 2.5}\n", "want a whole number"},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: v}\n        - {key: k, value: v}\n", "k=v is given twice"},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: v, share_threshold: true}\n", `main.yaml:6: envoy_rls.domains[0].descriptors[0].share_threshold: share_threshold needs a wildcard value`},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: \"v*\"}\n        - {key: k, value: \"v*\"}\n", "k=v* is given twice"},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second}\n", "main.yaml:7: envoy_rls.domains[0].descriptors[0].rate_limit: missing: requests_per_unit (write 0 to refuse every request)"},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second, requests_per_unit: -1}\n", "want a whole number from 0"},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {name: n, unit: second, requests_per_unit: 1, replaces: [{name: n}]}\n", `"n" is this limit's own name`},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second, requests_per_unit: 1, replaces: [{}]}\n", "missing: the name of the limit replaced"},
-		{"envoy_rls:\n  listen: x\n  merge_domains: true\n  files: [ok.yaml, ok.yaml]\n", `ok.yaml:3: descriptors[0]: key "user" without a value is given twice`},
-		{"envoy_rls:\n  listen: x\n  domains:\n    - {domain: a}\n    - {domain: a}\n", `"a" is given twice`},
-		{"envoy_rls:\n  listen: x\n  files: [typo.yaml]\n", "typo.yaml:6"},
-		{"envoy_rls:\n  listen: x\n  files: [empty.yaml]\n", "empty.yaml: the file is empty"},
+		{"envoy_rls: {listen: 127.0.0.1:0}\n", "no domains"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: fortnight, requests_per_unit: 1}\n", `main.yaml:7: envoy_rls.domains[0].descriptors[0].rate_limit.unit: "fortnight"`},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second, requests_per_unit: 2.5}\n", "want a whole number"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: v}\n        - {key: k, value: v}\n", "k=v is given twice"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: v, share_threshold: true}\n", `main.yaml:6: envoy_rls.domains[0].descriptors[0].share_threshold: share_threshold needs a wildcard value`},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - {key: k, value: \"v*\"}\n        - {key: k, value: \"v*\"}\n", "k=v* is given twice"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second}\n", "main.yaml:7: envoy_rls.domains[0].descriptors[0].rate_limit: missing: requests_per_unit (write 0 to refuse every request)"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second, requests_per_unit: -1}\n", "want a whole number from 0"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {name: n, unit: second, requests_per_unit: 1, replaces: [{name: n}]}\n", `"n" is this limit's own name`},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: a\n      descriptors:\n        - key: k\n          rate_limit: {unit: second, requests_per_unit: 1, replaces: [{}]}\n", "missing: the name of the limit replaced"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  merge_domains: true\n  files: [ok.yaml, ok.yaml]\n", `ok.yaml:3: descriptors[0]: key "user" without a value is given twice`},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  domains:\n    - {domain: a}\n    - {domain: a}\n", `"a" is given twice`},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  files: [typo.yaml]\n", "typo.yaml:6"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  files: [empty.yaml]\n", "empty.yaml: the file is empty"},
 		// As envoyproxy/ratelimit: "should not specify rate limit unit when unlimited".
-		{"envoy_rls:\n  listen: x\n  files: [unlimited.yaml]\n", `unlimited.yaml:6: descriptors[0].rate_limit.unit: "minute" with unlimited: true: remove the unit`},
-		{"envoy_rls:\n  listen: x\n  files: [missing.yaml]\n", "missing.yaml: no such file"},
-		{"envoy_rls:\n  listen: x\n  files: [ok.yaml, ok.yaml]\n", `"api" is given twice: give each domain once, or set envoy_rls.merge_domains: true`},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  files: [unlimited.yaml]\n", `unlimited.yaml:6: descriptors[0].rate_limit.unit: "minute" with unlimited: true: remove the unit`},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  files: [missing.yaml]\n", "missing.yaml: no such file"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  files: [ok.yaml, ok.yaml]\n", `"api" is given twice: give each domain once, or set envoy_rls.merge_domains: true`},
 	} {
 		_, err := LoadConfig(write("main.yaml", c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q:\n got %v\nwant %q", c.yaml, err, c.want)
 		}
 	}
-	cfg, err := LoadConfig(write("main.yaml", "envoy_rls:\n  listen: x\n  files: [ok.yaml]\n"))
+	cfg, err := LoadConfig(write("main.yaml", "envoy_rls:\n  listen: 127.0.0.1:0\n  files: [ok.yaml]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 	}
 	write("more.yaml", "domain: api\ndescriptors:\n  - key: ip\n    descriptors:\n      - {key: path, value: /a, rate_limit: {unlimited: true}}\n      - {key: path, value: /b, rate_limit: {unit: hour, requests_per_unit: 0}}\n")
 	write("edge.yaml", "domain: edge\ndescriptors:\n  - {key: k}\n")
-	cfg, err = LoadConfig(write("main.yaml", "envoy_rls:\n  listen: x\n  merge_domains: true\n  files: [ok.yaml, more.yaml, edge.yaml]\n"))
+	cfg, err = LoadConfig(write("main.yaml", "envoy_rls:\n  listen: 127.0.0.1:0\n  merge_domains: true\n  files: [ok.yaml, more.yaml, edge.yaml]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

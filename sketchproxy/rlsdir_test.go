@@ -209,17 +209,17 @@ func TestRLSDirectoryErrorsAndWarnings(t *testing.T) {
 	write("file.yaml", "domain: a\ndescriptors: [{key: k}]\n")
 	os.Mkdir(filepath.Join(dir, "empty"), 0o755)
 	for _, c := range []struct{ yaml, want string }{
-		{"envoy_rls:\n  listen: x\n  directory: nowhere\n", "main.yaml:3: envoy_rls.directory: " + filepath.Join(dir, "nowhere") + ": no such directory: create it"},
-		{"envoy_rls:\n  listen: x\n  directory: file.yaml\n", "is a file, not a directory: name it in envoy_rls.files"},
-		{"envoy_rls:\n  listen: x\n  directory: empty\n  watch_every: 1ms\n", "main.yaml:4: envoy_rls.watch_every: 1ms: want 10ms to 1h0m0s"},
-		{"envoy_rls:\n  listen: x\n", "no domains: give domains, files or directory"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  directory: nowhere\n", "main.yaml:3: envoy_rls.directory: " + filepath.Join(dir, "nowhere") + ": no such directory: create it"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  directory: file.yaml\n", "is a file, not a directory: name it in envoy_rls.files"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n  directory: empty\n  watch_every: 1ms\n", "main.yaml:4: envoy_rls.watch_every: 1ms: want 10ms to 1h0m0s"},
+		{"envoy_rls:\n  listen: 127.0.0.1:0\n", "no domains: give domains, files or directory"},
 	} {
 		_, err := LoadConfig(write("main.yaml", c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q:\n got %v\nwant %q", c.yaml, err, c.want)
 		}
 	}
-	cfg, err := LoadConfig(write("main.yaml", "envoy_rls:\n  listen: x\n  directory: empty\n"))
+	cfg, err := LoadConfig(write("main.yaml", "envoy_rls:\n  listen: 127.0.0.1:0\n  directory: empty\n"))
 	if err != nil {
 		t.Fatalf("an empty directory: %v", err)
 	}
@@ -230,7 +230,7 @@ func TestRLSDirectoryErrorsAndWarnings(t *testing.T) {
 	// metadata, in a file of the directory and inline: loaded, warned
 	// about, and the limit applies.
 	write("rl/meta.yaml", "domain: m\ndescriptors:\n  - key: k\n    metadata:\n      team: edge\n      tier: [1, 2]\n    rate_limit: {unit: second, requests_per_unit: 4}\n")
-	cfg, err = LoadConfig(write("main.yaml", "envoy_rls:\n  listen: x\n  directory: rl\n  domains:\n    - domain: inline\n      descriptors:\n        - key: k\n          metadata: {a: 1}\n"))
+	cfg, err = LoadConfig(write("main.yaml", "envoy_rls:\n  listen: 127.0.0.1:0\n  directory: rl\n  domains:\n    - domain: inline\n      descriptors:\n        - key: k\n          metadata: {a: 1}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
