@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 // buildBin returns the epochsketch binary, building it on the first call.
 func buildBin(t *testing.T) string {
 	t.Helper()
+	// The binary is built without -race: under it, the race detector
+	// would check nothing but the test's own bookkeeping.
+	skipUnderRace(t)
 	binOnce.Do(func() {
 		binPath = filepath.Join(binDir, "epochsketch")
 		if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {

@@ -29,6 +29,9 @@ func TestRun(t *testing.T) {
 		{[]string{"demo", "extra"}, 2, nil, `unexpected argument "extra"`},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			if c.code == 0 && (len(c.args) == 0 || c.args[0] == "demo") {
+				skipUnderRace(t)
+			}
 			var out, errb bytes.Buffer
 			if code := run(c.args, strings.NewReader(""), &out, &errb); code != c.code {
 				t.Fatalf("exit %d, want %d; stderr: %s", code, c.code, errb.String())
@@ -48,6 +51,7 @@ func TestRun(t *testing.T) {
 // The demo is deterministic: the attacker's estimate at the last checkpoint
 // equals its exact decayed count (a sustained R per tick converges to 2R-1).
 func TestDemoAttackerExact(t *testing.T) {
+	skipUnderRace(t)
 	var out bytes.Buffer
 	if code := run(nil, strings.NewReader(""), &out, &out); code != 0 {
 		t.Fatal(out.String())
@@ -61,5 +65,16 @@ func TestDemoAttackerExact(t *testing.T) {
 	}
 	if f := strings.Fields(last); len(f) != 3 || f[1] != "5999" || f[2] != "5999" {
 		t.Fatalf("attacker row %q, want estimate 5999 = exact 5999", last)
+	}
+}
+
+// skipUnderRace skips a test of single-threaded work (the demo's 200,000
+// arrivals) under the race detector, which only slows it several times
+// over: make test-core runs this package again without -race, where it
+// runs.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("single-threaded: make test-core runs it without -race (go test ./cmd/epochsketch)")
 	}
 }
