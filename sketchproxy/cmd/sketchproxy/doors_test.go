@@ -82,7 +82,7 @@ rules:
 		code, _ := send(t, addr, client, "GET "+target+" HTTP/1.1\r\nHost: "+host+"\r\nConnection: close\r\n\r\n")
 		return code
 	}
-	awayFromTickEdge(30 * time.Second)
+	awayFromTickEdge(30*time.Second, 10*time.Second) // a dozen requests
 
 	for _, target := range []string{"/check?x", "/check?q=hello", "//check", "/./check", "/CHECK", "/%63heck"} {
 		if code := get(target, "app.test"); code != http.StatusForbidden {

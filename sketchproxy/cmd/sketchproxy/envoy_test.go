@@ -81,7 +81,7 @@ func TestBinaryEnvoyRLS(t *testing.T) {
 		}
 		return ""
 	}
-	awayFromTickEdge(30 * time.Second) // 5 per minute: counts halve every 30 s
+	awayFromTickEdge(30*time.Second, 10*time.Second) // 5 per minute: counts halve every 30 s
 
 	t.Run("remote_address 5 per minute", func(t *testing.T) {
 		req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", "203.0.113.1")}}
@@ -271,7 +271,7 @@ envoy_rls:
 		return resp.GetOverallCode()
 	}
 	re := regexp.MustCompile(`msg="envoy rate limit service listening" protocol=grpc addr=(\S+)`)
-	awayFromTickEdge(30 * time.Second)
+	awayFromTickEdge(30*time.Second, 10*time.Second) // two starts and six calls
 	cmd, out := start(t, bin, "-config", cfg)
 	addr := waitFor(t, out, re)[1]
 	for i := range 5 {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,6 +228,9 @@ rules:
     key: ["jwt:sub"]
     budget: {units: 3, per: 1h}
 `, up.URL, jwks.URL))
+	// Start never waits for the key set (the docs' jwks_url): until the
+	// first fetch, a token is refused with 401.
+	waitFor(t, px.out, regexp.MustCompile(`msg="jwks fetched"`))
 	sign := func(sub string, i int) string {
 		tok := jwt.NewWithClaims(jwt.SigningMethodRS256, jwt.MapClaims{"sub": sub, "aud": "api", "jti": strconv.Itoa(i), "exp": time.Now().Add(time.Hour).Unix()})
 		tok.Header["kid"] = "k1"
