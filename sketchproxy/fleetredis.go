@@ -33,14 +33,39 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 		return c.errAt("say where Redis is with exactly one of redis (host:port or a redis:// URL), cluster (seed nodes) or sentinel", "fleet")
 	}
 	o := &redis.UniversalOptions{Username: f.Username, DB: f.DB}
-	var urlPassword string
-	useTLS := f.TLS != nil
-	serverName := ""
+	urlPassword, useTLS, serverName, err := c.fleetAddrs(fb, o)
+	if err != nil {
+		return err
+	}
+	if err := c.fleetPassword(fb, o, urlPassword); err != nil {
+		return err
+	}
+	if useTLS {
+		if err := c.fleetTLS(fb, o, serverName); err != nil {
+			return err
+		}
+	}
+	to := time.Duration(f.Timeout)
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = to, to, to
+	o.MaxRetries, o.PoolSize = -1, 4
+	if o.IsClusterMode {
+		o.MaxRedirects = 3 // MOVED and ASK during a failover or resharding
+	}
+	fb.opts = o
+	return nil
+}
+
+// fleetAddrs sets where o finds Redis (one server, a Cluster's seed nodes
+// or Sentinel), from the fleet's redis, cluster or sentinel; a redis://
+// URL may also give the password, and rediss:// TLS with its server name.
+func (c *Config) fleetAddrs(fb *fleetBuilt, o *redis.UniversalOptions) (urlPassword string, useTLS bool, serverName string, err error) {
+	f := c.Fleet
+	useTLS = f.TLS != nil
 	switch {
 	case f.Redis != "" && strings.Contains(f.Redis, "://"):
 		u, err := redis.ParseURL(f.Redis)
 		if err != nil {
-			return c.errAt(fmt.Sprintf("%v: want host:port, redis://[user[:password]@]host:port[/db] or rediss://...", err), "fleet", "redis")
+			return "", false, "", c.errAt(fmt.Sprintf("%v: want host:port, redis://[user[:password]@]host:port[/db] or rediss://...", err), "fleet", "redis")
 		}
 		o.Addrs = []string{u.Addr}
 		if o.Username == "" {
@@ -55,36 +80,43 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 		}
 	case f.Redis != "":
 		if _, _, err := net.SplitHostPort(f.Redis); err != nil {
-			return c.errAt(fmt.Sprintf("%q: want host:port or a redis:// URL", f.Redis), "fleet", "redis")
+			return "", false, "", c.errAt(fmt.Sprintf("%q: want host:port or a redis:// URL", f.Redis), "fleet", "redis")
 		}
 		o.Addrs = []string{f.Redis}
 	case len(f.Cluster) > 0:
 		for i, a := range f.Cluster {
 			if _, _, err := net.SplitHostPort(a); err != nil {
-				return c.errAt(fmt.Sprintf("%q: want host:port", a), "fleet", "cluster", i)
+				return "", false, "", c.errAt(fmt.Sprintf("%q: want host:port", a), "fleet", "cluster", i)
 			}
 		}
 		if f.DB != 0 {
-			return c.errAt("Redis Cluster has only database 0", "fleet", "db")
+			return "", false, "", c.errAt("Redis Cluster has only database 0", "fleet", "db")
 		}
 		o.Addrs, o.IsClusterMode = f.Cluster, true
 	default:
 		sn := f.Sentinel
 		if sn.Master == "" || len(sn.Addrs) == 0 {
-			return c.errAt("want master (the monitored master's name) and addrs (the sentinels)", "fleet", "sentinel")
+			return "", false, "", c.errAt("want master (the monitored master's name) and addrs (the sentinels)", "fleet", "sentinel")
 		}
 		o.Addrs, o.MasterName = sn.Addrs, sn.Master
 		o.SentinelPassword = sn.Password
 		if sn.PasswordEnv != "" {
 			if sn.Password != "" {
-				return c.errAt("give password or password_env, not both", "fleet", "sentinel")
+				return "", false, "", c.errAt("give password or password_env, not both", "fleet", "sentinel")
 			}
 			o.SentinelPassword = os.Getenv(sn.PasswordEnv)
 			if o.SentinelPassword == "" && !fb.offline {
-				return c.errAt(fmt.Sprintf("the environment variable %s is empty or unset", sn.PasswordEnv), "fleet", "sentinel", "password_env")
+				return "", false, "", c.errAt(fmt.Sprintf("the environment variable %s is empty or unset", sn.PasswordEnv), "fleet", "sentinel", "password_env")
 			}
 		}
 	}
+	return urlPassword, useTLS, serverName, nil
+}
+
+// fleetPassword sets o's password from its one source: password,
+// password_env, password_file or the URL's.
+func (c *Config) fleetPassword(fb *fleetBuilt, o *redis.UniversalOptions, urlPassword string) error {
+	f := c.Fleet
 	// The password: at most one source.
 	sources := 0
 	for _, s := range []string{f.Password, f.PasswordEnv, f.PasswordFile, urlPassword} {
@@ -111,45 +143,43 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 			return c.errAt(fmt.Sprintf("%s is empty", f.PasswordFile), "fleet", "password_file")
 		}
 	}
-	if useTLS {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
-		if t := f.TLS; t != nil {
-			if t.ServerName != "" {
-				tc.ServerName = t.ServerName
+	return nil
+}
+
+// fleetTLS sets o's TLS from the fleet's tls (its CA, client certificate
+// and server name), the server name otherwise the URL's or the address's.
+func (c *Config) fleetTLS(fb *fleetBuilt, o *redis.UniversalOptions, serverName string) error {
+	f := c.Fleet
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if t := f.TLS; t != nil {
+		if t.ServerName != "" {
+			tc.ServerName = t.ServerName
+		}
+		if t.CAFile != "" && !fb.offline {
+			pem, err := os.ReadFile(t.CAFile)
+			if err != nil {
+				return c.errAt(err.Error(), "fleet", "tls", "ca_file")
 			}
-			if t.CAFile != "" && !fb.offline {
-				pem, err := os.ReadFile(t.CAFile)
-				if err != nil {
-					return c.errAt(err.Error(), "fleet", "tls", "ca_file")
-				}
-				tc.RootCAs = x509.NewCertPool()
-				if !tc.RootCAs.AppendCertsFromPEM(pem) {
-					return c.errAt(fmt.Sprintf("%s holds no PEM certificate", t.CAFile), "fleet", "tls", "ca_file")
-				}
-			}
-			if (t.CertFile == "") != (t.KeyFile == "") {
-				return c.errAt("give cert_file and key_file together", "fleet", "tls")
-			}
-			if t.CertFile != "" && !fb.offline {
-				cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
-				if err != nil {
-					return c.errAt(err.Error(), "fleet", "tls", "cert_file")
-				}
-				tc.Certificates = []tls.Certificate{cert}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return c.errAt(fmt.Sprintf("%s holds no PEM certificate", t.CAFile), "fleet", "tls", "ca_file")
 			}
 		}
-		if tc.ServerName == "" && len(o.Addrs) == 1 && !o.IsClusterMode && o.MasterName == "" {
-			tc.ServerName, _, _ = net.SplitHostPort(o.Addrs[0])
+		if (t.CertFile == "") != (t.KeyFile == "") {
+			return c.errAt("give cert_file and key_file together", "fleet", "tls")
 		}
-		o.TLSConfig = tc
+		if t.CertFile != "" && !fb.offline {
+			cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+			if err != nil {
+				return c.errAt(err.Error(), "fleet", "tls", "cert_file")
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
 	}
-	to := time.Duration(f.Timeout)
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = to, to, to
-	o.MaxRetries, o.PoolSize = -1, 4
-	if o.IsClusterMode {
-		o.MaxRedirects = 3 // MOVED and ASK during a failover or resharding
+	if tc.ServerName == "" && len(o.Addrs) == 1 && !o.IsClusterMode && o.MasterName == "" {
+		tc.ServerName, _, _ = net.SplitHostPort(o.Addrs[0])
 	}
-	fb.opts = o
+	o.TLSConfig = tc
 	return nil
 }
 
