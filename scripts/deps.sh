@@ -55,6 +55,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo=()
   [ "$(id -u)" = 0 ] || sudo=(sudo)
   "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+  rest=()
+  for p in "${missing[@]}"; do
+    if [ "$p" = qemu-user ]; then
+      # Without its recommended qemu-user-binfmt, which would register
+      # qemu for foreign binaries machine-wide: scripts/test386.sh calls
+      # qemu-i386 itself.
+      "${sudo[@]}" apt-get install -y -qq --no-install-recommends qemu-user >/dev/null
+    else
+      rest+=("$p")
+    fi
+  done
+  if [ ${#rest[@]} -gt 0 ]; then
+    "${sudo[@]}" apt-get install -y -qq "${rest[@]}" >/dev/null
+  fi
 fi
 echo "deps: every package is installed; $have"
