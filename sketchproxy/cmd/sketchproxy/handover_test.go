@@ -160,32 +160,8 @@ envoy_rls:
 	waitFor(t, oldOut, ready)
 	nginx := startNginx(t, app.Listener.Addr().String(), socks.addr("listen"))
 
-	send := func(method, path, client string) (int, error) {
-		var body io.Reader
-		if method == "POST" {
-			body = strings.NewReader("a body")
-		}
-		req, _ := http.NewRequest(method, nginx+path, body)
-		req.Header.Set("X-Forwarded-For", client)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode, nil
-	}
-	hot := func() string {
-		var got []string
-		for range 5 {
-			code, err := send("GET", "/hot/x", "198.51.100.9")
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, strconv.Itoa(code))
-		}
-		return strings.Join(got, " ")
-	}
+	send := func(method, path, client string) (int, error) { return sendVia(nginx, method, path, client) }
+	hot := func() string { return hotFive(t, nginx) }
 	if got := hot(); got != "200 200 200 429 429" {
 		t.Fatalf("the hot client before the restart: %s, want 200 200 200 429 429", got)
 	}
@@ -577,32 +553,8 @@ envoy_rls:
 	}
 	nginx := startNginx(t, app.Listener.Addr().String(), check)
 
-	send := func(method, path, client string) (int, error) {
-		var body io.Reader
-		if method == "POST" {
-			body = strings.NewReader("a body")
-		}
-		req, _ := http.NewRequest(method, nginx+path, body)
-		req.Header.Set("X-Forwarded-For", client)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode, nil
-	}
-	hot := func() string {
-		var got []string
-		for range 5 {
-			code, err := send("GET", "/hot/x", "198.51.100.9")
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, strconv.Itoa(code))
-		}
-		return strings.Join(got, " ")
-	}
+	send := func(method, path, client string) (int, error) { return sendVia(nginx, method, path, client) }
+	hot := func() string { return hotFive(t, nginx) }
 	if got := hot(); got != "200 200 200 429 429" {
 		t.Fatalf("the hot client before the handover: %s, want 200 200 200 429 429", got)
 	}
@@ -827,4 +779,37 @@ func TestBinaryHandoverFailsSafe(t *testing.T) {
 	if _, err := os.Stat(state); err != nil {
 		t.Errorf("the state file was not saved at the stop after the failed handover: %v", err)
 	}
+}
+
+// sendVia sends a request for path through the gateway at base, from client
+// (its X-Forwarded-For), with a body if a POST, and returns the status.
+func sendVia(base, method, path, client string) (int, error) {
+	var body io.Reader
+	if method == "POST" {
+		body = strings.NewReader("a body")
+	}
+	req, _ := http.NewRequest(method, base+path, body)
+	req.Header.Set("X-Forwarded-For", client)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// hotFive is the hot client's five GETs of /hot/x through the gateway at
+// base: their statuses, spaced.
+func hotFive(t *testing.T, base string) string {
+	t.Helper()
+	var got []string
+	for range 5 {
+		code, err := sendVia(base, "GET", "/hot/x", "198.51.100.9")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, strconv.Itoa(code))
+	}
+	return strings.Join(got, " ")
 }
