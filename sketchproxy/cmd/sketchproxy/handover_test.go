@@ -160,7 +160,6 @@ envoy_rls:
 	waitFor(t, oldOut, ready)
 	nginx := startNginx(t, app.Listener.Addr().String(), socks.addr("listen"))
 
-	send := func(method, path, client string) (int, error) { return sendVia(nginx, method, path, client) }
 	hot := func() string { return hotFive(t, nginx) }
 	if got := hot(); got != "200 200 200 429 429" {
 		t.Fatalf("the hot client before the restart: %s, want 200 200 200 429 429", got)
@@ -175,49 +174,9 @@ envoy_rls:
 	}
 	defer conn.Close()
 	rls := rlsv3.NewRateLimitServiceClient(conn)
-	httpLoad := &restartLoad{statuses: map[int]int{}}
-	grpcLoad := &restartLoad{statuses: map[int]int{}}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var seq atomic.Int64
-	const workers, every = 8, 40 * time.Millisecond // 8 / 40 ms: 200 a second
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(every)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				n := seq.Add(1)
-				began := time.Now()
-				if w%4 == 3 { // a quarter of the workers call gRPC
-					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					_, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", strconv.FormatInt(n, 10))}})
-					cancel()
-					grpcLoad.record(200, err, began)
-					continue
-				}
-				method := "GET"
-				if w%4 == 1 { // and a quarter send POSTs, which nginx retries only where it may
-					method = "POST"
-				}
-				code, err := send(method, "/", fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255))
-				httpLoad.record(code, err, began)
-			}
-		}()
-	}
-	waitN := func(l *restartLoad, n int64) {
-		for deadline := time.Now().Add(30 * time.Second); l.n.Load() < n; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the load stalled at %d requests", l.n.Load())
-			}
-		}
-	}
+	load := startMixedLoad(nginx, rls, 10*time.Second)
+	httpLoad, grpcLoad := load.http, load.grpc
+	waitN := func(l *restartLoad, n int64) { waitLoad(t, l, n) }
 	waitN(httpLoad, 100)
 	stopped := time.Now()
 	before := httpLoad.n.Load() + grpcLoad.n.Load()
@@ -229,8 +188,7 @@ envoy_rls:
 	waitFor(t, newOut, ready)
 	restarted := time.Now()
 	waitN(httpLoad, httpLoad.n.Load()+100)
-	close(stop)
-	wg.Wait()
+	load.stop()
 	elapsed := time.Since(stopped)
 
 	httpAcross, httpSlowest := httpLoad.across(stopped, restarted)
@@ -553,7 +511,6 @@ envoy_rls:
 	}
 	nginx := startNginx(t, app.Listener.Addr().String(), check)
 
-	send := func(method, path, client string) (int, error) { return sendVia(nginx, method, path, client) }
 	hot := func() string { return hotFive(t, nginx) }
 	if got := hot(); got != "200 200 200 429 429" {
 		t.Fatalf("the hot client before the handover: %s, want 200 200 200 429 429", got)
@@ -565,49 +522,9 @@ envoy_rls:
 	}
 	defer conn.Close()
 	rls := rlsv3.NewRateLimitServiceClient(conn)
-	httpLoad := &restartLoad{statuses: map[int]int{}}
-	grpcLoad := &restartLoad{statuses: map[int]int{}}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var seq atomic.Int64
-	const workers, every = 8, 40 * time.Millisecond // 8 / 40 ms: 200 a second
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(every)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				n := seq.Add(1)
-				began := time.Now()
-				if w%4 == 3 { // a quarter of the workers call gRPC, at Envoy's default timeout
-					ctx, cancel := context.WithTimeout(context.Background(), rlsDeadline)
-					_, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", strconv.FormatInt(n, 10))}})
-					cancel()
-					grpcLoad.record(200, err, began)
-					continue
-				}
-				method := "GET"
-				if w%4 == 1 {
-					method = "POST"
-				}
-				code, err := send(method, "/", fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255))
-				httpLoad.record(code, err, began)
-			}
-		}()
-	}
-	waitN := func(l *restartLoad, n int64) {
-		for deadline := time.Now().Add(30 * time.Second); l.n.Load() < n; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the load stalled at %d requests", l.n.Load())
-			}
-		}
-	}
+	load := startMixedLoad(nginx, rls, rlsDeadline)
+	httpLoad, grpcLoad := load.http, load.grpc
+	waitN := func(l *restartLoad, n int64) { waitLoad(t, l, n) }
 	waitN(httpLoad, 100)
 	began := time.Now()
 	before := httpLoad.n.Load() + grpcLoad.n.Load()
@@ -645,8 +562,7 @@ envoy_rls:
 		pid = next
 		waitN(httpLoad, httpLoad.n.Load()+60)
 	}
-	close(stop)
-	wg.Wait()
+	load.stop()
 	elapsed := time.Since(began)
 
 	for i, w := range windows {
@@ -812,4 +728,69 @@ func hotFive(t *testing.T, base string) string {
 		got = append(got, strconv.Itoa(code))
 	}
 	return strings.Join(got, " ")
+}
+
+// mixedLoad is the restart tests' load, about 200 requests a second in
+// all (8 workers, one each 40 ms), each from a client of its own (under
+// every limit): a quarter of the workers call Envoy's service with rls at
+// the given deadline, a quarter POST and the rest GET through the gateway
+// at base (nginx retries a POST only where it may).
+type mixedLoad struct {
+	http, grpc *restartLoad
+	done       chan struct{}
+	wg         sync.WaitGroup
+}
+
+func startMixedLoad(base string, rls rlsv3.RateLimitServiceClient, deadline time.Duration) *mixedLoad {
+	m := &mixedLoad{http: &restartLoad{statuses: map[int]int{}}, grpc: &restartLoad{statuses: map[int]int{}}, done: make(chan struct{})}
+	var seq atomic.Int64
+	const workers, every = 8, 40 * time.Millisecond
+	for w := range workers {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for {
+				select {
+				case <-m.done:
+					return
+				case <-tick.C:
+				}
+				n := seq.Add(1)
+				began := time.Now()
+				if w%4 == 3 {
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					_, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", strconv.FormatInt(n, 10))}})
+					cancel()
+					m.grpc.record(200, err, began)
+					continue
+				}
+				method := "GET"
+				if w%4 == 1 {
+					method = "POST"
+				}
+				code, err := sendVia(base, method, "/", fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255))
+				m.http.record(code, err, began)
+			}
+		}()
+	}
+	return m
+}
+
+// stop ends the load and waits for its requests to end.
+func (m *mixedLoad) stop() {
+	close(m.done)
+	m.wg.Wait()
+}
+
+// waitLoad waits until l has made n requests (30 s at most: a stalled load
+// fails t).
+func waitLoad(t *testing.T, l *restartLoad, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); l.n.Load() < n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the load stalled at %d requests", l.n.Load())
+		}
+	}
 }
