@@ -50,12 +50,12 @@ type Middleware struct {
 	// the start, if any: its path stays the check's there (checkHere).
 	startCheck *ForwardAuthConfig
 
-	eng       *engine.Engine // every decision; the only holder of sketches
-	rlsValues rlsValues      // Envoy's detailed_metric descriptors, per value
-	logs      logLimiter
-	refusals  refusalLog // the decision log, aggregated by rule
-	billLogs  logLimiter // reconcile errors: a flood of refusals never hides them
-	redact    []byte     // the key of the hash that stands for keys in logs and metrics
+	eng       *engine.Engine    // every decision; the only holder of sketches
+	rlsValues rlsValues         // Envoy's detailed_metric descriptors, per value
+	logs      engine.LogLimiter // refusal lines, logsPerSecond at most
+	refusals  refusalLog        // the decision log, aggregated by rule
+	billLogs  engine.LogLimiter // reconcile errors: a flood of refusals never hides them
+	redact    []byte            // the key of the hash that stands for keys in logs and metrics
 
 	transport atomic.Bool // Transport is in use: wallet requests outlive their clients
 

@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/epochsketch/epochsketch/rate"
@@ -116,7 +115,7 @@ func (m *Middleware) refuse(w http.ResponseWriter, st *state, d *engine.Decision
 // or key) with 400 and a problem saying what to fix.
 func (m *Middleware) badRequest(w http.ResponseWriter, r *http.Request, why string) {
 	m.met.badRequests.Add(1)
-	if ok, skipped := m.logs.allow(m.now()); ok {
+	if ok, skipped := m.logs.Allow(m.now(), logsPerSecond); ok {
 		attrs := []any{"why", why, "method", r.Method}
 		if skipped > 0 {
 			attrs = append(attrs, "log_lines_skipped", skipped)
@@ -182,7 +181,7 @@ func (m *Middleware) logVerdict(v *verdict, shadow, never bool, door ...any) {
 	if !m.refusals.first(rule, shadow, m.opts.RefusalLogInterval, m.log) {
 		return
 	}
-	ok, skipped := m.logs.allow(m.now())
+	ok, skipped := m.logs.Allow(m.now(), logsPerSecond)
 	if !ok {
 		return
 	}
@@ -209,22 +208,3 @@ func truncate(s string, n int) string {
 }
 
 const logsPerSecond = 20
-
-// logLimiter lets logsPerSecond lines through each second.
-type logLimiter struct {
-	sec     atomic.Int64
-	n       atomic.Int64
-	skipped atomic.Int64
-}
-
-func (l *logLimiter) allow(now time.Time) (bool, int64) {
-	s := now.Unix()
-	if old := l.sec.Load(); old != s && l.sec.CompareAndSwap(old, s) {
-		l.n.Store(0)
-	}
-	if l.n.Add(1) > logsPerSecond {
-		l.skipped.Add(1)
-		return false, 0
-	}
-	return true, l.skipped.Swap(0)
-}

@@ -62,7 +62,7 @@ func (s *settlement) settle(h http.Header, trailer bool) bool {
 			return true
 		}
 		m.met.reconcileErrors.Add(1)
-		if ok, skipped := m.billLogs.allow(m.now()); ok {
+		if ok, skipped := m.billLogs.Allow(m.now(), logsPerSecond); ok {
 			m.log.Warn("sketchproxy reconcile header is not a whole number: only the cost was charged",
 				"rule", s.w.Rule().Name, "budget", b.Name, "key", m.display(s.w.Key()), "header", name,
 				"value", truncate(v, 64), "log_lines_skipped", skipped)

@@ -233,7 +233,7 @@ func (h *Handler) logRefusal(r *http.Request, v *engine.Verdict, zone string, se
 	if ce == nil {
 		return
 	}
-	var logs *logLimiter
+	var logs *engine.LogLimiter
 	for _, z := range h.zones {
 		if z.name == zone {
 			logs = &z.state.logs
@@ -242,7 +242,7 @@ func (h *Handler) logRefusal(r *http.Request, v *engine.Verdict, zone string, se
 	var skipped int64
 	if logs != nil {
 		var ok bool
-		if ok, skipped = logs.allow(h.eng.Now()); !ok {
+		if ok, skipped = logs.Allow(h.eng.Now(), logsPerSecond); !ok {
 			return
 		}
 	}

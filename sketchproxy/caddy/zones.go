@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -200,7 +199,7 @@ type zoneState struct {
 	set  *engine.Set
 	rule *engine.Rule
 	side *sideRef // held while the zone lives
-	logs logLimiter
+	logs engine.LogLimiter
 }
 
 // Destruct closes the zone's own sketch once no config uses the zone, and
@@ -422,22 +421,6 @@ func matchers(ms caddyhttp.MatcherSets) string {
 	return "[" + strings.Join(sets, " | ") + "]"
 }
 
-// logLimiter lets a zone log at most logsPerSecond refusals a second; the
-// next line says how many were left out.
-type logLimiter struct {
-	sec, n, skipped atomic.Int64
-}
-
+// logsPerSecond is the most refusals a zone logs a second; the next line
+// says how many were left out.
 const logsPerSecond = 10
-
-func (l *logLimiter) allow(now time.Time) (bool, int64) {
-	s := now.Unix()
-	if old := l.sec.Load(); old != s && l.sec.CompareAndSwap(old, s) {
-		l.n.Store(0)
-	}
-	if l.n.Add(1) > logsPerSecond {
-		l.skipped.Add(1)
-		return false, 0
-	}
-	return true, l.skipped.Swap(0)
-}
