@@ -62,9 +62,16 @@ func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok,
 	if wt > limit {
 		return s.estimate(h, now), false, false, now // never fits
 	}
+	est, ok, first = s.admitAt(h, now, wt, limit, 1)
+	return est, ok, first, now
+}
+
+// admitAt is admit at tick now, in the table's counts, for a scale sc of
+// external counts to internal ones (1, or a smooth sketch's step's: the
+// lottery draws in external counts). wt <= limit.
+func (s *Sketch) admitAt(h uint64, now int64, wt, limit, sc uint32) (est uint32, ok, first bool) {
 	if s.twoChoice {
-		est, ok, first = unmark(s.observeView(h, now, wt, limit))
-		return est, ok, first, now
+		return unmark(s.observeView(h, now, wt, limit, sc))
 	}
 	// The path Observe takes (refresh, then observeBucket), with the limit
 	// in place of MaxCount in refresh's test; a lost CAS goes to observe1,
@@ -74,19 +81,16 @@ func (s *Sketch) admit(t time.Time, h uint64, wt, limit uint32) (est uint32, ok,
 	i := s.first(h)
 	b := &s.table[i]
 	if limit >= countMax {
-		est, ok, first = unmark(s.observe1(b, i, h, now, wt, 0, limit))
-		return est, ok, first, now
+		return unmark(s.observe1(b, i, h, now, wt, 0, limit, sc))
 	}
 	e, f, lost, miss := refresh(b, h, now, wt, limit)
 	switch {
 	case e != 0:
-		est, ok, first = unmark(e, f)
+		return unmark(e, f)
 	case lost != 0:
-		est, ok, first = unmark(s.observe1(b, i, h, now, wt, 1, limit))
-	default:
-		est, ok, first = unmark(s.observeBucket(b, i, h, now, wt, 0, miss, limit))
+		return unmark(s.observe1(b, i, h, now, wt, 1, limit, sc))
 	}
-	return est, ok, first, now
+	return unmark(s.observeBucket(b, i, h, now, wt, 0, miss, limit, sc))
 }
 
 // ObserveNWithin is ObserveN that adds n only if key's decayed count plus
@@ -122,6 +126,10 @@ func (s *Sketch) observeNWithin(t time.Time, h uint64, n, limit uint32) (uint32,
 		est, _ := s.observeN(t, h, 0)
 		return est, false, true
 	}
+	if s.sm != nil {
+		r, ok, first := s.admitSmooth(t, h, n, limit)
+		return r.Est &^ pressure, first, ok
+	}
 	est, ok, first, _ := s.admit(t, h, min(n, countMax), limit)
 	return est &^ pressure, first, ok
 }
@@ -138,19 +146,38 @@ func unmark(est uint32, first bool) (uint32, bool, bool) {
 // They read the key from s on every call, so that a key adopted later
 // (ReadFrom) is the one used.
 func (s *Sketch) admitFuncs() (admit.Func, admit.BytesFunc) {
-	if s.h.kind == HashSipHash13 {
-		return func(t time.Time, key string, wt, limit uint32) (uint32, bool, int64) {
-				est, ok, _, now := s.admit(t, sipHash13(key, s.h.sip), wt, limit)
-				return est, ok, now
-			}, func(t time.Time, key []byte, wt, limit uint32) (uint32, bool, bool, int64) {
-				return s.admit(t, sipHash13(key, s.h.sip), wt, limit)
+	if s.sm != nil {
+		if s.h.kind == HashSipHash13 {
+			return func(t time.Time, key string, wt, limit uint32) (admit.Reading, bool) {
+					r, ok, _ := s.admitSmooth(t, sipHash13(key, s.h.sip), wt, limit)
+					return r, ok
+				}, func(t time.Time, key []byte, wt, limit uint32) (admit.Reading, bool, bool) {
+					return s.admitSmooth(t, sipHash13(key, s.h.sip), wt, limit)
+				}
+		}
+		return func(t time.Time, key string, wt, limit uint32) (admit.Reading, bool) {
+				r, ok, _ := s.admitSmooth(t, s.h.str(key), wt, limit)
+				return r, ok
+			}, func(t time.Time, key []byte, wt, limit uint32) (admit.Reading, bool, bool) {
+				return s.admitSmooth(t, s.h.bytes(key), wt, limit)
 			}
 	}
-	return func(t time.Time, key string, wt, limit uint32) (uint32, bool, int64) {
-			est, ok, _, now := s.admit(t, s.h.str(key), wt, limit)
-			return est, ok, now
-		}, func(t time.Time, key []byte, wt, limit uint32) (uint32, bool, bool, int64) {
-			return s.admit(t, s.h.bytes(key), wt, limit)
+	classic := func(est uint32, ok, first bool, now int64) (admit.Reading, bool, bool) {
+		return admit.Reading{Est: est, Raw: est &^ pressure, Tick: now}, ok, first
+	}
+	if s.h.kind == HashSipHash13 {
+		return func(t time.Time, key string, wt, limit uint32) (admit.Reading, bool) {
+				r, ok, _ := classic(s.admit(t, sipHash13(key, s.h.sip), wt, limit))
+				return r, ok
+			}, func(t time.Time, key []byte, wt, limit uint32) (admit.Reading, bool, bool) {
+				return classic(s.admit(t, sipHash13(key, s.h.sip), wt, limit))
+			}
+	}
+	return func(t time.Time, key string, wt, limit uint32) (admit.Reading, bool) {
+			r, ok, _ := classic(s.admit(t, s.h.str(key), wt, limit))
+			return r, ok
+		}, func(t time.Time, key []byte, wt, limit uint32) (admit.Reading, bool, bool) {
+			return classic(s.admit(t, s.h.bytes(key), wt, limit))
 		}
 }
 
@@ -190,6 +217,20 @@ func (s *Sketch) admitCounts() admit.Counts {
 
 func init() {
 	admit.Register(func(sk any) (admit.Func, admit.BytesFunc) { return sk.(*Sketch).admitFuncs() })
+	admit.RegisterSmooth(
+		func(sk any) { sk.(*Sketch).setSmooth() },
+		func(sk any, t time.Time, key []byte) admit.Reading {
+			s := sk.(*Sketch)
+			if s.sm != nil {
+				return s.readingSmooth(t, s.h.bytes(key))
+			}
+			now := s.peekNow()
+			if !t.IsZero() {
+				now = s.readAt(t)
+			}
+			est := s.estimate(s.h.bytes(key), now)
+			return admit.Reading{Est: est, Raw: est, Tick: now}
+		})
 	admit.RegisterOps(
 		func(sk any, o admit.Overflow) { sk.(*Sketch).overflow = o },
 		func(sk any) admit.Counts { return sk.(*Sketch).admitCounts() },

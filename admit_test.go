@@ -101,10 +101,12 @@ func TestAdmitBoundBeforeReadFrom(t *testing.T) {
 	if _, err := dst.ReadFrom(&snap); err != nil {
 		t.Fatal(err)
 	}
-	if est, ok, _ := add(time.Time{}, "client", 1, 100); !ok || est != 9 {
+	if r, ok := add(time.Time{}, "client", 1, 100); !ok || r.Est != 9 {
+		est := r.Est
 		t.Errorf("after ReadFrom: (%d, %v), want (9, true): the bound function kept the old key", est, ok)
 	}
-	if est, ok, _, _ := addBytes(time.Time{}, []byte("client"), 1, 100); !ok || est != 10 {
+	if r, ok, _ := addBytes(time.Time{}, []byte("client"), 1, 100); !ok || r.Est != 10 {
+		est := r.Est
 		t.Errorf("bytes form after ReadFrom: (%d, %v), want (10, true)", est, ok)
 	}
 }

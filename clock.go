@@ -68,6 +68,12 @@ type clockFields struct {
 	hw atomic.Int64
 	// wall is true while the goroutine keeps hw current for the wall clock.
 	wall atomic.Bool
+	// sub is, for a smooth sketch on the wall clock, the goroutine's tick
+	// and step (smooth.go): tick<<subShift | step, one word so that a
+	// reader sees both from one instant. sm is the smooth sketch's steps,
+	// nil for a classic one.
+	sub atomic.Int64
+	sm  atomic.Pointer[smoothState]
 }
 
 // advance raises hw to t if t is newer and returns the tick to use: max(t, hw).
@@ -91,15 +97,24 @@ func (c *clockState) advance(t int64) int64 {
 type ticker struct {
 	stop chan struct{}
 	done chan struct{}
+	wake chan struct{} // kick: a sketch made smooth, whose steps it must keep
 	once sync.Once
 }
 
 func startTicker(c *clockState, tick int64) *ticker {
 	c.advance(tickOf(time.Now().UnixNano(), tick))
 	c.wall.Store(true)
-	t := &ticker{stop: make(chan struct{}), done: make(chan struct{})}
+	t := &ticker{stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	go t.run(c, tick)
 	return t
+}
+
+// kick wakes the goroutine at once, to publish a smooth sketch's step.
+func (t *ticker) kick() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
 }
 
 func (t *ticker) run(c *clockState, tick int64) {
@@ -111,12 +126,29 @@ func (t *ticker) run(c *clockState, tick int64) {
 		case <-t.stop:
 			return
 		case <-timer.C:
+		case <-t.wake:
 		}
 		ns := time.Now().UnixNano()
 		cur := tickOf(ns, tick)
 		c.advance(cur)
-		// Wake just after the next boundary.
-		timer.Reset(time.Duration((cur+1)*tick - ns))
+		next := (cur+1)*tick - ns // just after the next tick boundary
+		if sm := c.sm.Load(); sm != nil {
+			// A smooth sketch: publish the step, and wake just after the
+			// next step's start, no sooner than MinTickDuration.
+			rem := ns - cur*tick
+			j := sm.bounds.Step(rem)
+			c.sub.Store(cur<<subShift | int64(j))
+			if j+1 < len(sm.bounds) {
+				next = max(sm.bounds[j+1]-rem, min(int64(MinTickDuration), next))
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(time.Duration(next))
 	}
 }
 

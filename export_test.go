@@ -107,7 +107,7 @@ var Backoff = backoff
 func (s *Sketch) AdmitAfterMiss(key string, n, limit uint32) (uint32, bool) {
 	h := s.h.str(key)
 	i := s.first(h)
-	est, ok, _ := unmark(s.observeBucket(&s.table[i], i, h, s.now(), n, 0, true, limit))
+	est, ok, _ := unmark(s.observeBucket(&s.table[i], i, h, s.now(), n, 0, true, limit, 1))
 	return est, ok
 }
 
@@ -116,13 +116,13 @@ func (s *Sketch) AdmitAfterMiss(key string, n, limit uint32) (uint32, bool) {
 func (s *Sketch) AdmitExhausted(key string, n, limit uint32) (uint32, bool) {
 	h := s.h.str(key)
 	i := s.first(h)
-	est, ok, _ := unmark(s.observe1(&s.table[i], i, h, s.now(), n, maxAttempts, limit))
+	est, ok, _ := unmark(s.observe1(&s.table[i], i, h, s.now(), n, maxAttempts, limit, 1))
 	return est, ok
 }
 
 // Admit is the conditional add package limit reaches through internal/admit.
 func (s *Sketch) Admit(t time.Time, key string, n, limit uint32) (uint32, bool) {
 	add, _ := s.admitFuncs()
-	est, ok, _ := add(t, key, n, limit)
-	return est, ok
+	r, ok := add(t, key, n, limit)
+	return r.Est, ok
 }

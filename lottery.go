@@ -68,10 +68,13 @@ const maxDraws = 64
 // and count as they would be after it, exactly as wt calls of Observe would
 // draw. It stops when the victim is empty. It returns the wins and the draws
 // used.
-func (s *Sketch) challenge(h, victim uint64, age, eff, wt uint32) (wins, used uint32) {
+//
+// For a smooth sketch eff and wt are in external counts, and one count is sc
+// of the victim's word (1 otherwise).
+func (s *Sketch) challenge(h, victim uint64, age, eff, wt, sc uint32) (wins, used uint32) {
 	for used < min(wt, maxDraws) && wins < eff {
 		used++
-		if s.chipWins(h, victim-uint64(wins)<<age, eff-wins) {
+		if s.chipWins(h, victim-uint64(wins*sc)<<age, eff-wins) {
 			wins++
 		}
 	}

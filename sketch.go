@@ -47,6 +47,7 @@ type Sketch struct {
 	seeded   *saltState // non-nil when Config.Seed != 0
 	stats    *statTable
 	overflow overflow // admit's policy for a bucket full of keys at their limit
+	sm       *smoothState // non-nil for a smooth sketch (smooth.go)
 }
 
 // New returns a Sketch for cfg. It panics with Validate's error if cfg is
@@ -163,11 +164,24 @@ func (s *Sketch) ObserveBytesN(t time.Time, key []byte, n uint32) (estimate uint
 func (s *Sketch) observeN(t time.Time, h uint64, n uint32) (uint32, bool) {
 	if n == 0 {
 		if t.IsZero() {
-			return s.estimate(h, s.peekNow()), false
+			return s.estimateOf(t, h, s.peekNow()), false
 		}
-		return s.estimate(h, s.readAt(t)), false
+		return s.estimateOf(t, h, s.readAt(t)), false
+	}
+	if s.sm != nil {
+		return s.observeSmooth(t, h, n)
 	}
 	return s.observe(h, s.writeAt(t), min(n, countMax))
+}
+
+// estimateOf is the estimate of hashed key h at tick now for a read at t
+// (the zero t: the sketch's clock): estimate, in a smooth sketch's
+// external counts where it is one.
+func (s *Sketch) estimateOf(t time.Time, h uint64, now int64) uint32 {
+	if s.sm != nil {
+		return s.estimateSmooth(t, h, now)
+	}
+	return s.estimate(h, now)
 }
 
 // writeAt is the tick for a write at t: the clock's for the zero t, else t's,
@@ -188,23 +202,23 @@ func (s *Sketch) readAt(t time.Time) int64 {
 // Estimate returns key's current estimated frequency without recording an
 // occurrence. It never writes anything.
 func (s *Sketch) Estimate(key string) uint32 {
-	return s.estimate(s.h.str(key), s.peekNow())
+	return s.estimateOf(time.Time{}, s.h.str(key), s.peekNow())
 }
 
 // EstimateBytes is Estimate for a key held in a byte slice.
 func (s *Sketch) EstimateBytes(key []byte) uint32 {
-	return s.estimate(s.h.bytes(key), s.peekNow())
+	return s.estimateOf(time.Time{}, s.h.bytes(key), s.peekNow())
 }
 
 // EstimateAt is Estimate at time t; like ObserveN, a t older than the latest
 // tick reads at the latest tick.
 func (s *Sketch) EstimateAt(t time.Time, key string) uint32 {
-	return s.estimate(s.h.str(key), s.readAt(t))
+	return s.estimateOf(t, s.h.str(key), s.readAt(t))
 }
 
 // EstimateBytesAt is EstimateAt for a key held in a byte slice.
 func (s *Sketch) EstimateBytesAt(t time.Time, key []byte) uint32 {
-	return s.estimate(s.h.bytes(key), s.readAt(t))
+	return s.estimateOf(t, s.h.bytes(key), s.readAt(t))
 }
 
 // now returns the tick for a write: the clock's, raised to the latest tick
@@ -332,7 +346,7 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 		return s.observeTraced(h, now, wt)
 	}
 	if s.twoChoice {
-		return s.observeView(h, now, wt, noLimit)
+		return s.observeView(h, now, wt, noLimit, 1)
 	}
 	i := s.first(h)
 	b := &s.table[i]
@@ -340,7 +354,7 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 	if est != 0 {
 		return est, first
 	}
-	return s.observeBucket(b, i, h, now, wt, lost, miss, noLimit)
+	return s.observeBucket(b, i, h, now, wt, lost, miss, noLimit, 1)
 }
 
 // observeBucket is observe for one bucket, the default, after refresh did
@@ -353,7 +367,7 @@ func (s *Sketch) observe(h uint64, now int64, wt uint32) (uint32, bool) {
 // decisions slowly. limit is noLimit for Observe; admit passes its own,
 // which observe1 checks before a refresh, and never a lost CAS (retry adds
 // unconditionally).
-func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32, lost int, miss bool, limit uint32) (uint32, bool) {
+func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32, lost int, miss bool, limit, sc uint32) (uint32, bool) {
 	if lost != 0 {
 		est, tried := retry(&b.s[lost-1], lost-1, uint64(tagFrom(h)), uint64(epoch24(now)), wt, now)
 		switch tried {
@@ -362,22 +376,22 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 		case maxAttempts:
 			return s.dropped(shard, est, now, limit)
 		}
-		return s.observe1(b, shard, h, now, wt, tried, limit)
+		return s.observe1(b, shard, h, now, wt, tried, limit, sc)
 	}
 	if !miss {
-		return s.observe1(b, shard, h, now, wt, 0, limit)
+		return s.observe1(b, shard, h, now, wt, 0, limit, sc)
 	}
 	tag := tagFrom(h)
 	e := epoch24(now)
 	home := homeOf(h)
 	weakest, old := weakestOf(b, uint64(e), uint64(home), uint64(tag))
 	if old {
-		return s.observe1(b, shard, h, now, wt, 0, limit) // a slot to scrub, one ahead of now, or the key's, claimed by a racer
+		return s.observe1(b, shard, h, now, wt, 0, limit, sc) // a slot to scrub, one ahead of now, or the key's, claimed by a racer
 	}
 	weak, weakEff := (int(weakest)+home)&(slotsPerBucket-1), uint32(weakest>>3)
 	x := b.s[weak].Load()
 	if x != 0 && (tagOf(x) == tag || ageOf(x, e) >= evaporation || effective(x, e) != weakEff) {
-		return s.observe1(b, shard, h, now, wt, 0, limit) // a racing writer changed the slot
+		return s.observe1(b, shard, h, now, wt, 0, limit, sc) // a racing writer changed the slot
 	}
 	if weakEff == 0 { // Phase 2: claim.
 		y := pack(tag, e, wt)
@@ -386,15 +400,15 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 			emit(traceEvent{Op: lab.Claim, Slot: weak, Old: x, New: y, OK: ok, Tick: now})
 		}
 		if !ok {
-			return s.observe1(b, shard, h, now, wt, 1, limit)
+			return s.observe1(b, shard, h, now, wt, 1, limit, sc)
 		}
 		s.dedupe1(b, shard, weak, tag)
 		return wt, true
 	}
 	// Phase 3: challenge the weakest.
-	est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, x, e, weakEff, wt, limit, tag, now)
+	est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, x, e, weakEff, wt, limit, sc, tag, now)
 	if !done {
-		return s.observe1(b, shard, h, now, wt, 1, limit)
+		return s.observe1(b, shard, h, now, wt, 1, limit, sc)
 	}
 	if took {
 		s.dedupe1(b, shard, weak, tag)
@@ -685,7 +699,7 @@ func weakKey(y, e, d, tag uint64) (key, age uint64) {
 // observeBucket's one pass did not decide: a sibling to scrub, a duplicate,
 // a slot ahead of now, or a lost CAS (attempt says how many were used). It
 // makes the same decisions as observeView.
-func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, attempt int, limit uint32) (uint32, bool) {
+func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, attempt int, limit, sc uint32) (uint32, bool) {
 	tag := uint64(tagFrom(h))
 	var readEst uint32 = 1
 	reloaded := false
@@ -790,7 +804,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 			continue
 		}
 		// Phase 3: challenge the weakest, one draw per unit of weight.
-		if est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, w[weak], e32, weakEff, wt, limit, uint16(tag), now); done {
+		if est, done, took := s.challengeSlot(&b.s[weak], weak, shard, h, w[weak], e32, weakEff, wt, limit, sc, uint16(tag), now); done {
 			if took {
 				s.dedupe1(b, shard, weak, uint16(tag))
 			}
@@ -845,13 +859,25 @@ func (s *Sketch) drainIn(b *bucket, shard uint64, from, into int, tag uint16) {
 // writing nothing and drawing nothing, so that no key at its limit loses
 // counts to it; overflowShare does so three times in four (two bits of a
 // fresh salt), else goes on as overflowAdmit, the lottery.
-func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e, weakEff, wt, limit uint32, tag uint16, now int64) (est uint32, done, took bool) {
+func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e, weakEff, wt, limit, sc uint32, tag uint16, now int64) (est uint32, done, took bool) {
 	full := limit != noLimit && 2*uint64(weakEff) >= uint64(limit)
+	if sc != 1 && limit != noLimit && limit < 4*sc {
+		// A smooth sketch's limit of 3 (package rate's Burst of 1) admits
+		// a key again once it reads 1, not half of 3: at its limit while
+		// it reads 1 or more.
+		full = 2*uint64(weakEff) >= 2*uint64(limit)-4*uint64(sc)
+	}
 	if full && s.overflow != overflowAdmit && (s.overflow == overflowRefuse || s.salt()&3 != 0) {
 		s.stats.add(shard, statRefusedNew)
 		return weakEff | overLimit | pressure, true, false
 	}
-	wins, used := s.challenge(h, x, ageOf(x, e), weakEff, wt)
+	// The draws run in external counts (sc of the table's each): one per
+	// unit of weight, each chipping one count, as in a classic sketch.
+	effX, wtX := weakEff, wt
+	if sc != 1 {
+		effX, wtX = (weakEff+sc-1)/sc, wt/sc
+	}
+	wins, used := s.challenge(h, x, ageOf(x, e), effX, wtX, sc)
 	if wins == 0 {
 		if traceOn {
 			emit(traceEvent{Op: lab.Bounce, Slot: weak, Old: x, Tick: now})
@@ -859,9 +885,9 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 		s.stats.add(shard, statLost)
 		return s.untracked(shard, wt, limit), true, false
 	}
-	if wins == weakEff {
+	if wins == effX {
 		// The win that empties the slot claims it, with the units left.
-		c := wt - used + 1
+		c := (wtX - used + 1) * sc
 		y := pack(tag, e, c)
 		ok := p.CompareAndSwap(x, y)
 		if traceOn {
@@ -878,7 +904,7 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 	}
 	// count - wins·2^age reads exactly wins lower at this age and keeps the
 	// victim's epoch, so its first-sighting flag is untouched.
-	if y := x - uint64(wins)<<ageOf(x, e); s.casChip(p.CompareAndSwap(x, y), weak, x, y, now) {
+	if y := x - uint64(wins*sc)<<ageOf(x, e); s.casChip(p.CompareAndSwap(x, y), weak, x, y, now) {
 		s.stats.addN(shard, statChips, wins)
 		s.stats.add(shard, statLost)
 		if full {
@@ -901,7 +927,7 @@ func (s *Sketch) untracked(shard uint64, wt, limit uint32) uint32 {
 
 // observeView is observe over a view of one or two buckets (TwoChoice). With
 // a limit (admit) it leaves out refreshView, which adds unconditionally.
-func (s *Sketch) observeView(h uint64, now int64, wt, limit uint32) (uint32, bool) {
+func (s *Sketch) observeView(h uint64, now int64, wt, limit, sc uint32) (uint32, bool) {
 	v := s.viewOf(h)
 	tag := tagFrom(h)
 	var attempt int
@@ -1007,7 +1033,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt, limit uint32) (uint32, boo
 			}
 
 		default: // Phase 3: challenge the weakest, one draw per unit of weight.
-			if est, done, took := s.challengeSlot(v.at(weak), weak, v.shard, h, w[weak], e, weakEff, wt, limit, tag, now); done {
+			if est, done, took := s.challengeSlot(v.at(weak), weak, v.shard, h, w[weak], e, weakEff, wt, limit, sc, tag, now); done {
 				if took {
 					s.dedupe(&v, weak, tag)
 				}

@@ -102,6 +102,7 @@ type snapHeader struct {
 	wall      int64 // UnixNano when taken
 	k0, k1    uint64
 	seeded    bool
+	smooth    bool // a smooth sketch's (smooth.go): its counts are scaled
 	saltBase  uint64
 	saltN     uint64
 }
@@ -117,6 +118,9 @@ func (h *snapHeader) encode() []byte {
 	}
 	if h.seeded {
 		flags |= 2
+	}
+	if h.smooth {
+		flags |= 4
 	}
 	le.PutUint16(b[10:], flags)
 	b[12], b[13] = hashCodes[h.hash], byte(h.lottery)
@@ -149,7 +153,7 @@ func decodeHeader(b []byte) (snapHeader, error) {
 		return h, snapErr("header checksum mismatch (%08x, want %08x): the file is damaged", got, want)
 	}
 	flags := le.Uint16(b[10:])
-	h.twoChoice, h.seeded = flags&1 != 0, flags&2 != 0
+	h.twoChoice, h.seeded, h.smooth = flags&1 != 0, flags&2 != 0, flags&4 != 0
 	var ok bool
 	if h.hash, ok = hashOfCode(b[12]); !ok {
 		return h, snapErr("hash code %d names no hash this build knows: the file is damaged or from a newer epochsketch", b[12])
@@ -187,7 +191,7 @@ func (s *Sketch) WriteTo(w io.Writer) (int64, error) {
 	h := snapHeader{
 		version: snapVersion, twoChoice: s.twoChoice, hash: s.h.kind, lottery: s.lottery,
 		buckets: s.nb, tick: s.tick, at: s.clk.hw.Load(), wall: s.wallNow().UnixNano(),
-		k0: s.h.k0, k1: s.h.k1,
+		k0: s.h.k0, k1: s.h.k1, smooth: s.sm != nil,
 	}
 	if s.seeded != nil {
 		h.seeded, h.saltBase, h.saltN = true, s.seeded.base, s.seeded.n.Load()
@@ -336,6 +340,8 @@ func (s *Sketch) matches(h *snapHeader) error {
 		return field("Hash", h.hash, s.h.kind)
 	case h.twoChoice != s.twoChoice:
 		return field("TwoChoice", h.twoChoice, s.twoChoice)
+	case h.smooth != (s.sm != nil):
+		return &SnapshotError{Msg: fmt.Sprintf("the snapshot's counts decay %s, this sketch's %s: a rate limiter's (package limit, SketchProxy) decay smoothly, and state saved before they did cannot be read into them", decayName(h.smooth), decayName(s.sm != nil))}
 	case h.lottery != s.lottery:
 		return &SnapshotError{Msg: fmt.Sprintf("the snapshot was taken with %v, this sketch runs %v (the chip lottery is the simulator's and the experiments' only)", h.lottery, s.lottery)}
 	case s.seeded != nil && (h.k0 != s.h.k0 || h.k1 != s.h.k1):
@@ -393,4 +399,12 @@ func (s *Sketch) LoadFile(path string) (SnapshotInfo, error) {
 		}
 	}
 	return info, err
+}
+
+// decayName names how a sketch's counts decay, for SnapshotError.
+func decayName(smooth bool) string {
+	if smooth {
+		return "smoothly (a rate limiter's)"
+	}
+	return "by halving at each tick"
 }

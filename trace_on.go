@@ -50,10 +50,10 @@ func (s *Sketch) observeTraced(h uint64, now int64, wt uint32) (est uint32, firs
 		var lost int
 		var miss bool
 		if est, first, lost, miss = refresh(v.b[0], h, now, wt, countMax); est == 0 {
-			est, first = s.observeBucket(v.b[0], v.shard, h, now, wt, lost, miss, noLimit)
+			est, first = s.observeBucket(v.b[0], v.shard, h, now, wt, lost, miss, noLimit, 1)
 		}
 	} else {
-		est, first = s.observeView(h, now, wt, noLimit)
+		est, first = s.observeView(h, now, wt, noLimit, 1)
 	}
 	emit(traceEvent{Op: lab.Result, Slot: -1, Tick: s.clk.hw.Load(), Est: est, First: first})
 	return est, first

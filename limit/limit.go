@@ -165,14 +165,14 @@ func (l *Limiter) Close() error { return l.sk.Close() }
 // Allow reports whether one request of key may happen now, and counts it if
 // so. It is AllowN(time.Time{}, key, 1).
 func (l *Limiter) Allow(key string) bool {
-	_, ok, _ := l.add(time.Time{}, key, rate.Unit, l.lim.Threshold)
+	_, ok := l.add(time.Time{}, key, rate.Unit, l.lim.Threshold)
 	return ok
 }
 
 // AllowBytes is Allow for a key held in a byte slice: the same key space as
 // Allow(string(key)), without the allocation that conversion costs.
 func (l *Limiter) AllowBytes(key []byte) bool {
-	_, ok, _, _ := l.addBytes(time.Time{}, key, rate.Unit, l.lim.Threshold)
+	_, ok, _ := l.addBytes(time.Time{}, key, rate.Unit, l.lim.Threshold)
 	return ok
 }
 
@@ -195,7 +195,7 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) bool {
 	if n > int(l.lim.Burst) {
 		return false
 	}
-	_, ok, _ := l.add(t, key, rate.Counts(uint64(n)), l.lim.Threshold)
+	_, ok := l.add(t, key, rate.Counts(uint64(n)), l.lim.Threshold)
 	return ok
 }
 
@@ -224,17 +224,18 @@ func (l *Limiter) Decide(t time.Time, key string, n int) Decision {
 	if t.IsZero() {
 		t = l.now()
 	}
-	var est, wt uint32
+	var wt uint32
+	var rd admit.Reading
 	var ok bool
-	var tick int64
 	if n > 0 && n <= int(l.lim.Burst) {
 		wt = rate.Counts(uint64(n))
-		est, ok, tick = l.add(t, key, wt, l.lim.Threshold)
+		rd, ok = l.add(t, key, wt, l.lim.Threshold)
 	} else {
 		// A weight above the threshold only reads the count.
-		est, _, tick = l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
+		rd, _ = l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
 		ok = n <= 0
 	}
+	est, tick := rd.Est, rd.Tick
 	// A t earlier than the tick it was counted in (a late caller, counted
 	// at the latest time) waits from that tick's start, so a stale t never
 	// lengthens a wait.
@@ -374,7 +375,8 @@ func (l *Limiter) Reset(key string) { admit.Forget(l.sk, key) }
 // only reads the count; Remaining is the key's now, these requests not
 // taken from it.
 func (l *Limiter) peek(t time.Time, key string, n int) Decision {
-	est, _, tick := l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
+	rd, _ := l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
+	est, tick := rd.Est, rd.Tick
 	now := time.Unix(0, max(t.UnixNano(), tick*int64(l.lim.Tick)))
 	wt := rate.Counts(uint64(n))
 	d := Decision{Reset: rate.UntilTick(now, l.lim.Tick, 1), Remaining: int(l.lim.Remaining(est))}

@@ -7,19 +7,20 @@ package admit
 import "time"
 
 // Func adds n to key's count at time t (the zero t means the sketch's clock)
-// only if the decayed count plus n stays within limit. It returns the count
-// after the add, or the count that refused it; whether it added; and the
-// tick it used (Unix time divided by the tick duration, raised to the
-// latest tick the sketch has used). A refusal of a new key by the overflow
-// policy (Overflow) has Pressure set in est, beside the count of the
-// weakest key of its bucket.
-type Func func(t time.Time, key string, n, limit uint32) (est uint32, ok bool, tick int64)
+// only if the decayed count plus n stays within limit. It returns what it
+// read (the count after the add, or the count that refused it, with the
+// internal count behind it in a smooth sketch (SetSmooth), and the tick and
+// step it used: Unix time divided by the tick duration, raised to the
+// latest tick the sketch has used) and whether it added. A refusal of a
+// new key by the overflow policy (Overflow) has Pressure set in its Est,
+// beside the count of the weakest key of its bucket.
+type Func func(t time.Time, key string, n, limit uint32) (r Reading, ok bool)
 
 // BytesFunc is Func for a key held in a byte slice: the same key space as
 // Func with string(key), without the conversion. It also reports whether
 // the add was the key's first sighting in its tick (Observe's first), which
 // SketchProxy's engine needs to teach its memory of keys.
-type BytesFunc func(t time.Time, key []byte, n, limit uint32) (est uint32, ok, first bool, tick int64)
+type BytesFunc func(t time.Time, key []byte, n, limit uint32) (r Reading, ok, first bool)
 
 // Pressure is the bit of a Func's est that marks a new key refused because
 // its bucket is full of keys at their limit (Refuse, or Share's key that
@@ -54,11 +55,28 @@ type Counts struct {
 }
 
 var (
-	bind    func(sk any) (Func, BytesFunc)
-	setOver func(sk any, o Overflow)
-	counts  func(sk any) Counts
-	forget  func(sk any, key string)
+	bind      func(sk any) (Func, BytesFunc)
+	setOver   func(sk any, o Overflow)
+	counts    func(sk any) Counts
+	forget    func(sk any, key string)
+	setSmooth func(sk any)
+	read      func(sk any, t time.Time, key []byte) Reading
 )
+
+// RegisterSmooth is called once, by package epochsketch.
+func RegisterSmooth(set func(sk any), r func(sk any, t time.Time, key []byte) Reading) {
+	setSmooth, read = set, r
+}
+
+// SetSmooth makes sk, a *epochsketch.Sketch, smooth: its counts read lower
+// in Steps steps per tick instead of halving at once at the tick's end
+// (smooth.go, and docs/DESIGN.md, Smooth decay). Call it before sk is
+// shared, and before anything is counted in it.
+func SetSmooth(sk any) { setSmooth(sk) }
+
+// Read reads key's count in sk at t (the zero t: sk's clock) without
+// writing anything: the Reading an add that never fits would return.
+func Read(sk any, t time.Time, key []byte) Reading { return read(sk, t, key) }
 
 // Register is called once, by package epochsketch.
 func Register(b func(sk any) (Func, BytesFunc)) { bind = b }
