@@ -40,9 +40,9 @@ func ExampleLimiter_Decide() {
 		fmt.Printf("allowed %v, remaining %d, reset %v, retry after %v\n", d.Allowed, d.Remaining, d.Reset, d.RetryAfter)
 	}
 	// Output:
-	// allowed true, remaining 0, reset 10s, retry after 0s
-	// allowed false, remaining 0, reset 10s, retry after 40s
-	// allowed false, remaining 0, reset 10s, retry after 40s
+	// allowed true, remaining 0, reset 40s, retry after 0s
+	// allowed false, remaining 0, reset 40s, retry after 40s
+	// allowed false, remaining 0, reset 40s, retry after 40s
 }
 
 // Middleware limits each client address to 10 requests a second: here the
@@ -100,6 +100,6 @@ func ExampleMiddleware_severalLimits() {
 		fmt.Println(w.Code, w.Header().Get("RateLimit"))
 	}
 	// Output:
-	// 404 "ip";r=99;t=1, "key";r=0;t=30
+	// 404 "ip";r=99;t=1, "key";r=0;t=60
 	// 429 "ip";r=99;t=1, "key";r=0;t=60
 }

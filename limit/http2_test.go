@@ -103,7 +103,7 @@ func TestMiddlewareSameLimitTwice(t *testing.T) {
 				h = limit.Middleware(l, apiKey, limit.Also(l, apiKey))(final)
 			}
 			w := serve(h, "192.0.2.1:1", "X-Api-Key", "k")
-			if w.Code != 404 || w.Header().Get("RateLimit") != `"default";r=0;t=1800` {
+			if w.Code != 404 || w.Header().Get("RateLimit") != `"default";r=0;t=3600` {
 				t.Fatalf("first request: %d, RateLimit %q: want the handler's 404 and one item", w.Code, w.Header().Get("RateLimit"))
 			}
 			if w := serve(h, "192.0.2.1:1", "X-Api-Key", "k"); w.Code != 429 {

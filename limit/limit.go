@@ -208,8 +208,9 @@ type Decision struct {
 	// Remaining is how many more requests of the key would be admitted
 	// at once, now (after these, when they were admitted).
 	Remaining int
-	// Reset is the time until the next tick, when the key's count halves
-	// and more quota comes back.
+	// Reset is the time until more quota comes back: the next tick, when
+	// the key's count halves, or, with nothing left, the time until one
+	// request fits (two ticks with a Burst of 1).
 	Reset time.Duration
 	// RetryAfter is, for a refusal, the time until the requests would
 	// fit: 0 when they were admitted, and when they never fit (n above
@@ -240,7 +241,7 @@ func (l *Limiter) Decide(t time.Time, key string, n int) Decision {
 	// at the latest time) waits from that tick's start, so a stale t never
 	// lengthens a wait.
 	now := time.Unix(0, max(t.UnixNano(), tick*int64(l.lim.Tick)))
-	d := Decision{Allowed: ok, Reset: rate.UntilTick(now, l.lim.Tick, 1), Remaining: int(l.lim.Remaining(est))}
+	d := Decision{Allowed: ok, Reset: l.lim.Reset(est&^admit.Pressure, now), Remaining: int(l.lim.Remaining(est))}
 	if !ok && n <= int(l.lim.Burst) {
 		if est&admit.Pressure != 0 {
 			// A new key refused by Config.Overflow: est is the count of
@@ -248,6 +249,7 @@ func (l *Limiter) Decide(t time.Time, key string, n int) Decision {
 			// threshold (to Threshold/2 - 1) before new keys are let in.
 			d.Remaining = 0
 			d.RetryAfter = l.lim.Wait(est&^admit.Pressure, l.lim.Threshold/2+1, now)
+			d.Reset = d.RetryAfter // no quota before then
 		} else {
 			// 0 when it fits now (the add lost its compare-and-swaps to
 			// racing writers: Stats.Contended).
@@ -379,7 +381,7 @@ func (l *Limiter) peek(t time.Time, key string, n int) Decision {
 	est, tick := rd.Est, rd.Tick
 	now := time.Unix(0, max(t.UnixNano(), tick*int64(l.lim.Tick)))
 	wt := rate.Counts(uint64(n))
-	d := Decision{Reset: rate.UntilTick(now, l.lim.Tick, 1), Remaining: int(l.lim.Remaining(est))}
+	d := Decision{Reset: l.lim.Reset(est, now), Remaining: int(l.lim.Remaining(est))}
 	if uint64(est)+uint64(wt) <= uint64(l.lim.Threshold) {
 		d.Allowed = true
 	} else {

@@ -135,7 +135,7 @@ func TestOverflowRefuseRetryAfter(t *testing.T) {
 			// Each count of 2 × Burst falls below Burst after 2 halvings:
 			// the start of the second tick after this one (the tick is
 			// 500 ms; 100 ms into it).
-			if want := (limit.Decision{Reset: 400 * time.Millisecond, RetryAfter: 900 * time.Millisecond}); d != want {
+			if want := (limit.Decision{Reset: 900 * time.Millisecond, RetryAfter: 900 * time.Millisecond}); d != want {
 				t.Fatalf("a new key in a full bucket: %+v, want %+v", d, want)
 			}
 			if s := l.Stats(); s.RefusedNew != 1 {

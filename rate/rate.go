@@ -198,13 +198,26 @@ func (l *Limit) Wait(est, add uint32, now time.Time) time.Duration {
 
 // Status is what the RateLimit field says of a key whose count is est,
 // before a next request of add counts: r, the requests that still fit at
-// once, and t, the time until more quota (the next halving); over when add
-// does not fit now, and then r is 0 and t the time until it fits (Wait).
+// once, and t, the time until more quota: the next halving, or, with none
+// left (r is 0), the time until one request fits, which with a Burst of 1
+// is two halvings away; over when add does not fit now, and then r is 0
+// and t the time until it fits (Wait). A client that waits t finds what t
+// promised.
 func (l *Limit) Status(est, add uint32, now time.Time) (r int64, t time.Duration, over bool) {
 	if uint64(est)+uint64(add) > uint64(l.Threshold) {
 		return 0, l.Wait(est, add, now), true
 	}
-	return l.Remaining(est), UntilTick(now, l.Tick, 1), false
+	if r = l.Remaining(est); r == 0 {
+		return 0, l.Wait(est, Unit, now), false
+	}
+	return r, UntilTick(now, l.Tick, 1), false
+}
+
+// Reset is Status's t for a key whose count is est, with nothing more to
+// add: the time until more quota.
+func (l *Limit) Reset(est uint32, now time.Time) time.Duration {
+	_, t, _ := l.Status(est, 0, now)
+	return t
 }
 
 // UntilTick is the time from now to the start of the k-th next tick of
