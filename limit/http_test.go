@@ -28,13 +28,15 @@ func TestMiddleware(t *testing.T) {
 		h.ServeHTTP(w, r)
 		return w
 	}
-	// Burst 4: r counts down from q=2 (never above it) to 0.
-	for i, wantR := range []string{"2", "2", "1", "0"} {
+	// Burst 4: r counts down from q=2 (never above it) to 0; t is the
+	// wait for one request more than r (1.34 s, a tick, while r is capped
+	// at q and the next would need the count back to 1).
+	for i, want := range []string{"r=2;t=2", "r=2;t=1", "r=1;t=1", "r=0;t=1"} {
 		w := do("192.0.2.1:1000")
 		if w.Code != 200 || served != i+1 {
 			t.Fatalf("request %d: %d, served %d", i+1, w.Code, served)
 		}
-		checkHeaders(t, w, `"api";q=2;w=1`, `"api";r=`+wantR+`;t=1`, "")
+		checkHeaders(t, w, `"api";q=2;w=1`, `"api";`+want, "")
 	}
 	w := do("192.0.2.1:1001") // another port, the same client
 	if w.Code != http.StatusTooManyRequests || served != 4 {
@@ -45,7 +47,8 @@ func TestMiddleware(t *testing.T) {
 	if w := do("[2001:db8::1]:443"); w.Code != 200 {
 		t.Fatalf("another client: %d", w.Code)
 	}
-	// Two ticks on, 4 units halve twice: 1 request in use, 3 left.
+	// Two seconds on, the count has decayed to about 2 requests' worth:
+	// room for 2 more after this one.
 	clk.Advance(2 * time.Second)
 	w = do("192.0.2.1:1002")
 	if w.Code != 200 {
@@ -53,7 +56,8 @@ func TestMiddleware(t *testing.T) {
 	}
 	checkHeaders(t, w, `"api";q=2;w=1`, `"api";r=2;t=1`, "")
 
-	// A 1-minute limit: Retry-After counts whole seconds to the next tick.
+	// A 1-minute limit: Retry-After counts whole seconds until the count
+	// leaves room: the start of the same step a tick (37.2 s) on.
 	l2, clk2 := newManual(t, limit.Config{Requests: 1, Per: time.Minute})
 	clk2.Advance(15500 * time.Millisecond)
 	h = limit.Middleware(l2, limit.RemoteIP)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
@@ -63,7 +67,7 @@ func TestMiddleware(t *testing.T) {
 	if w.Code != http.StatusTooManyRequests {
 		t.Fatalf("3rd request on 1 per minute: %d", w.Code)
 	}
-	checkHeaders(t, w, `"default";q=1;w=60`, `"default";r=0;t=45`, "45")
+	checkHeaders(t, w, `"default";q=1;w=60`, `"default";r=0;t=37`, "37")
 }
 
 func checkHeaders(t *testing.T, w *httptest.ResponseRecorder, policy, rl, retry string) {

@@ -150,6 +150,7 @@ func NewWith(cfg Config) *Limiter {
 		panic(err)
 	}
 	sk := epochsketch.New(p.cfg)
+	admit.SetSmooth(sk)
 	admit.SetOverflow(sk, [...]admit.Overflow{OverflowAdmit: admit.Admit, OverflowRefuse: admit.Refuse, OverflowShare: admit.Share}[cfg.Overflow])
 	add, addBytes := admit.Bind(sk)
 	l := &Limiter{add: add, addBytes: addBytes, lim: p.lim, clock: cfg.Clock, sk: sk, sleep: sleep}
@@ -208,9 +209,8 @@ type Decision struct {
 	// Remaining is how many more requests of the key would be admitted
 	// at once, now (after these, when they were admitted).
 	Remaining int
-	// Reset is the time until more quota comes back: the next tick, when
-	// the key's count halves, or, with nothing left, the time until one
-	// request fits (two ticks with a Burst of 1).
+	// Reset is the time until the next tick, when the key's count halves
+	// and more quota comes back.
 	Reset time.Duration
 	// RetryAfter is, for a refusal, the time until the requests would
 	// fit: 0 when they were admitted, and when they never fit (n above
@@ -236,24 +236,36 @@ func (l *Limiter) Decide(t time.Time, key string, n int) Decision {
 		rd, _ = l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
 		ok = n <= 0
 	}
-	est, tick := rd.Est, rd.Tick
-	// A t earlier than the tick it was counted in (a late caller, counted
-	// at the latest time) waits from that tick's start, so a stale t never
-	// lengthens a wait.
-	now := time.Unix(0, max(t.UnixNano(), tick*int64(l.lim.Tick)))
-	d := Decision{Allowed: ok, Reset: l.lim.Reset(est&^admit.Pressure, now), Remaining: int(l.lim.Remaining(est))}
+	return l.decision(rd, ok, wt, n, t)
+}
+
+// decision is what Decide answers for a reading rd of the key's count, at
+// t (before the tick the sketch used, if the sketch had seen a later one:
+// waits are measured from t, so a stale t never shortens a wait).
+func (l *Limiter) decision(rd admit.Reading, ok bool, wt uint32, n int, t time.Time) Decision {
+	pressed := rd.Est&admit.Pressure != 0
+	rd.Est &^= admit.Pressure
+	if at := l.lim.StepStart(rd.Tick, int(rd.Step)); t.Before(at) {
+		t = at // counted at a later time than t: wait from then
+	}
+	d := Decision{Allowed: ok}
+	if !pressed {
+		// Reset from the count as answered, as every door of SketchProxy
+		// reckons it: never short, at most a count's decay long.
+		r, reset, _ := l.lim.Status(rd.Est, 0, t)
+		d.Remaining, d.Reset = int(r), reset
+	}
 	if !ok && n <= int(l.lim.Burst) {
-		if est&admit.Pressure != 0 {
-			// A new key refused by Config.Overflow: est is the count of
-			// its bucket's weakest key, which must fall below half the
-			// threshold (to Threshold/2 - 1) before new keys are let in.
-			d.Remaining = 0
-			d.RetryAfter = l.lim.Wait(est&^admit.Pressure, l.lim.Threshold/2+1, now)
-			d.Reset = d.RetryAfter // no quota before then
+		if pressed {
+			// A new key refused by Config.Overflow: rd is the count of
+			// its bucket's weakest key, which must fall below half of
+			// Threshold - 2 before new keys are let in.
+			d.RetryAfter = l.lim.WaitBelowHalf(rd, t)
+			d.Reset = d.RetryAfter
 		} else {
 			// 0 when it fits now (the add lost its compare-and-swaps to
 			// racing writers: Stats.Contended).
-			d.RetryAfter = l.lim.Wait(est, wt, now)
+			d.RetryAfter = l.lim.WaitFor(rd, wt, t)
 		}
 	}
 	return d
@@ -377,16 +389,13 @@ func (l *Limiter) Reset(key string) { admit.Forget(l.sk, key) }
 // only reads the count; Remaining is the key's now, these requests not
 // taken from it.
 func (l *Limiter) peek(t time.Time, key string, n int) Decision {
-	rd, _ := l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
-	est, tick := rd.Est, rd.Tick
-	now := time.Unix(0, max(t.UnixNano(), tick*int64(l.lim.Tick)))
-	wt := rate.Counts(uint64(n))
-	d := Decision{Reset: l.lim.Reset(est, now), Remaining: int(l.lim.Remaining(est))}
-	if uint64(est)+uint64(wt) <= uint64(l.lim.Threshold) {
-		d.Allowed = true
-	} else {
-		d.RetryAfter = l.lim.Wait(est, wt, now)
+	if t.IsZero() {
+		t = l.now()
 	}
+	rd, _ := l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
+	wt := rate.Counts(uint64(n))
+	fits := uint64(rd.Est)+uint64(wt) <= uint64(l.lim.Threshold)
+	d := l.decision(rd, fits, wt, n, t)
 	return d
 }
 

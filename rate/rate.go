@@ -55,16 +55,23 @@ import (
 	"math/bits"
 	"strconv"
 	"time"
+
+	"github.com/epochsketch/epochsketch/internal/admit"
 )
 
-// Unit is the counts one request adds to a key's count: two, so that an
-// odd Burst still halves to a whole number of counts each tick.
+// Unit is the counts one request adds to a key's count: two, so that the
+// threshold can hold the burst and half a request more (Threshold).
 const Unit = 2
 
-// MaxBurst is the largest Burst, 8,388,607: a key's count holds Unit
-// counts per request and parks at the sketch's 24-bit maximum,
-// epochsketch.MaxCount.
-const MaxBurst = (1<<24 - 1) / Unit
+// MaxBurst is the largest Burst, 133,152: a key's count holds Unit counts
+// per request, plus one, in a smooth sketch's external counts
+// (epochsketch's smooth decay holds up to (2^24 - 1) / 63 of them).
+const MaxBurst = (admit.MaxCount - 1) / Unit
+
+// MaxBurstHalving is the largest Burst CompileHalving takes, 8,388,607:
+// a halving sketch's count holds Unit counts per request up to its 24
+// bits.
+const MaxBurstHalving = (1<<24 - 1) / Unit
 
 // MinTick is the shortest tick a limit may compile to: the sketch's
 // epochsketch.MinTickDuration.
@@ -90,13 +97,21 @@ type Limit struct {
 	Requests float64       // as given
 	Per      time.Duration // as given
 	Burst    uint32        // whole: the default applied and rounded
-	// Tick is the sketch's tick: Per · Burst / (2 · Requests).
+	// Tick is the sketch's tick, its count's half-life: about Per ·
+	// Burst · 0.7 / Requests (see the package documentation).
 	Tick time.Duration
-	// Threshold is Unit · Burst, in counts.
+	// Threshold is Unit · Burst + 1, in counts: a quiet key's burst and
+	// half a request, so that a key's quota comes back one request at a
+	// time however small the burst.
 	Threshold uint32
 	// Q and W are the policy in whole numbers: Q requests per W seconds
 	// (WholePolicy).
 	Q, W int64
+
+	steps *admit.Bounds // the steps of a tick (smooth decay)
+	// halving: compiled for a sketch whose counts halve at each tick's
+	// end (CompileHalving), not a smooth one.
+	halving bool
 }
 
 // Error is a Rate that does not compile: Field names the part at fault
@@ -127,6 +142,80 @@ func (r Rate) Compile() (Limit, error) {
 		burst = min(max(1, r.Requests), MaxBurst)
 	}
 	l := Limit{Requests: r.Requests, Per: r.Per, Burst: uint32(math.Round(burst))}
+	l.Threshold = Unit*l.Burst + 1
+	tick := float64(r.Per) * evenPerTick(l.Burst) / r.Requests
+	switch {
+	case tick >= math.MaxInt64:
+		return Limit{}, &Error{"Per", fmt.Sprintf("%g per %v with a burst of %d needs a tick beyond 292 years: lower the burst or Per", r.Requests, r.Per, l.Burst)}
+	case tick < float64(MinTick):
+		// The tick grows with the burst (about Burst · ln 2 per tick).
+		b := l.Burst
+		for b < MaxBurst && float64(r.Per)*evenPerTick(b)/r.Requests < float64(MinTick) {
+			b = min(MaxBurst, max(b+1, b*2))
+		}
+		if float64(r.Per)*evenPerTick(b)/r.Requests < float64(MinTick) {
+			return Limit{}, &Error{"Per", fmt.Sprintf("%g per %v needs a tick of %v, under %v, and no burst up to %d lengthens it enough: write the rate over a longer Per, with Requests to match", r.Requests, r.Per, time.Duration(tick), MinTick, MaxBurst)}
+		}
+		for lo := l.Burst; lo < b; { // the least burst that does
+			m := lo + (b-lo)/2
+			if float64(r.Per)*evenPerTick(m)/r.Requests < float64(MinTick) {
+				lo = m + 1
+			} else {
+				b = m
+			}
+		}
+		return Limit{}, &Error{"Burst", fmt.Sprintf("%g per %v with a burst of %d needs a tick of %v, under %v: raise the burst to at least %d", r.Requests, r.Per, l.Burst, time.Duration(tick), MinTick, b)}
+	}
+	l.Tick = time.Duration(tick)
+	b := admit.BoundsFor(l.Tick)
+	l.steps = &b
+	l.Q, l.W = WholePolicy(r.Requests, r.Per)
+	return l, nil
+}
+
+// evenPerTick is the requests per tick of a key spreading its requests
+// evenly at the most a limit of that burst never refuses: 1 /
+// log2(1 + 33/(16·(2·burst - 1))). A key that sends one request every g
+// reads, just before each, at most 2q/(1-q) counts (q = 2^(-g/T), the
+// decay between two), and the sketch's steps read a count at most 33/32 of
+// that, so it fits the threshold (2·burst + 1, less its own 2) while
+// 2q/(1-q) · 33/32 <= 2·burst - 1. The tick is Per/Requests over this:
+// such a key at exactly Requests per Per is never refused, and one that
+// never stops asking gets PerTick(burst) requests a tick, 2% to 2.7% more
+// than Requests per Per (TestOverloadRate).
+func evenPerTick(burst uint32) float64 {
+	k := 16 * (2*float64(burst) - 1) / 33
+	return 1 / math.Log2(1+1/k)
+}
+
+// Excess is how much more than Requests per Per a key that never stops
+// asking is admitted over time, as a fraction: PerTick(burst) ·
+// log2(1 + 33/(16·(2·burst - 1))) - 1, from 1.9% to 2.7% (the cost of never
+// refusing a key that spreads its requests evenly at the limit).
+func Excess(burst uint32) float64 { return PerTick(burst)/evenPerTick(burst) - 1 }
+
+// CompileHalving checks r and compiles it for a sketch whose counts halve
+// at once at each tick's end, as every sketch's did before smooth decay,
+// and as SketchProxy's fleets still count (docs/fleets.md): the threshold
+// is Unit · Burst, the tick Per · Burst / (2 · Requests), and a key held at
+// the threshold halves to Burst counts each tick, exactly Burst/2 requests
+// a tick. Quota comes back at the tick's end, for every key at once.
+func (r Rate) CompileHalving() (Limit, error) {
+	switch {
+	case !(r.Requests > 0) || math.IsInf(r.Requests, 0):
+		return Limit{}, &Error{"Requests", fmt.Sprintf("%g: want a positive number of requests per Per", r.Requests)}
+	case r.Per <= 0:
+		return Limit{}, &Error{"Per", fmt.Sprintf("%v: want a positive duration, such as 1s", r.Per)}
+	case r.Burst < 0 || math.IsNaN(r.Burst) || math.Round(r.Burst) > MaxBurstHalving:
+		return Limit{}, &Error{"Burst", fmt.Sprintf("%g: want 1 to %d (or 0: the same as Requests)", r.Burst, MaxBurstHalving)}
+	case r.Burst > 0 && math.Round(r.Burst) < 1:
+		return Limit{}, &Error{"Burst", fmt.Sprintf("%g rounds to 0: want 1 to %d (or 0: the same as Requests)", r.Burst, MaxBurstHalving)}
+	}
+	burst := r.Burst
+	if burst == 0 {
+		burst = min(max(1, r.Requests), MaxBurstHalving)
+	}
+	l := Limit{Requests: r.Requests, Per: r.Per, Burst: uint32(math.Round(burst)), halving: true}
 	l.Threshold = Unit * l.Burst
 	tick, ok := tickFor(r.Requests, r.Per, l.Burst)
 	switch {
@@ -134,8 +223,8 @@ func (r Rate) Compile() (Limit, error) {
 		return Limit{}, &Error{"Per", fmt.Sprintf("%g per %v with a burst of %d needs a tick beyond 292 years: lower the burst or Per", r.Requests, r.Per, l.Burst)}
 	case tick < MinTick:
 		need := math.Ceil(2 * r.Requests * float64(MinTick) / float64(r.Per))
-		if need > MaxBurst {
-			return Limit{}, &Error{"Per", fmt.Sprintf("%g per %v needs a tick of %v, under %v, and no burst up to %d lengthens it enough: write the rate over a Per of %v or more, with Requests to match", r.Requests, r.Per, tick, MinTick, MaxBurst, MinTick)}
+		if need > MaxBurstHalving {
+			return Limit{}, &Error{"Per", fmt.Sprintf("%g per %v needs a tick of %v, under %v, and no burst up to %d lengthens it enough: write the rate over a Per of %v or more, with Requests to match", r.Requests, r.Per, tick, MinTick, MaxBurstHalving, MinTick)}
 		}
 		return Limit{}, &Error{"Burst", fmt.Sprintf("%g per %v with a burst of %d needs a tick of %v, under %v: raise the burst to at least %d", r.Requests, r.Per, l.Burst, tick, MinTick, int64(need))}
 	}
@@ -143,6 +232,10 @@ func (r Rate) Compile() (Limit, error) {
 	l.Q, l.W = WholePolicy(r.Requests, r.Per)
 	return l, nil
 }
+
+// Halving reports whether l was compiled for a halving sketch
+// (CompileHalving).
+func (l *Limit) Halving() bool { return l.halving }
 
 // tickFor is Per · burst / (2 · requests): exact (in 128 bits) when
 // requests is whole, else in floating point. ok is false past
@@ -164,6 +257,35 @@ func tickFor(requests float64, per time.Duration, burst uint32) (time.Duration, 
 	return time.Duration(t), true
 }
 
+// PerTick is A(burst): how many requests a key that never stops asking is
+// admitted per tick, on average, by a limit of that burst, in a smooth
+// sketch's steps (epochsketch's smooth decay). It depends on the burst
+// alone, not on the tick's length, since nothing changes within a step: it
+// is computed once, by running the count of such a key over 1,024 ticks
+// in integers, as the sketch counts it, after 24 ticks that bring it to
+// its steady pattern. About Burst · ln 2 for a large burst; log2(3) ticks
+// a request for a burst of 1.
+func PerTick(burst uint32) float64 {
+	const warm, ticks = 24, 1024
+	theta := uint64(Unit*burst + 1)
+	c := theta * uint64(admit.Scale(0)) // a key that just spent its burst
+	var n uint64
+	for t := 0; t < warm+ticks; t++ {
+		for j := 0; j < admit.Steps; j++ {
+			s := uint64(admit.Scale(j))
+			if c+Unit*s <= theta*s {
+				k := (theta*s - c) / (Unit * s)
+				c += k * Unit * s
+				if t >= warm {
+					n += k
+				}
+			}
+		}
+		c >>= 1
+	}
+	return float64(n) / ticks
+}
+
 // Counts is the counts n requests add: n × Unit, at most 2^31 (far above
 // any threshold, so that a caller can tell "never fits" from "fits").
 func Counts(n uint64) uint32 {
@@ -180,37 +302,108 @@ func (l *Limit) Remaining(est uint32) int64 {
 }
 
 // Wait is how long a key whose count is est must wait until add more
-// counts fit within the threshold, measured from now: 0 if they fit now;
-// else the time to the start of the k-th next tick, for the smallest k >= 1
-// at which est >> k leaves room. If add alone exceeds the threshold (more
-// requests than the whole burst) it never fits, and Wait is the time until
-// the count is 0.
+// counts fit within the threshold, measured from now: 0 if they fit now.
+// est is a count as the sketch answers it (rounded up from the internal
+// count behind it, which it does not give): Wait reckons with the largest
+// internal count that rounds to est, so that the wait is never short, and
+// at most the time one count takes to decay too long. WaitFor, given the
+// Reading, is exact. If add alone exceeds the threshold (more requests
+// than the whole burst) it never fits, and Wait is the time until the
+// count is 0.
 func (l *Limit) Wait(est, add uint32, now time.Time) time.Duration {
 	if uint64(est)+uint64(add) <= uint64(l.Threshold) {
 		return 0
 	}
-	k := int64(1)
-	for k < 24 && uint64(est>>k)+uint64(add) > uint64(l.Threshold) && est>>k > 0 {
-		k++
+	if l.halving {
+		// The start of the k-th next tick, for the smallest k >= 1 at
+		// which est >> k leaves room (or the count is 0).
+		k := int64(1)
+		for k < 24 && uint64(est>>k)+uint64(add) > uint64(l.Threshold) && est>>k > 0 {
+			k++
+		}
+		return UntilTick(now, l.Tick, k)
 	}
-	return UntilTick(now, l.Tick, k)
+	tick, step := l.StepAt(now)
+	return l.WaitFor(admit.Reading{Est: est, Raw: est * admit.Scale(step), Tick: tick, Step: uint8(step)}, add, now)
 }
 
-// Status is what the RateLimit field says of a key whose count is est,
-// before a next request of add counts: r, the requests that still fit at
-// once, and t, the time until more quota: the next halving, or, with none
-// left (r is 0), the time until one request fits, which with a Burst of 1
-// is two halvings away; over when add does not fit now, and then r is 0
-// and t the time until it fits (Wait). A client that waits t finds what t
-// promised.
-func (l *Limit) Status(est, add uint32, now time.Time) (r int64, t time.Duration, over bool) {
-	if uint64(est)+uint64(add) > uint64(l.Threshold) {
-		return 0, l.Wait(est, add, now), true
+// StepStart is the instant step begins in tick: a Reading's Tick and Step
+// as a time, which a caller with a stale time measures its waits from.
+func (l *Limit) StepStart(tick int64, step int) time.Time {
+	if l.halving {
+		return time.Unix(0, tick*int64(l.Tick))
 	}
-	if r = l.Remaining(est); r == 0 {
-		return 0, l.Wait(est, Unit, now), false
+	return time.Unix(0, tick*int64(l.Tick)+l.steps[step])
+}
+
+// StepAt is the tick and the step of the tick at now.
+func (l *Limit) StepAt(now time.Time) (tick int64, step int) {
+	ns := now.UnixNano()
+	tick = ns / int64(l.Tick)
+	if ns%int64(l.Tick) < 0 {
+		tick--
 	}
-	return r, UntilTick(now, l.Tick, 1), false
+	if l.halving {
+		return tick, 0
+	}
+	return tick, l.steps.Step(ns - tick*int64(l.Tick))
+}
+
+// WaitFor is Wait for what the sketch read of the key (r: its count,
+// tick and step), exact to the nanosecond: the key's count fits add more
+// at now + WaitFor and not a nanosecond before, unless something else
+// changes it. If add alone exceeds the threshold it is the time until the
+// count is 0.
+func (l *Limit) WaitFor(r admit.Reading, add uint32, now time.Time) time.Duration {
+	if uint64(r.Est)+uint64(add) <= uint64(l.Threshold) {
+		return 0
+	}
+	if l.halving {
+		return l.Wait(r.Est, add, now)
+	}
+	allowed := l.Threshold - min(add, l.Threshold)
+	tick, step, ok := admit.Fit(r.Raw, allowed, r.Tick, int(r.Step))
+	if !ok {
+		return math.MaxInt64
+	}
+	return l.until(now, tick, step)
+}
+
+// WaitBelowHalf is the time from now until a count read as r falls below
+// half the threshold (below 1 for a Burst of 1, whose key is admitted
+// again at 1): where a key is no longer at its limit, so that the sketch's
+// overflow policy lets a new key take its slot.
+func (l *Limit) WaitBelowHalf(r admit.Reading, now time.Time) time.Duration {
+	if l.halving {
+		return l.Wait(r.Est, l.Threshold/2+1, now)
+	}
+	half := l.Threshold
+	if l.Threshold < 4 {
+		half = 2*l.Threshold - 4
+	}
+	tick, step, ok := admit.FitRatio(r.Raw, 2, 1, half, r.Tick, int(r.Step))
+	if !ok {
+		return math.MaxInt64
+	}
+	return l.until(now, tick, step)
+}
+
+// until is the time from now to the start of step of tick (0 if past),
+// saturating at the longest Duration.
+func (l *Limit) until(now time.Time, tick int64, step int) time.Duration {
+	cur := now.UnixNano() / int64(l.Tick)
+	if now.UnixNano()%int64(l.Tick) < 0 {
+		cur--
+	}
+	d := UntilTick(now, l.Tick, tick-cur)
+	if tick-cur < 1 {
+		d = time.Duration(tick*int64(l.Tick) - now.UnixNano())
+	}
+	off := time.Duration(l.steps[step])
+	if d > math.MaxInt64-off {
+		return math.MaxInt64
+	}
+	return max(0, d+off)
 }
 
 // Reset is Status's t for a key whose count is est, with nothing more to
@@ -218,6 +411,44 @@ func (l *Limit) Status(est, add uint32, now time.Time) (r int64, t time.Duration
 func (l *Limit) Reset(est uint32, now time.Time) time.Duration {
 	_, t, _ := l.Status(est, 0, now)
 	return t
+}
+
+// Status is what the RateLimit field says of a key whose count is est,
+// before a next request of add counts: r, the requests that still fit at
+// once, and t, the time until more quota (one more request than r fits);
+// over when add does not fit now, and then r is 0 and t the time until it
+// fits (Wait). Like Wait, t is never short; StatusFor is exact.
+func (l *Limit) Status(est, add uint32, now time.Time) (r int64, t time.Duration, over bool) {
+	if l.halving {
+		if uint64(est)+uint64(add) > uint64(l.Threshold) {
+			return 0, l.Wait(est, add, now), true
+		}
+		if r = l.Remaining(est); r == 0 {
+			return 0, l.Wait(est, Unit, now), false // two halvings with a Burst of 1
+		}
+		return r, UntilTick(now, l.Tick, 1), false
+	}
+	tick, step := l.StepAt(now)
+	return l.StatusFor(admit.Reading{Est: est, Raw: est * admit.Scale(step), Tick: tick, Step: uint8(step)}, add, now)
+}
+
+// StatusFor is Status for what the sketch read of the key, exact: a
+// client told t that waits t finds one more request than r fits (or, with
+// a whole burst left, the key's count back to nothing).
+func (l *Limit) StatusFor(rd admit.Reading, add uint32, now time.Time) (r int64, t time.Duration, over bool) {
+	if l.halving {
+		return l.Status(rd.Est, add, now)
+	}
+	if uint64(rd.Est)+uint64(add) > uint64(l.Threshold) {
+		return 0, l.WaitFor(rd, add, now), true
+	}
+	r = l.Remaining(rd.Est)
+	more := Counts(uint64(r) + 1)
+	if more > l.Threshold-1 {
+		more = l.Threshold - 1 // a whole burst: until the count is at most 1
+	}
+	t = l.WaitFor(rd, more, now)
+	return r, t, false
 }
 
 // UntilTick is the time from now to the start of the k-th next tick of

@@ -10,12 +10,16 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/admit"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
+// compile compiles r for a halving sketch: most of this file tests the
+// halving arithmetic, which fleets and wallets count with
+// (smooth_test.go tests smooth decay's).
 func compile(t *testing.T, r rate.Rate) rate.Limit {
 	t.Helper()
-	l, err := r.Compile()
+	l, err := r.CompileHalving()
 	if err != nil {
 		t.Fatalf("%+v: %v", r, err)
 	}
@@ -40,7 +44,7 @@ func TestCompile(t *testing.T) {
 		{rate.Rate{Requests: 7, Per: time.Second, Burst: 3}, 3, 214285714, 7, 1},
 		{rate.Rate{Requests: 3, Per: 1500 * time.Millisecond}, 3, 750 * time.Millisecond, 6, 3},
 		{rate.Rate{Requests: 10, Per: 333 * time.Millisecond}, 10, 166500 * time.Microsecond, 10000, 333},
-		{rate.Rate{Requests: 1e12, Per: 24 * time.Hour}, rate.MaxBurst, 362387822, 1e12, 86400},
+		{rate.Rate{Requests: 1e12, Per: 24 * time.Hour}, rate.MaxBurstHalving, 362387822, 1e12, 86400},
 	} {
 		l := compile(t, c.r)
 		if l.Burst != c.burst || l.Tick != c.tick || l.Q != c.q || l.W != c.w || l.Threshold != rate.Unit*c.burst {
@@ -53,8 +57,11 @@ func TestCompile(t *testing.T) {
 // The counts a limit writes stay within the sketch's: a key held at the
 // threshold, plus what one more request adds, never parks at MaxCount.
 func TestMaxBurstFitsTheSketch(t *testing.T) {
-	if uint64(rate.MaxBurst)*rate.Unit > epochsketch.MaxCount {
-		t.Fatalf("MaxBurst × Unit = %d passes epochsketch.MaxCount %d", uint64(rate.MaxBurst)*rate.Unit, epochsketch.MaxCount)
+	if uint64(rate.MaxBurstHalving)*rate.Unit > epochsketch.MaxCount {
+		t.Fatalf("MaxBurstHalving × Unit = %d passes epochsketch.MaxCount %d", uint64(rate.MaxBurstHalving)*rate.Unit, epochsketch.MaxCount)
+	}
+	if uint64(rate.MaxBurst)*rate.Unit+1 > admit.MaxCount {
+		t.Fatalf("MaxBurst × Unit + 1 = %d passes a smooth sketch's %d", uint64(rate.MaxBurst)*rate.Unit+1, admit.MaxCount)
 	}
 	if rate.MinTick != epochsketch.MinTickDuration {
 		t.Fatalf("MinTick %v, the sketch's %v", rate.MinTick, epochsketch.MinTickDuration)
@@ -76,7 +83,7 @@ func TestCompileErrors(t *testing.T) {
 		{rate.Rate{Requests: 1e15, Per: time.Second}, "Per", "write the rate over a Per"},
 		{rate.Rate{Requests: 1, Per: time.Duration(1 << 62), Burst: 100}, "Per", "292 years"},
 	} {
-		_, err := c.r.Compile()
+		_, err := c.r.CompileHalving()
 		var re *rate.Error
 		if !errors.As(err, &re) || re.Field != c.field || !strings.Contains(re.Msg, c.says) {
 			t.Errorf("%+v: %v, want a %s error saying %q", c.r, err, c.field, c.says)

@@ -14,18 +14,20 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/admit"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
 // exactLimiter is the same decision with exact per-key counts: an unbounded
-// map, the same tick, threshold and integer halving of counts (rate.Unit
-// per request). The difference from the proxy is only what the sketch's
-// fixed memory costs.
+// map, the same tick, threshold and smooth decay of counts (rate.Unit per
+// request, Scale(j) internal counts each in step j of a tick). The
+// difference from the proxy is only what the sketch's fixed memory costs.
 type exactLimiter struct {
 	tick  time.Duration
 	theta uint64 // in counts
 	free  bool   // refused requests do not count
 	m     map[string]exactCount
+	steps *admit.Bounds
 }
 
 type exactCount struct {
@@ -34,18 +36,23 @@ type exactCount struct {
 }
 
 func (e *exactLimiter) observe(key string, now time.Time) (bool, uint64) {
+	if e.steps == nil {
+		b := admit.BoundsFor(e.tick)
+		e.steps = &b
+	}
 	tk := now.UnixNano() / int64(e.tick)
+	sc := uint64(admit.Scale(e.steps.Step(now.UnixNano() - tk*int64(e.tick))))
 	x := e.m[key]
-	c := uint64(0)
+	c := uint64(0) // internal counts
 	if age := tk - x.t; age < 64 {
 		c = x.c >> age
 	}
-	ok := c+rate.Unit <= e.theta
+	ok := c+rate.Unit*sc <= e.theta*sc
 	if ok || !e.free {
-		c += rate.Unit
+		c += rate.Unit * sc
 	}
 	e.m[key] = exactCount{c, tk}
-	return ok, c / rate.Unit
+	return ok, (c + sc - 1) / sc / rate.Unit
 }
 
 // slidingLog is the textbook exact limiter: at most L requests (counted

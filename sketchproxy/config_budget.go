@@ -72,14 +72,14 @@ func (b *Budget) prepare(c *Config, at ruleAt, i int) error {
 }
 
 // checkCounts checks that the wallet fits a sketch's counts: at most
-// rate.MaxBurst counts of Unit units per period, and at least one.
+// rate.MaxBurstHalving counts of Unit units per period, and at least one.
 func (b *Budget) checkCounts(at ruleAt) error {
 	if b.Unit > 1<<40 {
 		return at(fmt.Sprintf("unit %d: at most 2^40", b.Unit), "budget", "unit")
 	}
-	if counts := b.Units / float64(b.Unit); counts > rate.MaxBurst {
+	if counts := b.Units / float64(b.Unit); counts > rate.MaxBurstHalving {
 		return at(fmt.Sprintf("units %g: at most %d counts per period (a slot's count is 24 bits, two per unit); set unit: %d or more",
-			b.Units, rate.MaxBurst, uint64(math.Ceil(b.Units/rate.MaxBurst))), "budget", "units")
+			b.Units, rate.MaxBurstHalving, uint64(math.Ceil(b.Units/rate.MaxBurstHalving))), "budget", "units")
 	} else if counts < 1 {
 		return at(fmt.Sprintf("units %g is less than one unit of %d", b.Units, b.Unit), "budget", "unit")
 	}

@@ -334,7 +334,7 @@ func TestRefusedFreeOrCounted(t *testing.T) {
 		refused  string
 		min, max float64 // allowed per minute, as a fraction of the limit
 	}{
-		{"free", 0.95, 1.10},
+		{"free", 0.95, 1.13}, // the limit, its first minute's burst and package rate's Excess
 		{"count", 0, 0.20},
 	} {
 		h := newHarness(t, fmt.Sprintf("rules:\n  - name: r\n    refused: %s\n    limits: [{requests: 60, per: 1m}]\n", c.refused))

@@ -103,7 +103,7 @@ func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fle
 			}
 		})
 	}
-	s.alone = engine.New(engine.Options{Clock: clk, Seed: 99})
+	s.alone = engine.New(engine.Options{Clock: clk, Seed: 99, Halving: true}) // counting as the fleet does
 	s.one = compile(s.alone)
 	return s
 }

@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -506,6 +507,16 @@ func TestReloadKeepsCountsAndRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// tickOf is the tick a limit of requests per per compiles to.
+func tickOf(t *testing.T, requests float64, per time.Duration) time.Duration {
+	t.Helper()
+	l, err := rate.Rate{Requests: requests, Per: per}.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Tick
+}
+
 func TestMetrics(t *testing.T) {
 	h := newHarness(t, "rules:\n  - name: api\n    limits: [{requests: 5, per: 10s}]\n")
 	for range 20 {
@@ -522,7 +533,7 @@ func TestMetrics(t *testing.T) {
 		{"sketchproxy_decisions_total", `outcome="reject",rule="api",shadow="false"`, 15},
 		{"sketchproxy_new_keys_total", ``, 2},
 		{"sketchproxy_tarpit_held", ``, 0},
-		{"sketchproxy_sketch_bytes", `buckets="65536",burst="4-7",tick="5s"`, 4194304},
+		{"sketchproxy_sketch_bytes", `buckets="65536",burst="4-7",tick="` + tickOf(t, 5, 10*time.Second).String() + `"`, 4194304},
 		{"sketchproxy_top_offender_level", `key="` + h.mw.display("203.0.113.66") + `",rule="api"`, 1},
 		{"sketchproxy_request_duration_seconds", `rule="api"`, 21}, // a histogram: its count
 	} {

@@ -531,8 +531,8 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name 
 	if !ok {
 		return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "unit")...)
 	}
-	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > rate.MaxBurst {
-		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, rate.MaxBurst), append(p, "requests_per_unit")...)
+	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > rate.MaxBurstHalving {
+		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, rate.MaxBurstHalving), append(p, "requests_per_unit")...)
 	}
 	if rl.RequestsPerUnit == 0 && c.root != nil && !c.given(append(p, "requests_per_unit")...) {
 		return c.errAt("missing: requests_per_unit (write 0 to refuse every request)", p...)

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // The tests behind docs/envoy.md's "Moving from envoyproxy/ratelimit" table:
@@ -143,9 +144,10 @@ descriptors:
 `
 
 // The window decays instead of resetting: 10 a minute halves the count
-// every 30 s, so after a full burst, 30 s frees 5, not 10 (and a client at
-// a steady 10 a minute is never refused: package rate). Refused
-// hits are free: hammering while refused costs nothing later.
+// every 40.3 s, smoothly, so after a full burst (21 counts of the 21 the
+// limit holds), 30 s decays it to 12.6: room for 4, not 10 (and a client
+// at a steady 10 a minute is never refused: package rate). Refused hits
+// are free: hammering while refused costs nothing later.
 func TestRLSDecayingWindowAndFreeRefusals(t *testing.T) {
 	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
 	ann, bob := entries("user", "ann"), entries("user", "bob")
@@ -157,11 +159,11 @@ func TestRLSDecayingWindowAndFreeRefusals(t *testing.T) {
 	}
 	h.passes(t, 100, "d", bob) // bob hammers while refused
 	h.clk.Advance(30 * time.Second)
-	if got := h.passes(t, 10, "d", ann); got != 5 {
-		t.Errorf("30 s after a burst of 10: %d passed, want 5 (half the count decayed)", got)
+	if got := h.passes(t, 10, "d", ann); got != 4 {
+		t.Errorf("30 s after a burst of 10: %d passed, want 4 (the count decayed from 21 to 12.6)", got)
 	}
-	if got := h.passes(t, 10, "d", bob); got != 5 {
-		t.Errorf("after 100 refused calls: %d passed, want 5, as for a user who waited", got)
+	if got := h.passes(t, 10, "d", bob); got != 4 {
+		t.Errorf("after 100 refused calls: %d passed, want 4, as for a user who waited", got)
 	}
 }
 
@@ -227,13 +229,15 @@ func TestRLSHitsOverTheWholeLimit(t *testing.T) {
 	if header(both, "Retry-After") != "" || both.GetStatuses()[0].GetDurationUntilReset() == nil {
 		t.Errorf("one over for now, one never: %v", both)
 	}
-	// 10 hits fit a quiet user, and 5 more are told to wait for a halving.
+	// 10 hits fit a quiet user, and 5 more are told to wait until their
+	// count (21) has decayed to 11: about a tick (40.3 s), told to the
+	// nanosecond, and Retry-After in whole seconds, rounded up.
 	if resp := h.ask(t, "d", 10, entries("user", "ann")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("10 hits of 10: %v", resp)
 	}
 	resp = h.ask(t, "d", 5, entries("user", "ann"))
-	if d := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || d != 30*time.Second || header(resp, "Retry-After") != "30" {
-		t.Errorf("5 more hits: %v, want OVER_LIMIT until the next halving, 30 s", resp)
+	if d := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || d < 30*time.Second || d > 41*time.Second || header(resp, "Retry-After") != fmt.Sprint(rate.Seconds(d)) {
+		t.Errorf("5 more hits: %v, want OVER_LIMIT for 30 to 41 s, Retry-After the same rounded up", resp)
 	}
 }
 

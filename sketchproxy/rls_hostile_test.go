@@ -170,7 +170,7 @@ descriptors:
 	}{
 		{"", map[string]string{"RateLimit-Policy": "", "RateLimit": "", "RateLimit-Limit": ""}},
 		{"ratelimit", map[string]string{"RateLimit-Limit": "3", "RateLimit-Remaining": "2", "RateLimit-Reset": "1", "RateLimit-Policy": ""}},
-		{"draft", map[string]string{"RateLimit-Policy": `"per-minute";q=5;w=60, "per-client";q=3;w=1`, "RateLimit": `"per-minute";r=4;t=30, "per-client";r=2;t=1`, "RateLimit-Limit": ""}},
+		{"draft", map[string]string{"RateLimit-Policy": `"per-minute";q=5;w=60, "per-client";q=3;w=1`, "RateLimit": `"per-minute";r=4;t=40, "per-client";r=2;t=1`, "RateLimit-Limit": ""}},
 	} {
 		extra := ""
 		if c.mode != "" {
@@ -221,7 +221,7 @@ descriptors:
 	if p := header(resp, "RateLimit-Policy"); p != `"per-minute";q=2;w=60, "per-minute-2";q=3;w=60` {
 		t.Errorf("two unnamed limits per minute: RateLimit-Policy %q, want per-minute and per-minute-2", p)
 	}
-	if rl := header(resp, "RateLimit"); rl != `"per-minute";r=1;t=30, "per-minute-2";r=2;t=30` {
+	if rl := header(resp, "RateLimit"); rl != `"per-minute";r=1;t=40, "per-minute-2";r=2;t=39` {
 		t.Errorf("RateLimit %q", rl)
 	}
 
@@ -464,14 +464,14 @@ descriptors:
 		enforced = h.ask(t, "d", 0, entries("user", "ann"))
 		h.ask(t, "d", 0, entries("trial", "ann"))
 	}
-	if enforced.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || header(enforced, "Retry-After") != "30" {
-		t.Fatalf("the enforced rule's 3rd call: %v, want OVER_LIMIT with Retry-After 30", enforced)
+	if enforced.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || header(enforced, "Retry-After") != "17" {
+		t.Fatalf("the enforced rule's 3rd call: %v, want OVER_LIMIT with Retry-After 17 (5 counts to 3)", enforced)
 	}
 	h.ask(t, "d", 0, entries("blocked", "x"))
 	h.ask(t, "d", 0, entries("trial_blocked", "x"))
 	want := map[string]string{ // rule: its line's retry_after_s
-		"envoy:d:user":          "30",
-		"envoy:d:trial":         "30", // as the enforced rule said
+		"envoy:d:user":          "17", // 5 counts of 5 decay to 3
+		"envoy:d:trial":         "17", // as the enforced rule said
 		"envoy:d:blocked":       "never",
 		"envoy:d:trial_blocked": "never",
 	}
@@ -604,7 +604,7 @@ descriptors:
 	}
 	h.ask(t, "edge", 0, ds[5]) // one value used once: the most constrained
 	resp := h.ask(t, "edge", 0, ds...)
-	if p, rl := header(resp, "RateLimit-Policy"), header(resp, "RateLimit"); p != `"per-minute";q=100;w=60` || rl != `"per-minute";r=98;t=30` {
+	if p, rl := header(resp, "RateLimit-Policy"), header(resp, "RateLimit"); p != `"per-minute";q=100;w=60` || rl != `"per-minute";r=98;t=18` {
 		t.Errorf("RateLimit-Policy %q, RateLimit %q; want one policy, its most constrained value's item", p, rl)
 	}
 }

@@ -69,10 +69,24 @@ func Scale(j int) uint32 { return uint32(Steps + j) }
 // add fits), the internal count behind it, and the tick and step it was
 // read at. Package rate computes exact waits from it.
 type Reading struct {
-	Est  uint32 // the external count; Pressure may be set (Func)
-	Raw  uint32 // the internal count at Tick, Step: Est = ceil(Raw/Scale(Step))
-	Tick int64
-	Step uint8
+	Est    uint32 // the external count; Pressure may be set (Func)
+	Raw    uint32 // the internal count at Tick, Step: Est = ceil(Raw/Scale(Step))
+	Tick   int64
+	Step   uint8
+	Smooth bool // read from a smooth sketch (else Raw is Est)
+}
+
+// Norm is the count as a classic sketch's would read at the start of the
+// tick: the internal count over Scale(0), rounded up, which halves at
+// each tick's end and holds still within a tick, so that counts of
+// smooth sketches can be summed and halved tick by tick as SketchProxy's
+// fleets do. Within step j, a limit of θ external counts is θ ·
+// Scale(j)/Scale(0) of these.
+func (r Reading) Norm() uint32 {
+	if !r.Smooth {
+		return r.Raw
+	}
+	return (r.Raw + Scale(0) - 1) / Scale(0)
 }
 
 // Fit returns the first tick and step, at or after (tick, step), at which

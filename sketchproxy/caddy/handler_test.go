@@ -325,17 +325,19 @@ func TestRefusalAsError(t *testing.T) {
 		t.Errorf("the refusal wrote %d %q, or reached next (%v)", w.Code, w.Body, w.reached != nil)
 	}
 	hd := w.Header()
-	if hd.Get("Retry-After") != "60" || !strings.Contains(hd.Get("RateLimit"), `"api-per-1m";r=0;t=60`) || !strings.Contains(hd.Get("RateLimit-Policy"), `"api-per-1m";q=1;w=60`) {
+	// 1 a minute: a tick of 37.2 s, from the start of the step the first
+	// request counted in.
+	if hd.Get("Retry-After") != "37" || !strings.Contains(hd.Get("RateLimit"), `"api-per-1m";r=0;t=37`) || !strings.Contains(hd.Get("RateLimit-Policy"), `"api-per-1m";q=1;w=60`) {
 		t.Errorf("headers for the error routes: %v", hd)
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if z, _ := repl.GetString(zonePlaceholder); z != "api" {
 		t.Errorf("{%s} = %q, want api", zonePlaceholder, z)
 	}
-	if s, _ := repl.GetString(retryPlaceholder); s != "60" {
-		t.Errorf("{%s} = %q, want 60", retryPlaceholder, s)
+	if s, _ := repl.GetString(retryPlaceholder); s != "37" {
+		t.Errorf("{%s} = %q, want 37", retryPlaceholder, s)
 	}
-	if !strings.Contains(he.Err.Error(), `zone "api": 1 requests per 1m0s; retry after 60 s`) {
+	if !strings.Contains(he.Err.Error(), `zone "api": 1 requests per 1m0s; retry after 37 s`) {
 		t.Errorf("the error's message %q", he.Err)
 	}
 }
@@ -349,7 +351,7 @@ func TestRefusalWritten(t *testing.T) {
 	w := serve([]*Handler{h}, request("/", "X-Key", "k"))
 	body, _ := io.ReadAll(w.Body)
 	if w.err != nil || w.Code != 429 || w.reached != nil || w.Header().Get("Content-Type") != "application/problem+json" ||
-		!strings.Contains(string(body), `"violated-policies":["api-per-1m"]`) || w.Header().Get("Retry-After") != "60" {
+		!strings.Contains(string(body), `"violated-policies":["api-per-1m"]`) || w.Header().Get("Retry-After") != "37" {
 		t.Errorf("%v %d %v %s", w.err, w.Code, w.Header(), body)
 	}
 }
@@ -363,8 +365,10 @@ func TestJitter(t *testing.T) {
 	c.provision(h)
 	serve([]*Handler{h}, request("/", "X-Key", "k"))
 	w := serve([]*Handler{h}, request("/", "X-Key", "k"))
-	if w.Header().Get("Retry-After") != "125" || !strings.Contains(w.Header().Get("RateLimit"), ";t=100") {
-		t.Errorf("jitter 0.5 drawn at 0.5 on a wait of 100 s: Retry-After %q, RateLimit %q; want 125 and t=100",
+	// 1 per 100 s: a wait of 60 s (a tick of 62 s, from the start of the
+	// step the first request counted in).
+	if w.Header().Get("Retry-After") != "75" || !strings.Contains(w.Header().Get("RateLimit"), ";t=60") {
+		t.Errorf("jitter 0.5 drawn at 0.5 on a wait of 60 s: Retry-After %q, RateLimit %q; want 75 and t=60",
 			w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
 	}
 }
@@ -454,7 +458,7 @@ func TestRefusalLog(t *testing.T) {
 		if logKey {
 			wantKey = "secret-key"
 		}
-		if f["zone"] != "api" || f["key"] != wantKey || f["retry_after_s"] != int64(3600) ||
+		if f["zone"] != "api" || f["key"] != wantKey || f["retry_after_s"] != int64(2212) ||
 			f["client_ip"] != "192.0.2.7" || f["remote_ip"] != "10.0.0.1" {
 			t.Errorf("log_key %v: %v", logKey, f)
 		}

@@ -171,7 +171,7 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 	}
 	e.shadowWaits(s, now, sc, &d)
 	e.countOutcomes(&d)
-	d.Fields = e.fields(d.Verdicts, !d.Admitted, now, sc)
+	d.Fields = e.fields(d.Verdicts, !d.Admitted, d.Retry, now, sc)
 	d.places = sc.places
 	return d
 }
@@ -467,7 +467,7 @@ func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 			// The count that refused it, for Retry-After and the fields.
 			v.ests[i] = est + v.others[i]
 			v.Out, v.Over, v.Limit, v.Est, v.Theta = Reject, true, l, v.ests[i], v.thetas[i]
-			v.Level = float64(uint64(v.Est)+uint64(v.add)) / float64(v.Theta)
+			v.Level = float64(uint64(v.Est)+uint64(v.add)) / float64(nominal(v.Theta))
 			return false
 		}
 		v.ests[i] = est + v.others[i]
@@ -534,7 +534,7 @@ func (e *Engine) evaluate(s *Set, f *Fact, now time.Time, sc *Scratch, v *Verdic
 		}
 		v.thetas[i] = theta
 		after := uint64(v.before(i)) + uint64(v.add)
-		lv := float64(after) / float64(theta)
+		lv := float64(after) / float64(nominal(theta))
 		if v.Limit == nil || lv > v.Level {
 			v.Level, v.Limit, v.Est, v.Theta = lv, l, uint32(min(after, math.MaxUint32)), theta
 		}
@@ -599,6 +599,8 @@ func (t *TarpitSpec) ladder(v *Verdict) (Outcome, time.Duration, bool) {
 		return Reject, 0, false
 	case v.Level > t.DripAbove:
 		return Drip, 0, false
+	case v.Level > t.DelayAbove && t.MaxDelay == 0:
+		return Reject, 0, false // max_delay 0s: nothing is held
 	case v.Level > t.DelayAbove:
 		span := max(t.DripAbove-t.DelayAbove, 1e-9)
 		d := time.Duration(float64(t.MaxDelay) * min(1, (v.Level-t.DelayAbove)/span))
@@ -606,3 +608,9 @@ func (t *TarpitSpec) ladder(v *Verdict) (Outcome, time.Duration, bool) {
 	}
 	return Allow, 0, false // exactly at the ladder's first step
 }
+
+// nominal is a threshold as the limit's words set it, Unit counts per
+// request of its burst: a smooth limit's threshold holds one count more
+// (rate.Limit.Threshold), which a level leaves out, so that a key at its
+// burst is at level 1 whatever the decay.
+func nominal(theta uint32) uint32 { return max(theta&^1, 1) }

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/internal/admit"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
@@ -39,7 +40,12 @@ type Options struct {
 	// Seed makes the sketches' hashes and lotteries repeatable (0: random).
 	Seed uint64
 	// Fleet shares heavy keys' counts with other replicas (nil: none).
+	// Its limits' counts halve at each tick's end (rate.CompileHalving),
+	// as its shares are reckoned.
 	Fleet Fleet
+	// Halving counts limits as a fleet does without one: the replica
+	// alone that a fleet's figures are measured against.
+	Halving bool
 	// Sleep waits for d or until ctx ends: a tarpit's hold (nil: a timer).
 	// Tests inject it.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -220,6 +226,13 @@ type sketchKey struct {
 	two     bool
 }
 
+// smoothClass marks the class of a sketch whose counts decay smoothly
+// (sketchKey): a state file keeps it with the class, so that a smooth
+// sketch's counts are read back only into a smooth sketch, and a file
+// from before smooth decay restores none of its limits' counts (their
+// ticks changed too) rather than misread them.
+const smoothClass = 1 << 31
+
 // Class is the sketch class of a threshold (sketchKey): thresholds from
 // 2^(class-1) to 2^class - 1 counts share a class.
 func Class(threshold uint32) uint32 { return uint32(bits.Len32(threshold)) }
@@ -321,8 +334,11 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := &Set{sketches: map[sketchKey]*epochsketch.Sketch{}, tarpit: spec.Tarpit, nk: spec.NewKeys}
-	get := func(tick time.Duration, threshold uint32, buckets int) *epochsketch.Sketch {
+	get := func(tick time.Duration, threshold uint32, buckets int, smooth bool) *epochsketch.Sketch {
 		k := sketchKey{tick, Class(threshold), buckets, spec.TwoChoice}
+		if smooth {
+			k.class |= smoothClass
+		}
 		if sk, ok := s.sketches[k]; ok {
 			return sk
 		}
@@ -339,6 +355,11 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 			// 6), whose key a state file can keep.
 			Hash: epochsketch.HashSipHash13,
 		})
+		if smooth {
+			// Counts decay smoothly: quota comes back step by step, not
+			// at instants every key shares (docs/DESIGN.md, Smooth decay).
+			admit.SetSmooth(sk)
+		}
 		s.sketches[k] = sk
 		return sk
 	}
@@ -361,22 +382,30 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 		}
 	}
 	// Side sketches: keys seen lately, new keys during a spike, and bans.
-	s.known = get(spec.NewKeys.Remember, 0, spec.Buckets)
-	s.newKeys = get(spec.NewKeys.Window, 0, 1<<12)
+	s.known = get(spec.NewKeys.Remember, 0, spec.Buckets, false)
+	s.newKeys = get(spec.NewKeys.Window, 0, 1<<12, false)
 	s.banTick = max(time.Millisecond, spec.Tarpit.BanFor/4)
-	s.bans = get(s.banTick, 0, 1<<12)
+	s.bans = get(s.banTick, 0, 1<<12, false)
 	return s, nil
 }
 
-func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time.Duration, uint32, int) *epochsketch.Sketch) (*Rule, error) {
+func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time.Duration, uint32, int, bool) *epochsketch.Sketch) (*Rule, error) {
 	ru := &Rule{Name: rs.Name, Shadow: rs.Shadow, Tarpit: rs.Tarpit, CountRefused: rs.CountRefused, Block: rs.Block, MaxInFlight: rs.MaxInFlight}
+	// Limits decay smoothly (docs/DESIGN.md, Smooth decay), but where a
+	// fleet shares them: its shares are reckoned tick by tick, for counts
+	// that halve at each tick's end (docs/fleets.md).
+	smooth := e.opts.Fleet == nil && !e.opts.Halving
 	for _, l := range rs.Limits {
-		rl, err := l.Rate.Compile()
+		compile := l.Rate.Compile
+		if !smooth {
+			compile = l.Rate.CompileHalving
+		}
+		rl, err := compile()
 		var re *rate.Error
 		if errors.As(err, &re) {
 			return nil, fmt.Errorf("rule %q limit %q: %s: %s", rs.Name, l.Name, re.Field, re.Msg)
 		}
-		lim := &Limit{Limit: rl, Name: l.Name, Policy: l.Policy, sk: get(rl.Tick, rl.Threshold, buckets)}
+		lim := &Limit{Limit: rl, Name: l.Name, Policy: l.Policy, sk: get(rl.Tick, rl.Threshold, buckets, smooth)}
 		if lim.Policy == "" {
 			lim.Policy = rs.Name + "-" + l.Name
 		}
@@ -393,14 +422,16 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time
 			return nil, fmt.Errorf("rule %q budget %q: %v units per %v in units of %d: want all three positive", rs.Name, b.Name, b.Units, b.Per, b.Unit)
 		}
 		// A wallet of N counts per Per is a limit of N requests per Per,
-		// burst N: each unit charged adds rate.Unit counts.
+		// burst N: each unit charged adds rate.Unit counts. Its counts
+		// halve at each tick's end: a wallet is spent whole and comes back
+		// by halves, exactly N per Per however it is spent.
 		counts := b.Units / float64(b.Unit)
-		rl, err := rate.Rate{Requests: counts, Per: b.Per, Burst: max(1, counts)}.Compile()
+		rl, err := rate.Rate{Requests: counts, Per: b.Per, Burst: max(1, counts)}.CompileHalving()
 		var re *rate.Error
 		if errors.As(err, &re) {
 			return nil, fmt.Errorf("rule %q budget %q: %s: %s", rs.Name, b.Name, re.Field, re.Msg)
 		}
-		ru.Budget = &Budget{Spec: *b, Lim: rl, sk: get(rl.Tick, rl.Threshold, buckets),
+		ru.Budget = &Budget{Spec: *b, Lim: rl, sk: get(rl.Tick, rl.Threshold, buckets, false),
 			Cost: countsOf(b.Cost, b.Unit), Reserve: countsOf(b.Reserve, b.Unit), Held: NewCountMin()}
 	}
 	var old *Rule // the same rule in the running Set

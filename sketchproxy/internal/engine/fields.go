@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/epochsketch/epochsketch/internal/admit"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
@@ -30,7 +31,11 @@ type Fields struct {
 // nothing), each with its own wait as t, so that Retry-After (the longest
 // wait) is never earlier than a t; a limit no wait can satisfy (more hits
 // than it holds) gets no item.
-func (e *Engine) fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) Fields {
+//
+// t is reckoned from the count as the sketch answered it (rate.Status:
+// never short); on a refusal it is at most retry, the refusal's
+// Retry-After, reckoned to the nanosecond.
+func (e *Engine) fields(vs []Verdict, refused bool, retry time.Duration, now time.Time, sc *Scratch) Fields {
 	var f Fields
 	var level float64 // the legacy fields' limit's: the most constrained
 	legacy := false
@@ -63,6 +68,9 @@ func (e *Engine) fields(vs []Verdict, refused bool, now time.Time, sc *Scratch) 
 			rl.Threshold = v.thetas[j]
 			est := v.ests[j]
 			r, t, over := rl.Status(est, add, now)
+			if refused && retry > 0 {
+				t = min(t, retry)
+			}
 			r, secs := min(r, rl.Q), rate.Seconds(t)
 			if (!refused || over && !v.Quota) && add <= rl.Threshold {
 				b = rate.AppendItem(b, l.Quoted, r, secs)
@@ -143,7 +151,12 @@ func (v *Verdict) Status(now time.Time) (remaining int64, reset time.Duration) {
 	}
 	rl := v.Rule.Limits[0].Limit
 	rl.Threshold = v.thetas[0]
-	r, t, _ := rl.Status(v.ests[0], add, now)
+	r, t, over := rl.Status(v.ests[0], add, now)
+	if over && v.others[0] == 0 && !rl.Halving() {
+		// As Retry-After reckons it: to the nanosecond.
+		l := v.Rule.Limits[0]
+		t = rl.WaitFor(admit.Read(l.sk, time.Time{}, skey(nil, v.Rule.Name, l.Name, v.Key)), add, now)
+	}
 	return r, t
 }
 
@@ -156,7 +169,7 @@ func (v *Verdict) Left(now time.Time) (remaining int64, reset time.Duration) {
 	}
 	rl := v.Rule.Limits[0].Limit
 	rl.Threshold = v.thetas[0]
-	return rl.Remaining(v.ests[0]), rate.UntilTick(now, rl.Tick, 1)
+	return rl.Remaining(v.ests[0]), rl.Reset(v.ests[0], now)
 }
 
 // forever is a wait no client can sit out.
@@ -190,7 +203,23 @@ func (e *Engine) waitFor(s *Set, v *Verdict, now time.Time, sc *Scratch) time.Du
 	for j, l := range ru.Limits {
 		rl := l.Limit
 		rl.Threshold = v.thetas[j]
-		d = max(d, rl.Wait(v.ests[j], v.add, now))
+		w := rl.Wait(v.ests[j], v.add, now)
+		if w > 0 && v.others[j] == 0 && !rl.Halving() {
+			// The count as the sketch holds it, behind the rounded one
+			// it answered: the wait to the nanosecond, so that a client
+			// that comes back a second before Retry-After is refused.
+			sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
+			rd := admit.Read(l.sk, time.Time{}, sc.buf)
+			if rd.Est > v.ests[j] {
+				// Counts the verdict leaves out (a shadow rule's wait
+				// reckoned as an enforced rule's, without this request),
+				// added in this very step: taken out as they went in.
+				rd.Raw -= min(rd.Raw, (rd.Est-v.ests[j])*admit.Scale(int(rd.Step)))
+				rd.Est = v.ests[j]
+			}
+			w = rl.WaitFor(rd, v.add, now)
+		}
+		d = max(d, w)
 	}
 	if len(ru.Limits) > 0 {
 		sc.buf = skey(sc.buf, ru.Name, tagBan, v.Key)

@@ -185,7 +185,7 @@ type Stats = epochsketch.Stats
 // (Class; 0 for the side sketches), then size.
 func (s *Set) SketchStats(f func(tick time.Duration, class uint32, buckets int, st Stats)) {
 	for _, k := range s.sortedKeys() {
-		f(k.tick, k.class, k.buckets, s.sketches[k].Stats())
+		f(k.tick, k.class&^smoothClass, k.buckets, s.sketches[k].Stats())
 	}
 }
 
@@ -200,7 +200,7 @@ func (e *Engine) Top(ru *Rule, f func(key string, level float64)) {
 	for _, t := range ru.top.List() {
 		buf = skey(buf, ru.Name, l.Name, t.Key)
 		if est := l.sk.EstimateBytes(buf); est > 0 {
-			f(t.Key, float64(est)/float64(l.Threshold))
+			f(t.Key, float64(est)/float64(nominal(l.Threshold)))
 		}
 	}
 }
