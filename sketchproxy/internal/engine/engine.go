@@ -362,7 +362,7 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 	}
 	// Side sketches: keys seen lately, new keys during a spike, and bans.
 	s.known = get(spec.NewKeys.Remember, 0, spec.Buckets)
-	s.newKeys = get(spec.NewKeys.Window, 0, 1<<12)
+	s.newKeys = get(markTick(&spec.NewKeys), 0, 1<<12)
 	s.banTick = max(time.Millisecond, spec.Tarpit.BanFor/4)
 	s.bans = get(s.banTick, 0, 1<<12)
 	return s, nil
