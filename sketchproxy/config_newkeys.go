@@ -11,9 +11,13 @@ import (
 // of it was seen within about Remember. While new keys per second spike
 // above SpikeFactor times their recent average (and above MinPerSecond),
 // keys first seen during the spike get BudgetFactor of every limit and
-// budget until Window passes. A key seen before the spike is never
-// affected. For Warmup after a start without a state file no spike is
-// declared: every key is new then, and the average is learning.
+// budget until they come back a quarter to half a Window later. A key seen
+// before the spike is never affected. The average learns the new keys of
+// calm seconds and, during a spike, only the keys that came back; it never
+// falls during a spike and grows at most twice per Window, so that neither
+// a flood nor a ramp of new keys can teach it. For Warmup after a start
+// without a state file no spike is declared: every key is new then, and
+// the average is learning.
 type NewKeysConfig struct {
 	// Disabled turns the defense off: new keys always get whole limits.
 	Disabled bool `yaml:"disabled" example:"true"`
@@ -26,8 +30,10 @@ type NewKeysConfig struct {
 	// BudgetFactor is the share of every limit and budget that keys first
 	// seen during a spike get: more than 0, at most 1.
 	BudgetFactor float64 `yaml:"budget_factor" example:"0.25"`
-	// Window is how long a key first seen during a spike keeps the smaller
-	// share (1s or more).
+	// Window paces the defense (1s or more): a key first seen during a
+	// spike keeps the smaller share for a quarter to half of it, until it
+	// comes back, and the average of new keys grows at most twice per
+	// Window.
 	Window Duration `yaml:"window" example:"1m"`
 	// Remember is how long a key stays known after its last request: from
 	// Window to 30d.

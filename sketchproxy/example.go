@@ -76,7 +76,7 @@ new_keys:                          # key-rotation defense
   spike_factor: 4                  # new keys/s above 4x their average...
   min_per_second: 50               # ...and above 50/s is a spike
   budget_factor: 0.25              # keys first seen in a spike get 1/4 of each limit and budget
-  window: 1m                       # ...for one to two windows
+  window: 1m                       # ...until they come back 15-30 s later
   remember: 1h                     # a key seen within about this long is not new
   warmup: 1m                       # no spike is called this long after a start without a state file
 

@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/epochsketch/epochsketch/sketchproxy"
 )
@@ -93,5 +97,43 @@ func TestKeyLabelFlag(t *testing.T) {
 	var errb bytes.Buffer
 	if code := run([]string{"-config", without, "-key-label", "203.0.113.7"}, io.Discard, &errb); code != 1 || !strings.Contains(errb.String(), "key_label_secret_file is not set") {
 		t.Errorf("-key-label without a secret: exit %d, %q", code, errb.String())
+	}
+}
+
+// -check, and a start, refuse a state_file that no save could write,
+// saying what and where: a directory, a file in a directory that does not
+// exist, a file where no file can be created (/proc, even for root).
+func TestCheckRefusesUnwritableStateFile(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	for _, c := range []struct{ name, state, want string }{
+		{"a directory", dir, "state_file " + dir + ": is a directory"},
+		{"no directory", filepath.Join(dir, "nope", "state"), "its directory " + filepath.Join(dir, "nope") + " does not exist"},
+		{"read-only", "/proc/sketchproxy-state", "cannot create files in /proc"},
+		{"writable", filepath.Join(dir, "state"), ""},
+	} {
+		cfg := filepath.Join(dir, "sp.yaml")
+		os.WriteFile(cfg, []byte(fmt.Sprintf("upstream: \"http://127.0.0.1:1\"\nstate_file: %q\nrules:\n  - limits: [{requests: 1, per: 1s}]\n", c.state)), 0o600)
+		var errb bytes.Buffer
+		code := run([]string{"-config", cfg, "-check"}, io.Discard, &errb)
+		switch {
+		case c.want == "" && code != 0:
+			t.Errorf("%s: -check: exit %d, %s", c.name, code, errb.String())
+		case c.want != "" && (code != 1 || !strings.Contains(errb.String(), c.want)):
+			t.Errorf("%s: -check: exit %d, %q; want 1 and %q", c.name, code, errb.String(), c.want)
+		}
+		if c.want == "" {
+			continue // a start would serve
+		}
+		// The binary, under a deadline: one that starts serves on.
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		out, err := exec.CommandContext(ctx, bin, "-config", cfg, "-listen", "127.0.0.1:0", "-admin", "off").CombinedOutput()
+		cancel()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s: a start: %v, %q; want exit 1 and %q", c.name, err, out, c.want)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".state.check-*")); len(left) > 0 {
+		t.Errorf("-check left %v", left)
 	}
 }

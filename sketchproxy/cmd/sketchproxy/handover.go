@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -24,7 +26,8 @@ import (
 // starts its successor, the binary at its own path with its own flags,
 // handing it every listening socket (inherited file descriptors from 3,
 // named in SKETCHPROXY_HANDOVER as systemd names its sockets) and the
-// write end of a pipe. The successor reads the config and the state file,
+// write end of a pipe, and, where the config has no state_file, the state
+// itself (handoverState). The successor reads the config and the state,
 // serves on the sockets, and writes a byte to the pipe: only then does the
 // old process stop accepting, finish what it has in flight (a GOAWAY on
 // its gRPC connections: Envoy reconnects to the successor) and exit,
@@ -51,42 +54,91 @@ var doors = []string{"listen", "admin", "forward_auth", "envoy_rls"}
 
 // handoverEnv names the sockets a predecessor hands over, colon-separated,
 // from fd 3; the fd after them is the pipe that says the successor serves.
-const handoverEnv = "SKETCHPROXY_HANDOVER"
+// handoverStateEnv, if set, is the fd of the state handed over (after the
+// pipe), where the predecessor had no state_file.
+const (
+	handoverEnv      = "SKETCHPROXY_HANDOVER"
+	handoverStateEnv = "SKETCHPROXY_HANDOVER_STATE"
+)
 
 // inheritedSockets takes the listening sockets passed to this process: by
 // a predecessor's handover (handoverEnv), or as systemd passes them
 // (LISTEN_PID is this process, LISTEN_FDS counts them from fd 3, and
 // LISTEN_FDNAMES names them, colon-separated). The variables are cleared,
 // so that no child of this process takes them for its own. ready is the
-// handover's pipe (nil otherwise). None passed: an empty map.
-func inheritedSockets() (socks map[string]net.Listener, ready *os.File, err error) {
+// handover's pipe and state the state it hands over, if any (nil
+// otherwise). None passed: an empty map.
+func inheritedSockets() (socks map[string]net.Listener, ready, state *os.File, err error) {
 	pid, n, names := os.Getenv("LISTEN_PID"), os.Getenv("LISTEN_FDS"), os.Getenv("LISTEN_FDNAMES")
-	ho := os.Getenv(handoverEnv)
-	for _, v := range []string{"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", handoverEnv} {
+	ho, hs := os.Getenv(handoverEnv), os.Getenv(handoverStateEnv)
+	for _, v := range []string{"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", handoverEnv, handoverStateEnv} {
 		os.Unsetenv(v)
 	}
 	switch {
 	case ho != "":
 		nameOf := strings.Split(ho, ":")
 		ready = os.NewFile(uintptr(3+len(nameOf)), "handover-ready")
+		if fd, err := strconv.Atoi(hs); err == nil && fd == 4+len(nameOf) {
+			state = os.NewFile(uintptr(fd), "handover-state")
+		}
 		if socks, err = takeSockets(nameOf); err != nil {
 			ready.Close()
-			return nil, nil, fmt.Errorf("%s=%q: %v", handoverEnv, ho, err)
+			if state != nil {
+				state.Close()
+			}
+			return nil, nil, nil, fmt.Errorf("%s=%q: %v", handoverEnv, ho, err)
 		}
-		return socks, ready, nil
+		return socks, ready, state, nil
 	case n == "" || pid != strconv.Itoa(os.Getpid()):
-		return map[string]net.Listener{}, nil, nil // none, or meant for another process
+		return map[string]net.Listener{}, nil, nil, nil // none, or meant for another process
 	}
 	count, err := strconv.Atoi(n)
 	if err != nil || count < 1 || count > len(doors) {
-		return nil, nil, fmt.Errorf("LISTEN_FDS=%q: want 1 to %d sockets, one per listener", n, len(doors))
+		return nil, nil, nil, fmt.Errorf("LISTEN_FDS=%q: want 1 to %d sockets, one per listener", n, len(doors))
 	}
 	nameOf := strings.Split(names, ":")
 	if len(nameOf) != count {
-		return nil, nil, fmt.Errorf("LISTEN_FDNAMES=%q names %d sockets, LISTEN_FDS passes %d: name each with FileDescriptorName= (one of %s)", names, len(nameOf), count, strings.Join(doors, ", "))
+		return nil, nil, nil, fmt.Errorf("LISTEN_FDNAMES=%q names %d sockets, LISTEN_FDS passes %d: name each with FileDescriptorName= (one of %s)", names, len(nameOf), count, strings.Join(doors, ", "))
 	}
 	socks, err = takeSockets(nameOf)
-	return socks, nil, err
+	return socks, nil, nil, err
+}
+
+// handoverState writes mw's state for a successor, where the config has no
+// state_file: into a file no other process can open, made in a directory
+// of its own (0700) and both removed at once, before the successor starts;
+// the open file, read from its start, is handed on (handoverStateEnv).
+// Without it a handover would reset every count and the warm-up.
+func handoverState(mw *sketchproxy.Middleware) (*os.File, error) {
+	dir, err := os.MkdirTemp("", "sketchproxy-handover-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	f, err := os.OpenFile(filepath.Join(dir, "state"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err = mw.WriteState(f); err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// restoreHandedState restores the state a predecessor handed over
+// (handoverState), if any, over whatever the state file gave: it is the
+// predecessor's counts of a moment ago.
+func (o *options) restoreHandedState(mw *sketchproxy.Middleware) {
+	if o.handedState == nil {
+		return
+	}
+	mw.RestoreState(o.handedState, "(handed over by the predecessor)")
+	o.handedState.Close()
+	o.handedState = nil
 }
 
 // takeSockets takes the listening sockets at fds 3, 4, ..., named nameOf.
@@ -228,9 +280,23 @@ func (o *options) handover(ctx context.Context, mw *sketchproxy.Middleware, log 
 		log.Error("handover refused: the state file was not saved for the successor", "err", err.Error())
 		return false
 	}
+	env := append(os.Environ(), handoverEnv+"="+strings.Join(names, ":"))
+	extra := append(files, w)
+	if o.current.Load().StateFile == "" {
+		state, err := handoverState(mw)
+		if err != nil {
+			w.Close()
+			resume()
+			log.Error("handover refused: the state could not be written for the successor", "err", err.Error())
+			return false
+		}
+		defer state.Close()
+		extra = append(extra, state)
+		env = append(env, handoverStateEnv+"="+strconv.Itoa(3+len(extra)-1))
+	}
 	cmd := exec.Command(exe, os.Args[1:]...)
-	cmd.Env = append(os.Environ(), handoverEnv+"="+strings.Join(names, ":"))
-	cmd.ExtraFiles = append(files, w)
+	cmd.Env = env
+	cmd.ExtraFiles = extra
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	log.Info("handover: starting a successor on the listeners", "binary", exe, "sockets", strings.Join(names, ", "))
 	err = cmd.Start()

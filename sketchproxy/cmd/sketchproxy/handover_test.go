@@ -794,3 +794,77 @@ func waitLoad(t *testing.T, l *restartLoad, n int64) {
 		}
 	}
 }
+
+// A handover without a state_file (the minimal config, and systemd's
+// ExecReload) hands the counts over all the same: a client refused on a
+// route of 3 a minute stays refused in the successor, which needs no
+// warm-up either. The state travels in a file no other process can open,
+// gone before the successor starts.
+func TestBinaryHandoverKeepsCountsWithoutStateFile(t *testing.T) {
+	bin := build(t)
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer app.Close()
+	cfg := filepath.Join(t.TempDir(), "sp.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("listen: \"127.0.0.1:0\"\nadmin: \"off\"\nupstream: %q\nrules:\n  - name: slow\n    limits: [{requests: 3, per: 1m}]\n", app.URL)), 0o644)
+	tmp := t.TempDir() // the handover's private directory goes here
+	cmd := exec.Command(bin, "-config", cfg)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	out := startLogged(t, cmd)
+	base := "http://" + waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening" addr=(\S+)`))[1]
+	// 3 a minute is a tick of 30 s: four requests and a handover, far
+	// from its edge, see no halving.
+	awayFromTickEdge(30*time.Second, 10*time.Second)
+	codes := func(n int) string {
+		var got []string
+		for range n {
+			code, err := sendVia(base, "GET", "/", "198.51.100.3")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, strconv.Itoa(code))
+		}
+		return strings.Join(got, " ")
+	}
+	if got := codes(4); got != "200 200 200 429" {
+		t.Fatalf("before the handover: %s, want 200 200 200 429", got)
+	}
+	cmd.Process.Signal(syscall.SIGUSR2)
+	next, _ := strconv.Atoi(waitFor(t, out, regexp.MustCompile(`msg="handover: the successor serves; stopping to accept" successor_pid=(\d+)`))[1])
+	t.Cleanup(func() { syscall.Kill(next, syscall.SIGKILL) })
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the old process: %v\n%s", err, out)
+	}
+	if got := codes(2); got != "429 429" {
+		t.Errorf("after the handover: %s, want 429 429: the successor started with empty counts\n%s", got, out)
+	}
+	if !strings.Contains(out.String(), `msg="state restored" file="(handed over by the predecessor)"`) {
+		t.Errorf("the successor did not say it restored the handed-over state:\n%s", out)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) > 0 {
+		t.Errorf("the handover left %s in the temporary directory", left[0].Name())
+	}
+	syscall.Kill(next, syscall.SIGTERM)
+}
+
+// A stop whose last save fails (the state file's directory gone since the
+// start) logs it at ERROR and exits 1: the counts since the last save are
+// lost, and the service manager hears of it.
+func TestBinaryStopFailedSaveExits1(t *testing.T) {
+	bin := build(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	os.Mkdir(dir, 0o700)
+	cfg := filepath.Join(t.TempDir(), "sp.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("listen: \"127.0.0.1:0\"\nadmin: \"off\"\nupstream: \"http://127.0.0.1:1\"\nstate_file: %q\nrules:\n  - limits: [{requests: 3, per: 1m}]\n", filepath.Join(dir, "state"))), 0o644)
+	cmd := exec.Command(bin, "-config", cfg)
+	out := startLogged(t, cmd)
+	waitFor(t, out, regexp.MustCompile(`msg="sketchproxy listening"`))
+	os.RemoveAll(dir)
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Errorf("exit: %v, want status 1\n%s", err, out)
+	}
+	if !strings.Contains(out.String(), `level=ERROR msg="state save at shutdown failed"`) {
+		t.Errorf("no ERROR for the failed save:\n%s", out)
+	}
+}

@@ -83,6 +83,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if o.keyLabel != "" {
 		return printKeyLabels(cfg, o.keyLabel, stdout, stderr)
 	}
+	// A state file that cannot be written would fail every save, the
+	// last at the stop too: refused here, by -check as at a start.
+	if err := sketchproxy.CheckStateFile(cfg.StateFile); err != nil {
+		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
+		return 1
+	}
 	warnings := configWarnings(cfg)
 	if o.check {
 		o.printCheck(cfg, warnings, stdout, stderr)
@@ -93,7 +99,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	o.running = &running{changed: make(chan struct{}, 1)}
 	o.current.Store(cfg)
-	if o.sockets, o.ready, err = inheritedSockets(); err != nil {
+	if o.sockets, o.ready, o.handedState, err = inheritedSockets(); err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
 		return 1
 	}
@@ -139,6 +145,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer mw.Close()
+	o.restoreHandedState(mw)
 
 	errc := make(chan error, 4) // one per server: forward_auth, main, admin, gRPC
 	servers := o.serveHTTP(cfg, mw, lns, lh, errc, log)
@@ -151,7 +158,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		printDemo(stdout, lns.main.Addr().String())
 	}
 	o.serving(log)
-	return o.serve(ctx, cfg, mw, servers, gs, errc, log)
+	code = o.serve(ctx, cfg, mw, servers, gs, errc, log)
+	// The last save failed (Close logged it at ERROR): the counts since the
+	// last good save are lost, and a service manager should say so.
+	if err := mw.Close(); err != nil && code == 0 {
+		return 1
+	}
+	return code
 }
 
 // newMiddleware is the decision middleware in front of cfg's upstream (a

@@ -24,10 +24,12 @@ type running struct {
 	hup, usr2 chan os.Signal
 	// sockets are the inherited listening sockets no listener has taken
 	// yet (handover.go); listeners are every listener, by door, for a
-	// handover; ready is a predecessor's handover pipe (nil: none).
-	sockets   map[string]net.Listener
-	listeners map[string]net.Listener
-	ready     *os.File
+	// handover; ready is a predecessor's handover pipe and handedState the
+	// state it handed over (nil: none).
+	sockets     map[string]net.Listener
+	listeners   map[string]net.Listener
+	ready       *os.File
+	handedState *os.File
 	// draining is set when a graceful stop starts: /healthz answers 503;
 	// health is the gRPC health service, NOT_SERVING from then on.
 	draining atomic.Bool

@@ -383,7 +383,7 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 	}
 	// Side sketches: keys seen lately, new keys during a spike, and bans.
 	s.known = get(spec.NewKeys.Remember, 0, spec.Buckets, false)
-	s.newKeys = get(spec.NewKeys.Window, 0, 1<<12, false)
+	s.newKeys = get(markTick(&spec.NewKeys), 0, 1<<12, false)
 	s.banTick = max(time.Millisecond, spec.Tarpit.BanFor/4)
 	s.bans = get(s.banTick, 0, 1<<12, false)
 	return s, nil

@@ -27,21 +27,37 @@ func (e *Engine) release(rule, key string) {
 func (e *Engine) Held() int64 { return e.held.Load() }
 
 // isNewKey reports whether key counts as new: first seen while new keys
-// spike, within the last window or two. A key active in one of the rule's
-// limits (active) is known; otherwise the memory of keys (new_keys.remember)
+// spike, and not yet proved real. A key active in one of the rule's limits
+// (active) is known; otherwise the memory of keys (new_keys.remember)
 // says. Rules with limits teach that memory once per tick a key is active
 // (afterCount); budget-only rules here.
+//
+// A key first seen during a spike is marked for a quarter to half a window
+// (markCount in ticks of Window/4). A request of it after that, while the
+// mark has not yet decayed, proves it a returning client: it gets whole
+// limits, and the meter's average learns it, once (tagProven). A
+// rotation's keys, used once or all at once, never prove anything.
 func (e *Engine) isNewKey(s *Set, ru *Rule, key string, now time.Time, active bool, sc *Scratch) bool {
 	nk := &s.nk
 	if nk.Disabled {
 		return false
 	}
-	// A mark lasts at most two windows: without one that recent, no key is
+	warm := e.warm(now, nk)
+	grow := growth(nk, warm)
+	// A mark lasts at most a window: without one that recent, no key is
 	// marked, and the lookup is skipped.
-	if last := e.lastNew.Load(); last != 0 && now.UnixNano()-last <= 3*int64(nk.Window) {
+	if last := e.lastNew.Load(); last != 0 && now.UnixNano()-last <= 2*int64(nk.Window) {
 		sc.buf = skey(sc.buf, ru.Name, tagNew, key)
-		if s.newKeys.EstimateBytes(sc.buf) > 0 {
+		switch est := s.newKeys.EstimateBytes(sc.buf); {
+		case est >= markCount/2:
 			return true
+		case est > 0:
+			sc.buf = skey(sc.buf, ru.Name, tagProven, key)
+			if s.newKeys.EstimateBytes(sc.buf) == 0 {
+				s.newKeys.ObserveBytesN(time.Time{}, sc.buf, markCount)
+				e.spike.teach(now, nk, grow)
+			}
+			return false
 		}
 	}
 	if active {
@@ -55,17 +71,26 @@ func (e *Engine) isNewKey(s *Set, ru *Rule, key string, now time.Time, active bo
 	} else if seen, _ := s.known.ObserveBytes(sc.buf); seen > 1 {
 		return false
 	}
-	e.spike.first(now)
-	if !e.spike.active(now, nk) || !e.warm(now, nk) {
+	e.spike.first(now, nk, grow)
+	if !warm || !e.spike.active(now, nk, grow) {
+		e.spike.teach(now, nk, grow)
 		return false
 	}
-	// Marked for between one and two windows (a count of 2 halves to 0 at
-	// the second window boundary).
+	e.spike.mark()
 	sc.buf = skey(sc.buf, ru.Name, tagNew, key)
-	s.newKeys.ObserveBytesN(time.Time{}, sc.buf, 2)
+	s.newKeys.ObserveBytesN(time.Time{}, sc.buf, markCount)
 	e.lastNew.Store(now.UnixNano())
 	return true
 }
+
+// markCount is a new key's mark, in the marks' sketch (ticks of a quarter
+// window, each halving it): restricted while at least half of it is left
+// (its quarter and the next), proved by a request in the two quarters
+// after (2, then 1), forgotten then.
+const markCount = 8
+
+// markTick is the tick of the marks' sketch: a quarter of the window.
+func markTick(nk *NewKeysSpec) time.Duration { return max(nk.Window/4, time.Millisecond) }
 
 // warm reports whether the spike meter has learned enough to call a spike.
 func (e *Engine) warm(now time.Time, nk *NewKeysSpec) bool {
@@ -75,6 +100,8 @@ func (e *Engine) warm(now time.Time, nk *NewKeysSpec) bool {
 // Spiking reports whether new keys spike now, as a decision would judge
 // it, and the meter's rate (new keys per second) and total.
 func (e *Engine) Spiking(s *Set, now time.Time) (spike bool, rate float64, total uint64) {
-	rate, total = e.spike.rate(now), e.spike.total.Load()
-	return !s.nk.Disabled && e.spike.active(now, &s.nk) && e.warm(now, &s.nk), rate, total
+	warm := e.warm(now, &s.nk)
+	grow := growth(&s.nk, warm)
+	rate, total = e.spike.rate(now, &s.nk, grow), e.spike.total.Load()
+	return !s.nk.Disabled && warm && e.spike.active(now, &s.nk, grow), rate, total
 }

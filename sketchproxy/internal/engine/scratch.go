@@ -81,7 +81,8 @@ func appendKey(buf []byte, key string) []byte {
 }
 
 const (
-	tagBan   = "!ban"
-	tagNew   = "!new"
-	tagKnown = "!known"
+	tagBan    = "!ban"
+	tagNew    = "!new"
+	tagKnown  = "!known"
+	tagProven = "!proven"
 )
