@@ -16,7 +16,7 @@ import (
 func TestUnmarshalCaddyfile(t *testing.T) {
 	in := `epochsketch {
 		zone per_ip {
-			key {remote_host}
+			key {http.request.remote.host}
 			events 5
 			window 10s
 		}
@@ -43,7 +43,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	got, _ := json.Marshal(&h)
 	want := `{"zones":{"api_keys":{"key":"{http.request.header.X-API-Key}","events":100,"window":60000000000,"burst":20,"shared":true,` +
 		`"match":[{"method":["POST"],"path":["/api/*"]}]},` +
-		`"per_ip":{"key":"{remote_host}","events":5,"window":10000000000}},"sketch_buckets":4096,"new_keys_off":true,"jitter":0.2,"log_key":true}`
+		`"per_ip":{"key":"{http.request.remote.host}","events":5,"window":10000000000}},"sketch_buckets":4096,"new_keys_off":true,"jitter":0.2,"log_key":true}`
 	if string(got) != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
@@ -127,11 +127,11 @@ func TestValidate(t *testing.T) {
 // The JSON form the README shows.
 func TestJSONForm(t *testing.T) {
 	var h Handler
-	in := `{"handler": "epochsketch", "zones": {"per_ip": {"key": "{remote_host}", "events": 5, "window": "10s", "match": [{"path": ["/api/*"]}]}}}`
+	in := `{"handler": "epochsketch", "zones": {"per_ip": {"key": "{http.request.remote.host}", "events": 5, "window": "10s", "match": [{"path": ["/api/*"]}]}}}`
 	if err := json.Unmarshal([]byte(in), &h); err != nil {
 		t.Fatal(err)
 	}
-	if z := h.Zones["per_ip"]; z == nil || z.Key != "{remote_host}" || z.Events != 5 || time.Duration(z.Window) != 10*time.Second || len(z.MatcherSetsRaw) != 1 {
+	if z := h.Zones["per_ip"]; z == nil || z.Key != "{http.request.remote.host}" || z.Events != 5 || time.Duration(z.Window) != 10*time.Second || len(z.MatcherSetsRaw) != 1 {
 		t.Fatalf("read %+v", h.Zones["per_ip"])
 	}
 	if err := h.Validate(); err != nil {

@@ -194,6 +194,13 @@ func (h *Handler) validate() error {
 			return fmt.Errorf("epochsketch: %w", err)
 		}
 	}
+	for _, name := range h.names() {
+		for _, p := range placeholders(h.Zones[name].Key) {
+			if why := knownPlaceholder(p); why != "" {
+				return fmt.Errorf("epochsketch: zone %q: key %q: %s", name, h.Zones[name].Key, why)
+			}
+		}
+	}
 	return nil
 }
 
@@ -226,6 +233,9 @@ func (h *Handler) buckets() int {
 // loads the zones' matchers.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.validate(); err != nil {
+		return err
+	}
+	if err := h.laterAuth(ctx); err != nil {
 		return err
 	}
 	h.logger = ctx.Logger(h)
