@@ -635,3 +635,52 @@ func TestPaddedKeyPartJudgedAlone(t *testing.T) {
 		t.Errorf("a client rotating 5,000-byte keys was admitted %d of 6, want its 3", admitted)
 	}
 }
+
+// TestKeySpellings: spellings an application reads as one credential are
+// one key (issue 46): the Authorization scheme in any case and with extra
+// spaces; a query key as PHP reads it (api.key, api%20key) and before a
+// ';'. Two spellings of the key parameter at once are refused with 400.
+// Before, each spelling started a new key (or "-" for api_key=zed;x=1).
+func TestKeySpellings(t *testing.T) {
+	for _, tc := range []struct {
+		name, key string
+		first     func(*http.Request)
+		others    []func(*http.Request)
+	}{
+		{"bearer", "header:Authorization", func(r *http.Request) { r.Header.Set("Authorization", "Bearer abc") }, []func(*http.Request){
+			func(r *http.Request) { r.Header.Set("Authorization", "bearer abc") },
+			func(r *http.Request) { r.Header.Set("Authorization", "BEARER abc") },
+			func(r *http.Request) { r.Header.Set("Authorization", "Bearer  abc") },
+		}},
+		{"query", "query:api_key", func(r *http.Request) { r.URL.RawQuery = "api_key=zed" }, []func(*http.Request){
+			func(r *http.Request) { r.URL.RawQuery = "api.key=zed" },
+			func(r *http.Request) { r.URL.RawQuery = "api%20key=zed" },
+			func(r *http.Request) { r.URL.RawQuery = "api_key=zed;x=1" },
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, "rules:\n  - name: k\n    key: [\""+tc.key+"\"]\n    limits: [{requests: 1, per: 1h}]\n")
+			do := func(set func(*http.Request)) int {
+				r := httptest.NewRequest("GET", "/", nil)
+				set(r)
+				w := httptest.NewRecorder()
+				h.mw.ServeHTTP(w, r)
+				return w.Code
+			}
+			if c := do(tc.first); c != 200 {
+				t.Fatalf("first: %d, want 200", c)
+			}
+			for i, set := range tc.others {
+				if c := do(set); c != 429 {
+					t.Errorf("spelling %d: %d, want 429 (the same key)", i+1, c)
+				}
+			}
+		})
+	}
+	h := newHarness(t, "rules:\n  - name: k\n    key: [\"query:api_key\"]\n    limits: [{requests: 5, per: 1h}]\n")
+	w := httptest.NewRecorder()
+	h.mw.ServeHTTP(w, httptest.NewRequest("GET", "/?api_key=a&api.key=b", nil))
+	if w.Code != 400 {
+		t.Errorf("api_key and api.key at once: %d, want 400", w.Code)
+	}
+}

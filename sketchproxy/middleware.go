@@ -18,6 +18,7 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
 )
 
 // Options are what a program supplies beside the Config.
@@ -408,15 +409,18 @@ func (rq *request) part(ci *ClientIPConfig, k string) string {
 		}
 		return rq.ip
 	case strings.HasPrefix(k, "header:"):
-		if v := rq.r.Header.Get(k[len("header:"):]); v != "" {
+		name := http.CanonicalHeaderKey(k[len("header:"):])
+		if v := rq.r.Header.Get(name); v != "" {
+			if keysrc.IsCredentials(name) {
+				return keysrc.Credentials(v) // "bearer abc" is "Bearer  abc"
+			}
 			return v
 		}
 	case strings.HasPrefix(k, "query:"):
-		if rq.query == nil {
-			rq.query = rq.r.URL.Query()
-		}
-		if v := rq.query.Get(k[len("query:"):]); v != "" {
-			return v
+		// Every spelling an application reads as the name ("api.key" to
+		// PHP), with ';' a separator too: ambiguous has refused two.
+		if vs := keysrc.Query(rq.r.URL.RawQuery, k[len("query:"):]); len(vs) > 0 && vs[0] != "" {
+			return vs[0]
 		}
 	case strings.HasPrefix(k, "jwt:"):
 		if v, err := claimString(rq.claims, k[len("jwt:"):]); err == nil {
@@ -479,7 +483,7 @@ func (ru *rule) ambiguous(r *http.Request, q func() url.Values) string {
 		}
 	}
 	for _, name := range ru.keyQueries {
-		if n := len(q()[name]); n > 1 {
+		if n := len(keysrc.Query(r.URL.RawQuery, name)); n > 1 {
 			return fmt.Sprintf("the key parameter %q is given %d times", name, n)
 		}
 	}

@@ -9,8 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/epochsketch/epochsketch"
 )
 
 // validateFails runs "caddy validate" on the Caddyfile conf (its
@@ -164,5 +168,36 @@ func TestUnknownPlaceholder(t *testing.T) {
 				t.Fatalf("Validate: %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestKeySpellingsCaddy: as SketchProxy's proxy (TestKeySpellings), the
+// module counts the spellings an application reads as one credential
+// under one key: the Authorization scheme in any case, with extra spaces;
+// a query key as PHP reads it and before a ';'.
+func TestKeySpellingsCaddy(t *testing.T) {
+	c := newConfig(t, epochsketch.NewManualClock(t0))
+	h := c.provision(&Handler{Zones: map[string]*Zone{
+		"a": {Key: "{http.request.header.Authorization}", Events: 1, Window: caddy.Duration(time.Hour)},
+		"q": {Key: "{http.request.uri.query.api_key}", Events: 1, Window: caddy.Duration(time.Hour)},
+	}})
+	first := request("/?api_key=zed")
+	first.Header.Set("Authorization", "Bearer abc")
+	if w := serve([]*Handler{h}, first); w.Code != http.StatusOK {
+		t.Fatalf("first: %d", w.Code)
+	}
+	for _, tc := range []struct{ auth, target string }{
+		{"bearer abc", "/?api_key=other1"},
+		{"BEARER abc", "/?api_key=other2"},
+		{"Bearer  abc", "/?api_key=other3"},
+		{"Bearer new1", "/?api.key=zed"},
+		{"Bearer new2", "/?api%20key=zed"},
+		{"Bearer new3", "/?api_key=zed;x=1"},
+	} {
+		r := request(tc.target)
+		r.Header.Set("Authorization", tc.auth)
+		if w := serve([]*Handler{h}, r); w.Code != http.StatusTooManyRequests {
+			t.Errorf("%q %s: %d, want 429 (a key already counted)", tc.auth, tc.target, w.Code)
+		}
 	}
 }
