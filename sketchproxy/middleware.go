@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -380,7 +379,6 @@ type request struct {
 	addr              netip.Addr
 	client            string // addr grouped by prefix: the per-client cap's key
 	ip                string
-	query             url.Values
 	claims            jwt.MapClaims   // the verified bearer token's, once a rule needs them
 	sc                *engine.Scratch // from scratchPool; nil once freed
 	// refusal, if not 0, is the status of every refusal: a forward-auth
@@ -463,7 +461,7 @@ func (rq *request) hostIs(h string) bool {
 // differs from a key header only by '_' for '-' or by case (CGI, WSGI and
 // Rack servers read X_API_Key as X-API-Key; nginx drops it). Query keys
 // given twice are ambiguous the same way.
-func (ru *rule) ambiguous(r *http.Request, q func() url.Values) string {
+func (ru *rule) ambiguous(r *http.Request) string {
 	for _, name := range ru.keyHeaders {
 		if n := len(r.Header.Values(name)); n > 1 {
 			return fmt.Sprintf("the key header %s is sent %d times", name, n)
@@ -643,17 +641,11 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 	}
 	rq.loose = loosePath(rq.path)
 	rq.sc = scratchPool.Get().(*engine.Scratch)
-	query := func() url.Values {
-		if rq.query == nil {
-			rq.query = r.URL.Query()
-		}
-		return rq.query
-	}
 	for _, ru := range st.rules {
 		if !ru.matches(rq) {
 			continue
 		}
-		if why := ru.ambiguous(r, query); why != "" {
+		if why := ru.ambiguous(r); why != "" {
 			rq.free()
 			m.badRequest(w, r, why)
 			return nil, false

@@ -306,7 +306,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	var room [8]engine.Fact
 	facts := room[:0]
-	var q queryCache
 	for _, z := range h.zones {
 		if z.zone.matchers != nil {
 			ok, err := z.zone.matchers.AnyMatchWithError(r)
@@ -317,7 +316,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		key, why := z.key.resolve(r, repl, &q)
+		key, why := z.key.resolve(r, repl)
 		if why != "" {
 			return h.badKey(w, r, z, why)
 		}

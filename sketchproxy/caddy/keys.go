@@ -101,21 +101,8 @@ func parseKey(s string) (keyTemplate, error) {
 	return kt, nil
 }
 
-// queryCache parses a request's query once for all its zones.
-type queryCache struct {
-	done bool
-	v    url.Values
-}
-
-func (q *queryCache) get(r *http.Request) url.Values {
-	if !q.done {
-		q.v, q.done = r.URL.Query(), true
-	}
-	return q.v
-}
-
 // resolve returns the request's key, or why no key can be read safely.
-func (kt keyTemplate) resolve(r *http.Request, repl *caddy.Replacer, q *queryCache) (key, why string) {
+func (kt keyTemplate) resolve(r *http.Request, repl *caddy.Replacer) (key, why string) {
 	if len(kt) == 1 && kt[0].kind == 'h' { // the usual key: no builder
 		if vs := r.Header[kt[0].text]; len(vs) > 0 && vs[0] != "" {
 			return header(kt[0].text, vs[0]), ""
