@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -591,6 +593,70 @@ func TestBodyBuffering(t *testing.T) {
 	}
 	if want := []string{"10/10", "1024/1024", "-1/5000"}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("upstream saw length/bytes %v, want %v", got, want)
+	}
+}
+
+// A refusal of an HTTP/2 request whose body was not read ends that stream
+// alone (issue 46): Connection: close, which an HTTP/1 refusal needs, makes
+// Go's HTTP/2 server send GOAWAY, and the next request, on the same
+// connection, would have to open another. Both refusals that leave a body
+// unread: a 429, and a 408 for a body that stalls past server.body_timeout.
+func TestHTTP2RefusalKeepsConnection(t *testing.T) {
+	cfg, err := ParseConfig("t", []byte("server: {body_timeout: 100ms}\nrules:\n  - key: [\"header:X-Key\"]\n    limits: [{requests: 1, per: 1m}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })
+	mw, err := New(cfg, up, Options{Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	srv := httptest.NewUnstartedServer(mw)
+	var conns atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	stalled, unstall := io.Pipe() // a body that never comes
+	defer unstall.Close()
+	for i, step := range []struct {
+		name, key string
+		body      io.Reader
+		want      int
+	}{
+		{"a POST", "a", strings.NewReader("body"), 200},
+		{"a POST over its limit", "a", strings.NewReader("body"), 429},
+		{"a POST of another key", "b", strings.NewReader("body"), 200},
+		{"a POST whose body stalls", "c", stalled, 408},
+		{"a POST of another key", "d", strings.NewReader("body"), 200},
+	} {
+		r, _ := http.NewRequest("POST", srv.URL+"/", step.body)
+		r.Header.Set("X-Key", step.key)
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != step.want || resp.ProtoMajor != 2 {
+			t.Errorf("%s: %s %d, want HTTP/2 %d", step.name, resp.Proto, resp.StatusCode, step.want)
+		}
+		if n := conns.Load(); n != 1 {
+			t.Fatalf("%s: %d connections after %d requests, want the first one alone", step.name, n, i+1)
+		}
+	}
+	// HTTP/1 still closes: its unread body would hold the answer back.
+	r := httptest.NewRequest("POST", "/", strings.NewReader("body"))
+	r.Header.Set("X-Key", "a")
+	w := httptest.NewRecorder()
+	mw.ServeHTTP(w, r)
+	if w.Code != 429 || w.Header().Get("Connection") != "close" {
+		t.Errorf("an HTTP/1 POST over its limit: %d, Connection %q; want 429 and close", w.Code, w.Header().Get("Connection"))
 	}
 }
 

@@ -749,12 +749,15 @@ func (rw *reconcileWriter) Unwrap() http.ResponseWriter { return rw.ResponseWrit
 
 func formatNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
-// closeIfBody closes the connection after a refusal of a request whose body
-// was not read: the server would otherwise read (and wait for) the whole
-// body before it sends the answer, which a slow client drips for as long as
-// it likes.
+// closeIfBody closes the connection after a refusal of an HTTP/1 request
+// whose body was not read: the server would otherwise read (and wait for)
+// the whole body before it sends the answer, which a slow client drips for
+// as long as it likes. HTTP/2 ends the one stream instead when the handler
+// returns; there Go's server turns Connection: close into a GOAWAY, and
+// every other request on the connection (other clients' too, behind a
+// gateway) would have to find a new one.
 func closeIfBody(w http.ResponseWriter, r *http.Request) {
-	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
 		w.Header().Set("Connection", "close")
 	}
 }
