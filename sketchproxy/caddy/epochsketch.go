@@ -21,6 +21,7 @@
 package caddyepochsketch
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -148,7 +149,9 @@ var reName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // subdirective at fault and what to write instead.
 func (h *Handler) validate() error {
 	if len(h.Zones) == 0 {
-		return fmt.Errorf("epochsketch: no zones: add at least one with a key, events and a window, e.g.\n%s\n(in JSON: \"zones\": {\"per_ip\": {\"key\": \"{remote_host}\", \"events\": 5, \"window\": \"10s\"}})", zoneExample("per_ip"))
+		// A Caddyfile's directive has said so already (UnmarshalCaddyfile):
+		// this is JSON's error, in JSON.
+		return errors.New(`epochsketch: no zones: add at least one with a key, events and a window, e.g. "zones": {"per_ip": {"key": "{http.epochsketch.client_prefix}", "events": 5, "window": "10s"}}`)
 	}
 	for _, name := range h.names() {
 		z := h.Zones[name]
@@ -159,7 +162,7 @@ func (h *Handler) validate() error {
 			return fmt.Errorf("epochsketch: zone %q is empty: give it a key, events and a window", name)
 		}
 		if strings.TrimSpace(z.Key) == "" {
-			return fmt.Errorf("epochsketch: zone %q: key is missing: set one, e.g. key {remote_host}", name)
+			return fmt.Errorf(`epochsketch: zone %q: key is missing: set one, e.g. "key": "{http.epochsketch.client_prefix}"`, name)
 		}
 		if _, err := parseKey(z.Key); err != nil {
 			return fmt.Errorf("epochsketch: zone %q: key %q: %v", name, z.Key, err)

@@ -82,7 +82,7 @@ func parseKey(s string) (keyTemplate, error) {
 		}
 		j := strings.IndexByte(s[i:], '}')
 		if j < 0 {
-			return nil, fmt.Errorf("a { without its }: write placeholders whole, e.g. {remote_host}")
+			return nil, fmt.Errorf("a { without its }: write placeholders whole, e.g. {http.request.header.X-API-Key}")
 		}
 		text(s[:i])
 		name := s[i+1 : i+j]

@@ -69,7 +69,9 @@ func knownPlaceholder(name string) string {
 	if long := seg[0].Text; long != "{"+name+"}" {
 		return why + fmt.Sprintf("; {%s} is the Caddyfile's shorthand: in JSON write %s", name, long)
 	}
-	return why + "; for the client's address write {remote_host} (the connection's), {client_ip} (past trusted_proxies) or {http.epochsketch.client_prefix} (IPv6 by /64)"
+	// The long forms: {remote_host} and {client_ip} are the Caddyfile's
+	// shorthands, which JSON does not have.
+	return why + "; for the client's address write {http.request.remote.host} (the connection's), {http.vars.client_ip} (past trusted_proxies) or {http.epochsketch.client_prefix} (IPv6 by /64)"
 }
 
 // placeholders returns the names of the placeholders in key.
