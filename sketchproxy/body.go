@@ -48,7 +48,7 @@ func (m *Middleware) prepareBody(w http.ResponseWriter, r *http.Request, sv *Ser
 		return true
 	case errors.Is(err, ErrBodyTimeout):
 		m.met.bodyTimeouts.Add(1)
-		w.Header().Set("Connection", "close")
+		closeIfBody(w, r)
 		writeProblem(w, http.StatusRequestTimeout, "the request body did not arrive within server.body_timeout")
 		return false
 	default:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -594,6 +596,70 @@ func TestBodyBuffering(t *testing.T) {
 	}
 }
 
+// A refusal of an HTTP/2 request whose body was not read ends that stream
+// alone (issue 46): Connection: close, which an HTTP/1 refusal needs, makes
+// Go's HTTP/2 server send GOAWAY, and the next request, on the same
+// connection, would have to open another. Both refusals that leave a body
+// unread: a 429, and a 408 for a body that stalls past server.body_timeout.
+func TestHTTP2RefusalKeepsConnection(t *testing.T) {
+	cfg, err := ParseConfig("t", []byte("server: {body_timeout: 100ms}\nrules:\n  - key: [\"header:X-Key\"]\n    limits: [{requests: 1, per: 1m}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })
+	mw, err := New(cfg, up, Options{Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	srv := httptest.NewUnstartedServer(mw)
+	var conns atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	stalled, unstall := io.Pipe() // a body that never comes
+	defer unstall.Close()
+	for i, step := range []struct {
+		name, key string
+		body      io.Reader
+		want      int
+	}{
+		{"a POST", "a", strings.NewReader("body"), 200},
+		{"a POST over its limit", "a", strings.NewReader("body"), 429},
+		{"a POST of another key", "b", strings.NewReader("body"), 200},
+		{"a POST whose body stalls", "c", stalled, 408},
+		{"a POST of another key", "d", strings.NewReader("body"), 200},
+	} {
+		r, _ := http.NewRequest("POST", srv.URL+"/", step.body)
+		r.Header.Set("X-Key", step.key)
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != step.want || resp.ProtoMajor != 2 {
+			t.Errorf("%s: %s %d, want HTTP/2 %d", step.name, resp.Proto, resp.StatusCode, step.want)
+		}
+		if n := conns.Load(); n != 1 {
+			t.Fatalf("%s: %d connections after %d requests, want the first one alone", step.name, n, i+1)
+		}
+	}
+	// HTTP/1 still closes: its unread body would hold the answer back.
+	r := httptest.NewRequest("POST", "/", strings.NewReader("body"))
+	r.Header.Set("X-Key", "a")
+	w := httptest.NewRecorder()
+	mw.ServeHTTP(w, r)
+	if w.Code != 429 || w.Header().Get("Connection") != "close" {
+		t.Errorf("an HTTP/1 POST over its limit: %d, Connection %q; want 429 and close", w.Code, w.Header().Get("Connection"))
+	}
+}
+
 // codeKey sends one request with key as its X-Key.
 func codeKey(mw *Middleware, key string) int {
 	r := httptest.NewRequest("GET", "http://api.test/", nil)
@@ -633,5 +699,54 @@ func TestPaddedKeyPartJudgedAlone(t *testing.T) {
 	}
 	if admitted != 3 {
 		t.Errorf("a client rotating 5,000-byte keys was admitted %d of 6, want its 3", admitted)
+	}
+}
+
+// TestKeySpellings: spellings an application reads as one credential are
+// one key (issue 46): the Authorization scheme in any case and with extra
+// spaces; a query key as PHP reads it (api.key, api%20key) and before a
+// ';'. Two spellings of the key parameter at once are refused with 400.
+// Before, each spelling started a new key (or "-" for api_key=zed;x=1).
+func TestKeySpellings(t *testing.T) {
+	for _, tc := range []struct {
+		name, key string
+		first     func(*http.Request)
+		others    []func(*http.Request)
+	}{
+		{"bearer", "header:Authorization", func(r *http.Request) { r.Header.Set("Authorization", "Bearer abc") }, []func(*http.Request){
+			func(r *http.Request) { r.Header.Set("Authorization", "bearer abc") },
+			func(r *http.Request) { r.Header.Set("Authorization", "BEARER abc") },
+			func(r *http.Request) { r.Header.Set("Authorization", "Bearer  abc") },
+		}},
+		{"query", "query:api_key", func(r *http.Request) { r.URL.RawQuery = "api_key=zed" }, []func(*http.Request){
+			func(r *http.Request) { r.URL.RawQuery = "api.key=zed" },
+			func(r *http.Request) { r.URL.RawQuery = "api%20key=zed" },
+			func(r *http.Request) { r.URL.RawQuery = "api_key=zed;x=1" },
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, "rules:\n  - name: k\n    key: [\""+tc.key+"\"]\n    limits: [{requests: 1, per: 1h}]\n")
+			do := func(set func(*http.Request)) int {
+				r := httptest.NewRequest("GET", "/", nil)
+				set(r)
+				w := httptest.NewRecorder()
+				h.mw.ServeHTTP(w, r)
+				return w.Code
+			}
+			if c := do(tc.first); c != 200 {
+				t.Fatalf("first: %d, want 200", c)
+			}
+			for i, set := range tc.others {
+				if c := do(set); c != 429 {
+					t.Errorf("spelling %d: %d, want 429 (the same key)", i+1, c)
+				}
+			}
+		})
+	}
+	h := newHarness(t, "rules:\n  - name: k\n    key: [\"query:api_key\"]\n    limits: [{requests: 5, per: 1h}]\n")
+	w := httptest.NewRecorder()
+	h.mw.ServeHTTP(w, httptest.NewRequest("GET", "/?api_key=a&api.key=b", nil))
+	if w.Code != 400 {
+		t.Errorf("api_key and api.key at once: %d, want 400", w.Code)
 	}
 }

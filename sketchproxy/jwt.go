@@ -59,6 +59,11 @@ type JWTConfig struct {
 	// Leeway is the clock skew allowed for exp, nbf and iat, up to 1h (0,
 	// or a negative value in code: none).
 	Leeway Duration `yaml:"leeway" example:"30s"`
+	// RequireExp refuses a token without an exp claim as it refuses an
+	// expired one (401): such a token never expires, so one that leaks
+	// is a key for good. Set it false to accept such tokens, for an
+	// issuer that sets no exp.
+	RequireExp *bool `yaml:"require_exp" example:"false"`
 }
 
 // jwtKeyset are the keys a jwt section's files hold, read when it is
@@ -95,6 +100,9 @@ func (c *Config) validateJWT(k *jwtKeyset) error {
 	}
 	if j.JWKSRefresh == 0 {
 		j.JWKSRefresh = Duration(time.Hour)
+	}
+	if j.RequireExp == nil {
+		j.RequireExp = ptr(true)
 	}
 	if j.Leeway < 0 || j.Leeway > Duration(time.Hour) {
 		return at("want 0 to 1h", "leeway")
@@ -212,6 +220,9 @@ func newJWTVerifier(j *JWTConfig, k *jwtKeyset, prev *jwtVerifier, log *slog.Log
 	}
 	if j.Audience != "" {
 		opts = append(opts, jwt.WithAudience(j.Audience))
+	}
+	if j.RequireExp == nil || *j.RequireExp {
+		opts = append(opts, jwt.WithExpirationRequired())
 	}
 	v := &jwtVerifier{cfg: j, parser: jwt.NewParser(opts...)}
 	switch {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
 )
 
 // Options are what a program supplies beside the Config.
@@ -379,7 +379,6 @@ type request struct {
 	addr              netip.Addr
 	client            string // addr grouped by prefix: the per-client cap's key
 	ip                string
-	query             url.Values
 	claims            jwt.MapClaims   // the verified bearer token's, once a rule needs them
 	sc                *engine.Scratch // from scratchPool; nil once freed
 	// refusal, if not 0, is the status of every refusal: a forward-auth
@@ -408,15 +407,18 @@ func (rq *request) part(ci *ClientIPConfig, k string) string {
 		}
 		return rq.ip
 	case strings.HasPrefix(k, "header:"):
-		if v := rq.r.Header.Get(k[len("header:"):]); v != "" {
+		name := http.CanonicalHeaderKey(k[len("header:"):])
+		if v := rq.r.Header.Get(name); v != "" {
+			if keysrc.IsCredentials(name) {
+				return keysrc.Credentials(v) // "bearer abc" is "Bearer  abc"
+			}
 			return v
 		}
 	case strings.HasPrefix(k, "query:"):
-		if rq.query == nil {
-			rq.query = rq.r.URL.Query()
-		}
-		if v := rq.query.Get(k[len("query:"):]); v != "" {
-			return v
+		// Every spelling an application reads as the name ("api.key" to
+		// PHP), with ';' a separator too: ambiguous has refused two.
+		if vs := keysrc.Query(rq.r.URL.RawQuery, k[len("query:"):]); len(vs) > 0 && vs[0] != "" {
+			return vs[0]
 		}
 	case strings.HasPrefix(k, "jwt:"):
 		if v, err := claimString(rq.claims, k[len("jwt:"):]); err == nil {
@@ -459,7 +461,7 @@ func (rq *request) hostIs(h string) bool {
 // differs from a key header only by '_' for '-' or by case (CGI, WSGI and
 // Rack servers read X_API_Key as X-API-Key; nginx drops it). Query keys
 // given twice are ambiguous the same way.
-func (ru *rule) ambiguous(r *http.Request, q func() url.Values) string {
+func (ru *rule) ambiguous(r *http.Request) string {
 	for _, name := range ru.keyHeaders {
 		if n := len(r.Header.Values(name)); n > 1 {
 			return fmt.Sprintf("the key header %s is sent %d times", name, n)
@@ -479,7 +481,7 @@ func (ru *rule) ambiguous(r *http.Request, q func() url.Values) string {
 		}
 	}
 	for _, name := range ru.keyQueries {
-		if n := len(q()[name]); n > 1 {
+		if n := len(keysrc.Query(r.URL.RawQuery, name)); n > 1 {
 			return fmt.Sprintf("the key parameter %q is given %d times", name, n)
 		}
 	}
@@ -639,17 +641,11 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 	}
 	rq.loose = loosePath(rq.path)
 	rq.sc = scratchPool.Get().(*engine.Scratch)
-	query := func() url.Values {
-		if rq.query == nil {
-			rq.query = r.URL.Query()
-		}
-		return rq.query
-	}
 	for _, ru := range st.rules {
 		if !ru.matches(rq) {
 			continue
 		}
-		if why := ru.ambiguous(r, query); why != "" {
+		if why := ru.ambiguous(r); why != "" {
 			rq.free()
 			m.badRequest(w, r, why)
 			return nil, false
@@ -753,12 +749,15 @@ func (rw *reconcileWriter) Unwrap() http.ResponseWriter { return rw.ResponseWrit
 
 func formatNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
-// closeIfBody closes the connection after a refusal of a request whose body
-// was not read: the server would otherwise read (and wait for) the whole
-// body before it sends the answer, which a slow client drips for as long as
-// it likes.
+// closeIfBody closes the connection after a refusal of an HTTP/1 request
+// whose body was not read: the server would otherwise read (and wait for)
+// the whole body before it sends the answer, which a slow client drips for
+// as long as it likes. HTTP/2 ends the one stream instead when the handler
+// returns; there Go's server turns Connection: close into a GOAWAY, and
+// every other request on the connection (other clients' too, behind a
+// gateway) would have to find a new one.
 func closeIfBody(w http.ResponseWriter, r *http.Request) {
-	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
 		w.Header().Set("Connection", "close")
 	}
 }

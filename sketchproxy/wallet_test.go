@@ -467,6 +467,31 @@ func TestJWTKeys(t *testing.T) {
 	}
 }
 
+// A token without exp never expires: refused as an invalid token (401)
+// unless jwt.require_exp is false; one with exp passes either way.
+func TestJWTRequireExp(t *testing.T) {
+	k := newJWTKeys(t)
+	noExp := k.sign(t, jwt.SigningMethodHS256, k.secret, jwt.MapClaims{"sub": "alice"})
+	withExp := k.sign(t, jwt.SigningMethodHS256, k.secret, jwt.MapClaims{"sub": "alice", "exp": time.Now().Add(time.Hour).Unix()})
+	for _, c := range []struct {
+		setting string
+		noExp   int
+	}{
+		{"", 401},
+		{", require_exp: true", 401},
+		{", require_exp: false", 200},
+	} {
+		h := newHarness(t, "jwt: {hmac_secret_file: "+k.secFile+c.setting+"}\nrules:\n  - key: [\"jwt:sub\"]\n    limits: [{requests: 100, per: 1m}]\n")
+		w := h.req("198.51.100.1", "Authorization", "Bearer "+noExp)
+		if w.Code != c.noExp || c.noExp == 401 && !strings.Contains(w.Header().Get("WWW-Authenticate"), `error="invalid_token"`) {
+			t.Errorf("jwt {hmac_secret_file%s}: a token without exp: %d %q, want %d", c.setting, w.Code, w.Header().Get("WWW-Authenticate"), c.noExp)
+		}
+		if w := h.req("198.51.100.1", "Authorization", "Bearer "+withExp); w.Code != 200 {
+			t.Errorf("jwt {hmac_secret_file%s}: a token with exp: %d", c.setting, w.Code)
+		}
+	}
+}
+
 // tamper changes the payload's subject and keeps the signature.
 func tamper(tok string) string {
 	parts := strings.Split(tok, ".")

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/epochsketch/epochsketch"
@@ -129,5 +130,101 @@ func TestLongestWait(t *testing.T) {
 	err := g.Limit(context.Background())
 	if status.Code(err) != codes.ResourceExhausted || !strings.HasSuffix(err.Error(), "retry after 9223372037 s") {
 		t.Fatalf("%v, want ResourceExhausted, retry after 9223372037 s", err)
+	}
+}
+
+// TestNewNil: a nil Limiter or key function panics at New, saying so,
+// not at the first call.
+func TestNewNil(t *testing.T) {
+	l := newLimiter(t, 1)
+	for name, mk := range map[string]func(){
+		"nil-limiter": func() { grpclimit.New(nil, grpclimit.PeerIP) },
+		"nil-key":     func() { grpclimit.New(l, nil) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if msg, _ := recover().(string); !strings.Contains(msg, "grpclimit: New needs") {
+					t.Fatalf("panic %q, want grpclimit: New needs ...", msg)
+				}
+			}()
+			mk()
+		})
+	}
+}
+
+// peerCtx is an incoming call's context from addr with metadata pairs.
+func peerCtx(addr string, kv ...string) context.Context {
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: addrOf(addr)})
+	return metadata.NewIncomingContext(ctx, metadata.Pairs(kv...))
+}
+
+type addrOf string
+
+func (a addrOf) Network() string { return "tcp" }
+func (a addrOf) String() string  { return string(a) }
+
+// TestPeerIPGroups: IPv6 peers of one /64 are one key, as limit.ClientIP
+// with IPv6Prefix(64) keys them; IPv4 and IPv4-mapped peers stay whole.
+func TestPeerIPGroups(t *testing.T) {
+	for _, tc := range []struct{ addr, want string }{
+		{"192.0.2.7:5000", "192.0.2.7"},
+		{"[::ffff:192.0.2.7]:5000", "192.0.2.7"},
+		{"[2001:db8:1:2::1]:5000", "2001:db8:1:2::/64"},
+		{"[2001:db8:1:2:ffff::9%eth0]:5000", "2001:db8:1:2::/64"},
+		{"@", "@"},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			if got := grpclimit.PeerIP(peerCtx(tc.addr)); got != tc.want {
+				t.Fatalf("PeerIP = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestClientIP: behind a trusted proxy the right-most untrusted address
+// of x-forwarded-for is the key, whatever the client wrote left of it;
+// from an untrusted peer the metadata is ignored.
+func TestClientIP(t *testing.T) {
+	key, err := grpclimit.ClientIP(limit.TrustProxies("10.0.0.0/8"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, peer, xff, want string
+	}{
+		{"trusted", "10.0.0.1:1", "198.51.100.9", "198.51.100.9"},
+		{"spoofed-left", "10.0.0.1:1", "1.2.3.4, 198.51.100.9", "198.51.100.9"},
+		{"two-hops", "10.0.0.1:1", "198.51.100.9, 10.0.0.2", "198.51.100.9"},
+		{"v6-by-64", "10.0.0.1:1", "2001:db8:1:2::77", "2001:db8:1:2::/64"},
+		{"untrusted-peer", "203.0.113.5:1", "1.2.3.4", "203.0.113.5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := key(peerCtx(tc.peer, "x-forwarded-for", tc.xff)); got != tc.want {
+				t.Fatalf("key = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if _, err := grpclimit.ClientIP(limit.TrustProxies("nope")); err == nil {
+		t.Fatal("TrustProxies(nope): no error")
+	}
+}
+
+// TestRefusalMessage: through the interceptors the message carries the
+// wait once, not a status error's "rpc error: code = ... desc =" inside
+// theirs; called directly, the error still has code ResourceExhausted.
+func TestRefusalMessage(t *testing.T) {
+	g := grpclimit.New(newLimiter(t, 1), func(context.Context) string { return "k" })
+	c := serve(t, g)
+	c.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	_, err := c.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("%v, want ResourceExhausted", err)
+	}
+	msg := status.Convert(err).Message()
+	if strings.Count(msg, "rpc error") != 0 || strings.Count(msg, "retry after") != 1 {
+		t.Fatalf("message %q: want one \"retry after\" and no nested \"rpc error\"", msg)
+	}
+	if err := g.Limit(context.Background()); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Limit: %v, want ResourceExhausted", err)
 	}
 }

@@ -22,7 +22,9 @@ func init() {
 	// reverse_proxy, file_server. Rewrites (rewrite, uri, try_files) come
 	// first, so zones' matchers see the rewritten request, as every
 	// handler after them does. "order epochsketch ..." in the global
-	// options moves it.
+	// options moves it. A zone keyed by what authentication sets is
+	// refused where authentication runs after it (order.go, laterAuth):
+	// it goes after the authentication in a route block.
 	httpcaddyfile.RegisterDirectiveOrder("epochsketch", httpcaddyfile.Before, "basic_auth")
 }
 

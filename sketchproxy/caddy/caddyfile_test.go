@@ -16,7 +16,7 @@ import (
 func TestUnmarshalCaddyfile(t *testing.T) {
 	in := `epochsketch {
 		zone per_ip {
-			key {remote_host}
+			key {http.request.remote.host}
 			events 5
 			window 10s
 		}
@@ -43,7 +43,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	got, _ := json.Marshal(&h)
 	want := `{"zones":{"api_keys":{"key":"{http.request.header.X-API-Key}","events":100,"window":60000000000,"burst":20,"shared":true,` +
 		`"match":[{"method":["POST"],"path":["/api/*"]}]},` +
-		`"per_ip":{"key":"{remote_host}","events":5,"window":10000000000}},"sketch_buckets":4096,"new_keys_off":true,"jitter":0.2,"log_key":true}`
+		`"per_ip":{"key":"{http.request.remote.host}","events":5,"window":10000000000}},"sketch_buckets":4096,"new_keys_off":true,"jitter":0.2,"log_key":true}`
 	if string(got) != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
@@ -77,7 +77,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"no window", "epochsketch {\n\tzone a {\n\t\tkey {remote_host}\n\t\tevents 5\n\t}\n}", `zone a: window is missing: set the period of events, e.g. window 1m, at Testfile:2`},
 		{"no events", "epochsketch {\n\tzone a {\n\t\tkey {remote_host}\n\t\twindow 1m\n\t}\n}", `zone a: events is missing: set how many requests a key may make per window, e.g. events 100, at Testfile:2`},
 		{"no key", "epochsketch {\n\tzone a {\n\t\tevents 5\n\t\twindow 1m\n\t}\n}", `zone a: key is missing: set one, e.g. key {remote_host}, at Testfile:2`},
-		{"bad key", "epochsketch {\n\tzone a {\n\t\tkey {remote_host\n\t\tevents 5\n\t\twindow 1m\n\t}\n}", `zone a: key "{remote_host": a { without its }: write placeholders whole, e.g. {remote_host}, at Testfile:2`},
+		{"bad key", "epochsketch {\n\tzone a {\n\t\tkey {remote_host\n\t\tevents 5\n\t\twindow 1m\n\t}\n}", `zone a: key "{remote_host": a { without its }: write placeholders whole, e.g. {http.request.header.X-API-Key}, at Testfile:2`},
 		{"bad burst", "epochsketch {\n\tzone a {\n\t\tkey {remote_host}\n\t\tevents 1000000\n\t\twindow 1s\n\t\tburst 1\n\t}\n}", `zone a: burst: 1e+06 per 1s with a burst of 1 needs a tick of 619ns, under 1ms: raise the burst to at least 1488, at Testfile:2`},
 		{"bad name", "epochsketch {\n\tzone a.b {\n\t\tkey {remote_host}\n\t}\n}", `zone "a.b": name: use 1 to 64 letters, digits, - and _, e.g. zone per_ip, at Testfile:2`},
 		{"no zones", "epochsketch {\n}", "no zones: add at least one with a key, events and a window, e.g.\n\tzone per_ip {\n\t\tkey {remote_host}\n\t\tevents 5\n\t\twindow 10s\n\t}, at Testfile:1"},
@@ -103,7 +103,7 @@ func TestValidate(t *testing.T) {
 		want string
 	}{
 		{"no zones", Handler{}, "no zones: add at least one"},
-		{"no key", Handler{Zones: map[string]*Zone{"a": {Events: 1, Window: 1e9}}}, `zone "a": key is missing: set one, e.g. key {remote_host}`},
+		{"no key", Handler{Zones: map[string]*Zone{"a": {Events: 1, Window: 1e9}}}, `zone "a": key is missing: set one, e.g. "key": "{http.epochsketch.client_prefix}"`},
 		{"bad key", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host", Events: 1, Window: 1e9}}}, `zone "a": key "{remote_host": a { without its }`},
 		{"no events", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Window: 1e9}}}, `zone "a": events is missing: set how many requests a key may make per window`},
 		{"no window", Handler{Zones: map[string]*Zone{"a": {Key: "{remote_host}", Events: 5}}}, `zone "a": window is missing: set the period of events, e.g. window 1m`},
@@ -124,14 +124,42 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// Validate's errors are those of a JSON config (a Caddyfile's directive
+// reports its own first): every placeholder one suggests works in JSON,
+// where {remote_host} and {client_ip}, the Caddyfile's shorthands, are
+// refused (TestUnknownPlaceholder).
+func TestValidateSuggestsJSON(t *testing.T) {
+	suggested := regexp.MustCompile(`\{[A-Za-z0-9_.-]+\}`)
+	for _, h := range []Handler{
+		{},
+		{Zones: map[string]*Zone{"a": {Events: 1, Window: 1e9}}},
+		{Zones: map[string]*Zone{"a": {Key: "{http.request.header.X-Key", Events: 1, Window: 1e9}}},
+		{Zones: map[string]*Zone{"a": {Key: "{remote_ip}", Events: 1, Window: 1e9}}},
+	} {
+		err := h.Validate()
+		if err == nil {
+			t.Fatalf("%+v: Validate accepted it", h.Zones["a"])
+		}
+		msg := err.Error()
+		if z := h.Zones["a"]; z != nil && z.Key != "" {
+			msg = strings.ReplaceAll(msg, z.Key, "") // the key as given
+		}
+		for _, p := range suggested.FindAllString(msg, -1) {
+			if why := knownPlaceholder(p[1 : len(p)-1]); why != "" {
+				t.Errorf("%q suggests %s: %s", err, p, why)
+			}
+		}
+	}
+}
+
 // The JSON form the README shows.
 func TestJSONForm(t *testing.T) {
 	var h Handler
-	in := `{"handler": "epochsketch", "zones": {"per_ip": {"key": "{remote_host}", "events": 5, "window": "10s", "match": [{"path": ["/api/*"]}]}}}`
+	in := `{"handler": "epochsketch", "zones": {"per_ip": {"key": "{http.request.remote.host}", "events": 5, "window": "10s", "match": [{"path": ["/api/*"]}]}}}`
 	if err := json.Unmarshal([]byte(in), &h); err != nil {
 		t.Fatal(err)
 	}
-	if z := h.Zones["per_ip"]; z == nil || z.Key != "{remote_host}" || z.Events != 5 || time.Duration(z.Window) != 10*time.Second || len(z.MatcherSetsRaw) != 1 {
+	if z := h.Zones["per_ip"]; z == nil || z.Key != "{http.request.remote.host}" || z.Events != 5 || time.Duration(z.Window) != 10*time.Second || len(z.MatcherSetsRaw) != 1 {
 		t.Fatalf("read %+v", h.Zones["per_ip"])
 	}
 	if err := h.Validate(); err != nil {

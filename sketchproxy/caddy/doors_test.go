@@ -48,7 +48,7 @@ func TestDoorsAgree(t *testing.T) {
 			clk := epochsketch.NewManualClock(t0)
 			ok := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
 
-			caddyDoor := newConfig(t, clk).provision(one("per-client", &Zone{Key: "{remote_host}", Events: float64(c.requests), Window: caddy.Duration(per)}))
+			caddyDoor := newConfig(t, clk).provision(one("per-client", &Zone{Key: "{http.request.remote.host}", Events: float64(c.requests), Window: caddy.Duration(per)}))
 
 			cfg, err := sketchproxy.ParseConfig("test.yaml", []byte(fmt.Sprintf("rules:\n  - name: per-client\n    limits: [{requests: %d, per: %s}]\n", c.requests, c.per)))
 			if err != nil {

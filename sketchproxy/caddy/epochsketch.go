@@ -21,6 +21,7 @@
 package caddyepochsketch
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -148,7 +149,9 @@ var reName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // subdirective at fault and what to write instead.
 func (h *Handler) validate() error {
 	if len(h.Zones) == 0 {
-		return fmt.Errorf("epochsketch: no zones: add at least one with a key, events and a window, e.g.\n%s\n(in JSON: \"zones\": {\"per_ip\": {\"key\": \"{remote_host}\", \"events\": 5, \"window\": \"10s\"}})", zoneExample("per_ip"))
+		// A Caddyfile's directive has said so already (UnmarshalCaddyfile):
+		// this is JSON's error, in JSON.
+		return errors.New(`epochsketch: no zones: add at least one with a key, events and a window, e.g. "zones": {"per_ip": {"key": "{http.epochsketch.client_prefix}", "events": 5, "window": "10s"}}`)
 	}
 	for _, name := range h.names() {
 		z := h.Zones[name]
@@ -159,7 +162,7 @@ func (h *Handler) validate() error {
 			return fmt.Errorf("epochsketch: zone %q is empty: give it a key, events and a window", name)
 		}
 		if strings.TrimSpace(z.Key) == "" {
-			return fmt.Errorf("epochsketch: zone %q: key is missing: set one, e.g. key {remote_host}", name)
+			return fmt.Errorf(`epochsketch: zone %q: key is missing: set one, e.g. "key": "{http.epochsketch.client_prefix}"`, name)
 		}
 		if _, err := parseKey(z.Key); err != nil {
 			return fmt.Errorf("epochsketch: zone %q: key %q: %v", name, z.Key, err)
@@ -194,6 +197,13 @@ func (h *Handler) validate() error {
 			return fmt.Errorf("epochsketch: %w", err)
 		}
 	}
+	for _, name := range h.names() {
+		for _, p := range placeholders(h.Zones[name].Key) {
+			if why := knownPlaceholder(p); why != "" {
+				return fmt.Errorf("epochsketch: zone %q: key %q: %s", name, h.Zones[name].Key, why)
+			}
+		}
+	}
 	return nil
 }
 
@@ -226,6 +236,9 @@ func (h *Handler) buckets() int {
 // loads the zones' matchers.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.validate(); err != nil {
+		return err
+	}
+	if err := h.laterAuth(ctx); err != nil {
 		return err
 	}
 	h.logger = ctx.Logger(h)
@@ -296,7 +309,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	var room [8]engine.Fact
 	facts := room[:0]
-	var q queryCache
 	for _, z := range h.zones {
 		if z.zone.matchers != nil {
 			ok, err := z.zone.matchers.AnyMatchWithError(r)
@@ -307,7 +319,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		key, why := z.key.resolve(r, repl, &q)
+		key, why := z.key.resolve(r, repl)
 		if why != "" {
 			return h.badKey(w, r, z, why)
 		}

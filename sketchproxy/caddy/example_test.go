@@ -13,6 +13,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/epochsketch/epochsketch"
 )
 
 type lockedBuffer struct {
@@ -164,6 +170,49 @@ func TestExampleScript(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(tmp, "*")); len(left) > 0 {
 		t.Errorf("run.sh left %v behind", left)
+	}
+}
+
+// The example's per_ip zone counts an IPv6 client by its /64, one
+// subscriber's network: six addresses of one /64 get per_ip's 5 and no
+// more. Keyed by {remote_host}, as it was, each of them (of 2^64) had a
+// limit of its own (issue 46).
+func TestExampleCaddyfileIPv6(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "examples", "caddy-module", "Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := string(src[bytes.Index(src, []byte("epochsketch {")):])
+	for i, depth := 0, 0; i < len(block); i++ { // up to its closing brace
+		if block[i] == '{' {
+			depth++
+		} else if block[i] == '}' {
+			if depth--; depth == 0 {
+				block = block[:i+1]
+			}
+		}
+	}
+	tokens, err := caddyfile.Tokenize([]byte(block), "Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg := caddyfile.Segment(tokens)
+	httpcaddyfile.NewShorthandReplacer().ApplyToSegment(&seg) // {remote_host}, as the adapter reads it
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewDispenser(seg)); err != nil {
+		t.Fatalf("%v\n%s", err, block)
+	}
+	newConfig(t, epochsketch.NewManualClock(t0)).provision(&h)
+	var codes []string
+	for i := range 6 {
+		ip := fmt.Sprintf("2001:db8::%x", i+1)
+		r := request("/")
+		r.RemoteAddr = "[" + ip + "]:1234"
+		caddyhttp.SetVar(r.Context(), caddyhttp.ClientIPVarKey, ip)
+		codes = append(codes, fmt.Sprint(serve([]*Handler{&h}, r).Code))
+	}
+	if got := strings.Join(codes, " "); got != "200 200 200 200 200 429" {
+		t.Errorf("6 addresses of one /64 through the example's zones: %s, want per_ip's 5 for the /64", got)
 	}
 }
 

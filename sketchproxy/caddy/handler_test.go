@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -353,6 +355,60 @@ func TestRefusalWritten(t *testing.T) {
 	if w.err != nil || w.Code != 429 || w.reached != nil || w.Header().Get("Content-Type") != "application/problem+json" ||
 		!strings.Contains(string(body), `"violated-policies":["api-per-1m"]`) || w.Header().Get("Retry-After") != "37" {
 		t.Errorf("%v %d %v %s", w.err, w.Code, w.Header(), body)
+	}
+}
+
+// A refusal of an HTTP/2 request with a body ends that stream alone (issue
+// 46): Connection: close, which an HTTP/1 refusal needs so that the server
+// does not wait for the unread body, makes Go's HTTP/2 server (Caddy's)
+// send GOAWAY, and the next request on the connection would have to open
+// another.
+func TestHTTP2RefusalKeepsConnection(t *testing.T) {
+	c := newConfig(t, epochsketch.NewManualClock(t0))
+	h := c.provision(one("api", zone(1, time.Minute)))
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h.ServeHTTP(w, prepared(r), next); err != nil {
+			t.Error(err)
+		}
+	}))
+	var conns atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	for i, step := range []struct {
+		name, key string
+		want      int
+	}{
+		{"a POST", "a", 200},
+		{"a POST over its limit", "a", 429},
+		{"a POST of another key", "b", 200},
+	} {
+		r, _ := http.NewRequest("POST", srv.URL+"/", strings.NewReader("body"))
+		r.Header.Set("X-Key", step.key)
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != step.want || resp.ProtoMajor != 2 {
+			t.Errorf("%s: %s %d, want HTTP/2 %d", step.name, resp.Proto, resp.StatusCode, step.want)
+		}
+		if n := conns.Load(); n != 1 {
+			t.Fatalf("%s: %d connections after %d requests, want the first one alone", step.name, n, i+1)
+		}
+	}
+	// HTTP/1 still closes.
+	r := prepared(httptest.NewRequest("POST", "http://example.com/", strings.NewReader("body")))
+	r.Header.Set("X-Key", "a")
+	if w := serve([]*Handler{h}, r); w.Code != 429 || w.Header().Get("Connection") != "close" {
+		t.Errorf("an HTTP/1 POST over its limit: %d, Connection %q; want 429 and close", w.Code, w.Header().Get("Connection"))
 	}
 }
 

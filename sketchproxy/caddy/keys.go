@@ -12,6 +12,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
 )
 
 // Keys: a zone's key is a template of placeholders, resolved per request.
@@ -80,7 +82,7 @@ func parseKey(s string) (keyTemplate, error) {
 		}
 		j := strings.IndexByte(s[i:], '}')
 		if j < 0 {
-			return nil, fmt.Errorf("a { without its }: write placeholders whole, e.g. {remote_host}")
+			return nil, fmt.Errorf("a { without its }: write placeholders whole, e.g. {http.request.header.X-API-Key}")
 		}
 		text(s[:i])
 		name := s[i+1 : i+j]
@@ -99,24 +101,11 @@ func parseKey(s string) (keyTemplate, error) {
 	return kt, nil
 }
 
-// queryCache parses a request's query once for all its zones.
-type queryCache struct {
-	done bool
-	v    url.Values
-}
-
-func (q *queryCache) get(r *http.Request) url.Values {
-	if !q.done {
-		q.v, q.done = r.URL.Query(), true
-	}
-	return q.v
-}
-
 // resolve returns the request's key, or why no key can be read safely.
-func (kt keyTemplate) resolve(r *http.Request, repl *caddy.Replacer, q *queryCache) (key, why string) {
+func (kt keyTemplate) resolve(r *http.Request, repl *caddy.Replacer) (key, why string) {
 	if len(kt) == 1 && kt[0].kind == 'h' { // the usual key: no builder
 		if vs := r.Header[kt[0].text]; len(vs) > 0 && vs[0] != "" {
-			return vs[0], ""
+			return header(kt[0].text, vs[0]), ""
 		}
 		return "-", ""
 	}
@@ -127,10 +116,10 @@ func (kt keyTemplate) resolve(r *http.Request, repl *caddy.Replacer, q *queryCac
 			b.WriteString(repl.ReplaceAll(p.text, ""))
 		case 'h':
 			if vs := r.Header[p.text]; len(vs) > 0 {
-				b.WriteString(vs[0])
+				b.WriteString(header(p.text, vs[0]))
 			}
 		case 'q':
-			vs := q.get(r)[p.text]
+			vs := keysrc.Query(r.URL.RawQuery, p.text)
 			if len(vs) > 1 {
 				return "", fmt.Sprintf("the key parameter %.64q is given %d times", p.text, len(vs))
 			}
@@ -155,6 +144,15 @@ func (kt keyTemplate) resolve(r *http.Request, repl *caddy.Replacer, q *queryCac
 		return "-", ""
 	}
 	return b.String(), ""
+}
+
+// header is the value v of the header name as a key: credentials with
+// their scheme in one spelling ("bearer abc" for "BEARER  abc").
+func header(name, v string) string {
+	if keysrc.IsCredentials(name) {
+		return keysrc.Credentials(v)
+	}
+	return v
 }
 
 // clientPrefix is {http.epochsketch.client_prefix} for r: the client's

@@ -171,9 +171,12 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	h.setFields(hd, r, &d.Fields, true)
 	hd.Set("Retry-After", strconv.FormatInt(secs, 10))
 	hd.Set("Cache-Control", "no-store")
-	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
 		// The body is not read: without this the server would wait for
 		// it, however slowly it is sent, before the answer goes out.
+		// HTTP/2 ends the one stream instead; there Go's server turns
+		// Connection: close into a GOAWAY for every request on the
+		// connection.
 		hd.Set("Connection", "close")
 	}
 	zone := ""

@@ -646,7 +646,9 @@ func newReverseProxy(target *url.URL, silence time.Duration, log *slog.Logger, f
 				return // the client left
 			}
 			if errors.Is(err, sketchproxy.ErrBodyTimeout) {
-				w.Header().Set("Connection", "close")
+				if r.ProtoMajor == 1 { // HTTP/2 ends the stream alone; close would GOAWAY the connection
+					w.Header().Set("Connection", "close")
+				}
 				w.Header().Set("Content-Type", "application/problem+json")
 				w.WriteHeader(http.StatusRequestTimeout)
 				fmt.Fprintf(w, `{"type":"about:blank","title":"Request Timeout","status":408,"detail":"the request body did not arrive within server.body_timeout"}`+"\n")
