@@ -9,8 +9,9 @@ import (
 	"github.com/epochsketch/epochsketch/rate"
 )
 
-// MaxBurst is the largest Burst, 8,388,607 (rate.MaxBurst): a key's count
-// holds two counts per request and parks at epochsketch.MaxCount.
+// MaxBurst is the largest Burst, 133,152 (rate.MaxBurst): a key's count
+// holds two counts per request, plus one, in a smooth sketch's 24 bits
+// (docs/DESIGN.md, Smooth decay).
 const MaxBurst = rate.MaxBurst
 
 // Config configures a Limiter. Requests and Per are required, so the zero
@@ -19,25 +20,26 @@ const MaxBurst = rate.MaxBurst
 // it.
 type Config struct {
 	// Requests per Per is the limit: a key sending more is admitted at
-	// exactly this rate.
+	// this rate and at most 2.7% more (rate.Excess); one sending evenly at
+	// it is never refused.
 	Requests int
 	Per      time.Duration
 
 	// Burst is the most requests an idle key is admitted at once. 0 means
-	// Requests (package rate, "The default Burst"): a key spreading its
-	// requests evenly at up to Requests per Per is never refused. 2 ×
-	// Requests makes the tick Per, and then a key that sends at most
-	// Requests in every window of Per, however bunched, is never refused.
-	// A Burst spreads a flooding key's admissions over Per (the tick is
-	// Per × Burst / (2 × Requests)); a key is never refused while it sends
-	// at most Burst/2 per tick. At most MaxBurst.
+	// Requests (package rate, "The default Burst"). In any window of
+	// length w a key is admitted at most Burst × 17/16 + Requests × 1.05 ×
+	// w/Per + 1 (package rate, What a client may count on). The burst is a
+	// first burst: a key held at its limit has none left, whatever its
+	// Burst, and a client that sends its quota in clumps needs a higher
+	// rate, not a higher burst. At most MaxBurst.
 	Burst int
 
 	// NumBuckets sizes the memory: NumBuckets × 64 bytes, whatever the
 	// number of keys. 0 means epochsketch.DefaultNumBuckets (4 MiB).
 	//
-	// Its capacity is in keys at their limit per tick (the tick is
-	// Per × Burst / (2 × Requests), Per/2 with the default Burst). A key
+	// Its capacity is in keys at their limit per tick (package rate's
+	// tick, about Per × Burst × 0.7 / Requests; 0.62 × Per for a Burst of
+	// 1). A key
 	// holds its slot until its count decays to 0, bits.Len(2 × Burst)
 	// ticks after its last request (2 ticks for a Burst of 1, 5 for 10, 8
 	// for 100), so epochsketch.BucketsFor(K × bits.Len(2 × Burst)) buckets

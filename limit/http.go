@@ -27,8 +27,8 @@ import (
 //
 // q requests per w seconds is the limit in whole numbers (2.5 per minute
 // is q=5;w=120), r the requests the key may still send (at most q), and t
-// the seconds until more quota: the next tick when admitted; the same wait
-// as Retry-After, with r=0, when refused. Config.Name names the policy.
+// the seconds until more quota: until one more request than r fits when
+// admitted; the same wait as Retry-After, with r=0, when refused. Config.Name names the policy.
 //
 // # Several limits
 //

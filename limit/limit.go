@@ -26,18 +26,28 @@
 // # What it promises
 //
 // A [Limiter] for Requests per Per keeps, for each key, a count that halves
-// every tick and admits a request only if the count plus the request stays
-// within a threshold, in one compare-and-swap:
+// every tick, smoothly, in 32 steps (docs/DESIGN.md, Smooth decay), and
+// admits a request only if the count plus the request stays within a
+// threshold, in one compare-and-swap:
 //
 //   - A refused request is free: it adds nothing, so a client over its limit
 //     still gets its limit.
 //   - A key that keeps sending more than its limit, at any overload, is
-//     admitted exactly Requests per Per over time, also for odd limits; an
-//     idle key may first send Burst at once (by default Requests).
+//     admitted Requests per Per over time and at most 2.7% more
+//     (rate.Excess), also for odd limits; an idle key may first send Burst
+//     at once (by default Requests).
+//   - In any window of length w, sliding, aligned to nothing, a key is
+//     admitted at most Burst × 17/16 + Requests × 1.05 × w/Per + 1: no
+//     tick's end gives half a burst back at once (TestWindowBound).
 //   - A key that spreads its requests evenly at up to Requests per Per is
-//     never refused; with Burst set to 2 × Requests, neither is a key that
-//     sends at most Requests in every window of Per, however it bunches
-//     them.
+//     never refused. A burst above Requests is a first burst only: a client
+//     that sends its quota in clumps needs a higher rate.
+//   - What a Decision says is true: a refused client that waits RetryAfter
+//     is admitted, and one nanosecond less is not; one told Reset finds
+//     more quota then (TestFieldsTruthful, over random histories).
+//   - Quota comes back for each key from its own history, step by step:
+//     clients refused at different instants are told to come back at
+//     different instants, not all at a tick's end.
 //   - Check and count are one atomic step: goroutines racing on one key,
 //     its first requests included, never admit more than the limit
 //     together (but see the tick boundary below).
@@ -52,13 +62,12 @@
 //
 // Package rate compiles the limit, as it does for SketchProxy, so the same
 // words mean the same limit in both: one request adds 2 counts to the key's
-// count; the threshold is 2 × Burst counts; the sketch's tick (its
-// half-life) is Per × Burst / (2 × Requests), Per/2 with the default
-// Burst. A key held at the threshold halves to Burst counts each tick and
-// so gets exactly Burst/2 requests back per tick: Requests per Per. Two
-// counts per request keep that exact when Burst is odd. Ticks are anchored
-// on the Unix epoch, as the sketch's are. Package rate's documentation
-// gives the reasoning and the choice of the default Burst.
+// count; the threshold is 2 × Burst + 1 counts (the one more lets quota
+// come back a request at a time, however small the burst); the sketch's
+// tick (its half-life) is the longest at which a key at exactly Requests
+// per Per, evenly, is never refused: about Per × Burst × 0.7 / Requests.
+// Ticks and their steps are anchored on the Unix epoch, as the sketch's
+// are. Package rate's documentation gives the reasoning.
 //
 // # Where it can be wrong
 //
@@ -209,8 +218,9 @@ type Decision struct {
 	// Remaining is how many more requests of the key would be admitted
 	// at once, now (after these, when they were admitted).
 	Remaining int
-	// Reset is the time until the next tick, when the key's count halves
-	// and more quota comes back.
+	// Reset is the time until more quota: until one more request than
+	// Remaining fits (reckoned from the count as the sketch rounds it, so
+	// never short).
 	Reset time.Duration
 	// RetryAfter is, for a refusal, the time until the requests would
 	// fit: 0 when they were admitted, and when they never fit (n above

@@ -7,46 +7,75 @@
 //
 // # The mapping
 //
-// An EpochSketch count halves every tick T. A key admitted at a steady r
-// requests per tick, each adding u counts, reads c(n) = c(n-1)/2 + r·u at
-// the end of tick n, which converges to 2·r·u: the count of a sustained
-// rate is twice its per-tick rate. A quiet key (count 0) can add counts up
-// to the threshold at once. So a limit compiles to
+// An EpochSketch count halves every tick T. The limiters count in smooth
+// sketches (docs/DESIGN.md, Smooth decay), whose counts halve over each
+// tick in 32 steps instead of at once at its end; a count that decays in
+// proportion to itself falls by about c · ln 2 per tick. Each request adds
+// u counts, and a limit compiles to
 //
 //	unit       u = 2 counts per request
-//	threshold  θ = u · Burst
-//	tick       T = Per · Burst / (2 · Requests)
+//	threshold  θ = u · Burst + 1
+//	tick       T = Per / (Requests · log2(1 + 33/(16 · (2 · Burst - 1))))
 //
-// A key over the limit is admitted only while its count stays within θ; a
+// A request is admitted while the key's count plus u stays within θ; a
 // refused request adds nothing (the caller decides whether refusals count).
-// Held at θ, the count halves to u·Burst/2 each tick and so admits exactly
-// Burst/2 requests a tick, Requests per Per. Two counts per request keep
-// that exact when Burst is odd: the halving floors, and the admissions
-// alternate between the two neighbours of Burst/2. A key sending at most
-// Burst/2 requests per tick never passes θ.
+// A quiet key is admitted Burst at once (the one count more is half a
+// request: it lets a key's quota come back one request at a time however
+// small the burst). The tick is the longest at which a key that spreads
+// its requests evenly at exactly Requests per Per is never refused: just
+// before each of its requests it reads at most 2q/(1-q) counts (q, the
+// decay between two of them), a step reads a count at most 33/32 of that,
+// and it fits while that is at most θ - u. About Per · Burst · 0.7 /
+// Requests; Per/log2(3)/Requests for a Burst of 1.
+//
+// # What a client may count on
+//
+//   - Evenly at the limit, never refused: a key sending one request every
+//     Per/Requests, from any phase.
+//   - A first burst: a quiet key gets Burst at once.
+//   - The window bound: in any window of length w, sliding, a key is
+//     admitted at most Burst × 17/16 + Requests × (1 + 5%) × w/Per + 1,
+//     at any pattern of asks (TestWindowBound, in package limit, and
+//     TestDoorsWindowBound, through every door of SketchProxy).
+//   - At overload, the limit and at most Excess(Burst) more over time: 1.9%
+//     to 2.7% (PerTick, the requests a never-quiet key gets per tick).
+//   - Quota comes back as time passes, step by step, from each key's own
+//     history: clients refused at different instants are told to come
+//     back at different instants, not all at a tick's end.
+//
+// What it does not promise: a burst above Requests is a first burst, not a
+// tolerance a steady client may spend again and again. A key held at its
+// limit sits at the threshold whatever the burst, so a client that sends
+// its quota in clumps (Requests at once every Per) is refused part of
+// each clump; it needs a higher rate, not a higher burst.
+//
+// # Halving, for fleets and wallets
+//
+// CompileHalving compiles for a sketch whose counts halve at once at each
+// tick's end, as SketchProxy's fleets still count (their shares are
+// reckoned tick by tick) and its wallets do (a budget spent whole): θ = u ·
+// Burst and T = Per · Burst / (2 · Requests). A key held at θ halves to
+// u · Burst/2 each tick and so admits exactly Burst/2 requests a tick,
+// Requests per Per; but half the burst comes back at once at each tick's
+// end, for every key at the same instant.
 //
 // # The default Burst
 //
-// Burst defaults to Requests (rounded, at least 1): "10 per hour" admits at
-// most 10 at once, as envoyproxy/ratelimit's window, go-chi/httprate and
-// sethvargo/go-limiter do, and T is Per/2. A client that spreads its
-// requests evenly at up to Requests per Per is never refused. One that
-// sends its whole quota at once, then waits Per, finds a quarter of it
-// still counted (two halvings): 3/4 of a quota in every later window. A
-// service whose clients batch that way sets Burst to 2 × Requests: then
-// T = Per, and any client sending at most Requests in every window of Per
-// (sliding, aligned to nothing) is never refused, at the price of a first
-// burst of 2 × Requests from a quiet key.
+// Burst defaults to Requests (rounded, at least 1, at most MaxBurst): "10
+// per hour" admits at most 10 at once, as envoyproxy/ratelimit's window,
+// go-chi/httprate and sethvargo/go-limiter do.
 //
 // # What a client is told
 //
-// [Limit.Wait] is how long until a key's count leaves room for n more
-// requests (Retry-After); [Limit.Status] gives the requests remaining and
-// the seconds until more quota; [Limit.PolicyItem] and [AppendItem] write
+// [Limit.WaitFor] is how long until a key's count leaves room for n more
+// requests, to the nanosecond, from what the sketch read of it (an
+// admit.Reading); [Limit.Wait] reckons it from the rounded count alone,
+// never short. [Limit.Status] gives the requests remaining and the seconds
+// until one more request fits; [Limit.PolicyItem] and [AppendItem] write
 // the RateLimit-Policy and RateLimit fields of
 // draft-ietf-httpapi-ratelimit-headers-10, with the policy in whole numbers
-// ([WholePolicy]). Ticks are anchored on the Unix epoch, as the sketch's
-// are, so every replica and every door agrees on when a count halves.
+// ([WholePolicy]). Ticks and their steps are anchored on the Unix epoch, as
+// the sketch's are, so every replica and every door agrees on them.
 package rate
 
 import (

@@ -209,7 +209,7 @@ func TestReadmeSizing(t *testing.T) {
 func TestCaddyfileFleet(t *testing.T) {
 	in := `epochsketch {
 		zone per_ip {
-			key {remote_host}
+			key {http.request.remote.host}
 			events 5
 			window 10s
 		}
