@@ -22,7 +22,7 @@ type Limit struct {
 	// Per is the limit's period, 1ms to 366d (required).
 	Per Duration `yaml:"per" example:"1m"`
 	// Burst is the most requests a quiet key may send at once: by default
-	// Requests, rounded; 1 to 8,388,607 (package rate, which compiles
+	// Requests, rounded; 1 to 133,152 (package rate, which compiles
 	// every door's limits and package limit's alike).
 	Burst float64 `yaml:"burst" example:"20"`
 }
