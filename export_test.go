@@ -126,3 +126,6 @@ func (s *Sketch) Admit(t time.Time, key string, n, limit uint32) (uint32, bool) 
 	r, ok := add(t, key, n, limit)
 	return r.Est, ok
 }
+
+// ScaleDown is smooth.go's scaleDown, for TestScaleDownExact.
+var ScaleDown = scaleDown
