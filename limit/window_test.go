@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch/limit"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 // windowLimits are the limits the window bound is checked on: every Burst
 // from 1 up, odd ones, one above 2 × Requests and one far below.
 var windowLimits = []limit.Config{
 	{Requests: 1, Per: time.Minute},
-	{Requests: 1, Per: 10 * time.Minute},
+	{Requests: 1, Per: time.Hour},
 	{Requests: 2, Per: time.Second},
 	{Requests: 7, Per: time.Second},
 	{Requests: 100, Per: time.Minute},
@@ -49,8 +50,9 @@ type pattern struct {
 }
 
 var patterns = []pattern{
-	// Every millisecond: admitted the instant room appears.
-	{"flood", func(_ *rand.Rand, at, _ time.Duration) time.Duration { return at + time.Millisecond }},
+	// Every two-thousandth of Per (at least a millisecond): admitted about
+	// the instant room appears.
+	{"flood", func(_ *rand.Rand, at, per time.Duration) time.Duration { return at + max(time.Millisecond, per/2000) }},
 	// Bursts of asks at random instants, idle in between.
 	{"bursts", func(rng *rand.Rand, at, per time.Duration) time.Duration {
 		if rng.IntN(8) == 0 {
@@ -58,6 +60,9 @@ var patterns = []pattern{
 		}
 		return at + time.Microsecond
 	}},
+	// A burst just before a tick's end (TestWindowBound places it), then
+	// the flood.
+	{"edge", func(_ *rand.Rand, at, per time.Duration) time.Duration { return at + max(time.Millisecond, per/2000) }},
 	// Random gaps up to a tenth of Per.
 	{"random", func(rng *rand.Rand, at, per time.Duration) time.Duration {
 		return at + time.Duration(rng.Int64N(int64(per)/10)+1)
@@ -86,8 +91,26 @@ func TestWindowBound(t *testing.T) {
 					clk.Advance(time.Duration(rng.Int64N(int64(c.Per)))) // any phase
 					var ts []time.Duration
 					span := 12 * c.Per
+					base := t0.Add(time.Duration(seed) * time.Hour)
+					if p.name == "edge" {
+						// The whole burst at once, a thousandth of Per
+						// before a tick's end, then a request every
+						// millisecond: where halving counts gave half the
+						// burst back at once.
+						lim, err := rate.Rate{Requests: float64(c.Requests), Per: c.Per, Burst: float64(c.Burst)}.Compile()
+						if err != nil {
+							t.Fatal(err)
+						}
+						ns, tick := base.UnixNano(), int64(lim.Tick)
+						base = base.Add(time.Duration(tick - ns%tick - int64(c.Per)/1000))
+						for range burst + 1 {
+							if l.AllowN(base, "k", 1) {
+								ts = append(ts, 0)
+							}
+						}
+					}
 					for at := time.Duration(0); at < span; at = p.next(rng, at, c.Per) {
-						if l.AllowN(t0.Add(at+time.Duration(seed)*time.Hour), "k", 1) {
+						if l.AllowN(base.Add(at), "k", 1) {
 							ts = append(ts, at)
 						}
 					}

@@ -44,11 +44,22 @@ func TestDoorsWindowBound(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(7, 45))
 	for i, door := range doors {
-		for _, pattern := range []string{"flood", "bursts"} {
+		for _, pattern := range []string{"flood", "bursts", "edge"} {
 			client := fmt.Sprintf("198.51.100.%d", 10*i+len(pattern))
 			d.clk.Advance(time.Duration(rng.Int64N(int64(time.Second)))) // any phase
 			var ts []time.Duration
 			refused := 0
+			if pattern == "edge" {
+				// The whole burst at once a millisecond before a tick's
+				// end, where halving counts gave half of it back at once.
+				ns, tick := d.clk.Now().UnixNano(), int64(tickOf(t, requests, time.Second))
+				d.clk.Advance(time.Duration(tick - ns%tick - int64(time.Millisecond)))
+				for range requests + 1 {
+					if door.ask(client) {
+						ts = append(ts, 0)
+					}
+				}
+			}
 			for at := time.Duration(0); at < 12*time.Second; {
 				if door.ask(client) {
 					ts = append(ts, at)
