@@ -47,6 +47,8 @@ type Rule struct {
 	// MaxInFlight caps one key's requests in progress (streams), up to
 	// 65536; 0 is none, except with a budget, where the default, 8,
 	// bounds what requests in flight can overspend (see Budget.Reserve).
+	// Each key's count is exact: keys a client invents never take
+	// another key's places.
 	MaxInFlight int `yaml:"max_in_flight" example:"4"`
 
 	block  bool   // every hit is over: Envoy's requests_per_unit: 0
