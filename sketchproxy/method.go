@@ -58,13 +58,9 @@ func parseQuery(q string) url.Values {
 	return v
 }
 
-// List returns the methods (nil when All).
-func (ms *Methods) List() []string {
-	if ms.All {
-		return nil
-	}
-	return ms.list[:ms.n]
-}
+// List returns the methods listed: with All, the first maxMethods of
+// them.
+func (ms *Methods) List() []string { return ms.list[:ms.n] }
 
 // In reports whether any of the methods is in set, or ms is All.
 func (ms *Methods) In(set map[string]bool) bool {
@@ -99,16 +95,13 @@ func (ms *Methods) add(m string) {
 }
 
 func (ms *Methods) add1(m string) {
-	if ms.All {
-		return
-	}
 	for _, x := range ms.list[:ms.n] {
 		if x == m {
 			return
 		}
 	}
 	if ms.n == maxMethods {
-		ms.All = true
+		ms.All = true // and the list stays as it is
 		return
 	}
 	ms.list[ms.n] = m
