@@ -67,7 +67,9 @@ type Match struct {
 	// CaseSensitive makes PathPrefix match letters only in their own case.
 	CaseSensitive bool `yaml:"case_sensitive" example:"true"`
 	// Methods are the request methods matched, in capitals; a HEAD matches
-	// wherever GET does.
+	// wherever GET does, and a POST also as the method its
+	// X-HTTP-Method-Override, X-HTTP-Method or X-Method-Override header or
+	// _method query parameter names (frameworks route it as that).
 	Methods []string `yaml:"methods" example:"[GET, POST]"`
 }
 
