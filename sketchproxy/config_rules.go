@@ -47,6 +47,8 @@ type Rule struct {
 	// MaxInFlight caps one key's requests in progress (streams), up to
 	// 65536; 0 is none, except with a budget, where the default, 8,
 	// bounds what requests in flight can overspend (see Budget.Reserve).
+	// Each key's count is exact: keys a client invents never take
+	// another key's places.
 	MaxInFlight int `yaml:"max_in_flight" example:"4"`
 
 	block  bool   // every hit is over: Envoy's requests_per_unit: 0
@@ -65,7 +67,9 @@ type Match struct {
 	// CaseSensitive makes PathPrefix match letters only in their own case.
 	CaseSensitive bool `yaml:"case_sensitive" example:"true"`
 	// Methods are the request methods matched, in capitals; a HEAD matches
-	// wherever GET does.
+	// wherever GET does, and a POST also as the method its
+	// X-HTTP-Method-Override, X-HTTP-Method or X-Method-Override header or
+	// _method query parameter names (frameworks route it as that).
 	Methods []string `yaml:"methods" example:"[GET, POST]"`
 }
 

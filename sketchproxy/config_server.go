@@ -29,7 +29,8 @@ type ServerConfig struct {
 	BufferBody *int `yaml:"buffer_body" example:"65536"`
 	// MaxInFlightPerClient caps one client address's requests in progress,
 	// over all rules, including those whose body is still arriving (0: no
-	// cap). Past it: 429 with Retry-After.
+	// cap). Past it: 429 with Retry-After. Each address's count is exact:
+	// other addresses never take its places.
 	MaxInFlightPerClient *int `yaml:"max_in_flight_per_client" example:"64"`
 	// UpstreamTimeout is how long the upstream may stay silent: before its
 	// response's headers, and between two reads of its body, as nginx's

@@ -379,6 +379,7 @@ type request struct {
 	addr              netip.Addr
 	client            string // addr grouped by prefix: the per-client cap's key
 	ip                string
+	methods           Methods         // what rules with methods match (MethodsOf)
 	claims            jwt.MapClaims   // the verified bearer token's, once a rule needs them
 	sc                *engine.Scratch // from scratchPool; nil once freed
 	// refusal, if not 0, is the status of every refusal: a forward-auth
@@ -437,7 +438,7 @@ func (ru *rule) matches(rq *request) bool {
 		(rq.loose == rq.path || !pathMatch(rq.loose, p, mt.CaseSensitive)) {
 		return false
 	}
-	return ru.methods == nil || ru.methods[rq.r.Method]
+	return ru.methods == nil || rq.methods.In(ru.methods)
 }
 
 // hostIs reports whether a host rule for h applies: the request names h,
@@ -640,6 +641,7 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		rq.path = "/" // OPTIONS *: the server as a whole
 	}
 	rq.loose = loosePath(rq.path)
+	rq.methods = MethodsOf(r)
 	rq.sc = scratchPool.Get().(*engine.Scratch)
 	for _, ru := range st.rules {
 		if !ru.matches(rq) {

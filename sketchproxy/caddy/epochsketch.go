@@ -39,6 +39,7 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -115,7 +116,10 @@ type Zone struct {
 	// default a zone counts apart from identical zones elsewhere.
 	Shared bool `json:"shared,omitempty"`
 	// MatcherSetsRaw selects the requests the zone judges (default: every
-	// request the handler sees).
+	// request the handler sees). A request matches as each method it is
+	// judged as, too: a HEAD as GET, any case in capitals, and a POST as
+	// the method its X-HTTP-Method-Override, X-HTTP-Method or
+	// X-Method-Override header or _method query parameter names.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
 	matchers caddyhttp.MatcherSets
@@ -309,9 +313,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	var room [8]engine.Fact
 	facts := room[:0]
+	var mv methodVariants
 	for _, z := range h.zones {
 		if z.zone.matchers != nil {
-			ok, err := z.zone.matchers.AnyMatchWithError(r)
+			ok, err := mv.match(z.zone.matchers, r)
 			if err != nil {
 				return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("epochsketch: zone %q: match: %w", z.name, err))
 			}
@@ -400,3 +405,48 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
+
+// methodVariants are a request as each other method SketchProxy judges it
+// as (sketchproxy.MethodsOf): a HEAD as GET, "delete" as DELETE, a POST as
+// the method an override header or _method names, which frameworks route
+// it as. Caddy's method matcher compares names exactly, so `method GET`
+// missed HEAD and `method DELETE` missed "delete" and overrides. Built once
+// per request, when a zone's matchers first miss the request itself; the
+// request the handlers see is never changed.
+type methodVariants struct {
+	done bool
+	rs   []*http.Request
+}
+
+// everyMethod stands for "every method" when a POST names more than
+// sketchproxy.Methods lists: a zone that matches any of these matches it.
+var everyMethod = [...]string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// match reports whether ms matches r, or r as any other method it is
+// judged as.
+func (mv *methodVariants) match(ms caddyhttp.MatcherSets, r *http.Request) (bool, error) {
+	if ok, err := ms.AnyMatchWithError(r); ok || err != nil {
+		return ok, err
+	}
+	if !mv.done {
+		mv.done = true
+		methods := sketchproxy.MethodsOf(r)
+		list := methods.List()
+		if methods.All {
+			list = append(list[:len(list):len(list)], everyMethod[:]...)
+		}
+		for _, m := range list {
+			if m != r.Method {
+				r2 := *r
+				r2.Method = m
+				mv.rs = append(mv.rs, &r2)
+			}
+		}
+	}
+	for _, r2 := range mv.rs {
+		if ok, err := ms.AnyMatchWithError(r2); ok || err != nil {
+			return ok, err
+		}
+	}
+	return false, nil
+}

@@ -78,7 +78,7 @@ type Decision struct {
 	Wallets []*Wallet
 
 	e      *Engine
-	client [2]int  // the client's place, if one is held: its CountMin cells
+	client string  // the client whose place is held, if held
 	held   bool    // a client's place is held
 	places []place // in-flight and tarpit places, in the Scratch
 	worst  int     // the index of Worst's verdict; -1 for none
@@ -95,7 +95,7 @@ func (d *Decision) Unavailable() bool { return d.Worst.Out == BudgetUnknown }
 // place is something a request holds until it ends: an in-flight place of
 // a rule, or a tarpit's hold of a dripped refusal.
 type place struct {
-	cm        *CountMin
+	t         *Tally
 	rule, key string
 	tarpit    bool
 }
@@ -110,13 +110,13 @@ func (d *Decision) Done() {
 	}
 	e := d.e
 	if d.held {
-		e.clients.addAt(d.client, -1)
+		e.clients.Add("", d.client, -1)
 	}
 	for _, p := range d.places {
 		if p.tarpit {
 			e.release(p.rule, p.key)
 		} else {
-			p.cm.Add(p.rule, p.key, -1)
+			p.t.Add(p.rule, p.key, -1)
 		}
 	}
 	for _, w := range d.Wallets {
@@ -140,16 +140,16 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 	d := Decision{e: e, worst: -1, Admitted: true}
 	d.Worst.Out = Allow
 	if rq.ClientCap > 0 {
-		// The client's cells, not its name: nothing of rq outlives the
-		// call, so a door's facts stay on its stack.
-		d.client = e.clients.idx("", rq.Client)
-		if !e.clients.acquireAt(d.client, rq.ClientCap) {
+		// The Tally's copy of the client, not rq's: nothing of rq outlives
+		// the call, so a door's facts stay on its stack.
+		own, ok := e.clients.acquire("", rq.Client, rq.ClientCap)
+		if !ok {
 			d.Admitted = false
 			d.Worst = Verdict{Out: InFlight, Retry: time.Second}
 			d.Retry = time.Second // a place frees when a request ends: no promise
 			return d
 		}
-		d.held = true
+		d.client, d.held = own, true
 	}
 	d.Verdicts = sc.takeVerdicts(len(rq.Facts))
 	e.evaluateAll(s, now, rq, sc, &d)
@@ -251,7 +251,7 @@ func (e *Engine) admit(s *Set, now time.Time, sc *Scratch, d *Decision) {
 		}
 		if ru := v.Rule; ru.InFlight != nil {
 			if ru.InFlight.Acquire(ru.Name, v.Key, ru.MaxInFlight) {
-				sc.places = append(sc.places, place{cm: ru.InFlight, rule: ru.Name, key: v.Key})
+				sc.places = append(sc.places, place{t: ru.InFlight, rule: ru.Name, key: v.Key})
 			} else if !e.refuseOrShadow(d, v, i, Verdict{Out: InFlight, Rule: ru, Key: v.Key, Retry: time.Second}) {
 				break
 			}
@@ -276,7 +276,7 @@ func (e *Engine) admit(s *Set, now time.Time, sc *Scratch, d *Decision) {
 	}
 	if !d.Admitted {
 		for _, p := range sc.places {
-			p.cm.Add(p.rule, p.key, -1)
+			p.t.Add(p.rule, p.key, -1)
 		}
 		sc.places = sc.places[:0]
 	}

@@ -90,9 +90,9 @@ type Engine struct {
 	mu     sync.Mutex // Compile, Retire, SaveState: one at a time
 	counts map[string]*Counts
 
-	clients  *CountMin    // requests in progress per client (Request.ClientCap)
+	clients  *Tally       // requests in progress per client (Request.ClientCap)
 	held     atomic.Int64 // tarpitted requests held now
-	heldKeys *CountMin    // the same, per rule and key
+	heldKeys *Tally       // the same, per rule and key
 	wallets  WalletLocks  // a wallet's check and its charge, as one step per key
 
 	spike         spikeMeter
@@ -106,7 +106,7 @@ func New(opts Options) *Engine {
 	if opts.Sleep == nil {
 		opts.Sleep = Sleep
 	}
-	e := &Engine{opts: opts, counts: map[string]*Counts{}, clients: NewCountMin(), heldKeys: NewCountMin()}
+	e := &Engine{opts: opts, counts: map[string]*Counts{}, clients: NewTally(), heldKeys: NewTally()}
 	e.started = e.Now()
 	return e
 }
@@ -246,9 +246,9 @@ type Rule struct {
 	Block        bool
 	MaxInFlight  int
 	Limits       []*Limit
-	Budget       *Budget   // nil: no wallet
-	InFlight     *CountMin // requests in flight per key; nil without MaxInFlight
-	Counts       *Counts   // decisions by outcome, kept across reloads by name
+	Budget       *Budget // nil: no wallet
+	InFlight     *Tally  // requests in flight per key; nil without MaxInFlight
+	Counts       *Counts // decisions by outcome, kept across reloads by name
 	// Policy is the rule's items of the RateLimit-Policy field.
 	Policy string
 	top    *epochsketch.TopK
@@ -273,7 +273,7 @@ type Budget struct {
 	Lim  rate.Limit
 	// Cost and Reserve in counts (rounded up to whole units).
 	Cost, Reserve uint32
-	Held          *CountMin // counts reserved by requests in flight, per key
+	Held          *Tally // counts reserved by requests in flight, per key
 	sk            *epochsketch.Sketch
 }
 
@@ -432,7 +432,7 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time
 			return nil, fmt.Errorf("rule %q budget %q: %s: %s", rs.Name, b.Name, re.Field, re.Msg)
 		}
 		ru.Budget = &Budget{Spec: *b, Lim: rl, sk: get(rl.Tick, rl.Threshold, buckets, false),
-			Cost: countsOf(b.Cost, b.Unit), Reserve: countsOf(b.Reserve, b.Unit), Held: NewCountMin()}
+			Cost: countsOf(b.Cost, b.Unit), Reserve: countsOf(b.Reserve, b.Unit), Held: NewTally()}
 	}
 	var old *Rule // the same rule in the running Set
 	if prev != nil {
@@ -455,7 +455,7 @@ func (e *Engine) compileRule(rs *RuleSpec, prev *Set, buckets int, get func(time
 		ru.top = epochsketch.NewTopKFor(ru.Limits[0].sk, 10)
 	}
 	if rs.MaxInFlight > 0 {
-		ru.InFlight = NewCountMin()
+		ru.InFlight = NewTally()
 		if old != nil && old.InFlight != nil {
 			ru.InFlight = old.InFlight // requests in flight stay counted
 		}

@@ -194,7 +194,7 @@ func (e *Engine) settle(ru *Rule, key string, used uint64) uint64 {
 }
 
 // WalletLocks makes a wallet's check and its charge one step for each
-// (rule, key): 64 mutexes, a wallet's chosen by its cell in the budget's
+// (rule, key): 64 mutexes, a wallet's chosen by its shard of the budget's
 // held counts (the seeded hash of its rule and key). A request locks the
 // stripes of all its wallets at once, in ascending order, so two requests
 // with wallets in common cannot deadlock.
@@ -206,8 +206,7 @@ func (l *WalletLocks) Lock(vs []Verdict) uint64 {
 	var mask uint64
 	for i := range vs {
 		if v := &vs[i]; v.Rule != nil && v.Rule.Budget != nil && v.Out != Allowlisted {
-			cell, _ := v.Rule.Budget.Held.Idx(v.Rule.Name, v.Key)
-			mask |= 1 << (cell & 63)
+			mask |= 1 << v.Rule.Budget.Held.Shard(v.Rule.Name, v.Key)
 		}
 	}
 	for m := mask; m != 0; m &= m - 1 {
