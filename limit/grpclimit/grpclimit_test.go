@@ -21,6 +21,7 @@ import (
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/limit"
 	"github.com/epochsketch/epochsketch/limit/grpclimit"
+	"github.com/epochsketch/epochsketch/rate"
 )
 
 var _ ratelimit.Limiter = (*grpclimit.Limiter)(nil)
@@ -60,8 +61,8 @@ func newLimiter(t *testing.T, requests int) *limit.Limiter {
 
 // TestPeerIP: the burst of 1 per minute passes, the next unary call and
 // the next stream are refused with ResourceExhausted and the trailer
-// retry-after, the seconds to the next minute (two halvings of the count,
-// at :30 and :00).
+// retry-after, the seconds until the count leaves room (a tick, 37.2 s,
+// from the start of the step the first call counted in).
 func TestPeerIP(t *testing.T) {
 	c := serve(t, grpclimit.New(newLimiter(t, 1), grpclimit.PeerIP))
 	ctx := context.Background()
@@ -75,8 +76,8 @@ func TestPeerIP(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("call 2: %v, want ResourceExhausted", err)
 	}
-	if got := trailer.Get("retry-after"); len(got) != 1 || got[0] != "45" {
-		t.Fatalf("retry-after trailer %q, want 45", got)
+	if got := trailer.Get("retry-after"); len(got) != 1 || got[0] != "37" {
+		t.Fatalf("retry-after trailer %q, want 37 (a tick of 37.2 s)", got)
 	}
 	st, err := c.Watch(ctx, &healthpb.HealthCheckRequest{})
 	if err == nil {
@@ -115,21 +116,25 @@ func TestMetadata(t *testing.T) {
 	}
 }
 
-// TestLongestWait: a wait as long as a time.Duration holds (a new key
-// refused, by OverflowRefuse, in a bucket full of keys at a limit of 1
-// per 292 years with a Burst of 2) says 292 years, in the seconds that
-// package rate rounds, not 1 s.
+// TestLongestWait: a wait of centuries (a new key refused, by
+// OverflowRefuse, in a bucket full of keys at a limit of 1 per 292 years)
+// is said in the seconds that package rate rounds, not 1 s.
 func TestLongestWait(t *testing.T) {
 	clk := epochsketch.NewManualClock(time.Unix(1_800_000_015, 0))
-	l := limit.NewWith(limit.Config{Requests: 1, Per: 292 * 365 * 24 * time.Hour, Burst: 2, NumBuckets: 1, Overflow: limit.OverflowRefuse, Clock: clk, Seed: 1})
+	l := limit.NewWith(limit.Config{Requests: 1, Per: 292 * 365 * 24 * time.Hour, Burst: 1, NumBuckets: 1, Overflow: limit.OverflowRefuse, Clock: clk, Seed: 1})
 	t.Cleanup(func() { l.Close() })
 	for i := range 8 {
-		l.AllowN(time.Time{}, fmt.Sprint("full-", i), 2)
+		l.AllowN(time.Time{}, fmt.Sprint("full-", i), 1)
 	}
+	d := l.Decide(time.Time{}, "new", 1)
+	if d.Allowed || d.RetryAfter < 100*365*24*time.Hour {
+		t.Fatalf("a new key in a full bucket: %+v, want a refusal for centuries", d)
+	}
+	want := fmt.Sprintf("retry after %d s", rate.Seconds(d.RetryAfter))
 	g := grpclimit.New(l, func(context.Context) string { return "new" })
 	err := g.Limit(context.Background())
-	if status.Code(err) != codes.ResourceExhausted || !strings.HasSuffix(err.Error(), "retry after 9223372037 s") {
-		t.Fatalf("%v, want ResourceExhausted, retry after 9223372037 s", err)
+	if status.Code(err) != codes.ResourceExhausted || !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("%v, want ResourceExhausted, %s", err, want)
 	}
 }
 
