@@ -93,6 +93,7 @@ var (
 	dStateLoads      = newDesc("state_loads_total", prometheus.CounterValue, "State file loads at start by result.", "result")
 	dGeneration      = newDesc("config_generation", prometheus.GaugeValue, "Reloads applied since start.")
 	dRLSRequests     = newDesc("envoy_rls_requests_total", prometheus.CounterValue, "ShouldRateLimit calls of Envoy's rate-limit service.")
+	dRLSHits         = newDesc("envoy_rls_hits_total", prometheus.CounterValue, "Hits of Envoy's descriptors (hits_addend, 0 meaning 1) by rule, outcome and shadow, as sketchproxy_decisions_total counts their decisions.", "rule", "outcome", "shadow")
 	dRLSOverLimit    = newDesc("envoy_rls_over_limit_total", prometheus.CounterValue, "ShouldRateLimit calls answered OVER_LIMIT.")
 	dRLSUnknown      = newDesc("envoy_rls_unknown_domain_total", prometheus.CounterValue, "ShouldRateLimit calls for a domain envoy_rls does not configure (answered OK).")
 	dLimitRefusals   = newDesc("limit_refusals_total", prometheus.CounterValue, "Refusals by the limit the request was over (its rule's most constrained), beside its rule: which of a rule's limits refuses.", "rule", "limit")
@@ -141,7 +142,7 @@ type collector Middleware
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dUnauthorized, dClientCap, dBodyTimeouts, dHeld, dCapacity,
 		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReported, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
-		dStateLoads, dGeneration, dRLSRequests, dRLSOverLimit, dRLSUnknown, dLimitRefusals, dNearLimit, dValueHits, dValueOver, dValueNear,
+		dStateLoads, dGeneration, dRLSRequests, dRLSHits, dRLSOverLimit, dRLSUnknown, dLimitRefusals, dNearLimit, dValueHits, dValueOver, dValueNear,
 		dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag, dFleetHearing} {
 		ch <- d.Desc
 	}
@@ -170,8 +171,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dRLSOverLimit, float64(m.met.rlsOverLimit.Load()))
 	emit(dRLSUnknown, float64(m.met.rlsUnknownDomain.Load()))
 
-	m.Decisions(func(rule string, o Outcome, shadow bool, n uint64) {
+	m.decisions(func(rule string, o Outcome, shadow bool, n, hits uint64) {
 		emit(dDecisions, float64(n), rule, o.String(), strconv.FormatBool(shadow))
+		if isRLSRule(rule) {
+			emit(dRLSHits, float64(hits), rule, o.String(), strconv.FormatBool(shadow))
+		}
 	})
 	m.eng.Decisions(func(rule string, c *engine.Counts) {
 		emit(dNearLimit, float64(c.Near()), rule)
