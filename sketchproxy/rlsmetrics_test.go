@@ -1,6 +1,8 @@
 package sketchproxy
 
 import (
+	"math"
+	"slices"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -49,5 +51,26 @@ func TestRLSHitsCounted(t *testing.T) {
 				t.Errorf("sketchproxy_envoy_rls_hits_total has a series of the HTTP rule %q", l.GetValue())
 			}
 		}
+	}
+}
+
+// The latency histogram's buckets start at 10 µs, where a call of Envoy's
+// service (about 50 µs) can be told from a slow one: the first bound was
+// 0.5 ms, and every call fell in it. They still reach past 16 s, the last
+// bound until then.
+func TestLatencyBuckets(t *testing.T) {
+	h := newRLSHarness(t, "", "d.yaml", rlsUserFile)
+	h.ask(t, "d", 0, entries("user", "ann"))
+	f := scrape(t, h.mw)["sketchproxy_request_duration_seconds"]
+	if f == nil || len(f.GetMetric()) == 0 {
+		t.Fatal("no sketchproxy_request_duration_seconds series after a call")
+	}
+	var bounds []float64 // as Prometheus's parser reads them: +Inf last
+	for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
+		bounds = append(bounds, b.GetUpperBound())
+	}
+	want := []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, math.Inf(1)}
+	if !slices.Equal(bounds, want) {
+		t.Errorf("buckets %v, want %v", bounds, want)
 	}
 }
