@@ -187,7 +187,7 @@ func TestReloadTags(t *testing.T) {
 		}
 	}
 	walk(reflect.TypeFor[Config](), "Config")
-	if n != 18 {
-		t.Errorf("%d fields tagged reload, want the 14 cmd/sketchproxy's hand-kept list named, fleet, key_label_secret_file and envoy_rls.max_connection_age and its grace", n)
+	if n != 22 {
+		t.Errorf("%d fields tagged reload, want the 14 cmd/sketchproxy's hand-kept list named, fleet, key_label_secret_file, envoy_rls.max_connection_age and its grace, and envoy_rls's connection_timeout, max_connection_idle, max_connections and max_connections_per_client", n)
 	}
 }

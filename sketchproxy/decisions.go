@@ -14,6 +14,12 @@ import (
 // program that keeps its own metrics registry; f must not call back into
 // the Middleware.
 func (m *Middleware) Decisions(f func(rule string, o Outcome, shadow bool, n uint64)) {
+	m.decisions(func(rule string, o Outcome, shadow bool, n, _ uint64) { f(rule, o, shadow, n) })
+}
+
+// decisions is Decisions with each count's hits (engine.Counts.Hits),
+// which sketchproxy_envoy_rls_hits_total shows for Envoy's descriptors.
+func (m *Middleware) decisions(f func(rule string, o Outcome, shadow bool, n, hits uint64)) {
 	type named struct {
 		name string
 		c    *engine.Counts
@@ -25,7 +31,7 @@ func (m *Middleware) Decisions(f func(rule string, o Outcome, shadow bool, n uin
 		for o := Outcome(0); o < numOutcomes; o++ {
 			for _, shadow := range [2]bool{false, true} {
 				if v := ru.c.Get(engine.Outcome(o), shadow); v > 0 || (!shadow && (o == Allow || o == Reject)) {
-					f(ru.name, o, shadow, v)
+					f(ru.name, o, shadow, v, ru.c.Hits(engine.Outcome(o), shadow))
 				}
 			}
 		}

@@ -87,6 +87,7 @@ func exposed(t *testing.T) (labels map[string][]string, values map[string]map[st
 		decisions["outcome"] = append(decisions["outcome"], o.String())
 	}
 	values["sketchproxy_decisions_total"] = decisions
+	values["sketchproxy_envoy_rls_hits_total"] = decisions // the same labels, for Envoy's rules only
 	return labels, values
 }
 

@@ -100,6 +100,26 @@ type EnvoyRLSConfig struct {
 	// past MaxConnectionAge may take before it is closed
 	// (GRPC_MAX_CONNECTION_AGE_GRACE). Default 1h, theirs; 0s: no bound.
 	MaxConnectionAgeGrace Duration `yaml:"max_connection_age_grace" reload:"restart" example:"1h"`
+	// ConnectionTimeout is how long a new connection may take to finish
+	// its TLS handshake and send HTTP/2's preface and first settings
+	// (gRPC's ConnectionTimeout; gRPC's default is 120s). Default 5s,
+	// 100ms to 5m: a client that sends only "PRI", or nothing, holds its
+	// connection that long.
+	ConnectionTimeout Duration `yaml:"connection_timeout" reload:"restart" example:"5s"`
+	// MaxConnectionIdle closes a connection without a call for this long
+	// (a GOAWAY; Envoy opens a new one at its next call), as gRPC's
+	// keepalive MaxConnectionIdle. Default 15m; 0s: never.
+	MaxConnectionIdle Duration `yaml:"max_connection_idle" reload:"restart" example:"15m"`
+	// MaxConnections caps the listener's open connections; those past it
+	// are closed as they are accepted. Default 0: a quarter of the
+	// process's file descriptor limit (RLIMIT_NOFILE), and never more
+	// than half of it (cmd/sketchproxy lowers a larger value and says
+	// so), so that the HTTP doors always have descriptors left.
+	MaxConnections int `yaml:"max_connections" reload:"restart" example:"4096"`
+	// MaxConnectionsPerClient caps the open connections of one client IP
+	// address (an Envoy opens one per worker thread); those past it are
+	// closed as they are accepted. Default 256; 0: no cap.
+	MaxConnectionsPerClient *int `yaml:"max_connections_per_client" reload:"restart" example:"256"`
 	// TLS serves the gRPC listener over TLS, or mutual TLS (nil: plain
 	// gRPC).
 	TLS *RLSTLSConfig `yaml:"tls" reload:"restart; its files' contents reload by themselves"`
@@ -350,6 +370,9 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	if err := orNone(c, &r.MaxConnectionAgeGrace, Duration(time.Hour), "envoy_rls", "max_connection_age_grace"); err != nil {
 		return err
 	}
+	if err := r.prepareConnections(c); err != nil {
+		return err
+	}
 	*b = rlsBuilt{merge: r.MergeDomains, count: r.Refused == "count", domains: map[string]*rlsNode{}}
 	for i := range r.Domains {
 		if err := b.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
@@ -387,6 +410,30 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 		limits += root.unlimitedBelow()
 	}
 	r.loaded, r.warnings, r.digest = [3]int{len(b.domains), b.nodes, limits}, b.warned, b.digest
+	return nil
+}
+
+// prepareConnections applies the listener's bounds' defaults and checks
+// them.
+func (r *EnvoyRLSConfig) prepareConnections(c *Config) error {
+	if r.ConnectionTimeout == 0 {
+		r.ConnectionTimeout = Duration(5 * time.Second)
+	}
+	if r.ConnectionTimeout < Duration(100*time.Millisecond) || r.ConnectionTimeout > Duration(5*time.Minute) {
+		return c.errAt("want 100ms to 5m", "envoy_rls", "connection_timeout")
+	}
+	if err := orNone(c, &r.MaxConnectionIdle, Duration(15*time.Minute), "envoy_rls", "max_connection_idle"); err != nil {
+		return err
+	}
+	if r.MaxConnections < 0 || r.MaxConnections > 1<<24 {
+		return c.errAt(fmt.Sprintf("%d: want 0 (a quarter of the file descriptor limit) to 2^24", r.MaxConnections), "envoy_rls", "max_connections")
+	}
+	if r.MaxConnectionsPerClient == nil {
+		r.MaxConnectionsPerClient = ptr(256)
+	}
+	if n := *r.MaxConnectionsPerClient; n < 0 || n > 1<<24 {
+		return c.errAt(fmt.Sprintf("%d: want 0 (no cap) to 2^24", n), "envoy_rls", "max_connections_per_client")
+	}
 	return nil
 }
 
@@ -615,14 +662,15 @@ func printable(s string) string {
 	return string(b)
 }
 
-// Keepalive is the gRPC server's connection ages, as
-// envoy_rls.max_connection_age and max_connection_age_grace ask (pass it
-// to grpc.KeepaliveParams): zero fields are gRPC's "never" and "no bound",
-// as 0s is in the config.
+// Keepalive is the gRPC server's connection ages and idle time, as
+// envoy_rls.max_connection_age, max_connection_age_grace and
+// max_connection_idle ask (pass it to grpc.KeepaliveParams): zero fields
+// are gRPC's "never" and "no bound", as 0s is in the config.
 func (r *EnvoyRLSConfig) Keepalive() keepalive.ServerParameters {
 	return keepalive.ServerParameters{
 		MaxConnectionAge:      time.Duration(r.MaxConnectionAge),
 		MaxConnectionAgeGrace: time.Duration(r.MaxConnectionAgeGrace),
+		MaxConnectionIdle:     time.Duration(r.MaxConnectionIdle),
 	}
 }
 

@@ -206,7 +206,7 @@ func (o *options) serveHTTP(cfg *sketchproxy.Config, mw *sketchproxy.Middleware,
 		go func() { errc <- srv.Serve(l.main) }()
 		servers = append(servers, srv)
 	}
-	if adminSrv := serveAdmin(l.admin, mw, o.draining.Load, errc, log); adminSrv != nil {
+	if adminSrv := serveAdmin(cfg, l.admin, mw, o.draining.Load, errc, log); adminSrv != nil {
 		servers = append(servers, adminSrv)
 	}
 	return servers
@@ -267,7 +267,10 @@ func (o *options) listenAll(cfg *sketchproxy.Config, log *slog.Logger) (*listene
 // serveGRPC serves Envoy's rate-limit service and gRPC health on gln, with
 // tlsw's credentials if it has any, and watches the config's files.
 func (o *options) serveGRPC(ctx context.Context, cfg *sketchproxy.Config, mw *sketchproxy.Middleware, gln net.Listener, tlsw *sketchproxy.GRPCTLS, errc chan<- error, log *slog.Logger) *grpc.Server {
-	gopts := []grpc.ServerOption{grpc.MaxConcurrentStreams(1024), grpc.KeepaliveParams(cfg.EnvoyRLS.Keepalive())}
+	gopts := []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(1024), grpc.KeepaliveParams(cfg.EnvoyRLS.Keepalive()),
+		grpc.ConnectionTimeout(time.Duration(cfg.EnvoyRLS.ConnectionTimeout)), // "PRI" and silence
+	}
 	tlsMode := "off"
 	if tlsw != nil {
 		gopts = append(gopts, grpc.Creds(tlsw.Credentials()))
@@ -278,7 +281,12 @@ func (o *options) serveGRPC(ctx context.Context, cfg *sketchproxy.Config, mw *sk
 	}
 	gs := grpc.NewServer(append(gopts, sketchproxy.RateLimitServerOptions()...)...)
 	o.health = mw.RegisterRateLimitServiceWithHealth(gs)
-	go func() { errc <- gs.Serve(gln) }()
+	lim, lowered := grpcConnLimits(cfg.EnvoyRLS, descriptorLimit())
+	if lowered {
+		log.Warn("envoy_rls.max_connections lowered to half the file descriptor limit", "max_connections", lim.Total, "configured", cfg.EnvoyRLS.MaxConnections)
+	}
+	capped := capListener(gln, "envoy_rls", lim, log)
+	go func() { errc <- gs.Serve(capped) }()
 	domains, _, _ := cfg.EnvoyRLS.Loaded() // files and the directory's included
 	log.Info("envoy rate limit service listening", "protocol", "grpc", "addr", gln.Addr().String(),
 		"service", "envoy.service.ratelimit.v3.RateLimitService", "domains", domains, "tls", tlsMode)
@@ -466,7 +474,7 @@ func (o *options) listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err
 
 // serveAdmin serves /metrics and /healthz on aln, if any; /healthz answers
 // 503 once draining.
-func serveAdmin(aln net.Listener, mw *sketchproxy.Middleware, draining func() bool, errc chan<- error, log *slog.Logger) *http.Server {
+func serveAdmin(cfg *sketchproxy.Config, aln net.Listener, mw *sketchproxy.Middleware, draining func() bool, errc chan<- error, log *slog.Logger) *http.Server {
 	if aln == nil {
 		return nil
 	}
@@ -479,8 +487,12 @@ func serveAdmin(aln net.Listener, mw *sketchproxy.Middleware, draining func() bo
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { errc <- srv.Serve(aln) }()
+	// Its keep-alives end as the proxy's do (they never did), and its
+	// connections are capped, so that idle ones cannot take the
+	// descriptors the other doors need.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Duration(cfg.Server.IdleTimeout)}
+	capped := capListener(aln, "admin", adminConnLimits(descriptorLimit()), log)
+	go func() { errc <- srv.Serve(capped) }()
 	log.Info("admin listening", "addr", aln.Addr().String(), "metrics", "http://"+aln.Addr().String()+"/metrics")
 	return srv
 }

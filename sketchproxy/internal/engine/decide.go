@@ -46,6 +46,16 @@ type Fact struct {
 	Quota bool
 }
 
+// hits is what the fact's decision counts in its rule's Counts: its hits
+// (0 means 1), none for ZeroHits and Negative, which add nothing to a
+// count.
+func (f *Fact) hits() uint32 {
+	if f.ZeroHits || f.Negative {
+		return 0
+	}
+	return max(f.Hits, 1)
+}
+
 // Decision is everything a door needs to answer a request, and what the
 // request holds until it ends. Its slices live in the request's Scratch.
 type Decision struct {
@@ -185,8 +195,8 @@ func (e *Engine) evaluateAll(s *Set, now time.Time, rq *Request, sc *Scratch, d 
 		f := &rq.Facts[i]
 		v := &d.Verdicts[i]
 		if f.Allowlisted {
-			f.Rule.Counts.Count(Allowlisted, false)
-			*v = Verdict{Out: Allowlisted, Rule: f.Rule, Key: f.Key}
+			*v = Verdict{Out: Allowlisted, Rule: f.Rule, Key: f.Key, hits: f.hits()}
+			f.Rule.Counts.Count(Allowlisted, false, v.hits)
 			continue
 		}
 		e.evaluate(s, f, now, sc, v)
@@ -194,7 +204,7 @@ func (e *Engine) evaluateAll(s *Set, now time.Time, rq *Request, sc *Scratch, d 
 		switch {
 		case v.Shadow:
 			if v.Out != Allow {
-				f.Rule.Counts.Count(v.Out, true)
+				f.Rule.Counts.Count(v.Out, true, v.hits)
 			}
 		case v.Quota: // never refuses; counted as decided (countOutcomes)
 		case worst.Worse(v):
@@ -219,7 +229,7 @@ func (e *Engine) holdDelayed(ctx context.Context, s *Set, d *Decision) {
 	err := e.opts.Sleep(ctx, w.Delay)
 	e.release(w.Rule.Name, w.Key)
 	if err != nil {
-		w.Rule.Counts.Count(Delay, false)
+		w.Rule.Counts.Count(Delay, false, w.hits)
 		d.Admitted, d.Gone = false, true
 	}
 }
@@ -287,7 +297,7 @@ func (e *Engine) admit(s *Set, now time.Time, sc *Scratch, d *Decision) {
 // reports true); any other refuses the request.
 func (e *Engine) refuseOrShadow(d *Decision, v *Verdict, i int, r Verdict) bool {
 	if v.Shadow {
-		v.Rule.Counts.Count(r.Out, true)
+		v.Rule.Counts.Count(r.Out, true, v.hits)
 		if v.Worse(&r) {
 			v.Out = r.Out
 		}
@@ -374,7 +384,7 @@ func (e *Engine) countOutcomes(d *Decision) {
 		switch {
 		case v.Rule == nil || v.Out == Allowlisted || v.Shadow && v.Out.Refuses():
 		case d.Admitted, v.Out.Refuses():
-			v.Rule.Counts.Count(v.Out, false)
+			v.Rule.Counts.Count(v.Out, false, v.hits)
 			if v.Out == Allow && v.Limit != nil && nearLimit(v.Est, v.Theta) {
 				v.Rule.Counts.near.Add(1)
 			}
@@ -506,10 +516,9 @@ func (e *Engine) afterCount(s *Set, v *Verdict, sc *Scratch) {
 // verdicts, in one pass.
 func (e *Engine) evaluate(s *Set, f *Fact, now time.Time, sc *Scratch, v *Verdict) {
 	ru := f.Rule
-	*v = Verdict{Rule: ru, Key: f.Key, Shadow: ru.Shadow, Quota: f.Quota, noCount: f.ZeroHits || f.Negative}
-	hits := max(f.Hits, 1)
+	*v = Verdict{Rule: ru, Key: f.Key, Shadow: ru.Shadow, Quota: f.Quota, noCount: f.ZeroHits || f.Negative, hits: f.hits()}
 	if !f.ZeroHits {
-		v.add = rate.Counts(uint64(hits))
+		v.add = rate.Counts(uint64(max(f.Hits, 1)))
 	}
 	if ru.Block {
 		if v.Over = v.add > 0 && !f.Negative; v.Over {

@@ -277,11 +277,13 @@ type Budget struct {
 	sk            *epochsketch.Sketch
 }
 
-// Counts counts a rule's decisions by outcome, real and shadow, the
-// admitted requests that left their key near its limit, and the refusals
-// of each of its limits, by the limit's name.
+// Counts counts a rule's decisions by outcome, real and shadow, and their
+// hits (Fact.Hits: one a decision, Envoy's hits_addend; none for ZeroHits
+// and Negative), the admitted requests that left their key near its limit,
+// and the refusals of each of its limits, by the limit's name.
 type Counts struct {
 	n      [NumOutcomes][2]atomic.Uint64
+	hits   [NumOutcomes][2]atomic.Uint64
 	near   atomic.Uint64
 	limits sync.Map // limit name → *atomic.Uint64: the refusals it decided
 }
@@ -307,13 +309,14 @@ func (c *Counts) Limits(f func(limit string, refused uint64)) {
 // NearLimitNum/NearLimitDen of its limit.
 func (c *Counts) Near() uint64 { return c.near.Load() }
 
-// Count counts one decision.
-func (c *Counts) Count(o Outcome, shadow bool) {
+// Count counts one decision of hits hits.
+func (c *Counts) Count(o Outcome, shadow bool, hits uint32) {
 	i := 0
 	if shadow {
 		i = 1
 	}
 	c.n[o][i].Add(1)
+	c.hits[o][i].Add(uint64(hits))
 }
 
 // Get returns the count of o.
@@ -323,6 +326,15 @@ func (c *Counts) Get(o Outcome, shadow bool) uint64 {
 		i = 1
 	}
 	return c.n[o][i].Load()
+}
+
+// Hits returns the hits of o's decisions.
+func (c *Counts) Hits(o Outcome, shadow bool) uint64 {
+	i := 0
+	if shadow {
+		i = 1
+	}
+	return c.hits[o][i].Load()
 }
 
 // Compile compiles spec into a Set. Sketches of prev (the running Set, or

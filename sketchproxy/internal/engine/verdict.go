@@ -62,6 +62,7 @@ type Verdict struct {
 	tell       uint64
 	tellBudget bool
 	add        uint32 // the counts the request's hits add to each limit
+	hits       uint32 // the hits its decision counts (Fact.hits)
 	noCount    bool   // Fact.ZeroHits or Fact.Negative: never counted
 	newKey     bool   // first seen during a spike of new keys
 	banned     bool   // under a ban already: not counted
