@@ -219,18 +219,7 @@ func init() {
 	admit.Register(func(sk any) (admit.Func, admit.BytesFunc) { return sk.(*Sketch).admitFuncs() })
 	admit.RegisterSmooth(
 		func(sk any) { sk.(*Sketch).setSmooth() },
-		func(sk any, t time.Time, key []byte) admit.Reading {
-			s := sk.(*Sketch)
-			if s.sm != nil {
-				return s.readingSmooth(t, s.h.bytes(key))
-			}
-			now := s.peekNow()
-			if !t.IsZero() {
-				now = s.readAt(t)
-			}
-			est := s.estimate(s.h.bytes(key), now)
-			return admit.Reading{Est: est, Raw: est, Tick: now}
-		})
+		func(sk any, t time.Time, key []byte) admit.Reading { return sk.(*Sketch).ReadBytes(t, key) })
 	admit.RegisterOps(
 		func(sk any, o admit.Overflow) { sk.(*Sketch).overflow = o },
 		func(sk any) admit.Counts { return sk.(*Sketch).admitCounts() },

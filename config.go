@@ -83,6 +83,17 @@ type Config struct {
 	// (two cache lines per call), new keys go to the less loaded one, and the
 	// lottery picks the weakest of 16 slots.
 	TwoChoice bool
+
+	// SmoothDecay makes counts halve over each tick in 32 steps instead of
+	// at once at its end (docs/DESIGN.md, Smooth decay): a count read at a
+	// step is the table's over 32 + step, rounded up, and an add of n
+	// writes n × (32 + step). Counts are then at most about MaxCount/63,
+	// and the wall clock's goroutine wakes at each step (at most once a
+	// millisecond). Rate limiters count this way: package limit and
+	// SketchProxy, so that quota comes back as time passes, not at once at
+	// instants every key shares. A snapshot records it: one of a smooth
+	// sketch reads back only into a smooth one.
+	SmoothDecay bool
 }
 
 // Validate reports whether c is usable, with an error that says which field

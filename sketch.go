@@ -92,6 +92,9 @@ func New(cfg Config) *Sketch {
 		s.custom = c
 		s.clk.advance(tickOf(c.Now().UnixNano(), s.tick))
 	}
+	if cfg.SmoothDecay {
+		s.setSmooth()
+	}
 	return s
 }
 

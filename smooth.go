@@ -160,3 +160,33 @@ func (s *Sketch) readingSmooth(t time.Time, h uint64) admit.Reading {
 	raw := s.estimate(h, now)
 	return admit.Reading{Est: scaleDown(raw, admit.Scale(j)), Raw: raw, Tick: now, Step: uint8(j), Smooth: true}
 }
+
+// Reading is what a smooth sketch read of a key (Sketch.ReadBytes): its
+// count as callers see it (Est, rounded up), the count in the table behind
+// it (Raw), and the tick and step it was read at, from which package rate
+// computes exact waits. For a sketch without SmoothDecay, Raw is Est and
+// Step 0.
+type Reading = admit.Reading
+
+// Read reads key's count at t (the zero t means the sketch's clock)
+// without writing anything.
+func (s *Sketch) Read(t time.Time, key string) Reading {
+	return s.reading(t, s.h.str(key))
+}
+
+// ReadBytes is Read for a key held in a byte slice.
+func (s *Sketch) ReadBytes(t time.Time, key []byte) Reading {
+	return s.reading(t, s.h.bytes(key))
+}
+
+func (s *Sketch) reading(t time.Time, h uint64) Reading {
+	if s.sm != nil {
+		return s.readingSmooth(t, h)
+	}
+	now := s.peekNow()
+	if !t.IsZero() {
+		now = s.readAt(t)
+	}
+	est := s.estimate(h, now)
+	return admit.Reading{Est: est, Raw: est, Tick: now}
+}

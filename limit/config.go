@@ -158,7 +158,7 @@ func (c Config) compile() (compiled, error) {
 		return p, fmt.Errorf("limit: Config.%s: %s", re.Field, re.Msg)
 	}
 	p.lim = lim
-	p.cfg = epochsketch.Config{NumBuckets: c.NumBuckets, TickDuration: lim.Tick, Clock: c.Clock, Seed: c.Seed, Hash: epochsketch.HashSipHash13}
+	p.cfg = epochsketch.Config{NumBuckets: c.NumBuckets, TickDuration: lim.Tick, Clock: c.Clock, Seed: c.Seed, Hash: epochsketch.HashSipHash13, SmoothDecay: true}
 	if err := p.cfg.Validate(); err != nil {
 		return p, fmt.Errorf("limit: %w", err)
 	}

@@ -159,7 +159,6 @@ func NewWith(cfg Config) *Limiter {
 		panic(err)
 	}
 	sk := epochsketch.New(p.cfg)
-	admit.SetSmooth(sk)
 	admit.SetOverflow(sk, [...]admit.Overflow{OverflowAdmit: admit.Admit, OverflowRefuse: admit.Refuse, OverflowShare: admit.Share}[cfg.Overflow])
 	add, addBytes := admit.Bind(sk)
 	l := &Limiter{add: add, addBytes: addBytes, lim: p.lim, clock: cfg.Clock, sk: sk, sleep: sleep}

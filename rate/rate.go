@@ -356,6 +356,17 @@ func (l *Limit) Wait(est, add uint32, now time.Time) time.Duration {
 	return l.WaitFor(admit.Reading{Est: est, Raw: est * admit.Scale(step), Tick: tick, Step: uint8(step)}, add, now)
 }
 
+// Scale is the counts a smooth sketch's table holds per count, at now, in
+// l's steps (epochsketch.Config.SmoothDecay): 32 + the step; 1 for a
+// halving limit. An exact model of the sketch's decisions reckons with it.
+func (l *Limit) Scale(now time.Time) uint32 {
+	if l.halving {
+		return 1
+	}
+	_, step := l.StepAt(now)
+	return admit.Scale(step)
+}
+
 // StepStart is the instant step begins in tick: a Reading's Tick and Step
 // as a time, which a caller with a stale time measures its waits from.
 func (l *Limit) StepStart(tick int64, step int) time.Time {

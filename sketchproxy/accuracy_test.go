@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
-	"github.com/epochsketch/epochsketch/internal/admit"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
@@ -23,11 +22,10 @@ import (
 // request, Scale(j) internal counts each in step j of a tick). The
 // difference from the proxy is only what the sketch's fixed memory costs.
 type exactLimiter struct {
-	tick  time.Duration
-	theta uint64 // in counts
-	free  bool   // refused requests do not count
+	lim   rate.Limit // its tick and steps
+	theta uint64     // in counts
+	free  bool       // refused requests do not count
 	m     map[string]exactCount
-	steps *admit.Bounds
 }
 
 type exactCount struct {
@@ -36,12 +34,8 @@ type exactCount struct {
 }
 
 func (e *exactLimiter) observe(key string, now time.Time) (bool, uint64) {
-	if e.steps == nil {
-		b := admit.BoundsFor(e.tick)
-		e.steps = &b
-	}
-	tk := now.UnixNano() / int64(e.tick)
-	sc := uint64(admit.Scale(e.steps.Step(now.UnixNano() - tk*int64(e.tick))))
+	tk := now.UnixNano() / int64(e.lim.Tick)
+	sc := uint64(e.lim.Scale(now))
 	x := e.m[key]
 	c := uint64(0) // internal counts
 	if age := tk - x.t; age < 64 {
@@ -109,7 +103,7 @@ func replayTrace(t testing.TB, n int, buckets int, floodShare float64, seed uint
 	ru := mw.state.Load().rules[0].eng
 	lim := ru.Limits[0]
 	free := refused == "free"
-	ex := &exactLimiter{tick: lim.Tick, theta: uint64(lim.Threshold), free: free, m: map[string]exactCount{}}
+	ex := &exactLimiter{lim: lim.Limit, theta: uint64(lim.Threshold), free: free, m: map[string]exactCount{}}
 	sl := &slidingLog{per: time.Minute, l: 100, free: free, m: map[string][]time.Time{}}
 	r := rand.New(rand.NewPCG(seed, 1))
 	zipf := rand.NewZipf(r, 1.2, 1, 49_999)

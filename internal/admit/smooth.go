@@ -76,6 +76,15 @@ type Reading struct {
 	Smooth bool // read from a smooth sketch (else Raw is Est)
 }
 
+// Scale is the table's counts per count of the reading's step: Scale(Step)
+// for a smooth sketch, 1 otherwise.
+func (r Reading) Scale() uint32 {
+	if !r.Smooth {
+		return 1
+	}
+	return Scale(int(r.Step))
+}
+
 // Norm is the count as a classic sketch's would read at the start of the
 // tick: the internal count over Scale(0), rounded up, which halves at
 // each tick's end and holds still within a tick, so that counts of

@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
-	"github.com/epochsketch/epochsketch/internal/admit"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
@@ -366,12 +365,11 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 			// Keys are chosen by clients: a keyed hash (THEORY.md section
 			// 6), whose key a state file can keep.
 			Hash: epochsketch.HashSipHash13,
+			// Limits' counts decay smoothly: quota comes back step by
+			// step, not at instants every key shares (docs/DESIGN.md,
+			// Smooth decay).
+			SmoothDecay: smooth,
 		})
-		if smooth {
-			// Counts decay smoothly: quota comes back step by step, not
-			// at instants every key shares (docs/DESIGN.md, Smooth decay).
-			admit.SetSmooth(sk)
-		}
 		s.sketches[k] = sk
 		return sk
 	}

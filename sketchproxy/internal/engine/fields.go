@@ -5,7 +5,6 @@ import (
 	"math/bits"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/admit"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
@@ -155,7 +154,7 @@ func (v *Verdict) Status(now time.Time) (remaining int64, reset time.Duration) {
 	if over && v.others[0] == 0 && !rl.Halving() {
 		// As Retry-After reckons it: to the nanosecond.
 		l := v.Rule.Limits[0]
-		t = rl.WaitFor(admit.Read(l.sk, time.Time{}, skey(nil, v.Rule.Name, l.Name, v.Key)), add, now)
+		t = rl.WaitFor(l.sk.ReadBytes(time.Time{}, skey(nil, v.Rule.Name, l.Name, v.Key)), add, now)
 	}
 	return r, t
 }
@@ -209,12 +208,12 @@ func (e *Engine) waitFor(s *Set, v *Verdict, now time.Time, sc *Scratch) time.Du
 			// it answered: the wait to the nanosecond, so that a client
 			// that comes back a second before Retry-After is refused.
 			sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
-			rd := admit.Read(l.sk, time.Time{}, sc.buf)
+			rd := l.sk.ReadBytes(time.Time{}, sc.buf)
 			if rd.Est > v.ests[j] {
 				// Counts the verdict leaves out (a shadow rule's wait
 				// reckoned as an enforced rule's, without this request),
 				// added in this very step: taken out as they went in.
-				rd.Raw -= min(rd.Raw, (rd.Est-v.ests[j])*admit.Scale(int(rd.Step)))
+				rd.Raw -= min(rd.Raw, (rd.Est-v.ests[j])*rd.Scale())
 				rd.Est = v.ests[j]
 			}
 			w = rl.WaitFor(rd, v.add, now)
