@@ -407,3 +407,66 @@ func TestWaitDeadlineInQueue(t *testing.T) {
 	for f.step() {
 	}
 }
+
+// TestWaitWallClock is TestWaitFair on the wall clock, for 5 s: each of 8
+// workers gets 12 ± 2 of the releases after the burst, and no 50 ms holds
+// more than 2 of them, with the timers' lateness.
+func TestWaitWallClock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5 s on the wall clock")
+	}
+	const workers, span = 8, 5 * time.Second
+	l := limit.New(20, time.Second)
+	defer l.Close()
+	var rs releases
+	start := time.Now()
+	// The deadline ends the callers still queued at 5 s at once.
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(span))
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				if err := l.Wait(ctx, "k"); err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Error(err)
+					}
+					return
+				}
+				rs.add(w, time.Since(start))
+			}
+		}()
+	}
+	wg.Wait()
+	// The burst is what was released before the first release more than
+	// 10 ms after the one before it.
+	burst := len(rs.list)
+	for i := 1; i < len(rs.list); i++ {
+		if rs.list[i].at-rs.list[i-1].at > 10*time.Millisecond {
+			burst = i
+			break
+		}
+	}
+	per := make([]int, workers)
+	for _, r := range rs.list[burst:] {
+		if r.at < span {
+			per[r.who]++
+		}
+	}
+	from := time.Duration(0)
+	if burst < len(rs.list) {
+		from = rs.list[burst].at
+	}
+	most := maxIn(rs.list, from, 50*time.Millisecond)
+	t.Logf("burst %d, then %v a worker; at most %d in 50 ms after the burst", burst, per, most)
+	for w, n := range per {
+		if n < 10 || n > 14 {
+			t.Errorf("worker %d: %d releases after the burst (all: %v), want 12 ± 2", w, n, per)
+		}
+	}
+	if most > 2 {
+		t.Errorf("%d releases within 50 ms after the burst, want at most 2", most)
+	}
+}
