@@ -352,8 +352,10 @@ func TestRemoteIPUnixSocket(t *testing.T) {
 }
 
 // TestWait: Wait sleeps what Decide's RetryAfter says and is then
-// admitted; on a ManualClock that the test's sleep moves, never the wall
-// clock.
+// admitted. The next Wait, the key now at its limit, first waits out the
+// pacing (Per/Requests: 30 s), and when another caller takes the room in
+// the meantime, waits what RetryAfter says again. On a ManualClock that
+// the test's sleep moves, never the wall clock.
 func TestWait(t *testing.T) {
 	l, clk := newManual(t, limit.Config{Requests: 2, Per: time.Minute})
 	clk.Advance(20 * time.Second)
@@ -379,7 +381,8 @@ func TestWait(t *testing.T) {
 	if r := remaining(l, "k"); r != 0 {
 		t.Fatalf("%d left after the wait, want 0: the waited request was counted", r)
 	}
-	// Another caller takes the room first: Wait waits again.
+	// The pacing, then another caller takes the room first: Wait waits
+	// again.
 	slept = nil
 	limit.SetSleep(l, func(ctx context.Context, d time.Duration) error {
 		slept = append(slept, d)
@@ -389,8 +392,8 @@ func TestWait(t *testing.T) {
 		}
 		return nil
 	})
-	if err := l.Wait(ctx, "k"); err != nil || len(slept) != 2 {
-		t.Fatalf("%v, slept %v: want two waits", err, slept)
+	if err := l.Wait(ctx, "k"); err != nil || fmt.Sprint(slept) != "[30s 30s]" {
+		t.Fatalf("%v, slept %v: want the pacing's 30s, then Retry-After's 30s", err, slept)
 	}
 }
 

@@ -14,7 +14,8 @@
 // requests ([Skip]), replace the refusal ([OnRefused]) and add the legacy
 // X-RateLimit fields ([LegacyHeaders]); [Limiter.AddFields] writes the
 // fields for a handler of your own. [Limiter.Wait] blocks until a key's
-// request fits; [Limiter.Reset] forgets a key; [Limiter.Stats] counts
+// request fits, serving a key's waiters in turn at its pace;
+// [Limiter.Reset] forgets a key; [Limiter.Stats] counts
 // what memory and contention changed. The module
 // github.com/epochsketch/epochsketch/limit/grpclimit does the same for
 // gRPC, a module of its own (its documentation gives the go.mod lines).
@@ -114,7 +115,6 @@ package limit
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/epochsketch/epochsketch"
@@ -143,6 +143,7 @@ type Limiter struct {
 	// sleep waits d or until ctx ends, for Wait: a timer; tests replace it
 	// (export_test.go) to move a ManualClock instead.
 	sleep func(ctx context.Context, d time.Duration) error
+	w     waiters // Wait's queues, by key
 }
 
 // New returns a Limiter for requests per per, with the defaults of Config.
@@ -335,14 +336,35 @@ func (l *Limiter) Stats() Stats {
 func (l *Limiter) Wait(ctx context.Context, key string) error { return l.WaitN(ctx, key, 1) }
 
 // WaitN blocks until n requests of key fit, and counts them, or until ctx
-// ends. It waits what a refused Decide says, Decision.RetryAfter, the
-// Retry-After a client is told, and tries again: it returns nil when the
-// requests were admitted (after other callers took the room it waited for,
-// it waits again). It returns ctx's error if ctx ends first, and at once,
+// ends. It returns nil when the requests were admitted.
+//
+// The callers waiting for one key are served one at a time in the order
+// they called, as golang.org/x/time/rate's Wait serves them: only the
+// first tries Decide, and on a refusal waits what Decision.RetryAfter
+// says and tries again; the others wait for their turn. While the key has
+// room (an idle key's Burst) its waiters pass as fast as Decide admits
+// them. Once one is refused, the key is at its limit, and its waiters are
+// released one per Per/Requests at most (a caller of n requests takes n
+// such intervals), never in a batch when the count decays; a key whose
+// queue is empty, its last waiter released more than that interval ago,
+// starts afresh.
+// Requests that do not wait (Allow, Decide) join no queue and may take
+// the room first; then the waiters wait for the room again.
+//
+// A caller whose ctx ends leaves the queue, and the one behind it moves
+// up at once: it waits no longer than it would have behind the caller
+// that left. WaitN returns ctx's error if ctx ends first, and at once,
 // without waiting, an error that wraps context.DeadlineExceeded if ctx's
-// deadline comes before the wait ends; an error if n is above Burst (it
-// never fits). n <= 0 returns nil at once. The wait is on the wall clock,
-// whatever Config.Clock.
+// deadline comes before the requests could fit, counting the intervals
+// of the callers ahead. At most 4,096 callers wait for one key: past them
+// WaitN returns at once an error that says so, as it does if n is above
+// Burst (it never fits). n <= 0 returns nil at once. The wait is on the
+// wall clock, whatever Config.Clock.
+//
+// The queues take memory only for the callers waiting: a key's queue is
+// deleted when it empties, or, at the limit, once the interval of its
+// last release has passed (by the next WaitN of any key). Allow, AllowN
+// and Decide take no lock for them.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int) error {
 	if n <= 0 {
 		return nil
@@ -350,39 +372,20 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int) error {
 	if n > int(l.lim.Burst) {
 		return fmt.Errorf("limit: WaitN(%d): more requests than the Burst of %d, which never fit", n, l.lim.Burst)
 	}
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		d := l.Decide(time.Time{}, key, n)
-		if d.Allowed {
-			return nil
-		}
-		if d.RetryAfter == 0 {
-			// It fits now: the add lost its compare-and-swaps to racing
-			// writers (Stats.Contended). Try again after them.
-			runtime.Gosched()
-			continue
-		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d.RetryAfter {
-			return fmt.Errorf("limit: WaitN(%d): %v until the requests fit, beyond the context's deadline: %w", n, d.RetryAfter, context.DeadlineExceeded)
-		}
-		if err := l.sleep(ctx, d.RetryAfter); err != nil {
-			return err
-		}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-}
-
-// sleep waits d, or until ctx ends, with a timer.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
+	q, w, err := l.enqueue(ctx, key, n)
+	if err != nil {
+		return err
+	}
+	defer l.leave(q, w)
 	select {
-	case <-t.C:
-		return nil
+	case <-w.turn:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	return l.serve(ctx, q, key, n)
 }
 
 // Reset forgets key's count, so that its next requests are a new key's
