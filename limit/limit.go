@@ -41,8 +41,10 @@
 //     admitted at most Burst × 17/16 + Requests × 1.05 × w/Per + 1: no
 //     tick's end gives half a burst back at once (TestWindowBound).
 //   - A key that spreads its requests evenly at up to Requests per Per is
-//     never refused. A burst above Requests is a first burst only: a client
-//     that sends its quota in clumps needs a higher rate.
+//     never refused, from a quiet start (one that has just spent its burst
+//     is refused some of its first requests, until the burst decays out of
+//     its count). A burst is a first burst only: a client that sends its
+//     quota in clumps needs a higher rate.
 //   - What a Decision says is true: a refused client that waits RetryAfter
 //     is admitted, and one nanosecond less is not; one told Reset finds
 //     more quota then (TestFieldsTruthful, over random histories).

@@ -717,11 +717,15 @@ func TestKeySpellings(t *testing.T) {
 			func(r *http.Request) { r.Header.Set("Authorization", "bearer abc") },
 			func(r *http.Request) { r.Header.Set("Authorization", "BEARER abc") },
 			func(r *http.Request) { r.Header.Set("Authorization", "Bearer  abc") },
+			func(r *http.Request) { r.Header.Set("Authorization", "Bearer\tabc") },
 		}},
 		{"query", "query:api_key", func(r *http.Request) { r.URL.RawQuery = "api_key=zed" }, []func(*http.Request){
 			func(r *http.Request) { r.URL.RawQuery = "api.key=zed" },
 			func(r *http.Request) { r.URL.RawQuery = "api%20key=zed" },
 			func(r *http.Request) { r.URL.RawQuery = "api_key=zed;x=1" },
+			func(r *http.Request) { r.URL.RawQuery = "api[key=zed" },
+			func(r *http.Request) { r.URL.RawQuery = "+api_key=zed" },
+			func(r *http.Request) { r.URL.RawQuery = "%20api_key=zed" },
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,8 +1,9 @@
 package sketchproxy
 
 import (
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
+
 	"net/http"
-	"net/url"
 	"strings"
 )
 
@@ -44,18 +45,13 @@ func MethodsOf(r *http.Request) Methods {
 		}
 	}
 	if q := r.URL.RawQuery; strings.Contains(q, "method") || strings.Contains(q, "%") {
-		// Parsed only when it may hold _method (perhaps as %5Fmethod).
-		for _, v := range parseQuery(q)["_method"] {
+		// Read only when it may hold _method (perhaps as %5Fmethod), under
+		// every name PHP reads as _method (.method, [method, " _method").
+		for _, v := range keysrc.Query(q, "_method") {
 			ms.addList(v)
 		}
 	}
 	return ms
-}
-
-// parseQuery is url.ParseQuery, keeping what parses.
-func parseQuery(q string) url.Values {
-	v, _ := url.ParseQuery(q)
-	return v
 }
 
 // List returns the methods listed: with All, the first maxMethods of

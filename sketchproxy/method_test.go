@@ -37,6 +37,9 @@ var overrides = []struct {
 	{"_method", "_method=DELETE", nil, "DELETE"},
 	{"_method encoded", "%5Fmethod=delete", nil, "DELETE"},
 	{"_method twice", "_method=PUT&_method=DELETE", nil, "DELETE"},
+	{".method (PHP's _method)", ".method=DELETE", nil, "DELETE"},
+	{"[method (PHP's _method)", "%5Bmethod=DELETE", nil, "DELETE"},
+	{"a space before _method", "%20_method=DELETE", nil, "DELETE"},
 	{"HEAD override", "", []string{"X-HTTP-Method-Override", "HEAD"}, "GET"},
 }
 

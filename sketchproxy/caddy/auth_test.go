@@ -160,6 +160,8 @@ func TestUnknownPlaceholder(t *testing.T) {
 		{"{http.vars.client_ip}", ""},
 		{"{http.epochsketch.client_prefix}", ""},
 		{"{env.TENANT}-{geoip2.country_code}", ""},
+		{"{section}", ""}, // a map directive's output
+		{"{client_addr}", "Caddy has no placeholder {client_addr}"},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			h := Handler{Zones: map[string]*Zone{"a": {Key: tc.key, Events: 5, Window: 1e9}}}

@@ -69,6 +69,11 @@ func knownPlaceholder(name string) string {
 	if long := seg[0].Text; long != "{"+name+"}" {
 		return why + fmt.Sprintf("; {%s} is the Caddyfile's shorthand: in JSON write %s", name, long)
 	}
+	if !strings.Contains(name, ".") && !addressLike(name) {
+		// A name of its own: a map directive's output ({section}) or a
+		// vars handler's, which a blank request cannot show.
+		return ""
+	}
 	// The long forms: {remote_host} and {client_ip} are the Caddyfile's
 	// shorthands, which JSON does not have.
 	return why + "; for the client's address write {http.request.remote.host} (the connection's), {http.vars.client_ip} (past trusted_proxies) or {http.epochsketch.client_prefix} (IPv6 by /64)"
@@ -255,4 +260,18 @@ func sameHandler(raw json.RawMessage, self []byte) bool {
 	}
 	b, err := json.Marshal(&other)
 	return err == nil && string(b) == string(self)
+}
+
+// addressLike reports whether a placeholder name without a dot reads as
+// the client's address or identity ({remote_ip}, {client_addr}, {user}):
+// names Caddy does not have, which a map or vars handler rarely sets, and
+// which made a whole site one count when they were accepted.
+func addressLike(name string) bool {
+	n := strings.ToLower(name)
+	for _, w := range []string{"ip", "addr", "remote", "client", "host", "forwarded", "user", "peer"} {
+		if strings.Contains(n, w) {
+			return true
+		}
+	}
+	return false
 }

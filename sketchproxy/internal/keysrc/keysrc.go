@@ -16,11 +16,11 @@ import (
 // case-sensitive).
 func Credentials(v string) string {
 	v = strings.Trim(v, " \t")
-	scheme, rest, ok := strings.Cut(v, " ")
-	if !ok {
+	i := strings.IndexAny(v, " \t")
+	if i < 0 {
 		return strings.ToLower(v)
 	}
-	return strings.ToLower(scheme) + " " + strings.TrimLeft(rest, " \t")
+	return strings.ToLower(v[:i]) + " " + strings.TrimLeft(v[i:], " \t")
 }
 
 // IsCredentials reports whether the header (canonical) carries
@@ -66,5 +66,18 @@ func Query(raw, name string) []string {
 
 // phpName is a parameter's name as PHP stores it: '.' and ' ' become '_'.
 func phpName(s string) string {
+	// PHP's parameter names (main/php_variables.c): leading spaces
+	// dropped, then a space or a dot becomes _, and so does the first [
+	// that no ] closes (api[key is api_key; api[]=x is an array, which no
+	// key is).
+	s = strings.TrimLeft(s, " ")
+	if i := strings.IndexByte(s, '['); i >= 0 && !strings.Contains(s[i:], "]") {
+		s = s[:i] + "_" + s[i+1:]
+	}
 	return strings.NewReplacer(".", "_", " ", "_").Replace(s)
 }
+
+// PHPName is the name PHP gives a query parameter named s: what a PHP
+// application (Laravel, Symfony) reads, so that a key or an override read
+// under another spelling is not another key.
+func PHPName(s string) string { return phpName(s) }
