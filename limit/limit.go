@@ -42,8 +42,8 @@
 //     tick's end gives half a burst back at once (TestWindowBound).
 //   - A key that spreads its requests evenly at up to Requests per Per is
 //     never refused, from a quiet start (one that has just spent its burst
-//     is refused some of its first requests, until the burst decays out of
-//     its count). A burst is a first burst only: a client that sends its
+//     may be refused one or two of its first 30 requests, until the burst
+//     decays out of its count). A burst is a first burst only: a client that sends its
 //     quota in clumps needs a higher rate.
 //   - What a Decision says is true: a refused client that waits RetryAfter
 //     is admitted, and one nanosecond less is not; one told Reset finds

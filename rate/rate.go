@@ -32,10 +32,10 @@
 //
 //   - Evenly at the limit, never refused: a key sending one request every
 //     Per/Requests, from any phase, from a quiet start. One that first
-//     spends a burst above that, then sends evenly, is refused some of its
-//     requests until the burst has decayed out of its count (about Burst ×
-//     0.3 of them for a large burst: a review measured 12 of the first 27
-//     at 100 a minute).
+//     spends its burst, then sends evenly, may be refused one or two of its
+//     first 30 requests, until the burst has decayed out of its count
+//     (measured at 100 a minute, 50 a second and 3 a second with a burst
+//     of 100, at three phases).
 //   - A first burst: a quiet key gets Burst at once.
 //   - The window bound: in any window of length w, sliding, a key is
 //     admitted at most Burst × 17/16 + Requests × (1 + 5%) × w/Per + 1,
