@@ -112,7 +112,12 @@ func TestLimiterFleetOverRedis(t *testing.T) {
 		return l
 	}
 	replicas := [2]*Limiter{newReplica("a"), newReplica("b")}
-	alone, err := NewLimiter(LimiterConfig{Requests: 20, Per: time.Second})
+	// One replica alone, counting as a fleet counts (counts that halve at
+	// each tick's end: docs/fleets.md), under a prefix of its own.
+	alone, err := NewLimiter(LimiterConfig{
+		Requests: 20, Per: time.Second,
+		Fleet: &FleetConfig{Redis: addr, Secret: "a-secret-of-16-bytes-at-least", ID: "alone", Replicas: 1, Interval: Duration(100 * time.Millisecond), Prefix: "alone:"},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
