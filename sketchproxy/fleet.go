@@ -3,6 +3,7 @@ package sketchproxy
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -57,7 +58,9 @@ type FleetConfig struct {
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
 	Replicas int `yaml:"replicas" example:"3"`
 	// ID names this replica in the heartbeat and in its record of each
-	// hot key (default host-pid; no spaces).
+	// hot key (default host-pid; no spaces). Each fleet started adds a
+	// suffix of its own to it, so that two limiters in one process, or a
+	// replica and its restart, never write each other's record.
 	ID string `yaml:"id" example:"proxy-a"`
 	// Interval between sync rounds (default 500ms); Timeout bounds a round
 	// (default 250ms).
@@ -200,6 +203,12 @@ type fleet struct {
 	up      atomic.Bool
 	hearing atomic.Bool // subscribed to the claims channel
 
+	// self names this fleet's records and heartbeat in Redis: the
+	// configured id, with a suffix of its own where newFleet starts it
+	// (fleetSelf), so that no other fleet, in this process or after a
+	// restart, ever writes its record.
+	self string
+
 	shards [16]hotShard
 	count  atomic.Int64
 
@@ -266,6 +275,7 @@ type hotEntry struct {
 // newFleet returns a fleet on Redis, its goroutines running.
 func newFleet(cfg *FleetConfig, fb *fleetBuilt, log *slog.Logger, now func() time.Time) *fleet {
 	f := newFleetOn(cfg, fb.secret, newRedisStore(fb.opts), log, now)
+	f.self = fleetSelf(cfg.ID)
 	f.start()
 	return f
 }
@@ -275,7 +285,7 @@ func newFleet(cfg *FleetConfig, fb *fleetBuilt, log *slog.Logger, now func() tim
 func newFleetOn(cfg *FleetConfig, secret []byte, store fleetStore, log *slog.Logger, now func() time.Time) *fleet {
 	f := &fleet{
 		cfg: cfg, log: log, now: now, store: store, secret: secret,
-		runID: cfg.ID,
+		runID: cfg.ID, self: cfg.ID,
 		run:   map[string]string{},
 		rkeys: map[string]*hotEntry{},
 		heard: map[string]shareReply{},
@@ -335,6 +345,13 @@ func (f *fleet) shard(k []byte) *hotShard {
 }
 
 func (f *fleet) replicas() int64 { return max(1, f.n.Load()) }
+
+// fleetSelf is id with a suffix of its own (8 random hex digits).
+func fleetSelf(id string) string {
+	var b [4]byte
+	rand.Read(b[:])
+	return id + "." + hex.EncodeToString(b[:])
+}
 
 // Estimate is what the engine decides k against (engine.Fleet): the local
 // count, plus the part of θ this replica may not use. A hot key's part is
@@ -601,7 +618,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	now := f.now()
 	interval := time.Duration(f.cfg.Interval)
 	r := &shareRound{
-		id: f.cfg.ID, candidate: fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), channel: f.channel(),
+		id: f.self, candidate: fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), channel: f.channel(),
 		stale: f.stale(), ttl: 2 * interval,
 	}
 	calls := make([]shareCall, len(es))
@@ -615,7 +632,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	}
 	var hb *heartbeat
 	if beat && f.cfg.Replicas == 0 {
-		hb = &heartbeat{key: f.cfg.Prefix + "members", id: f.cfg.ID, now: now, window: 3*interval + time.Second}
+		hb = &heartbeat{key: f.cfg.Prefix + "members", id: f.self, now: now, window: 3*interval + time.Second}
 	}
 	replies, card, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
@@ -686,10 +703,10 @@ func (f *fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) +
 func (f *fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView) (*shareView, uint32) {
 	n := f.replicas()
 	young := time.Duration(rp.now-rp.born)*time.Microsecond < 2*time.Duration(f.cfg.Interval)
-	g, reserve, split := guarantee(f.cfg.ID, rp.peers, int(n), young, e.theta, sharePoint(e.theta, n, f.cfg.PromoteFraction), e.rkey)
+	g, reserve, split := guarantee(f.self, rp.peers, int(n), young, e.theta, sharePoint(e.theta, n, f.cfg.PromoteFraction), e.rkey)
 	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split}
 	for _, p := range rp.peers {
-		if p.id == f.cfg.ID {
+		if p.id == f.self {
 			v.meC = p.c
 			continue
 		}
