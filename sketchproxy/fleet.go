@@ -57,6 +57,11 @@ type FleetConfig struct {
 	SecretFile string `yaml:"secret_file" example:"/etc/sketchproxy/fleet-secret"`
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
 	Replicas int `yaml:"replicas" example:"3"`
+	// MinReplicas is the fewest replicas assumed while Redis is
+	// unreachable, when replicas is 0 (default: the most seen at once
+	// lately, and 2 before any was seen; docs/fleets.md, Failure): a
+	// replica that never heard from Redis must not count itself alone.
+	MinReplicas int `yaml:"min_replicas" example:"3"`
 	// ID names this replica in the heartbeat and in its record of each
 	// hot key (default host-pid; no spaces). Each fleet started adds a
 	// suffix of its own to it, so that two limiters in one process, or a
@@ -142,6 +147,9 @@ func (c *Config) validateFleet(fb *fleetBuilt) error {
 	if f.Replicas < 0 || f.Replicas > 1000 {
 		return c.errAt(fmt.Sprintf("%d: want 0 (count heartbeats) to 1000", f.Replicas), "fleet", "replicas")
 	}
+	if f.MinReplicas < 0 || f.MinReplicas > 1000 {
+		return c.errAt(fmt.Sprintf("%d: want 0 (the default) to 1000", f.MinReplicas), "fleet", "min_replicas")
+	}
 	if f.ID == "" {
 		h, _ := os.Hostname()
 		f.ID = fmt.Sprintf("%s-%d", h, os.Getpid())
@@ -208,6 +216,13 @@ type fleet struct {
 	// (fleetSelf), so that no other fleet, in this process or after a
 	// restart, ever writes its record.
 	self string
+	// seen is the most replicas the heartbeat counted lately (in this
+	// window of stale(), from seenAt, f.now ns, and the one before:
+	// seenCur and seenPrev): N while Redis is unreachable, and N's floor
+	// while it answers, so that a members' set flushed or rewritten does
+	// not make a replica count itself alone. A replica that left stops
+	// counting within two windows, as its records lapse within one.
+	seen, seenAt, seenCur, seenPrev atomic.Int64
 
 	shards [16]hotShard
 	count  atomic.Int64
@@ -344,13 +359,52 @@ func (f *fleet) shard(k []byte) *hotShard {
 	return &f.shards[h%uint32(len(f.shards))]
 }
 
-func (f *fleet) replicas() int64 { return max(1, f.n.Load()) }
+// replicas is N: replicas if set, else the replicas that heartbeat now
+// or lately (seen). While Redis is unreachable it is the most seen
+// lately, at least min_replicas; before any was seen, min_replicas or
+// fleetUnknownReplicas: a replica that cannot tell how many others run
+// assumes more, not fewer (docs/fleets.md, Failure).
+func (f *fleet) replicas() int64 {
+	if f.cfg.Replicas > 0 {
+		return int64(f.cfg.Replicas)
+	}
+	seen := f.seen.Load()
+	if f.up.Load() {
+		return max(1, f.n.Load(), seen)
+	}
+	n := max(seen, int64(f.cfg.MinReplicas))
+	if n == 0 {
+		return fleetUnknownReplicas
+	}
+	return n
+}
+
+// fleetUnknownReplicas is N while Redis is unreachable and no replicas,
+// min_replicas or heartbeat says more.
+const fleetUnknownReplicas = 2
 
 // fleetSelf is id with a suffix of its own (8 random hex digits).
 func fleetSelf(id string) string {
 	var b [4]byte
 	rand.Read(b[:])
 	return id + "." + hex.EncodeToString(b[:])
+}
+
+// noteMembers records that the heartbeat counted card replicas now, and
+// that a hot key's records named peers replicas (sync goroutine only):
+// seen, N's floor, is the most of either lately, as a members' set
+// flushed every moment counts few.
+func (f *fleet) noteMembers(card, peers int64) {
+	now := f.now().UnixNano()
+	card = max(1, card)
+	if now-f.seenAt.Load() > int64(f.stale()) {
+		f.seenPrev.Store(f.seenCur.Load())
+		f.seenCur.Store(0)
+		f.seenAt.Store(now)
+	}
+	f.seenCur.Store(max(f.seenCur.Load(), card, peers))
+	f.seen.Store(max(f.seenCur.Load(), f.seenPrev.Load()))
+	f.n.Store(card)
 }
 
 // Estimate is what the engine decides k against (engine.Fleet): the local
@@ -365,7 +419,9 @@ func fleetSelf(id string) string {
 func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
 	n := f.replicas()
 	if !f.up.Load() {
-		return uint32(min(uint64(local)*uint64(n), math.MaxUint32)), false
+		// Its fair share, the request included: the local count × N
+		// against θ let each replica count a request past θ/N.
+		return alone(local, theta, n), false
 	}
 	p := sharePoint(theta, n, f.cfg.PromoteFraction)
 	below := uint64(local)+uint64(add) <= uint64(p)
@@ -645,6 +701,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	// first rounds hold room for the missing ones (guarantee).
 	lost := 0
 	synced := 0
+	var peers int64
 	for i, e := range es {
 		rp := &replies[i]
 		if !rp.ok {
@@ -665,6 +722,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 		}
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
+		peers = max(peers, int64(len(rp.peers)))
 		f.store1(e, v)
 		e.gWant = g // stored at the next round: until then the pool holds its room
 	}
@@ -683,7 +741,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
 	if hb != nil {
-		f.n.Store(max(1, card))
+		f.noteMembers(card, peers)
 	}
 	if !f.up.Swap(true) {
 		f.log.Info("fleet: Redis reachable: enforcing fleet-wide limits", "replicas", f.replicas(), "hot_keys", f.count.Load())

@@ -1,12 +1,85 @@
 package sketchproxy
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/epochsketch/epochsketch/rate"
 )
+
+// Issue 47: whatever Redis does (down from the start, flushed, records
+// rewritten or deleted, paused), and when a replica restarts, a fleet of
+// N admits at most the limit × 1.05 plus one burst over all replicas, and
+// a client under its limit is not refused. Each case runs 3 replicas
+// behind a round-robin balancer on the fleet sim's manual clock, a key at
+// 3x its limit of 10 a second (burst 10) and keys at 0.85x.
+
+// faultRun runs 3 replicas (replicas: configured N, or 0 for the
+// heartbeat's count) at 10 a second for 30 s with the fault setup sets up,
+// and returns the key at 3x and the keys at 0.85x.
+func faultRun(t *testing.T, replicas int, setup func(s *fleetSim, t0 time.Time)) (heavy, steady tally) {
+	return faultRunAt(t, rate.Rate{Requests: 10, Per: time.Second}, replicas, 30*time.Second, 0, setup)
+}
+
+// faultRunAt is faultRun at limit r for d, the key at 3x counted from
+// from on (its requests before count nowhere).
+func faultRunAt(t *testing.T, r rate.Rate, replicas int, d, from time.Duration, setup func(s *fleetSim, t0 time.Time)) (heavy, steady tally) {
+	t.Helper()
+	s := newFleetSim(t, 3, r, replicas)
+	rng := rand.New(rand.NewPCG(47, uint64(replicas)))
+	t0 := s.clk.Now().Add(time.Second)
+	end := t0.Add(d)
+	gap := time.Duration(float64(r.Per) / r.Requests)
+	for k := range 3 {
+		s.client(fmt.Sprint("steady-", k), t0, end, gap*20/17, rng, func(j int) int { return (j + k) % 3 }, &steady)
+	}
+	var before tally
+	s.client("heavy", t0, t0.Add(from), gap/3, rng, func(j int) int { return j % 3 }, &before)
+	s.client("heavy", t0.Add(from), end, gap/3, rng, func(j int) int { return j % 3 }, &heavy)
+	setup(s, t0)
+	s.run(end)
+	return heavy, steady
+}
+
+// checkFault holds a fault's run to the bound: the limit × 1.05 plus
+// slack requests (a burst over a whole run; where only the fault's
+// window is counted, a request).
+func checkFault(t *testing.T, heavy, steady tally, slack int) {
+	t.Helper()
+	got, want := heavy.fleetFirst+heavy.fleetAfter, heavy.aloneFirst+heavy.aloneAfter
+	t.Logf("the key at 3x: the fleet admitted %d, one replica alone %d (%.2fx); keys at 0.85x: %d of %d refused where one replica alone admits", got, want, float64(got)/float64(want), steady.wrong, steady.sent)
+	if float64(got) > 1.05*float64(want)+float64(slack) {
+		t.Errorf("the fleet admitted %d of the key at 3x, one replica alone %d: more than the limit × 1.05 plus %d", got, want, slack)
+	}
+	if float64(steady.wrong) > 0.01*float64(steady.sent) {
+		t.Errorf("%d of %d requests of keys at 0.85x refused where one replica alone admits them", steady.wrong, steady.sent)
+	}
+}
+
+// Redis is unreachable from the start and replicas is 0: no replica ever
+// counted the others, and none may count itself alone (each did: 2.9x
+// over 3). With min_replicas the fleet holds the bound; without, each
+// assumes fleetUnknownReplicas (2), not 1.
+func TestFleetSimNoRedisFromStart(t *testing.T) {
+	heavy, steady := faultRun(t, 0, func(s *fleetSim, _ time.Time) {
+		s.store.down = true
+		for _, f := range s.fleets {
+			f.cfg.MinReplicas = 3
+		}
+	})
+	checkFault(t, heavy, steady, 10)
+	heavy, _ = faultRun(t, 0, func(s *fleetSim, _ time.Time) { s.store.down = true })
+	got, want := heavy.fleetFirst+heavy.fleetAfter, heavy.aloneFirst+heavy.aloneAfter
+	t.Logf("without min_replicas: %d admitted, one replica alone %d (%.2fx)", got, want, float64(got)/float64(want))
+	if float64(got) > 2*float64(want) {
+		t.Errorf("without min_replicas, 3 replicas that never reached Redis admitted %d, one alone %d: more than N = 2 allows", got, want)
+	}
+}
 
 // Each fleet started gets a name of its own: two Limiters in one process
 // with one fleet section (or a Caddy zone's fleet and another) each write
