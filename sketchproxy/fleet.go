@@ -483,7 +483,11 @@ func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		return alone(local, theta, n), true
 	}
 	top, quiet := v.allowance(theta, now.UnixNano()/int64(tick))
-	return uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32)), uint64(local)+uint64(add) > uint64(quiet)
+	est := uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32))
+	if v.suspect {
+		est = max(est, alone(local, theta, n))
+	}
+	return est, uint64(local)+uint64(add) > uint64(quiet)
 }
 
 // alone is the estimate of a key this replica decides by itself at its
@@ -760,9 +764,15 @@ func (f *fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) +
 // the guarantees Redis holds always cover the ones in use.
 func (f *fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView) (*shareView, uint32) {
 	n := f.replicas()
+	prev := cur
+	if prev == nil {
+		prev = e.view.Load()
+	}
+	var suspect bool
+	rp.peers, suspect = keepPeers(rp.peers, prev, rp.tick)
 	young := time.Duration(rp.now-rp.born)*time.Microsecond < 2*time.Duration(f.cfg.Interval)
 	g, reserve, split := guarantee(f.self, rp.peers, int(n), young, e.theta, sharePoint(e.theta, n, f.cfg.PromoteFraction), e.rkey)
-	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split}
+	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect}
 	for _, p := range rp.peers {
 		if p.id == f.self {
 			v.meC = p.c
@@ -770,6 +780,11 @@ func (f *fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 		}
 		v.others = append(v.others, p)
 		v.sumGo += p.g
+	}
+	if prev != nil && prev.tick <= rp.tick {
+		// This replica's own count, as a claim heard says Redis holds
+		// it, is no less either (keepPeers).
+		v.meC = max(v.meC, halve(prev.meC, rp.tick-prev.tick))
 	}
 	switch {
 	case cur != nil:

@@ -81,6 +81,50 @@ func TestFleetSimNoRedisFromStart(t *testing.T) {
 	}
 }
 
+// Redis (or whoever may write under the prefix) loses or rewrites the
+// records every 200 ms: FLUSHALL, DEL of the hot hashes, each record
+// rewritten as "0 0 0 now tick". A replica never believes the others'
+// counts fell faster than they halve (shareView.keep), and the
+// heartbeat's count never falls below the most replicas seen lately.
+func TestFleetSimHostileRedis(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		do   func(m *memStore)
+	}{
+		{"flushall", (*memStore).flush},
+		{"del", (*memStore).del},
+		{"zero", (*memStore).zero},
+		{"none", func(*memStore) {}},
+	} {
+		for _, replicas := range []int{0, 3} {
+			t.Run(fmt.Sprintf("%s/replicas=%d", c.name, replicas), func(t *testing.T) {
+				heavy, steady := faultRun(t, replicas, func(s *fleetSim, t0 time.Time) {
+					s.every(t0.Add(3*time.Second), 200*time.Millisecond, func() { c.do(s.store) })
+				})
+				checkFault(t, heavy, steady, 10)
+			})
+		}
+	}
+}
+
+// A replica restarts 3 times without a state_file, at 20 a minute (a
+// count that takes minutes to halve away): each new process has counted
+// nothing, under a new name (fleet.self), while its previous one's
+// record, unwritten, still holds what it admitted (shareScript keeps a
+// quiet record's count). Counted from the first restart on.
+func TestFleetSimReplicaRestarts(t *testing.T) {
+	for _, replicas := range []int{0, 3} {
+		t.Run(fmt.Sprint("replicas=", replicas), func(t *testing.T) {
+			heavy, steady := faultRunAt(t, rate.Rate{Requests: 20, Per: time.Minute}, replicas, 3*time.Minute, time.Minute, func(s *fleetSim, t0 time.Time) {
+				for k := range 3 {
+					s.at(t0.Add(time.Minute+time.Duration(k)*20*time.Second), func() { s.restart(2, fmt.Sprint("r2.", k+1)) })
+				}
+			})
+			checkFault(t, heavy, steady, 1)
+		})
+	}
+}
+
 // Each fleet started gets a name of its own: two Limiters in one process
 // with one fleet section (or a Caddy zone's fleet and another) each write
 // their own record, and count as two replicas.

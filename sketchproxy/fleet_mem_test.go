@@ -70,12 +70,15 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 				continue
 			}
 			x := k.recs[id]
-			cc, dd := halve(x.c, tick-x.tk), halve(x.d, tick-x.tk-1)
-			if x.w < us-r.stale.Microseconds() || cc == 0 && dd == 0 {
+			cc, dd, gg := halve(x.c, tick-x.tk), halve(x.d, tick-x.tk-1), x.g
+			if x.w < us-r.stale.Microseconds() {
+				dd, gg = 0, 0 // gone quiet: its count stays, halving
+			}
+			if cc == 0 && dd == 0 {
 				delete(k.recs, id)
 				continue
 			}
-			rp.peers = append(rp.peers, peerShare{id: id, c: cc, d: dd, g: x.g})
+			rp.peers = append(rp.peers, peerShare{id: id, c: cc, d: dd, g: gg})
 		}
 		me := memRec{c: halve(c.c, tick-c.at), d: halve(c.d, tick-c.at-1), g: c.g, w: us, tk: tick}
 		k.recs[r.id] = me
@@ -135,3 +138,22 @@ func (m *memStore) listen(_ string, deliver func(string), ready func(), _ func(e
 }
 
 func (m *memStore) close() {}
+
+// zero rewrites every replica's record of every key as "0 0 0 now tick",
+// as a writer without the fleet's secret can.
+func (m *memStore) zero() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range m.keys {
+		for id, r := range k.recs {
+			k.recs[id] = memRec{w: m.now().UnixMicro(), tk: r.tk}
+		}
+	}
+}
+
+// del deletes every key's records (DEL of the hot hashes).
+func (m *memStore) del() {
+	m.mu.Lock()
+	m.keys = map[string]*memKey{}
+	m.mu.Unlock()
+}
