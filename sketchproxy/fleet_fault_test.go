@@ -107,6 +107,19 @@ func TestFleetSimHostileRedis(t *testing.T) {
 	}
 }
 
+// Redis stops (SIGSTOP) for 4 s: rounds time out and the replicas decide
+// alone at θ/N, the request included; at its return Redis runs the rounds
+// queued while it was stopped, late, and each replica's next round writes
+// what its sketch holds, what it admitted alone included. Counted from the
+// stop to 4 s after the return.
+func TestFleetSimRedisPaused(t *testing.T) {
+	heavy, steady := faultRunAt(t, rate.Rate{Requests: 10, Per: time.Second}, 3, 18*time.Second, 10*time.Second, func(s *fleetSim, t0 time.Time) {
+		s.at(t0.Add(10*time.Second), func() { s.store.paused = true })
+		s.at(t0.Add(14*time.Second), s.store.resume)
+	})
+	checkFault(t, heavy, steady, 1)
+}
+
 // A replica restarts 3 times without a state_file, at 20 a minute (a
 // count that takes minutes to halve away): each new process has counted
 // nothing, under a new name (fleet.self), while its previous one's

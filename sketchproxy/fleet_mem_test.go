@@ -22,6 +22,10 @@ type memStore struct {
 	markers map[string]string
 	members map[string]time.Time
 	down    bool // every sync fails, as with Redis unreachable
+	// paused: every sync fails (a timeout), but its commands run at
+	// resume, late, as Redis stopped (SIGSTOP) runs what it has queued.
+	paused bool
+	late   []func()
 
 	listeners []func(string)
 	queued    []string // published, not yet delivered
@@ -48,6 +52,10 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 	defer m.mu.Unlock()
 	replies := make([]shareReply, len(calls))
 	if m.down {
+		return replies, 0, len(calls), errMemDown
+	}
+	if m.paused {
+		m.late = append(m.late, func() { m.sync(context.Background(), r, calls, beat) })
 		return replies, 0, len(calls), errMemDown
 	}
 	now := m.now()
@@ -138,6 +146,17 @@ func (m *memStore) listen(_ string, deliver func(string), ready func(), _ func(e
 }
 
 func (m *memStore) close() {}
+
+// resume runs what was sent while paused, now, then answers again.
+func (m *memStore) resume() {
+	m.mu.Lock()
+	late := m.late
+	m.late, m.paused = nil, false
+	m.mu.Unlock()
+	for _, f := range late {
+		f()
+	}
+}
 
 // zero rewrites every replica's record of every key as "0 0 0 now tick",
 // as a writer without the fleet's secret can.
