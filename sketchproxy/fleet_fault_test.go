@@ -94,6 +94,7 @@ func TestFleetSimHostileRedis(t *testing.T) {
 		{"flushall", (*memStore).flush},
 		{"del", (*memStore).del},
 		{"zero", (*memStore).zero},
+		{"zero-shares", (*memStore).zeroShares},
 		{"none", func(*memStore) {}},
 	} {
 		for _, replicas := range []int{0, 3} {

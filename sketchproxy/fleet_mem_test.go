@@ -176,3 +176,15 @@ func (m *memStore) del() {
 	m.keys = map[string]*memKey{}
 	m.mu.Unlock()
 }
+
+// zeroShares rewrites every replica's record of every key with its
+// demand and guarantee zeroed, its count kept.
+func (m *memStore) zeroShares() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range m.keys {
+		for id, r := range k.recs {
+			k.recs[id] = memRec{c: r.c, w: m.now().UnixMicro(), tk: r.tk}
+		}
+	}
+}

@@ -271,20 +271,22 @@ func keepPeers(peers []peerShare, prev *shareView, tick int64) (_ []peerShare, k
 			continue
 		}
 		i := slices.IndexFunc(peers, func(o peerShare) bool { return o.id == p.id })
-		if i >= 0 && peers[i].c >= c {
+		// A demand halves slower still (fleet.go, demand): one that fell
+		// by more than two halvings past its age was rewritten too.
+		forged := i < 0 || peers[i].c < halve(p.c, age+1) || peers[i].d < halve(p.d, age+2)
+		if i >= 0 && peers[i].c >= c && !forged {
 			continue
 		}
 		if out == nil {
 			out = slices.Clone(peers)
 		}
 		k := peerShare{id: p.id, c: c, d: halve(p.d, age-1), g: p.g}
+		kept = kept || forged
 		if i < 0 {
 			out = append(out, k)
-			kept = true
 			continue
 		}
-		kept = kept || peers[i].c < halve(p.c, age+1)
-		out[i] = peerShare{id: p.id, c: c, d: max(out[i].d, k.d), g: max(out[i].g, k.g)}
+		out[i] = peerShare{id: p.id, c: max(out[i].c, c), d: max(out[i].d, k.d), g: max(out[i].g, k.g)}
 	}
 	if out == nil {
 		return peers, false

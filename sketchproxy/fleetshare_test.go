@@ -243,6 +243,7 @@ func TestKeepPeers(t *testing.T) {
 		{"whole", 11, []peerShare{{id: "a", c: 20, d: 40, g: 12}, {id: "b", c: 9, d: 8, g: 6}, {id: "me", c: 5}}, "a:20/40/12 b:9/8/6 me:5/0/0", false},
 		{"rewritten", 11, []peerShare{{id: "a", c: 0, d: 0, g: 0}, {id: "b", c: 9, d: 8, g: 6}, {id: "me", c: 5}}, "a:20/40/12 b:9/8/6 me:5/0/0", true},
 		{"a tick early", 11, []peerShare{{id: "a", c: 10, d: 40, g: 12}, {id: "b", c: 8, d: 8, g: 6}, {id: "me", c: 5}}, "a:20/40/12 b:8/8/6 me:5/0/0", false},
+		{"demand and guarantee rewritten", 11, []peerShare{{id: "a", c: 20, d: 0, g: 0}, {id: "b", c: 9, d: 8, g: 6}, {id: "me", c: 5}}, "a:20/40/12 b:9/8/6 me:5/0/0", true},
 		{"flushed", 12, []peerShare{{id: "me", c: 5}}, "me:5/0/0 a:10/20/12 b:4/4/6", true},
 		{"later than the reply", 9, []peerShare{{id: "me", c: 5}}, "me:5/0/0", false},
 	} {
