@@ -771,7 +771,9 @@ func (f *fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	var suspect bool
 	rp.peers, suspect = keepPeers(rp.peers, prev, rp.tick)
 	young := time.Duration(rp.now-rp.born)*time.Microsecond < 2*time.Duration(f.cfg.Interval)
-	g, reserve, split := guarantee(f.self, rp.peers, int(n), young, e.theta, sharePoint(e.theta, n, f.cfg.PromoteFraction), e.rkey)
+	point := sharePoint(e.theta, n, f.cfg.PromoteFraction)
+	rp.peers = othersApportioned(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
+	g, reserve, split := guarantee(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
 	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect}
 	for _, p := range rp.peers {
 		if p.id == f.self {

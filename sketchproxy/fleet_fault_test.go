@@ -108,6 +108,29 @@ func TestFleetSimHostileRedis(t *testing.T) {
 	}
 }
 
+// Records rewritten every 200 ms with their guarantees zeroed, counts
+// and demands kept: nothing reads lower than it can halve, so keepPeers
+// sees no fault, and a reader would take the others' guarantees for its
+// own (1.25x and 1.23x before othersApportioned). Each other replica's
+// guarantee is read as at least what the apportionment of the records
+// gives it. The bound is looser here than the (1.10x plus a
+// burst): only signed records would close the rest (docs/fleets.md,
+// Whatever Redis does).
+func TestFleetSimForgedGuarantees(t *testing.T) {
+	for _, replicas := range []int{0, 3} {
+		t.Run(fmt.Sprint("replicas=", replicas), func(t *testing.T) {
+			heavy, steady := faultRun(t, replicas, func(s *fleetSim, t0 time.Time) {
+				s.every(t0.Add(3*time.Second), 200*time.Millisecond, s.store.zeroGuarantees)
+			})
+			got, want := heavy.fleetFirst+heavy.fleetAfter, heavy.aloneFirst+heavy.aloneAfter
+			t.Logf("the key at 3x: the fleet admitted %d, one replica alone %d (%.2fx); keys at 0.85x: %d of %d refused where one replica alone admits", got, want, float64(got)/float64(want), steady.wrong, steady.sent)
+			if float64(got) > 1.10*float64(want)+10 || steady.wrong > 0 {
+				t.Errorf("guarantees forged to 0: the fleet admitted %d, one replica alone %d (want at most 1.10x plus a burst), %d wrongly refused", got, want, steady.wrong)
+			}
+		})
+	}
+}
+
 // Redis stops (SIGSTOP) for 4 s: rounds time out and the replicas decide
 // alone at θ/N, the request included; at its return Redis runs the rounds
 // queued while it was stopped, late, and each replica's next round writes

@@ -188,3 +188,16 @@ func (m *memStore) zeroShares() {
 		}
 	}
 }
+
+// zeroGuarantees rewrites every replica's record of every key with its
+// guarantee zeroed, its count and demand kept.
+func (m *memStore) zeroGuarantees() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range m.keys {
+		for id, r := range k.recs {
+			r.g = 0
+			k.recs[id] = r
+		}
+	}
+}

@@ -293,3 +293,30 @@ func keepPeers(peers []peerShare, prev *shareView, tick int64) (_ []peerShare, k
 	}
 	return out, kept
 }
+
+// othersApportioned returns peers with each other replica's guarantee at
+// least what the apportionment of these records gives it: a stored
+// guarantee is only what its replica wrote, and one rewritten lower (its
+// count and demand kept, which keepPeers would catch) would hand its room
+// to the reader while its replica still counts within it. me's is left
+// as stored.
+func othersApportioned(me string, peers []peerShare, n int, young bool, theta, point uint32, rkey string) []peerShare {
+	var out []peerShare
+	for i, p := range peers {
+		if p.id == me {
+			continue
+		}
+		gp, _, _ := guarantee(p.id, peers, n, young, theta, point, rkey)
+		if gp <= p.g {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(peers)
+		}
+		out[i].g = gp
+	}
+	if out == nil {
+		return peers
+	}
+	return out
+}
