@@ -3,6 +3,7 @@ package sketchproxy
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -56,8 +57,15 @@ type FleetConfig struct {
 	SecretFile string `yaml:"secret_file" example:"/etc/sketchproxy/fleet-secret"`
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
 	Replicas int `yaml:"replicas" example:"3"`
+	// MinReplicas is the fewest replicas assumed while Redis is
+	// unreachable, when replicas is 0 (default: the most seen at once
+	// lately, and 2 before any was seen; docs/fleets.md, Failure): a
+	// replica that never heard from Redis must not count itself alone.
+	MinReplicas int `yaml:"min_replicas" example:"3"`
 	// ID names this replica in the heartbeat and in its record of each
-	// hot key (default host-pid; no spaces).
+	// hot key (default host-pid; no spaces). Each fleet started adds a
+	// suffix of its own to it, so that two limiters in one process, or a
+	// replica and its restart, never write each other's record.
 	ID string `yaml:"id" example:"proxy-a"`
 	// Interval between sync rounds (default 500ms); Timeout bounds a round
 	// (default 250ms).
@@ -139,6 +147,9 @@ func (c *Config) validateFleet(fb *fleetBuilt) error {
 	if f.Replicas < 0 || f.Replicas > 1000 {
 		return c.errAt(fmt.Sprintf("%d: want 0 (count heartbeats) to 1000", f.Replicas), "fleet", "replicas")
 	}
+	if f.MinReplicas < 0 || f.MinReplicas > 1000 {
+		return c.errAt(fmt.Sprintf("%d: want 0 (the default) to 1000", f.MinReplicas), "fleet", "min_replicas")
+	}
 	if f.ID == "" {
 		h, _ := os.Hostname()
 		f.ID = fmt.Sprintf("%s-%d", h, os.Getpid())
@@ -199,6 +210,19 @@ type fleet struct {
 	n       atomic.Int64 // replicas, at least 1
 	up      atomic.Bool
 	hearing atomic.Bool // subscribed to the claims channel
+
+	// self names this fleet's records and heartbeat in Redis: the
+	// configured id, with a suffix of its own where newFleet starts it
+	// (fleetSelf), so that no other fleet, in this process or after a
+	// restart, ever writes its record.
+	self string
+	// seen is the most replicas the heartbeat counted lately (in this
+	// window of stale(), from seenAt, f.now ns, and the one before:
+	// seenCur and seenPrev): N while Redis is unreachable, and N's floor
+	// while it answers, so that a members' set flushed or rewritten does
+	// not make a replica count itself alone. A replica that left stops
+	// counting within two windows, as its records lapse within one.
+	seen, seenAt, seenCur, seenPrev atomic.Int64
 
 	shards [16]hotShard
 	count  atomic.Int64
@@ -266,6 +290,7 @@ type hotEntry struct {
 // newFleet returns a fleet on Redis, its goroutines running.
 func newFleet(cfg *FleetConfig, fb *fleetBuilt, log *slog.Logger, now func() time.Time) *fleet {
 	f := newFleetOn(cfg, fb.secret, newRedisStore(fb.opts), log, now)
+	f.self = fleetSelf(cfg.ID)
 	f.start()
 	return f
 }
@@ -275,7 +300,7 @@ func newFleet(cfg *FleetConfig, fb *fleetBuilt, log *slog.Logger, now func() tim
 func newFleetOn(cfg *FleetConfig, secret []byte, store fleetStore, log *slog.Logger, now func() time.Time) *fleet {
 	f := &fleet{
 		cfg: cfg, log: log, now: now, store: store, secret: secret,
-		runID: cfg.ID,
+		runID: cfg.ID, self: cfg.ID,
 		run:   map[string]string{},
 		rkeys: map[string]*hotEntry{},
 		heard: map[string]shareReply{},
@@ -334,7 +359,53 @@ func (f *fleet) shard(k []byte) *hotShard {
 	return &f.shards[h%uint32(len(f.shards))]
 }
 
-func (f *fleet) replicas() int64 { return max(1, f.n.Load()) }
+// replicas is N: replicas if set, else the replicas that heartbeat now
+// or lately (seen). While Redis is unreachable it is the most seen
+// lately, at least min_replicas; before any was seen, min_replicas or
+// fleetUnknownReplicas: a replica that cannot tell how many others run
+// assumes more, not fewer (docs/fleets.md, Failure).
+func (f *fleet) replicas() int64 {
+	if f.cfg.Replicas > 0 {
+		return int64(f.cfg.Replicas)
+	}
+	seen := f.seen.Load()
+	if f.up.Load() {
+		return max(1, f.n.Load(), seen)
+	}
+	n := max(seen, int64(f.cfg.MinReplicas))
+	if n == 0 {
+		return fleetUnknownReplicas
+	}
+	return n
+}
+
+// fleetUnknownReplicas is N while Redis is unreachable and no replicas,
+// min_replicas or heartbeat says more.
+const fleetUnknownReplicas = 2
+
+// fleetSelf is id with a suffix of its own (8 random hex digits).
+func fleetSelf(id string) string {
+	var b [4]byte
+	rand.Read(b[:])
+	return id + "." + hex.EncodeToString(b[:])
+}
+
+// noteMembers records that the heartbeat counted card replicas now, and
+// that a hot key's records named peers replicas (sync goroutine only):
+// seen, N's floor, is the most of either lately, as a members' set
+// flushed every moment counts few.
+func (f *fleet) noteMembers(card, peers int64) {
+	now := f.now().UnixNano()
+	card = max(1, card)
+	if now-f.seenAt.Load() > int64(f.stale()) {
+		f.seenPrev.Store(f.seenCur.Load())
+		f.seenCur.Store(0)
+		f.seenAt.Store(now)
+	}
+	f.seenCur.Store(max(f.seenCur.Load(), card, peers))
+	f.seen.Store(max(f.seenCur.Load(), f.seenPrev.Load()))
+	f.n.Store(card)
+}
 
 // Estimate is what the engine decides k against (engine.Fleet): the local
 // count, plus the part of θ this replica may not use. A hot key's part is
@@ -348,7 +419,9 @@ func (f *fleet) replicas() int64 { return max(1, f.n.Load()) }
 func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
 	n := f.replicas()
 	if !f.up.Load() {
-		return uint32(min(uint64(local)*uint64(n), math.MaxUint32)), false
+		// Its fair share, the request included: the local count × N
+		// against θ let each replica count a request past θ/N.
+		return alone(local, theta, n), false
 	}
 	p := sharePoint(theta, n, f.cfg.PromoteFraction)
 	below := uint64(local)+uint64(add) <= uint64(p)
@@ -410,7 +483,11 @@ func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		return alone(local, theta, n), true
 	}
 	top, quiet := v.allowance(theta, now.UnixNano()/int64(tick))
-	return uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32)), uint64(local)+uint64(add) > uint64(quiet)
+	est := uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32))
+	if v.suspect {
+		est = max(est, alone(local, theta, n))
+	}
+	return est, uint64(local)+uint64(add) > uint64(quiet)
 }
 
 // alone is the estimate of a key this replica decides by itself at its
@@ -601,7 +678,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	now := f.now()
 	interval := time.Duration(f.cfg.Interval)
 	r := &shareRound{
-		id: f.cfg.ID, candidate: fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), channel: f.channel(),
+		id: f.self, candidate: fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), channel: f.channel(),
 		stale: f.stale(), ttl: 2 * interval,
 	}
 	calls := make([]shareCall, len(es))
@@ -615,7 +692,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	}
 	var hb *heartbeat
 	if beat && f.cfg.Replicas == 0 {
-		hb = &heartbeat{key: f.cfg.Prefix + "members", id: f.cfg.ID, now: now, window: 3*interval + time.Second}
+		hb = &heartbeat{key: f.cfg.Prefix + "members", id: f.self, now: now, window: 3*interval + time.Second}
 	}
 	replies, card, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
@@ -628,6 +705,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	// first rounds hold room for the missing ones (guarantee).
 	lost := 0
 	synced := 0
+	var peers int64
 	for i, e := range es {
 		rp := &replies[i]
 		if !rp.ok {
@@ -648,6 +726,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 		}
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
+		peers = max(peers, int64(len(rp.peers)))
 		f.store1(e, v)
 		e.gWant = g // stored at the next round: until then the pool holds its room
 	}
@@ -666,7 +745,7 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
 	if hb != nil {
-		f.n.Store(max(1, card))
+		f.noteMembers(card, peers)
 	}
 	if !f.up.Swap(true) {
 		f.log.Info("fleet: Redis reachable: enforcing fleet-wide limits", "replicas", f.replicas(), "hot_keys", f.count.Load())
@@ -685,16 +764,29 @@ func (f *fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) +
 // the guarantees Redis holds always cover the ones in use.
 func (f *fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView) (*shareView, uint32) {
 	n := f.replicas()
+	prev := cur
+	if prev == nil {
+		prev = e.view.Load()
+	}
+	var suspect bool
+	rp.peers, suspect = keepPeers(rp.peers, prev, rp.tick)
 	young := time.Duration(rp.now-rp.born)*time.Microsecond < 2*time.Duration(f.cfg.Interval)
-	g, reserve, split := guarantee(f.cfg.ID, rp.peers, int(n), young, e.theta, sharePoint(e.theta, n, f.cfg.PromoteFraction), e.rkey)
-	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split}
+	point := sharePoint(e.theta, n, f.cfg.PromoteFraction)
+	rp.peers = othersApportioned(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
+	g, reserve, split := guarantee(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
+	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect}
 	for _, p := range rp.peers {
-		if p.id == f.cfg.ID {
+		if p.id == f.self {
 			v.meC = p.c
 			continue
 		}
 		v.others = append(v.others, p)
 		v.sumGo += p.g
+	}
+	if prev != nil && prev.tick <= rp.tick {
+		// This replica's own count, as a claim heard says Redis holds
+		// it, is no less either (keepPeers).
+		v.meC = max(v.meC, halve(prev.meC, rp.tick-prev.tick))
 	}
 	switch {
 	case cur != nil:

@@ -22,6 +22,10 @@ type memStore struct {
 	markers map[string]string
 	members map[string]time.Time
 	down    bool // every sync fails, as with Redis unreachable
+	// paused: every sync fails (a timeout), but its commands run at
+	// resume, late, as Redis stopped (SIGSTOP) runs what it has queued.
+	paused bool
+	late   []func()
 
 	listeners []func(string)
 	queued    []string // published, not yet delivered
@@ -50,6 +54,10 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 	if m.down {
 		return replies, 0, len(calls), errMemDown
 	}
+	if m.paused {
+		m.late = append(m.late, func() { m.sync(context.Background(), r, calls, beat) })
+		return replies, 0, len(calls), errMemDown
+	}
 	now := m.now()
 	us := now.UnixMicro()
 	for i, c := range calls {
@@ -70,12 +78,15 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 				continue
 			}
 			x := k.recs[id]
-			cc, dd := halve(x.c, tick-x.tk), halve(x.d, tick-x.tk-1)
-			if x.w < us-r.stale.Microseconds() || cc == 0 && dd == 0 {
+			cc, dd, gg := halve(x.c, tick-x.tk), halve(x.d, tick-x.tk-1), x.g
+			if x.w < us-r.stale.Microseconds() {
+				dd, gg = 0, 0 // gone quiet: its count stays, halving
+			}
+			if cc == 0 && dd == 0 {
 				delete(k.recs, id)
 				continue
 			}
-			rp.peers = append(rp.peers, peerShare{id: id, c: cc, d: dd, g: x.g})
+			rp.peers = append(rp.peers, peerShare{id: id, c: cc, d: dd, g: gg})
 		}
 		me := memRec{c: halve(c.c, tick-c.at), d: halve(c.d, tick-c.at-1), g: c.g, w: us, tk: tick}
 		k.recs[r.id] = me
@@ -135,3 +146,58 @@ func (m *memStore) listen(_ string, deliver func(string), ready func(), _ func(e
 }
 
 func (m *memStore) close() {}
+
+// resume runs what was sent while paused, now, then answers again.
+func (m *memStore) resume() {
+	m.mu.Lock()
+	late := m.late
+	m.late, m.paused = nil, false
+	m.mu.Unlock()
+	for _, f := range late {
+		f()
+	}
+}
+
+// zero rewrites every replica's record of every key as "0 0 0 now tick",
+// as a writer without the fleet's secret can.
+func (m *memStore) zero() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range m.keys {
+		for id, r := range k.recs {
+			k.recs[id] = memRec{w: m.now().UnixMicro(), tk: r.tk}
+		}
+	}
+}
+
+// del deletes every key's records (DEL of the hot hashes).
+func (m *memStore) del() {
+	m.mu.Lock()
+	m.keys = map[string]*memKey{}
+	m.mu.Unlock()
+}
+
+// zeroShares rewrites every replica's record of every key with its
+// demand and guarantee zeroed, its count kept.
+func (m *memStore) zeroShares() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range m.keys {
+		for id, r := range k.recs {
+			k.recs[id] = memRec{c: r.c, w: m.now().UnixMicro(), tk: r.tk}
+		}
+	}
+}
+
+// zeroGuarantees rewrites every replica's record of every key with its
+// guarantee zeroed, its count and demand kept.
+func (m *memStore) zeroGuarantees() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range m.keys {
+		for id, r := range k.recs {
+			r.g = 0
+			k.recs[id] = r
+		}
+	}
+}

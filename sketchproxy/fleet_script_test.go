@@ -51,7 +51,8 @@ func startRedisServer(t *testing.T) string {
 
 // shareScript and memStore answer the same calls alike: the records kept,
 // halved (counts from their tick, demands from the tick after), dropped
-// (nothing left, or unwritten for stale), the run marker, and the claim
+// (nothing left), given back (unwritten for stale: the demand and the
+// guarantee; the count stays, halving), the run marker, and the claim
 // published, read back through the subscription.
 func TestShareScriptMatchesMemory(t *testing.T) {
 	addr := startRedisServer(t)
@@ -77,7 +78,7 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 		{"r1", time.Hour, call(64, 100, 10, tk-3, false)}, // written 3 ticks ago: 64>>3, demand 100>>2
 		{"r2", time.Hour, call(0, 0, 0, tk, false)},       // nothing: dropped by the next call
 		{"r0", time.Hour, call(42, 90, 14, tk, true)},
-		{"r3", time.Microsecond, call(6, 6, 2, tk, false)}, // the others unwritten for more than stale: dropped
+		{"r3", time.Microsecond, call(6, 6, 2, tk, false)}, // the others unwritten for more than stale: counts only
 	}
 	for i, st := range steps {
 		// The subscription is up before the first claim is published.
@@ -99,6 +100,13 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 		want, _, _, _ := mem.sync(context.Background(), round(st.id, st.stale), []shareCall{st.call}, nil)
 		if g, w := describe(got[0]), describe(want[0]); g != w {
 			t.Errorf("step %d (%s): Redis answered %s, memory %s", i, st.id, g, w)
+		}
+		if st.id == "r3" {
+			for _, p := range got[0].peers {
+				if p.id == "r0" && (p.c != 42 || p.d != 0 || p.g != 0) {
+					t.Errorf("r0 unwritten for more than stale reads %+v, want its count 42 kept, its demand and guarantee given back", p)
+				}
+			}
 		}
 		if st.call.publish {
 			select {

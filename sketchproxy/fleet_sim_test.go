@@ -35,7 +35,10 @@ type fleetSim struct {
 	seq    int
 	queued []bool // a fleet's send of queued entries is scheduled
 	gone   []bool // a replica that stopped: no rounds, no requests
-	sc     engine.Scratch
+	// restart replaces replica i by a new process named id: a new
+	// engine (nothing counted, no state_file) and a new fleet.
+	restart func(i int, id string)
+	sc      engine.Scratch
 }
 
 type simEvent struct {
@@ -99,12 +102,20 @@ func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fle
 		phase := time.Duration(i) * 500 * time.Millisecond / time.Duration(n)
 		s.every(clk.Now().Add(phase+7*time.Millisecond), 500*time.Millisecond, func() {
 			if !s.gone[i] {
-				f.round()
+				s.fleets[i].round()
 			}
 		})
 	}
 	s.alone = engine.New(engine.Options{Clock: clk, Seed: 99, Halving: true}) // counting as the fleet does
 	s.one = compile(s.alone)
+	s.restart = func(i int, id string) {
+		f := newFleetOn(s.fleets[i].cfg, []byte("0123456789abcdef"), s.store, log, clk.Now)
+		f.self = id
+		s.store.listen("", f.hear, func() {}, nil)
+		e := engine.New(engine.Options{Clock: clk, Seed: uint64(100 + len(s.engs)), Fleet: f})
+		s.fleets[i], s.engs[i], s.sets[i] = f, e, compile(e)
+		f.round() // at once, as newFleet's loop does
+	}
 	return s
 }
 

@@ -186,14 +186,18 @@ func (c *Config) fleetTLS(fb *fleetBuilt, o *redis.UniversalOptions, serverName 
 // shareScript is one hot key's round on Redis, for one replica: it stores
 // what the replica holds of the key (its count, its demand and its
 // guarantee, with when it wrote them and at which tick), drops the records
-// of replicas gone quiet (no write for stale µs, or nothing left once
-// halved), and returns every replica's record halved to the tick of
+// of replicas whose counts halved to nothing, and returns every replica's record halved to the tick of
 // Redis's own clock (no skew between replicas), with the time the key was
 // first shared (born). A demand is a rate (the count at the start of its
 // tick, doubled: fleet.go, demand): it halves only from the tick after
 // the next, as the replica's own would not halve while its requests go on. Each replica writes only its own record, and
 // writes it whole: a round sent twice, or after Redis lost everything,
 // counts nothing twice.
+//
+// A replica gone quiet (no write for stale µs: it left, or restarted
+// under a new name, fleet.self) gives back its guarantee and its demand,
+// but its count stays, halving, until nothing is left: it admitted those
+// requests, and a replica that forgot them would admit them again.
 //
 // It also keeps the run marker of the key's hash tag (KEYS[2], in the same
 // slot): set only if absent, so only the first replica after a restart
@@ -235,7 +239,10 @@ for i = 1, #h, 2 do
     if c then
       c, d = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk))
     end
-    if not c or tonumber(w) < stale or (c == 0 and d == 0) then
+    if c and tonumber(w) < stale then
+      d, g = 0, 0
+    end
+    if not c or (c == 0 and d == 0) then
       gone[#gone + 1] = f
     else
       out[#out + 1] = string.sub(f, 3)

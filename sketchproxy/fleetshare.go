@@ -63,6 +63,10 @@ type shareView struct {
 	meC    uint32 // this replica's count as Redis holds it
 	g      uint32 // this replica's guarantee, as it may use it
 	sumGo  uint32 // the other replicas' guarantees as Redis holds them
+	// suspect: a record read less than it can (keepPeers), so what a
+	// replica counted since that view is unknown: the key is decided at
+	// the stricter of this view and θ/N until a view is not.
+	suspect bool
 	// reserve is room held for replicas that have not yet joined a key
 	// that was just shared (they may hold up to the promotion point
 	// each); n is how many replicas the pool is split among.
@@ -240,4 +244,79 @@ func guarantee(me string, peers []peerShare, n int, young bool, theta, point uin
 		mine = max(0, lim) &^ 1
 	}
 	return uint32(mine), reserve, uint32(max(len(cs), n))
+}
+
+// keepPeers returns peers (a reply's records, this replica's among them)
+// with what prev (the view the reply replaces) knew of the others where
+// the reply says less: a replica's count of a key only halves, once a
+// tick, and a record Redis drops for its age keeps its count (shareScript),
+// so a record that reads lower than prev's count halved to tick, or is
+// missing while that count is not spent, was rewritten, deleted or
+// flushed by someone else, or lost with Redis. Such a record is what prev
+// knew of it, halved: its count, its demand and its guarantee, since the
+// replica may still count within that guarantee without a word. kept
+// reports one missing, or lower than a tick more of halving allows (the
+// view built on it is suspect): a replica whose clock is a few ms ahead
+// of Redis's halves its count before Redis's tick ends, and that is no
+// fault. nil prev, or one later than tick, changes nothing.
+func keepPeers(peers []peerShare, prev *shareView, tick int64) (_ []peerShare, kept bool) {
+	if prev == nil || prev.tick > tick {
+		return peers, false
+	}
+	age := tick - prev.tick
+	var out []peerShare
+	for _, p := range prev.others {
+		c := halve(p.c, age)
+		if c == 0 {
+			continue
+		}
+		i := slices.IndexFunc(peers, func(o peerShare) bool { return o.id == p.id })
+		// A demand halves slower still (fleet.go, demand): one that fell
+		// by more than two halvings past its age was rewritten too.
+		forged := i < 0 || peers[i].c < halve(p.c, age+1) || peers[i].d < halve(p.d, age+2)
+		if i >= 0 && peers[i].c >= c && !forged {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(peers)
+		}
+		k := peerShare{id: p.id, c: c, d: halve(p.d, age-1), g: p.g}
+		kept = kept || forged
+		if i < 0 {
+			out = append(out, k)
+			continue
+		}
+		out[i] = peerShare{id: p.id, c: max(out[i].c, c), d: max(out[i].d, k.d), g: max(out[i].g, k.g)}
+	}
+	if out == nil {
+		return peers, false
+	}
+	return out, kept
+}
+
+// othersApportioned returns peers with each other replica's guarantee at
+// least what the apportionment of these records gives it: a stored
+// guarantee is only what its replica wrote, and one rewritten lower (its
+// count and demand kept, which keepPeers would catch) would hand its room
+// to the reader while its replica still counts within it. me's is left
+// as stored.
+func othersApportioned(me string, peers []peerShare, n int, young bool, theta, point uint32, rkey string) []peerShare {
+	var out []peerShare
+	for i, p := range peers {
+		if p.id == me {
+			continue
+		}
+		gp, _, _ := guarantee(p.id, peers, n, young, theta, point, rkey)
+		if gp <= p.g {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(peers)
+		}
+		out[i].g = gp
+	}
+	if out == nil {
+		return peers
+	}
+	return out
 }

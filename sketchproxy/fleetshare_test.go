@@ -3,6 +3,7 @@ package sketchproxy
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -220,6 +221,42 @@ func TestSharePoint(t *testing.T) {
 	}{{2, 2, 0}, {2, 5, 0}, {4, 2, 2}, {20, 3, 3}, {80, 3, 13}, {2000, 5, 200}, {8, 5, 0}, {10, 5, 2}} {
 		if got := sharePoint(c.theta, c.n, 0.5); got != c.want {
 			t.Errorf("θ %d, N %d: promoted past %d, want %d", c.theta, c.n, got, c.want)
+		}
+	}
+}
+
+// A replica never believes another's count fell faster than it halves:
+// a record that reads lower than the last view's count halved to now, or
+// is missing while that count is not spent, is what that view said of it
+// (count, demand halved, guarantee), and the view built on it is suspect;
+// a record that reads as much or more, or one whose count halved away,
+// is the reply's.
+func TestKeepPeers(t *testing.T) {
+	prev := &shareView{tick: 10, others: []peerShare{{id: "a", c: 40, d: 40, g: 12}, {id: "b", c: 16, d: 8, g: 6}, {id: "c", c: 1, d: 2, g: 0}}}
+	for _, c := range []struct {
+		name  string
+		tick  int64
+		peers []peerShare
+		want  string
+		kept  bool
+	}{
+		{"whole", 11, []peerShare{{id: "a", c: 20, d: 40, g: 12}, {id: "b", c: 9, d: 8, g: 6}, {id: "me", c: 5}}, "a:20/40/12 b:9/8/6 me:5/0/0", false},
+		{"rewritten", 11, []peerShare{{id: "a", c: 0, d: 0, g: 0}, {id: "b", c: 9, d: 8, g: 6}, {id: "me", c: 5}}, "a:20/40/12 b:9/8/6 me:5/0/0", true},
+		{"a tick early", 11, []peerShare{{id: "a", c: 10, d: 40, g: 12}, {id: "b", c: 8, d: 8, g: 6}, {id: "me", c: 5}}, "a:20/40/12 b:8/8/6 me:5/0/0", false},
+		{"demand and guarantee rewritten", 11, []peerShare{{id: "a", c: 20, d: 0, g: 0}, {id: "b", c: 9, d: 8, g: 6}, {id: "me", c: 5}}, "a:20/40/12 b:9/8/6 me:5/0/0", true},
+		{"flushed", 12, []peerShare{{id: "me", c: 5}}, "me:5/0/0 a:10/20/12 b:4/4/6", true},
+		{"later than the reply", 9, []peerShare{{id: "me", c: 5}}, "me:5/0/0", false},
+	} {
+		got, kept := keepPeers(c.peers, prev, c.tick)
+		var b strings.Builder
+		for i, p := range got {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%s:%d/%d/%d", p.id, p.c, p.d, p.g)
+		}
+		if b.String() != c.want || kept != c.kept {
+			t.Errorf("%s: %s (kept %v), want %s (kept %v)", c.name, b.String(), kept, c.want, c.kept)
 		}
 	}
 }

@@ -315,6 +315,8 @@ func unmarshalFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 			f.DB, err = fleetInt(d, sub)
 		case "replicas":
 			f.Replicas, err = fleetInt(d, sub)
+		case "min_replicas":
+			f.MinReplicas, err = fleetInt(d, sub)
 		case "max_hot":
 			f.MaxHot, err = fleetInt(d, sub)
 		case "interval":
@@ -329,7 +331,7 @@ func unmarshalFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 				}
 			}
 		default:
-			return nil, d.Errf("fleet: unrecognized setting %q: want redis, cluster, sentinel, username, password, password_env, password_file, db, tls, secret, secret_file, replicas, id, interval, timeout, promote_fraction, max_hot or prefix", sub)
+			return nil, d.Errf("fleet: unrecognized setting %q: want redis, cluster, sentinel, username, password, password_env, password_file, db, tls, secret, secret_file, replicas, min_replicas, id, interval, timeout, promote_fraction, max_hot or prefix", sub)
 		}
 		if err != nil {
 			return nil, err
@@ -393,7 +395,7 @@ func fleetDuration(d *caddyfile.Dispenser, sub string) (caddy.Duration, error) {
 // fleetExample is what to write for a fleet's numeric setting.
 func fleetExample(sub string) string {
 	return map[string]string{
-		"db": "db 2", "replicas": "replicas 3 (or 0: count the replicas that heartbeat)", "max_hot": "max_hot 10000",
+		"db": "db 2", "replicas": "replicas 3 (or 0: count the replicas that heartbeat)", "min_replicas": "min_replicas 3", "max_hot": "max_hot 10000",
 		"interval": "interval 500ms", "timeout": "timeout 250ms", "promote_fraction": "promote_fraction 0.5",
 	}[sub]
 }

@@ -71,6 +71,9 @@ type Fleet struct {
 	SecretFile string `json:"secret_file,omitempty"`
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
 	Replicas int `json:"replicas,omitempty"`
+	// MinReplicas is the fewest Caddys assumed while Redis is unreachable
+	// and replicas is 0 (default: the most seen lately; 2 before any).
+	MinReplicas int `json:"min_replicas,omitempty"`
 	// ID names this replica in Redis (default host-pid).
 	ID string `json:"id,omitempty"`
 	// Interval between sync rounds (default 500ms); Timeout bounds a
@@ -114,7 +117,7 @@ func (f *Fleet) config() *sketchproxy.FleetConfig {
 	c := &sketchproxy.FleetConfig{
 		Redis: f.Redis, Cluster: slices.Clone(f.Cluster),
 		Username: f.Username, Password: f.Password, PasswordEnv: f.PasswordEnv, PasswordFile: f.PasswordFile,
-		DB: f.DB, Secret: f.Secret, SecretFile: f.SecretFile, Replicas: f.Replicas, ID: f.ID,
+		DB: f.DB, Secret: f.Secret, SecretFile: f.SecretFile, Replicas: f.Replicas, MinReplicas: f.MinReplicas, ID: f.ID,
 		Interval: sketchproxy.Duration(f.Interval), Timeout: sketchproxy.Duration(f.Timeout),
 		PromoteFraction: f.PromoteFraction, MaxHot: f.MaxHot, Prefix: cmp.Or(f.Prefix, defaultPrefix),
 	}

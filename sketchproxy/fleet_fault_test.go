@@ -1,0 +1,217 @@
+package sketchproxy
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch/rate"
+)
+
+// Issue 47: whatever Redis does (down from the start, flushed, records
+// rewritten or deleted, paused), and when a replica restarts, a fleet of
+// N admits at most the limit × 1.05 plus one burst over all replicas, and
+// a client under its limit is not refused. Each case runs 3 replicas
+// behind a round-robin balancer on the fleet sim's manual clock, a key at
+// 3x its limit of 10 a second (burst 10) and keys at 0.85x.
+
+// faultRun runs 3 replicas (replicas: configured N, or 0 for the
+// heartbeat's count) at 10 a second for 30 s with the fault setup sets up,
+// and returns the key at 3x and the keys at 0.85x.
+func faultRun(t *testing.T, replicas int, setup func(s *fleetSim, t0 time.Time)) (heavy, steady tally) {
+	return faultRunAt(t, rate.Rate{Requests: 10, Per: time.Second}, replicas, 30*time.Second, 0, setup)
+}
+
+// faultRunAt is faultRun at limit r for d, the key at 3x counted from
+// from on (its requests before count nowhere).
+func faultRunAt(t *testing.T, r rate.Rate, replicas int, d, from time.Duration, setup func(s *fleetSim, t0 time.Time)) (heavy, steady tally) {
+	t.Helper()
+	s := newFleetSim(t, 3, r, replicas)
+	rng := rand.New(rand.NewPCG(47, uint64(replicas)))
+	t0 := s.clk.Now().Add(time.Second)
+	end := t0.Add(d)
+	gap := time.Duration(float64(r.Per) / r.Requests)
+	for k := range 3 {
+		s.client(fmt.Sprint("steady-", k), t0, end, gap*20/17, rng, func(j int) int { return (j + k) % 3 }, &steady)
+	}
+	var before tally
+	s.client("heavy", t0, t0.Add(from), gap/3, rng, func(j int) int { return j % 3 }, &before)
+	s.client("heavy", t0.Add(from), end, gap/3, rng, func(j int) int { return j % 3 }, &heavy)
+	setup(s, t0)
+	s.run(end)
+	return heavy, steady
+}
+
+// checkFault holds a fault's run to the bound: the limit × 1.05 plus
+// slack requests (a burst over a whole run; where only the fault's
+// window is counted, a request).
+func checkFault(t *testing.T, heavy, steady tally, slack int) {
+	t.Helper()
+	got, want := heavy.fleetFirst+heavy.fleetAfter, heavy.aloneFirst+heavy.aloneAfter
+	t.Logf("the key at 3x: the fleet admitted %d, one replica alone %d (%.2fx); keys at 0.85x: %d of %d refused where one replica alone admits", got, want, float64(got)/float64(want), steady.wrong, steady.sent)
+	if float64(got) > 1.05*float64(want)+float64(slack) {
+		t.Errorf("the fleet admitted %d of the key at 3x, one replica alone %d: more than the limit × 1.05 plus %d", got, want, slack)
+	}
+	if float64(steady.wrong) > 0.01*float64(steady.sent) {
+		t.Errorf("%d of %d requests of keys at 0.85x refused where one replica alone admits them", steady.wrong, steady.sent)
+	}
+}
+
+// Redis is unreachable from the start and replicas is 0: no replica ever
+// counted the others, and none may count itself alone (each did: 2.9x
+// over 3). With min_replicas the fleet holds the bound; without, each
+// assumes fleetUnknownReplicas (2), not 1.
+func TestFleetSimNoRedisFromStart(t *testing.T) {
+	heavy, steady := faultRun(t, 0, func(s *fleetSim, _ time.Time) {
+		s.store.down = true
+		for _, f := range s.fleets {
+			f.cfg.MinReplicas = 3
+		}
+	})
+	checkFault(t, heavy, steady, 10)
+	heavy, _ = faultRun(t, 0, func(s *fleetSim, _ time.Time) { s.store.down = true })
+	got, want := heavy.fleetFirst+heavy.fleetAfter, heavy.aloneFirst+heavy.aloneAfter
+	t.Logf("without min_replicas: %d admitted, one replica alone %d (%.2fx)", got, want, float64(got)/float64(want))
+	if float64(got) > 2*float64(want) {
+		t.Errorf("without min_replicas, 3 replicas that never reached Redis admitted %d, one alone %d: more than N = 2 allows", got, want)
+	}
+}
+
+// Redis (or whoever may write under the prefix) loses or rewrites the
+// records every 200 ms: FLUSHALL, DEL of the hot hashes, each record
+// rewritten as "0 0 0 now tick". A replica never believes the others'
+// counts fell faster than they halve (shareView.keep), and the
+// heartbeat's count never falls below the most replicas seen lately.
+func TestFleetSimHostileRedis(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		do   func(m *memStore)
+	}{
+		{"flushall", (*memStore).flush},
+		{"del", (*memStore).del},
+		{"zero", (*memStore).zero},
+		{"zero-shares", (*memStore).zeroShares},
+		{"none", func(*memStore) {}},
+	} {
+		for _, replicas := range []int{0, 3} {
+			t.Run(fmt.Sprintf("%s/replicas=%d", c.name, replicas), func(t *testing.T) {
+				heavy, steady := faultRun(t, replicas, func(s *fleetSim, t0 time.Time) {
+					s.every(t0.Add(3*time.Second), 200*time.Millisecond, func() { c.do(s.store) })
+				})
+				checkFault(t, heavy, steady, 10)
+			})
+		}
+	}
+}
+
+// Records rewritten every 200 ms with their guarantees zeroed, counts
+// and demands kept: nothing reads lower than it can halve, so keepPeers
+// sees no fault, and a reader would take the others' guarantees for its
+// own (1.25x and 1.23x before othersApportioned). Each other replica's
+// guarantee is read as at least what the apportionment of the records
+// gives it. The bound is looser here than the issue's (1.10x plus a
+// burst): only signed records would close the rest (docs/fleets.md,
+// Whatever Redis does).
+func TestFleetSimForgedGuarantees(t *testing.T) {
+	for _, replicas := range []int{0, 3} {
+		t.Run(fmt.Sprint("replicas=", replicas), func(t *testing.T) {
+			heavy, steady := faultRun(t, replicas, func(s *fleetSim, t0 time.Time) {
+				s.every(t0.Add(3*time.Second), 200*time.Millisecond, s.store.zeroGuarantees)
+			})
+			got, want := heavy.fleetFirst+heavy.fleetAfter, heavy.aloneFirst+heavy.aloneAfter
+			t.Logf("the key at 3x: the fleet admitted %d, one replica alone %d (%.2fx); keys at 0.85x: %d of %d refused where one replica alone admits", got, want, float64(got)/float64(want), steady.wrong, steady.sent)
+			if float64(got) > 1.10*float64(want)+10 || steady.wrong > 0 {
+				t.Errorf("guarantees forged to 0: the fleet admitted %d, one replica alone %d (want at most 1.10x plus a burst), %d wrongly refused", got, want, steady.wrong)
+			}
+		})
+	}
+}
+
+// Redis stops (SIGSTOP) for 4 s: rounds time out and the replicas decide
+// alone at θ/N, the request included; at its return Redis runs the rounds
+// queued while it was stopped, late, and each replica's next round writes
+// what its sketch holds, what it admitted alone included. Counted from the
+// stop to 4 s after the return.
+func TestFleetSimRedisPaused(t *testing.T) {
+	heavy, steady := faultRunAt(t, rate.Rate{Requests: 10, Per: time.Second}, 3, 18*time.Second, 10*time.Second, func(s *fleetSim, t0 time.Time) {
+		s.at(t0.Add(10*time.Second), func() { s.store.paused = true })
+		s.at(t0.Add(14*time.Second), s.store.resume)
+	})
+	checkFault(t, heavy, steady, 1)
+}
+
+// A replica restarts 3 times without a state_file, at 20 a minute (a
+// count that takes minutes to halve away): each new process has counted
+// nothing, under a new name (fleet.self), while its previous one's
+// record, unwritten, still holds what it admitted (shareScript keeps a
+// quiet record's count). Counted from the first restart on.
+func TestFleetSimReplicaRestarts(t *testing.T) {
+	for _, replicas := range []int{0, 3} {
+		t.Run(fmt.Sprint("replicas=", replicas), func(t *testing.T) {
+			heavy, steady := faultRunAt(t, rate.Rate{Requests: 20, Per: time.Minute}, replicas, 3*time.Minute, time.Minute, func(s *fleetSim, t0 time.Time) {
+				for k := range 3 {
+					s.at(t0.Add(time.Minute+time.Duration(k)*20*time.Second), func() { s.restart(2, fmt.Sprint("r2.", k+1)) })
+				}
+			})
+			checkFault(t, heavy, steady, 1)
+		})
+	}
+}
+
+// Each fleet started gets a name of its own: two Limiters in one process
+// with one fleet section (or a Caddy zone's fleet and another) each write
+// their own record, and count as two replicas.
+func TestFleetSelfIsPerFleet(t *testing.T) {
+	cfg := &Config{Fleet: &FleetConfig{Redis: "127.0.0.1:1", Secret: "0123456789abcdef"}}
+	var fb fleetBuilt
+	if err := cfg.validateFleet(&fb); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a := newFleet(cfg.Fleet, &fb, log, time.Now)
+	defer a.close()
+	b := newFleet(cfg.Fleet, &fb, log, time.Now)
+	defer b.close()
+	if a.self == b.self || !strings.HasPrefix(a.self, cfg.Fleet.ID+".") || !strings.HasPrefix(b.self, cfg.Fleet.ID+".") {
+		t.Errorf("two fleets of id %q in one process are named %q and %q, want two names of their own", cfg.Fleet.ID, a.self, b.self)
+	}
+}
+
+// Two Limiters in one process with one fleet section (the same id, and
+// replicas counted by the heartbeat) enforce one limit between them, as
+// two processes do: before each fleet had a name of its own, they wrote
+// one record and counted one replica, and admitted the limit twice over.
+// Through a real redis-server, on the wall clock: a client at 4x for 2 s.
+func TestLimiterFleetsInOneProcess(t *testing.T) {
+	addr := startRedisServer(t)
+	fc := &FleetConfig{Redis: addr, Secret: "a-secret-of-16-bytes-at-least", ID: "same", Interval: Duration(100 * time.Millisecond)}
+	newLimiter := func(fleet *FleetConfig) *Limiter {
+		l, err := NewLimiter(LimiterConfig{Requests: 20, Per: time.Second, Fleet: fleet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	ls := [2]*Limiter{newLimiter(fc), newLimiter(fc)}
+	alone := newLimiter(nil)
+	time.Sleep(300 * time.Millisecond) // both heartbeats in
+	fleet, one, sent := 0, 0, 0
+	for start := time.Now(); time.Since(start) < 2*time.Second; sent++ {
+		if ls[sent%2].Allow("client") {
+			fleet++
+		}
+		if alone.Allow("client") {
+			one++
+		}
+		time.Sleep(12500 * time.Microsecond)
+	}
+	t.Logf("%d requests: two Limiters of one fleet section admitted %d, one alone %d", sent, fleet, one)
+	if float64(fleet) > 1.25*float64(one)+20 {
+		t.Errorf("two Limiters of one fleet section in one process admitted %d, one alone %d: they counted as one replica", fleet, one)
+	}
+}
