@@ -181,6 +181,23 @@ func (s *Sketch) admitFuncs() (admit.Func, admit.BytesFunc) {
 		}
 }
 
+// allowFunc returns s's AllowFunc: the conditional add at s's clock,
+// answering only whether it added.
+func (s *Sketch) allowFunc() admit.AllowFunc {
+	if s.sm != nil {
+		if s.h.kind == HashSipHash13 {
+			return func(key string, wt, limit uint32) bool {
+				return s.allowSmooth(sipHash13(key, s.h.sip), wt, limit)
+			}
+		}
+		return func(key string, wt, limit uint32) bool { return s.allowSmooth(s.h.str(key), wt, limit) }
+	}
+	return func(key string, wt, limit uint32) bool {
+		_, ok, _, _ := s.admit(time.Time{}, s.h.str(key), wt, limit)
+		return ok
+	}
+}
+
 // forget clears every slot holding hashed key h's tag (a duplicate
 // included), so that its next add is a new key's: package limit's Reset.
 // Zeroing a slot is what a scrub or a drain does to one, and a racing
@@ -217,6 +234,7 @@ func (s *Sketch) admitCounts() admit.Counts {
 
 func init() {
 	admit.Register(func(sk any) (admit.Func, admit.BytesFunc) { return sk.(*Sketch).admitFuncs() })
+	admit.RegisterAllow(func(sk any) admit.AllowFunc { return sk.(*Sketch).allowFunc() })
 	admit.RegisterSmooth(
 		func(sk any) { sk.(*Sketch).setSmooth() },
 		func(sk any, t time.Time, key []byte) admit.Reading { return sk.(*Sketch).ReadBytes(t, key) })

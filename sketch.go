@@ -878,7 +878,7 @@ func (s *Sketch) challengeSlot(p *atomic.Uint64, weak int, shard, h, x uint64, e
 	// unit of weight, each chipping one count, as in a classic sketch.
 	effX, wtX := weakEff, wt
 	if sc != 1 {
-		effX, wtX = (weakEff+sc-1)/sc, wt/sc
+		effX, wtX = scaleDown(weakEff, sc), scaleDown(wt-sc+1, sc) // wt is a multiple of sc
 	}
 	wins, used := s.challenge(h, x, ageOf(x, e), effX, wtX, sc)
 	if wins == 0 {

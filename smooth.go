@@ -136,6 +136,24 @@ func (s *Sketch) admitSmooth(t time.Time, h uint64, wt, limit uint32) (r admit.R
 	return r, ok, first
 }
 
+// allowSmooth is admitSmooth at the sketch's clock for a caller that needs
+// only whether it added (package limit's Allow): no reading to build, no
+// rounding back.
+func (s *Sketch) allowSmooth(h uint64, wt, limit uint32) bool {
+	now := s.now()
+	var sc uint32
+	if sub := s.clk.sub.Load(); sub>>subShift == now && s.manual == nil && s.custom == nil {
+		sc = admit.Scale(int(sub & (1<<subShift - 1)))
+	} else {
+		sc = admit.Scale(s.stepAt(time.Time{}, now))
+	}
+	if wt > limit {
+		return false
+	}
+	_, ok, _ := s.admitAt(h, now, scaleUp(wt, sc), smoothLimit(limit, sc), sc)
+	return ok
+}
+
 // observeSmooth is observeN for a smooth sketch (n >= 1).
 func (s *Sketch) observeSmooth(t time.Time, h uint64, n uint32) (uint32, bool) {
 	now := s.writeAt(t)

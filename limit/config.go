@@ -40,11 +40,15 @@ type Config struct {
 	// Its capacity is in keys at their limit per tick (package rate's
 	// tick, about Per × Burst × 0.7 / Requests; 0.62 × Per for a Burst of
 	// 1). A key
-	// holds its slot until its count decays to 0, bits.Len(2 × Burst)
-	// ticks after its last request (2 ticks for a Burst of 1, 5 for 10, 8
-	// for 100), so epochsketch.BucketsFor(K × bits.Len(2 × Burst)) buckets
-	// hold K keys reaching their limit in every tick: the default 4 MiB
-	// holds 65,536 a tick with a Burst of 1, 26,214 with a Burst of 10.
+	// reads a count of at least 1 until its count decays below one,
+	// bits.Len(2 × Burst) ticks after its last request (2 ticks for a
+	// Burst of 1, 5 for 10, 8 for 100), so epochsketch.BucketsFor(K ×
+	// bits.Len(2 × Burst)) buckets hold K keys reaching their limit in
+	// every tick: the default 4 MiB holds 65,536 a tick with a Burst of 1,
+	// 26,214 with a Burst of 10. (A smooth sketch's table holds 32 to 63
+	// times a count, so a key's slot is empty only about 6 ticks later;
+	// until then a key reading 1 is taken by a new key's first lottery
+	// draw 93% of the time, which costs the new key a draw, not a slot.)
 	// At that load a client at 3 times its limit was held to it exactly,
 	// and at most 2 of 3,968 new keys took counts from a key at its limit
 	// (Burst 1; none with Bursts of 2 and 10: TestOverflowCapacity). Past it, new keys meet buckets full of keys

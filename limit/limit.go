@@ -135,6 +135,7 @@ import (
 type Limiter struct {
 	_ noCopy
 
+	allow    admit.AllowFunc // Allow's: whether it added, nothing more
 	add      admit.Func
 	addBytes admit.BytesFunc
 	lim      rate.Limit // the compiled rate: tick, threshold, policy
@@ -164,7 +165,7 @@ func NewWith(cfg Config) *Limiter {
 	sk := epochsketch.New(p.cfg)
 	admit.SetOverflow(sk, [...]admit.Overflow{OverflowAdmit: admit.Admit, OverflowRefuse: admit.Refuse, OverflowShare: admit.Share}[cfg.Overflow])
 	add, addBytes := admit.Bind(sk)
-	l := &Limiter{add: add, addBytes: addBytes, lim: p.lim, clock: cfg.Clock, sk: sk, sleep: sleep}
+	l := &Limiter{allow: admit.BindAllow(sk), add: add, addBytes: addBytes, lim: p.lim, clock: cfg.Clock, sk: sk, sleep: sleep}
 	l.setPolicy(cfg.Name)
 	return l
 }
@@ -177,8 +178,7 @@ func (l *Limiter) Close() error { return l.sk.Close() }
 // Allow reports whether one request of key may happen now, and counts it if
 // so. It is AllowN(time.Time{}, key, 1).
 func (l *Limiter) Allow(key string) bool {
-	_, ok := l.add(time.Time{}, key, rate.Unit, l.lim.Threshold)
-	return ok
+	return l.allow(key, rate.Unit, l.lim.Threshold)
 }
 
 // AllowBytes is Allow for a key held in a byte slice: the same key space as

@@ -22,6 +22,10 @@ type Func func(t time.Time, key string, n, limit uint32) (r Reading, ok bool)
 // SketchProxy's engine needs to teach its memory of keys.
 type BytesFunc func(t time.Time, key []byte, n, limit uint32) (r Reading, ok, first bool)
 
+// AllowFunc is Func at the sketch's clock for a caller that needs only
+// whether it added: package limit's Allow, on its hot path.
+type AllowFunc func(key string, n, limit uint32) bool
+
 // Pressure is the bit of a Func's est that marks a new key refused because
 // its bucket is full of keys at their limit (Refuse, or Share's key that
 // won no slot); the rest of est is the count of the bucket's weakest key.
@@ -55,6 +59,7 @@ type Counts struct {
 }
 
 var (
+	bindAllow func(sk any) AllowFunc
 	bind      func(sk any) (Func, BytesFunc)
 	setOver   func(sk any, o Overflow)
 	counts    func(sk any) Counts
@@ -62,6 +67,12 @@ var (
 	setSmooth func(sk any)
 	read      func(sk any, t time.Time, key []byte) Reading
 )
+
+// RegisterAllow is called once, by package epochsketch.
+func RegisterAllow(b func(sk any) AllowFunc) { bindAllow = b }
+
+// BindAllow returns sk's AllowFunc.
+func BindAllow(sk any) AllowFunc { return bindAllow(sk) }
 
 // RegisterSmooth is called once, by package epochsketch.
 func RegisterSmooth(set func(sk any), r func(sk any, t time.Time, key []byte) Reading) {
