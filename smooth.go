@@ -21,6 +21,11 @@ import (
 // so that a rate limiter built on it gives quota back as time passes, not
 // all at once at instants shared by every key.
 //
+// A slot whose table count is under one count of the current step (sc) is
+// dust: a new key claims it as if it were empty, instead of meeting the
+// lottery, so that a light key's slot is free when a classic sketch's
+// would be (its count, under half a request, is forgotten).
+//
 // Every comparison stays exact in integers: an add of n within a limit
 // fits exactly when internal + n·(32+j) <= limit·(32+j), which is
 // ceil(internal/(32+j)) + n <= limit. The lottery draws in external counts
@@ -106,10 +111,14 @@ const recipShift = 40
 // smoothLimit is an admit limit in internal counts: a limit of MaxCount or
 // more (in external counts) never refuses.
 func smoothLimit(limit, sc uint32) uint32 {
-	if uint64(limit)*uint64(sc) >= countMax {
-		return countMax
+	switch l := uint64(limit) * uint64(sc); {
+	case l > countMax:
+		return countMax // never refuses: the counts saturate
+	case l == countMax:
+		return countMax - 1 // package rate's largest burst at a tick's last step: refresh's path, one count stricter
+	default:
+		return uint32(l)
 	}
-	return limit * sc
 }
 
 // admitSmooth is admit for a smooth sketch: the same add, in internal
