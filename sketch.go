@@ -396,7 +396,7 @@ func (s *Sketch) observeBucket(b *bucket, shard, h uint64, now int64, wt uint32,
 	if x != 0 && (tagOf(x) == tag || ageOf(x, e) >= evaporation || effective(x, e) != weakEff) {
 		return s.observe1(b, shard, h, now, wt, 0, limit, sc) // a racing writer changed the slot
 	}
-	if weakEff < sc { // Phase 2: claim (sc: a smooth sketch's slot under one count is dust).
+	if weakEff == 0 { // Phase 2: claim.
 		y := pack(tag, e, wt)
 		ok := b.s[weak].CompareAndSwap(x, y)
 		if traceOn {
@@ -787,7 +787,7 @@ func (s *Sketch) observe1(b *bucket, shard, h uint64, now int64, wt uint32, atte
 		for m := bits.RotateLeft8(uint8(other&^stale), -home); m != 0; m &= m - 1 {
 			i := (bits.TrailingZeros8(m) + home) & (slotsPerBucket - 1)
 			eff := effective(w[i], e32)
-			if eff < sc { // empty, or a smooth sketch's dust: under one count
+			if eff == 0 {
 				free |= 1 << i
 			} else if eff < weakEff {
 				weak, weakEff = i, eff
@@ -980,7 +980,7 @@ func (s *Sketch) observeView(h uint64, now int64, wt, limit, sc uint32) (uint32,
 						s.stats.add(v.shard, statScrubbed)
 						w[i], x = 0, 0
 					}
-				} else if eff := decay(countOf(x), age); eff >= sc { // not dust
+				} else if eff := decay(countOf(x), age); eff > 0 {
 					live[i>>3]++
 					if eff < weakEff {
 						weak, weakEff = i, eff

@@ -21,11 +21,6 @@ import (
 // so that a rate limiter built on it gives quota back as time passes, not
 // all at once at instants shared by every key.
 //
-// A slot whose table count is under one count of the current step (sc) is
-// dust: a new key claims it as if it were empty, instead of meeting the
-// lottery, so that a light key's slot is free when a classic sketch's
-// would be (its count, under half a request, is forgotten).
-//
 // Every comparison stays exact in integers: an add of n within a limit
 // fits exactly when internal + n·(32+j) <= limit·(32+j), which is
 // ceil(internal/(32+j)) + n <= limit. The lottery draws in external counts

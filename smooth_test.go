@@ -118,12 +118,19 @@ func TestSmoothWallClock(t *testing.T) {
 	defer sk.Close()
 	admit.SetSmooth(sk)
 	sk.ObserveN(time.Time{}, "k", 6400)
+	halvings := map[uint32]bool{}
+	for c := uint32(6400); ; c = (c + 1) / 2 {
+		halvings[c] = true
+		if c <= 1 {
+			break
+		}
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if est := sk.Estimate("k"); est < 6400 && est > 3200 {
-			return // between the two: a step within a tick
+		if est := sk.Estimate("k"); !halvings[est] {
+			return // between two halvings: a step within a tick
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(3 * time.Millisecond)
 	}
 	t.Fatalf("no step within a tick seen in 5 s: reads %d", sk.Estimate("k"))
 }

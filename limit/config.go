@@ -46,8 +46,9 @@ type Config struct {
 	// bits.Len(2 × Burst)) buckets hold K keys reaching their limit in
 	// every tick: the default 4 MiB holds 65,536 a tick with a Burst of 1,
 	// 26,214 with a Burst of 10. (A smooth sketch's table holds 32 to 63
-	// times a count; a slot under one count is dust, which a new key
-	// claims as if it were empty.)
+	// times a count, so a key's slot is empty some ticks later; until then
+	// a key reading 1 is taken by a new key's first lottery draw 93% of
+	// the time.)
 	// At that load a client at 3 times its limit was held to it exactly,
 	// and at most 2 of 3,968 new keys took counts from a key at its limit
 	// (Burst 1; none with Bursts of 2 and 10: TestOverflowCapacity). Past it, new keys meet buckets full of keys
