@@ -46,7 +46,7 @@ type Sketch struct {
 
 	seeded   *saltState // non-nil when Config.Seed != 0
 	stats    *statTable
-	overflow overflow // admit's policy for a bucket full of keys at their limit
+	overflow overflow     // admit's policy for a bucket full of keys at their limit
 	sm       *smoothState // non-nil for a smooth sketch (smooth.go)
 }
 

@@ -145,6 +145,8 @@ func (s *Sketch) admitSmooth(t time.Time, h uint64, wt, limit uint32) (r admit.R
 // rounding back.
 func (s *Sketch) allowSmooth(h uint64, wt, limit uint32) bool {
 	now := s.now()
+	// stepAt's wall-clock case, inline: a call to stepAt costs Allow about
+	// 3 ns (12% on one hot key, by turns); every other clock takes it.
 	var sc uint32
 	if sub := s.clk.sub.Load(); sub>>subShift == now && s.manual == nil && s.custom == nil {
 		sc = admit.Scale(int(sub & (1<<subShift - 1)))

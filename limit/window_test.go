@@ -133,4 +133,3 @@ func TestWindowBound(t *testing.T) {
 		}
 	}
 }
-
