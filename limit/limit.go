@@ -409,8 +409,7 @@ func (l *Limiter) peek(t time.Time, key string, n int) Decision {
 	rd, _ := l.add(t, key, l.lim.Threshold+1, l.lim.Threshold)
 	wt := rate.Counts(uint64(n))
 	fits := uint64(rd.Est)+uint64(wt) <= uint64(l.lim.Threshold)
-	d := l.decision(rd, fits, wt, n, t)
-	return d
+	return l.decision(rd, fits, wt, n, t)
 }
 
 func (l *Limiter) now() time.Time {

@@ -160,21 +160,11 @@ func (e *Error) Error() string { return "rate: " + e.Field + ": " + e.Msg }
 
 // Compile checks r and compiles it.
 func (r Rate) Compile() (Limit, error) {
-	switch {
-	case !(r.Requests > 0) || math.IsInf(r.Requests, 0):
-		return Limit{}, &Error{"Requests", fmt.Sprintf("%g: want a positive number of requests per Per", r.Requests)}
-	case r.Per <= 0:
-		return Limit{}, &Error{"Per", fmt.Sprintf("%v: want a positive duration, such as 1s", r.Per)}
-	case r.Burst < 0 || math.IsNaN(r.Burst) || math.Round(r.Burst) > MaxBurst:
-		return Limit{}, &Error{"Burst", fmt.Sprintf("%g: want 1 to %d (or 0: the same as Requests)", r.Burst, MaxBurst)}
-	case r.Burst > 0 && math.Round(r.Burst) < 1:
-		return Limit{}, &Error{"Burst", fmt.Sprintf("%g rounds to 0: want 1 to %d (or 0: the same as Requests)", r.Burst, MaxBurst)}
+	burst, err := r.burst(MaxBurst)
+	if err != nil {
+		return Limit{}, err
 	}
-	burst := r.Burst
-	if burst == 0 {
-		burst = min(max(1, r.Requests), MaxBurst)
-	}
-	l := Limit{Requests: r.Requests, Per: r.Per, Burst: uint32(math.Round(burst))}
+	l := Limit{Requests: r.Requests, Per: r.Per, Burst: burst}
 	l.Threshold = Unit*l.Burst + 1
 	tick := float64(r.Per) * evenPerTick(l.Burst) / r.Requests
 	switch {
@@ -206,6 +196,26 @@ func (r Rate) Compile() (Limit, error) {
 	return l, nil
 }
 
+// burst checks r's Requests, Per and Burst, and returns its whole burst
+// (the default applied) of 1 to most.
+func (r Rate) burst(most uint32) (uint32, error) {
+	switch {
+	case !(r.Requests > 0) || math.IsInf(r.Requests, 0):
+		return 0, &Error{"Requests", fmt.Sprintf("%g: want a positive number of requests per Per", r.Requests)}
+	case r.Per <= 0:
+		return 0, &Error{"Per", fmt.Sprintf("%v: want a positive duration, such as 1s", r.Per)}
+	case r.Burst < 0 || math.IsNaN(r.Burst) || math.Round(r.Burst) > float64(most):
+		return 0, &Error{"Burst", fmt.Sprintf("%g: want 1 to %d (or 0: the same as Requests)", r.Burst, most)}
+	case r.Burst > 0 && math.Round(r.Burst) < 1:
+		return 0, &Error{"Burst", fmt.Sprintf("%g rounds to 0: want 1 to %d (or 0: the same as Requests)", r.Burst, most)}
+	}
+	burst := r.Burst
+	if burst == 0 {
+		burst = min(max(1, r.Requests), float64(most))
+	}
+	return uint32(math.Round(burst)), nil
+}
+
 // evenPerTick is the requests per tick of a key spreading its requests
 // evenly at the most a limit of that burst never refuses: 1 /
 // log2(1 + 33/(16·(2·burst - 1))). A key that sends one request every g
@@ -234,21 +244,11 @@ func Excess(burst uint32) float64 { return PerTick(burst)/evenPerTick(burst) - 1
 // the threshold halves to Burst counts each tick, exactly Burst/2 requests
 // a tick. Quota comes back at the tick's end, for every key at once.
 func (r Rate) CompileHalving() (Limit, error) {
-	switch {
-	case !(r.Requests > 0) || math.IsInf(r.Requests, 0):
-		return Limit{}, &Error{"Requests", fmt.Sprintf("%g: want a positive number of requests per Per", r.Requests)}
-	case r.Per <= 0:
-		return Limit{}, &Error{"Per", fmt.Sprintf("%v: want a positive duration, such as 1s", r.Per)}
-	case r.Burst < 0 || math.IsNaN(r.Burst) || math.Round(r.Burst) > MaxBurstHalving:
-		return Limit{}, &Error{"Burst", fmt.Sprintf("%g: want 1 to %d (or 0: the same as Requests)", r.Burst, MaxBurstHalving)}
-	case r.Burst > 0 && math.Round(r.Burst) < 1:
-		return Limit{}, &Error{"Burst", fmt.Sprintf("%g rounds to 0: want 1 to %d (or 0: the same as Requests)", r.Burst, MaxBurstHalving)}
+	burst, err := r.burst(MaxBurstHalving)
+	if err != nil {
+		return Limit{}, err
 	}
-	burst := r.Burst
-	if burst == 0 {
-		burst = min(max(1, r.Requests), MaxBurstHalving)
-	}
-	l := Limit{Requests: r.Requests, Per: r.Per, Burst: uint32(math.Round(burst)), halving: true}
+	l := Limit{Requests: r.Requests, Per: r.Per, Burst: burst, halving: true}
 	l.Threshold = Unit * l.Burst
 	tick, ok := tickFor(r.Requests, r.Per, l.Burst)
 	switch {
@@ -356,8 +356,15 @@ func (l *Limit) Wait(est, add uint32, now time.Time) time.Duration {
 		}
 		return UntilTick(now, l.Tick, k)
 	}
+	return l.WaitFor(l.largest(est, now), add, now)
+}
+
+// largest is the reading of a count est, rounded up from a count in a
+// smooth sketch's table that it does not give, as the largest such count
+// at now: waits reckoned from it are never short.
+func (l *Limit) largest(est uint32, now time.Time) admit.Reading {
 	tick, step := l.StepAt(now)
-	return l.WaitFor(admit.Reading{Est: est, Raw: est * admit.Scale(step), Tick: tick, Step: uint8(step)}, add, now)
+	return admit.Reading{Est: est, Raw: est * admit.Scale(step), Tick: tick, Step: uint8(step), Smooth: true}
 }
 
 // Scale is the counts a smooth sketch's table holds per count, at now, in
@@ -440,9 +447,6 @@ func (l *Limit) until(now time.Time, tick int64, step int) time.Duration {
 		cur--
 	}
 	d := UntilTick(now, l.Tick, tick-cur)
-	if tick-cur < 1 {
-		d = time.Duration(tick*int64(l.Tick) - now.UnixNano())
-	}
 	off := time.Duration(l.steps[step])
 	if d > math.MaxInt64-off {
 		return math.MaxInt64
@@ -472,8 +476,7 @@ func (l *Limit) Status(est, add uint32, now time.Time) (r int64, t time.Duration
 		}
 		return r, UntilTick(now, l.Tick, 1), false
 	}
-	tick, step := l.StepAt(now)
-	return l.StatusFor(admit.Reading{Est: est, Raw: est * admit.Scale(step), Tick: tick, Step: uint8(step)}, add, now)
+	return l.StatusFor(l.largest(est, now), add, now)
 }
 
 // StatusFor is Status for what the sketch read of the key, exact: a
