@@ -151,12 +151,33 @@ func (v *Verdict) Status(now time.Time) (remaining int64, reset time.Duration) {
 	rl := v.Rule.Limits[0].Limit
 	rl.Threshold = v.thetas[0]
 	r, t, over := rl.Status(v.ests[0], add, now)
-	if over && v.others[0] == 0 && !rl.Halving() {
-		// As Retry-After reckons it: to the nanosecond.
-		l := v.Rule.Limits[0]
-		t = rl.WaitFor(l.sk.ReadBytes(time.Time{}, skey(nil, v.Rule.Name, l.Name, v.Key)), add, now)
+	if over {
+		t, _ = v.exactWait(0, &rl, add, t, now, nil) // as Retry-After reckons it
 	}
 	return r, t
+}
+
+// exactWait refines w, the wait of v's limit j (compiled as rl) until add
+// more counts fit, reckoned from the count the sketch answered, to the
+// nanosecond: from the count as the sketch holds it, behind the rounded
+// one, so that a client that comes back a second before Retry-After is
+// refused. A count shared with a fleet, or one that halves, keeps w. It
+// returns the buffer it built the sketch key in, for reuse.
+func (v *Verdict) exactWait(j int, rl *rate.Limit, add uint32, w time.Duration, now time.Time, buf []byte) (time.Duration, []byte) {
+	if w <= 0 || v.others[j] != 0 || rl.Halving() {
+		return w, buf
+	}
+	l := v.Rule.Limits[j]
+	buf = skey(buf, v.Rule.Name, l.Name, v.Key)
+	rd := l.sk.ReadBytes(time.Time{}, buf)
+	if rd.Est > v.ests[j] {
+		// Counts the verdict leaves out (a shadow rule's wait reckoned as
+		// an enforced rule's, without this request), added in this very
+		// step: taken out as they went in.
+		rd.Raw -= min(rd.Raw, (rd.Est-v.ests[j])*rd.Scale())
+		rd.Est = v.ests[j]
+	}
+	return rl.WaitFor(rd, add, now), buf
 }
 
 // Left is the verdict's first limit in package limit's words (its
@@ -202,22 +223,8 @@ func (e *Engine) waitFor(s *Set, v *Verdict, now time.Time, sc *Scratch) time.Du
 	for j, l := range ru.Limits {
 		rl := l.Limit
 		rl.Threshold = v.thetas[j]
-		w := rl.Wait(v.ests[j], v.add, now)
-		if w > 0 && v.others[j] == 0 && !rl.Halving() {
-			// The count as the sketch holds it, behind the rounded one
-			// it answered: the wait to the nanosecond, so that a client
-			// that comes back a second before Retry-After is refused.
-			sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
-			rd := l.sk.ReadBytes(time.Time{}, sc.buf)
-			if rd.Est > v.ests[j] {
-				// Counts the verdict leaves out (a shadow rule's wait
-				// reckoned as an enforced rule's, without this request),
-				// added in this very step: taken out as they went in.
-				rd.Raw -= min(rd.Raw, (rd.Est-v.ests[j])*rd.Scale())
-				rd.Est = v.ests[j]
-			}
-			w = rl.WaitFor(rd, v.add, now)
-		}
+		var w time.Duration
+		w, sc.buf = v.exactWait(j, &rl, v.add, rl.Wait(v.ests[j], v.add, now), now, sc.buf)
 		d = max(d, w)
 	}
 	if len(ru.Limits) > 0 {
