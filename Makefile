@@ -37,6 +37,7 @@ test-e2e: ## the browser simulator driven in headless Chromium (its own module)
 
 test-sketchproxy: ## SketchProxy (its own module): vet and race tests, real redis-server and python3 included
 	cd sketchproxy && $(GO) vet ./... && $(GO) test $(SHORT) -race ./...
+	GO=$(GO) bash scripts/request-files.sh
 
 test-caddy: ## the epochsketch Caddy module (its own module): vet, race tests, and tests that drive a Caddy built with it (the first build downloads Caddy: minutes)
 	cd sketchproxy/caddy && $(GO) vet ./... && $(GO) test $(SHORT) -race ./...
