@@ -230,34 +230,39 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		})
 	}
-	if f := m.fleet; f != nil {
-		up := 0.0
-		if f.up.Load() {
-			up = 1
-		}
-		emit(dFleetUp, up)
-		emit(dFleetReplicas, float64(f.replicas()))
-		emit(dFleetHot, float64(f.count.Load()))
-		for _, c := range fleetCounters {
-			emit(c.d, float64(c.get(f)))
-		}
-		emit(dFleetRTT, time.Duration(f.rttNs.Load()).Seconds())
-		lag := 0.0
-		if ok := f.lastOK.Load(); ok > 0 {
-			lag = now.Sub(time.Unix(0, ok)).Seconds()
-		}
-		emit(dFleetLag, lag)
-		hearing := 0.0
-		if f.hearing.Load() {
-			hearing = 1
-		}
-		emit(dFleetHearing, hearing)
+	if m.fleet != nil {
+		m.fleet.collect(now, emit)
 	}
 	emit(dStateSaves, float64(m.met.stateSaves[0].Load()), "ok")
 	emit(dStateSaves, float64(m.met.stateSaves[1].Load()), "failed")
 	emit(dStateLoads, float64(m.met.stateLoads[0].Load()), "ok")
 	emit(dStateLoads, float64(m.met.stateLoads[1].Load()), "rejected")
 	emit(dGeneration, float64(st.gen))
+}
+
+// collect emits the fleet's metrics.
+func (f *fleet) collect(now time.Time, emit func(d desc, v float64, labels ...string)) {
+	up := 0.0
+	if f.up.Load() {
+		up = 1
+	}
+	emit(dFleetUp, up)
+	emit(dFleetReplicas, float64(f.replicas()))
+	emit(dFleetHot, float64(f.count.Load()))
+	for _, c := range fleetCounters {
+		emit(c.d, float64(c.get(f)))
+	}
+	emit(dFleetRTT, time.Duration(f.rttNs.Load()).Seconds())
+	lag := 0.0
+	if ok := f.lastOK.Load(); ok > 0 {
+		lag = now.Sub(time.Unix(0, ok)).Seconds()
+	}
+	emit(dFleetLag, lag)
+	hearing := 0.0
+	if f.hearing.Load() {
+		hearing = 1
+	}
+	emit(dFleetHearing, hearing)
 }
 
 // burstRange is the bursts a sketch's threshold class holds, as its

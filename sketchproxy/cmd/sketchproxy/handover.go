@@ -242,24 +242,15 @@ func (o *options) serving(log *slog.Logger) {
 // successor is stopped and this process serves on, saving its state file
 // again.
 func (o *options) handover(ctx context.Context, mw *sketchproxy.Middleware, log *slog.Logger) bool {
-	names := make([]string, 0, len(o.listeners))
-	for name := range o.listeners {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	var files []*os.File
+	names, files, err := o.listenerFiles()
 	defer func() {
 		for _, f := range files {
 			f.Close()
 		}
 	}()
-	for _, name := range names {
-		f, err := listenerFile(o.listeners[name], name)
-		if err != nil {
-			log.Error("handover refused", "listener", name, "err", err.Error())
-			return false
-		}
-		files = append(files, f)
+	if err != nil {
+		log.Error("handover refused", "err", err.Error())
+		return false
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -306,6 +297,13 @@ func (o *options) handover(ctx context.Context, mw *sketchproxy.Middleware, log 
 		log.Error("handover failed: serving on", "err", err.Error())
 		return false
 	}
+	return o.awaitSuccessor(ctx, cmd, r, resume, log)
+}
+
+// awaitSuccessor waits for the started successor's word that it serves on
+// r; if it exits, takes longer than -handover-timeout or ctx ends first,
+// it is killed and this process resumes its state saves.
+func (o *options) awaitSuccessor(ctx context.Context, cmd *exec.Cmd, r *os.File, resume func(), log *slog.Logger) bool {
 	ready := make(chan error, 1)
 	go func() {
 		var b [1]byte
@@ -342,6 +340,23 @@ func (o *options) handover(ctx context.Context, mw *sketchproxy.Middleware, log 
 	}
 	log.Info("handover: the successor serves; stopping to accept", "successor_pid", cmd.Process.Pid)
 	return true
+}
+
+// listenerFiles returns the listeners' names, sorted, and a copy of each
+// one's socket, in that order, for a successor.
+func (o *options) listenerFiles() (names []string, files []*os.File, err error) {
+	for name := range o.listeners {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		f, err := listenerFile(o.listeners[name], name)
+		if err != nil {
+			return names, files, fmt.Errorf("listener %s: %w", name, err)
+		}
+		files = append(files, f)
+	}
+	return names, files, nil
 }
 
 // listenerFile is a copy of ln's socket for a successor; ln stays open.

@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -38,7 +37,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,6 +61,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case o.demoUpstream != "":
 		return serveDemoUpstream(o.demoUpstream, stdout, stderr)
 	}
+	cfg, lh, log, code := o.prepare(stdout, stderr)
+	if code >= 0 {
+		return code
+	}
+	return o.start(cfg, lh, log, stdout, stderr)
+}
+
+// prepare sets up the logs, loads and checks the config, and answers
+// -key-label and -check; code is -1 when the proxy is to start.
+func (o *options) prepare(stdout, stderr io.Writer) (cfg *sketchproxy.Config, lh slog.Handler, log *slog.Logger, code int) {
 	if os.Getenv(handoverEnv) != "" {
 		// A handover's successor starts (its config, its sketches, the
 		// state file: about 100 ms of CPU for 13 MB) on one CPU, and
@@ -70,33 +78,40 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// meanwhile; it takes them all once it serves (serving).
 		o.procs = runtime.GOMAXPROCS(1)
 	}
-	var lh slog.Handler = slog.NewTextHandler(stderr, nil)
+	lh = slog.NewTextHandler(stderr, nil)
 	if o.jsonLogs {
 		lh = slog.NewJSONHandler(stderr, nil)
 	}
-	log := slog.New(lh)
+	log = slog.New(lh)
 	cfg, err := o.load()
 	if err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
-		return 1
+		return nil, nil, nil, 1
 	}
 	if o.keyLabel != "" {
-		return printKeyLabels(cfg, o.keyLabel, stdout, stderr)
+		return nil, nil, nil, printKeyLabels(cfg, o.keyLabel, stdout, stderr)
 	}
 	// A state file that cannot be written would fail every save, the
 	// last at the stop too: refused here, by -check as at a start.
 	if err := sketchproxy.CheckStateFile(cfg.StateFile); err != nil {
 		fmt.Fprintf(stderr, "sketchproxy: %v\n", err)
-		return 1
+		return nil, nil, nil, 1
 	}
 	warnings := configWarnings(cfg)
 	if o.check {
 		o.printCheck(cfg, warnings, stdout, stderr)
-		return 0
+		return nil, nil, nil, 0
 	}
 	for _, w := range warnings {
 		log.Warn("config: " + w)
 	}
+	return cfg, lh, log, -1
+}
+
+// start listens, serves until a stop or a handover, and closes the
+// middleware (its last state save).
+func (o *options) start(cfg *sketchproxy.Config, lh slog.Handler, log *slog.Logger, stdout, stderr io.Writer) int {
+	var err error
 	o.running = &running{changed: make(chan struct{}, 1)}
 	o.current.Store(cfg)
 	if o.sockets, o.ready, o.handedState, err = inheritedSockets(); err != nil {
@@ -158,7 +173,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		printDemo(stdout, lns.main.Addr().String())
 	}
 	o.serving(log)
-	code = o.serve(ctx, cfg, mw, servers, gs, errc, log)
+	code := o.serve(ctx, cfg, mw, servers, gs, errc, log)
 	// The last save failed (Close logged it at ERROR): the counts since the
 	// last good save are lost, and a service manager should say so.
 	if err := mw.Close(); err != nil && code == 0 {
@@ -433,24 +448,6 @@ func (o *options) load() (*sketchproxy.Config, error) {
 	return cfg, cfg.Validate()
 }
 
-// serveDemoUpstream serves only the demo upstream, for load tests, until
-// SIGINT or SIGTERM.
-func serveDemoUpstream(addr string, stdout, stderr io.Writer) int {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		fmt.Fprintf(stderr, "sketchproxy: -demo-upstream: %v\n", err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "demo upstream on http://%s/\n", ln.Addr())
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	srv := &http.Server{Handler: demoMux(), ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	<-ctx.Done()
-	srv.Close()
-	return 0
-}
-
 // listenBoth binds the proxy's address and, unless "off", the admin one.
 func (o *options) listenBoth(cfg *sketchproxy.Config) (ln, aln net.Listener, err error) {
 	// The main listener serves the proxy, or the forward-auth check when it
@@ -495,13 +492,6 @@ func serveAdmin(cfg *sketchproxy.Config, aln net.Listener, mw *sketchproxy.Middl
 	go func() { errc <- srv.Serve(capped) }()
 	log.Info("admin listening", "addr", aln.Addr().String(), "metrics", "http://"+aln.Addr().String()+"/metrics")
 	return srv
-}
-
-// printDemo tells the demo's user what to try.
-func printDemo(stdout io.Writer, addr string) {
-	fmt.Fprintf(stdout, "SketchProxy demo: %s proxies to a built-in upstream, 5 requests per 10 s per client.\n", addr)
-	fmt.Fprintf(stdout, "Try, in another terminal:\n\n  for i in $(seq 1 12); do curl -s -o /dev/null -w '%%{http_code} ' http://%s/; done; echo\n\n", addr)
-	fmt.Fprintf(stdout, "The first 5 answer 200, then 429 until the count decays (curl -i shows Retry-After and RateLimit).\n")
 }
 
 // serve runs until SIGINT or SIGTERM (a graceful shutdown), a handover
@@ -679,42 +669,4 @@ func newReverseProxy(target *url.URL, silence time.Duration, log *slog.Logger, f
 			fmt.Fprintf(w, `{"type":"about:blank","title":"Bad Gateway","status":502,"detail":"the upstream did not answer"}`+"\n")
 		},
 	}
-}
-
-// startDemoUpstream serves a small upstream on loopback: / says hello,
-// /stream is server-sent events, /tokens reports tokens used.
-func startDemoUpstream(log *slog.Logger) (string, func(), error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	srv := &http.Server{Handler: demoMux(), ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	log.Info("demo upstream", "addr", ln.Addr().String())
-	return "http://" + ln.Addr().String(), func() { srv.Close() }, nil
-}
-
-func demoMux() *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "hello from the demo upstream (%s %s)\n", r.Method, r.URL.Path)
-	})
-	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		rc := http.NewResponseController(w)
-		for i := range 5 {
-			fmt.Fprintf(w, "data: event %d\n\n", i)
-			rc.Flush()
-			select {
-			case <-time.After(200 * time.Millisecond):
-			case <-r.Context().Done():
-				return
-			}
-		}
-	})
-	mux.HandleFunc("/tokens", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("X-Tokens-Used", strconv.Itoa(10+rand.IntN(190)))
-		fmt.Fprintln(w, "a reply that cost some tokens")
-	})
-	return mux
 }
