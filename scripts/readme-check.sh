@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the README's short commands exactly as the README writes them, on
 # this checkout, and fails if one fails (make test-readme; CI runs it):
-# the root README's, then SketchProxy's README's and its pages'
+# the root README's (and the grpclimit lines of docs/LIMIT.md, which it
+# links to), then SketchProxy's README's and its pages'
 # (sketchproxy/docs/*.md) that are short enough to run. The long runs the
 # READMEs name (make bench, make theory, make sketchproxy-bench, the
 # benchmark commands) have their own targets.
@@ -22,7 +23,9 @@ for pkg in $(sed -n 's/^  [a-z0-9-]*:\([a-z0-9-]*\) .*/\1/p' scripts/deps.sh); d
   grep -q "\`$pkg\`" <<<"$setup" || { echo "README, Setting up a machine, does not name $pkg (scripts/deps.sh installs it)"; exit 1; }
 done
 
-step 'go run ./cmd/epochsketch'
+step 'the two commands, as Two commands shows them, then go run ./cmd/epochsketch'
+said README.md 'go run ./cmd/epochsketch'
+said README.md 'make test' # the whole of make test is CI's run, not this check's
 go run ./cmd/epochsketch > "$tmp/demo.txt"
 grep -q "attacker:10.6.6.6" "$tmp/demo.txt"
 
@@ -38,6 +41,8 @@ GOBIN="$tmp/bin" go install ./cmd/epochsketch
 "$tmp/bin/epochsketch" -h | grep "epochsketch simulator" >/dev/null
 
 step 'the library from a clone, with the README'"'"'s replace line'
+said README.md 'require github.com/epochsketch/epochsketch v0.0.0'
+said README.md 'replace github.com/epochsketch/epochsketch => ../epochsketch'
 mkdir -p "$tmp/app"
 cat > "$tmp/app/go.mod" <<MOD
 module example.com/app
@@ -91,10 +96,10 @@ func main() {
 GO
 (cd "$tmp/app" && go run .) | grep ok >/dev/null
 
-step 'limit/grpclimit from a clone, with the README'"'"'s require and replace lines'
+step 'limit/grpclimit from a clone, with the require and replace lines of docs/LIMIT.md'
 mkdir -p "$tmp/grpcapp"
-lines=$(sed -n '/^require (/,/^)/p;/^replace (/,/^)/p' README.md | sed "s#=> \.\./epochsketch#=> $PWD#")
-grep -q "limit/grpclimit => $PWD/limit/grpclimit" <<<"$lines" || { echo "README: no replace line for limit/grpclimit"; exit 1; }
+lines=$(sed -n '/^require (/,/^)/p;/^replace (/,/^)/p' docs/LIMIT.md | sed "s#=> \.\./epochsketch#=> $PWD#")
+grep -q "limit/grpclimit => $PWD/limit/grpclimit" <<<"$lines" || { echo "docs/LIMIT.md: no replace line for limit/grpclimit"; exit 1; }
 printf 'module example.com/grpcapp\n\ngo 1.26\n\n%s\n' "$lines" > "$tmp/grpcapp/go.mod"
 cat > "$tmp/grpcapp/main.go" <<'GO'
 package main
