@@ -150,38 +150,9 @@ func (h *Handler) laterAuth(ctx caddy.Context) error {
 	if err != nil {
 		return nil
 	}
-	var levels []caddyhttp.RouteList
-	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
-		levels = append(levels, srv.Routes)
-	}
-	for _, m := range ctx.Modules() {
-		if sr, ok := m.(*caddyhttp.Subroute); ok {
-			levels = append(levels, sr.Routes)
-		}
-	}
-	var after []json.RawMessage // the handlers that may run after this one
-	for depth := len(levels) - 1; depth >= 0; depth-- {
-		rs := levels[depth]
-		cur := slices.IndexFunc(rs, func(r caddyhttp.Route) bool { return r.HandlersRaw != nil })
-		if cur < 0 {
-			return nil
-		}
-		if depth == len(levels)-1 {
-			i := slices.IndexFunc(rs[cur].HandlersRaw, func(raw json.RawMessage) bool { return sameHandler(raw, self) })
-			if i < 0 {
-				return nil
-			}
-			after = append(after, rs[cur].HandlersRaw[i+1:]...)
-		}
-		if rs[cur].Terminal {
-			break
-		}
-		for _, r := range rs[cur+1:] {
-			if r.Group != "" && r.Group == rs[cur].Group {
-				continue // one route of a group runs
-			}
-			after = append(after, r.HandlersRaw...)
-		}
+	after, ok := handlersAfter(ctx, self)
+	if !ok {
+		return nil
 	}
 	var walk func(raws []json.RawMessage) error
 	walk = func(raws []json.RawMessage) error {
@@ -217,6 +188,46 @@ func (h *Handler) laterAuth(ctx caddy.Context) error {
 		return nil
 	}
 	return walk(after)
+}
+
+// handlersAfter returns the handlers that may run after the handler whose
+// JSON is self: the rest of its route and the routes after that one, at
+// each level of routes up to the server; ok is false where it cannot tell
+// where self is.
+func handlersAfter(ctx caddy.Context, self []byte) (after []json.RawMessage, ok bool) {
+	var levels []caddyhttp.RouteList
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
+		levels = append(levels, srv.Routes)
+	}
+	for _, m := range ctx.Modules() {
+		if sr, ok := m.(*caddyhttp.Subroute); ok {
+			levels = append(levels, sr.Routes)
+		}
+	}
+	for depth := len(levels) - 1; depth >= 0; depth-- {
+		rs := levels[depth]
+		cur := slices.IndexFunc(rs, func(r caddyhttp.Route) bool { return r.HandlersRaw != nil })
+		if cur < 0 {
+			return nil, false
+		}
+		if depth == len(levels)-1 {
+			i := slices.IndexFunc(rs[cur].HandlersRaw, func(raw json.RawMessage) bool { return sameHandler(raw, self) })
+			if i < 0 {
+				return nil, false
+			}
+			after = append(after, rs[cur].HandlersRaw[i+1:]...)
+		}
+		if rs[cur].Terminal {
+			break
+		}
+		for _, r := range rs[cur+1:] {
+			if r.Group != "" && r.Group == rs[cur].Group {
+				continue // one route of a group runs
+			}
+			after = append(after, r.HandlersRaw...)
+		}
+	}
+	return after, true
 }
 
 // copied reports a key header that a forward_auth's handle_response
