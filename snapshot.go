@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/atomicfile"
+	"github.com/epochsketch/epochsketch/atomicfile"
 )
 
 // A snapshot is a versioned, checksummed image of a Sketch, written by

@@ -17,7 +17,7 @@ import (
 
 	"github.com/epochsketch/epochsketch/internal/lab"
 
-	"github.com/epochsketch/epochsketch/internal/atomicfile"
+	"github.com/epochsketch/epochsketch/atomicfile"
 
 	"github.com/epochsketch/epochsketch"
 )

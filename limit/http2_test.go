@@ -235,8 +235,10 @@ func TestMiddlewarePanics(t *testing.T) {
 	}
 }
 
-// TestClientIP: the right-most untrusted address of the one header read,
-// past trusted proxies; what a client writes left of it is never believed.
+// TestClientIP: the options pick the one header read (X-Forwarded-For, or
+// Forwarded alone), the trusted peers (a Unix socket's with "unix") and
+// the grouping. How a header is walked is package clientip's, tested
+// there.
 func TestClientIP(t *testing.T) {
 	xff, err := limit.ClientIP(limit.TrustProxies("10.0.0.0/8", "192.0.2.7", "::1"))
 	if err != nil {
@@ -263,18 +265,13 @@ func TestClientIP(t *testing.T) {
 	}{
 		{"untrusted peer: its header ignored", xff, "203.0.113.9:1", []string{"X-Forwarded-For", "198.51.100.1"}, "203.0.113.9"},
 		{"one trusted proxy", xff, "10.1.2.3:1", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
-		{"a spoofed left part", xff, "10.1.2.3:1", []string{"X-Forwarded-For", "6.6.6.6, 198.51.100.1"}, "198.51.100.1"},
-		{"a chain of trusted proxies", xff, "10.1.2.3:1", []string{"X-Forwarded-For", "198.51.100.1, 192.0.2.7, 10.9.9.9"}, "198.51.100.1"},
-		{"several field lines", xff, "[::1]:1", []string{"X-Forwarded-For", "6.6.6.6, 198.51.100.1", "X-Forwarded-For", "10.0.0.1"}, "198.51.100.1"},
-		{"a hop that does not parse", xff, "10.1.2.3:1", []string{"X-Forwarded-For", "198.51.100.1, unknown, 10.0.0.2"}, "10.0.0.2"},
 		{"no header from a proxy", xff, "10.1.2.3:1", nil, "10.1.2.3"},
-		{"ports and mapped addresses", xff, "[::ffff:10.1.2.3]:1", []string{"X-Forwarded-For", "198.51.100.1:4711"}, "198.51.100.1"},
 		{"Forwarded is not read", xff, "10.1.2.3:1", []string{"Forwarded", "for=6.6.6.6"}, "10.1.2.3"},
 		{"Forwarded, IPv6 by /64", fwd, "10.1.2.3:1", []string{"Forwarded", `for=6.6.6.6, for="[2001:db8:1:2:3::9]:4711";proto=https`}, "2001:db8:1:2::/64"},
 		{"X-Forwarded-For is not read", fwd, "10.1.2.3:1", []string{"X-Forwarded-For", "6.6.6.6"}, "10.1.2.3"},
-		{"a Forwarded element without for=", fwd, "10.1.2.3:1", []string{"Forwarded", "for=198.51.100.1, proto=http"}, "10.1.2.3"},
 		{"a Unix socket peer, trusted", unix, "@", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
 		{"a Unix socket peer, no header", unix, "@", nil, "@"},
+		{"a Unix socket peer, a hop that does not parse", unix, "@", []string{"X-Forwarded-For", "unknown"}, "@"},
 		{"a Unix socket peer, untrusted", xff, "@", []string{"X-Forwarded-For", "198.51.100.1"}, "@"},
 		{"direct, IPv6 by /64", v6, "[2001:db8::1]:443", nil, "2001:db8::/64"},
 		{"direct, IPv4 whole", v6, "192.0.2.1:443", nil, "192.0.2.1"},
@@ -287,13 +284,6 @@ func TestClientIP(t *testing.T) {
 		if got := tc.key(r); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
-	}
-	// 65 trusted hops: the walk stops at the 64th.
-	r := httptest.NewRequest("GET", "/", nil)
-	r.RemoteAddr = "10.0.0.1:1"
-	r.Header.Set("X-Forwarded-For", "198.51.100.1"+strings.Repeat(", 10.0.0.2", 65))
-	if got := xff(r); got != "10.0.0.2" {
-		t.Errorf("65 trusted hops: %q, want the walk to end at a trusted hop", got)
 	}
 }
 

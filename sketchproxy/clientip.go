@@ -5,6 +5,8 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"strings"
+
+	"github.com/epochsketch/epochsketch/limit/clientip"
 )
 
 // Client address sources (ClientIPConfig.Source).
@@ -13,10 +15,6 @@ const (
 	sourceForwarded = "forwarded"
 	sourceRealIP    = "x-real-ip"
 )
-
-// maxHops bounds the walk through a forwarding header: no deployment has
-// more proxies than this, and a header of 64 KiB of commas costs nothing.
-const maxHops = 64
 
 // sourceHeader is the request header the configured source reads.
 func (ci *ClientIPConfig) sourceHeader() string {
@@ -31,66 +29,29 @@ func (ci *ClientIPConfig) sourceHeader() string {
 	return http.CanonicalHeaderKey(strings.TrimPrefix(ci.Source, "header:"))
 }
 
-// clientAddr finds the client's address. The connection's peer is the
-// client unless it is a trusted proxy; then the one configured source
-// (X-Forwarded-For by default) is read from the right, skipping trusted
-// hops, and the first untrusted address is the client: what lies left of it
-// was written by the client and is never believed. Every other forwarding
-// header is ignored, so a client cannot choose its key by sending one the
-// load balancer does not overwrite. A hop that does not parse ("unknown",
-// an obfuscated name, garbage) ends the walk at the trusted proxy that
-// reported it: headers never fail a request.
+// clientAddr finds the client's address (package clientip, Walk). The
+// connection's peer is the client unless it is a trusted proxy; then the
+// one configured source (X-Forwarded-For by default) is read from the
+// right, skipping trusted hops, and the first untrusted address is the
+// client: what lies left of it was written by the client and is never
+// believed. Every other forwarding header is ignored, so a client cannot
+// choose its key by sending one the load balancer does not overwrite.
 func (ci *clientIP) clientAddr(r *http.Request) netip.Addr {
-	peer := parseHost(r.RemoteAddr)
-	if !peer.IsValid() || !ci.isTrusted(peer) {
+	peer := clientip.ParseAddr(r.RemoteAddr)
+	if !peer.IsValid() || !ci.trusted.Contains(peer) {
 		return peer
 	}
-	values := r.Header.Values(ci.sourceHeader())
-	client := peer
-	hops := 0
-	// Right to left: the last header line first, and in each line the last
-	// element first.
-	for i := len(values) - 1; i >= 0; i-- {
-		v := values[i]
-		for v != "" {
-			if hops++; hops > maxHops {
-				return client
-			}
-			elem := v
-			if j := strings.LastIndexByte(v, ','); j >= 0 {
-				elem, v = v[j+1:], v[:j]
-			} else {
-				v = ""
-			}
-			if ci.Source == sourceForwarded {
-				elem = forwardedFor(elem)
-			}
-			a := parseHost(elem)
-			if !a.IsValid() {
-				return client
-			}
-			client = a
-			if !ci.isTrusted(a) {
-				return a
-			}
-		}
+	f := clientip.XForwardedFor
+	if ci.Source == sourceForwarded {
+		f = clientip.Forwarded
 	}
-	return client
+	return clientip.Walk(peer, r.Header.Values(ci.sourceHeader()), f, ci.trusted.Contains)
 }
 
 // clientIP is a ClientIPConfig with its trusted proxies parsed.
 type clientIP struct {
 	*ClientIPConfig
-	trusted []netip.Prefix
-}
-
-func (ci *clientIP) isTrusted(a netip.Addr) bool {
-	for _, p := range ci.trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	trusted clientip.Trusted
 }
 
 // group maps an address to its client key: IPv6 by /64 (by default), IPv4
@@ -99,57 +60,7 @@ func (ci *ClientIPConfig) group(a netip.Addr) string {
 	if !a.IsValid() {
 		return "unknown"
 	}
-	bits := ci.IPv4Prefix
-	if a.Is6() {
-		bits = ci.IPv6Prefix
-	}
-	if bits >= a.BitLen() {
-		return a.String()
-	}
-	p, err := a.Prefix(bits)
-	if err != nil {
-		return a.String()
-	}
-	return p.String()
-}
-
-// parseHost reads "1.2.3.4", "1.2.3.4:80", "[::1]:80", "::1", or a
-// Forwarded node ("[2001:db8::1]:4711", quoted). IPv4-mapped IPv6 becomes
-// IPv4. An invalid Addr means it did not parse.
-func parseHost(s string) netip.Addr {
-	s = strings.TrimSpace(s)
-	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
-		s = s[1 : len(s)-1]
-	}
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().Unmap()
-	}
-	if len(s) >= 2 && s[0] == '[' && s[len(s)-1] == ']' {
-		s = s[1 : len(s)-1]
-	}
-	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
-		return a.Unmap()
-	}
-	return netip.Addr{}
-}
-
-// forwardedFor is the for= node of one Forwarded element
-// (for=192.0.2.60;proto=http;by=203.0.113.43), or "" if it has none, which
-// ends the walk.
-func forwardedFor(elem string) string {
-	for elem != "" {
-		pair := elem
-		if j := strings.IndexByte(elem, ';'); j >= 0 {
-			pair, elem = elem[:j], elem[j+1:]
-		} else {
-			elem = ""
-		}
-		k, val, ok := strings.Cut(strings.TrimSpace(pair), "=")
-		if ok && strings.EqualFold(k, "for") {
-			return val
-		}
-	}
-	return ""
+	return clientip.Key(a, ci.IPv4Prefix, ci.IPv6Prefix)
 }
 
 // SetForwarded sets the forwarding headers of a request a reverse proxy
@@ -171,8 +82,8 @@ func forwardedFor(elem string) string {
 func (m *Middleware) SetForwarded(pr *httputil.ProxyRequest) {
 	ci := &m.state.Load().b.ci
 	in, out := pr.In, pr.Out
-	peer := parseHost(in.RemoteAddr)
-	trusted := peer.IsValid() && ci.isTrusted(peer)
+	peer := clientip.ParseAddr(in.RemoteAddr)
+	trusted := peer.IsValid() && ci.trusted.Contains(peer)
 	peerStr := peer.String()
 	if !peer.IsValid() {
 		peerStr = "unknown"

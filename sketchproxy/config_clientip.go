@@ -46,7 +46,7 @@ func (cc *ClientIPConfig) prepare(c *Config, ci *clientIP) error {
 		if err != nil {
 			return c.errAt(err.Error(), "client_ip", "trusted_proxies", i)
 		}
-		ci.trusted = append(ci.trusted, p)
+		ci.trusted.Add(p)
 	}
 	if err := cc.prepareSource(c); err != nil {
 		return err

@@ -30,8 +30,8 @@ func (m *Middleware) decisions(f func(rule string, o Outcome, shadow bool, n, hi
 	for _, ru := range rules {
 		for o := Outcome(0); o < numOutcomes; o++ {
 			for _, shadow := range [2]bool{false, true} {
-				if v := ru.c.Get(engine.Outcome(o), shadow); v > 0 || (!shadow && (o == Allow || o == Reject)) {
-					f(ru.name, o, shadow, v, ru.c.Hits(engine.Outcome(o), shadow))
+				if v := ru.c.Get(o, shadow); v > 0 || (!shadow && (o == Allow || o == Reject)) {
+					f(ru.name, o, shadow, v, ru.c.Hits(o, shadow))
 				}
 			}
 		}

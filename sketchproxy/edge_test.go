@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -13,13 +12,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dunglas/httpsfv"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 )
 
 // A client behind a trusted load balancer that appends to X-Forwarded-For
@@ -612,44 +611,15 @@ func TestHTTP2RefusalKeepsConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mw.Close()
-	srv := httptest.NewUnstartedServer(mw)
-	var conns atomic.Int32
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	defer srv.Close()
 	stalled, unstall := io.Pipe() // a body that never comes
 	defer unstall.Close()
-	for i, step := range []struct {
-		name, key string
-		body      io.Reader
-		want      int
-	}{
-		{"a POST", "a", strings.NewReader("body"), 200},
-		{"a POST over its limit", "a", strings.NewReader("body"), 429},
-		{"a POST of another key", "b", strings.NewReader("body"), 200},
-		{"a POST whose body stalls", "c", stalled, 408},
-		{"a POST of another key", "d", strings.NewReader("body"), 200},
-	} {
-		r, _ := http.NewRequest("POST", srv.URL+"/", step.body)
-		r.Header.Set("X-Key", step.key)
-		resp, err := srv.Client().Do(r)
-		if err != nil {
-			t.Fatalf("%s: %v", step.name, err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != step.want || resp.ProtoMajor != 2 {
-			t.Errorf("%s: %s %d, want HTTP/2 %d", step.name, resp.Proto, resp.StatusCode, step.want)
-		}
-		if n := conns.Load(); n != 1 {
-			t.Fatalf("%s: %d connections after %d requests, want the first one alone", step.name, n, i+1)
-		}
-	}
+	testkit.PostsOnOneConnection(t, mw, []testkit.Post{
+		{Name: "a POST", Key: "a", Want: 200},
+		{Name: "a POST over its limit", Key: "a", Want: 429},
+		{Name: "a POST of another key", Key: "b", Want: 200},
+		{Name: "a POST whose body stalls", Key: "c", Body: stalled, Want: 408},
+		{Name: "a POST of another key", Key: "d", Want: 200},
+	})
 	// HTTP/1 still closes: its unread body would hold the answer back.
 	r := httptest.NewRequest("POST", "/", strings.NewReader("body"))
 	r.Header.Set("X-Key", "a")

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/epochsketch/epochsketch/limit/clientip"
 )
 
 // ForwardAuthConfig is the decision endpoint a gateway asks before it
@@ -133,7 +135,7 @@ func (m *Middleware) forwardAuth(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "no upstream here: this address answers only the forward_auth check")
 		return
 	}
-	if peer := parseHost(r.RemoteAddr); !peer.IsValid() || !st.b.ci.isTrusted(peer) {
+	if peer := clientip.ParseAddr(r.RemoteAddr); !peer.IsValid() || !st.b.ci.trusted.Contains(peer) {
 		m.met.badRequests.Add(1)
 		writeProblem(w, http.StatusForbidden, fmt.Sprintf("forward_auth: the caller %s is not in client_ip.trusted_proxies: only the gateway may ask", peer))
 		return

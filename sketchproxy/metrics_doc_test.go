@@ -13,8 +13,6 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // metricsPage is the metrics reference, docs/metrics.md.
@@ -94,7 +92,7 @@ func exposed(t *testing.T) (labels map[string][]string, values map[string]map[st
 // TestMetricsReference holds docs/metrics.md to the collector: every
 // metric it can expose has a row with its labels, and no row names a
 // metric it cannot; every outcome has a row that says whether it refuses,
-// as engine.Outcome.Refuses does; and every query names metrics, labels
+// as Outcome.Refuses does; and every query names metrics, labels
 // and label values that exist, the refusals' outcome regexp matching
 // exactly the outcomes that refuse.
 func TestMetricsReference(t *testing.T) {
@@ -138,7 +136,7 @@ func TestMetricsReference(t *testing.T) {
 			t.Errorf("%s: %s has a row for it, and the collector exposes no such metric", name, metricsPage)
 		}
 		if o := outcomeNamed(name); o >= 0 {
-			if want := map[bool]string{true: "yes", false: "no"}[engine.Outcome(o).Refuses()]; row[0] != want {
+			if want := map[bool]string{true: "yes", false: "no"}[Outcome(o).Refuses()]; row[0] != want {
 				t.Errorf("outcome %s: the table says refusal %q, want %q", name, row[0], want)
 			}
 		}
@@ -156,7 +154,7 @@ func TestMetricsReference(t *testing.T) {
 func checkQueries(t *testing.T, page string, labels map[string][]string, values map[string]map[string][]string) {
 	var refusing []string
 	for o := Allow; o < numOutcomes; o++ {
-		if engine.Outcome(o).Refuses() {
+		if o.Refuses() {
 			refusing = append(refusing, o.String())
 		}
 	}

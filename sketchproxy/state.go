@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/epochsketch/epochsketch/atomicfile"
 )
 
 // The state file holds every sketch (limits, budgets, new keys, bans) and
@@ -55,7 +57,7 @@ func (m *Middleware) saveLocked() error {
 	}
 	start := time.Now()
 	n := 0
-	err := writeFileAtomic(path, 0o600, func(w io.Writer) (err error) {
+	err := atomicfile.Write(path, 0o600, func(w io.Writer) (err error) {
 		n, err = m.eng.WriteState(w, st.set)
 		return err
 	})

@@ -7,20 +7,9 @@ import (
 	"strconv"
 	"testing"
 	"time"
-)
 
-// maxInWindow is the most of the sorted instants ts within any window
-// [s, s+w).
-func maxInWindow(ts []time.Duration, w time.Duration) int {
-	best, j := 0, 0
-	for i := range ts {
-		for ts[i]-ts[j] >= w {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
-}
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
+)
 
 // TestDoorsWindowBound: through every door (the proxy, the forward-auth
 // check, Envoy's service and package limit beside them), a client that
@@ -82,7 +71,7 @@ func TestDoorsWindowBound(t *testing.T) {
 			slices.Sort(ts)
 			for _, div := range []int{1, 10} {
 				w := time.Second / time.Duration(div)
-				got := maxInWindow(ts, w)
+				got := testkit.MaxInWindow(ts, w)
 				bound := float64(requests)*17/16 + float64(requests)*1.05/float64(div) + 1
 				if float64(got) > bound {
 					t.Errorf("%s, %s: %d admitted within %v, want at most %.2f", door.name, pattern, got, w, bound)
@@ -135,7 +124,7 @@ func TestRetryAfterSpread(t *testing.T) {
 	// shares, and Retry-After rounds up to whole seconds (a step is 1.26
 	// s here): about two steps' share at most in any second, where it
 	// was all of them.
-	if n := maxInWindow(back, time.Second); n > 100 {
+	if n := testkit.MaxInWindow(back, time.Second); n > 100 {
 		t.Fatalf("%d of 1,000 told to come back within one second, want at most 100", n)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/epochsketch/epochsketch/internal/atomicfile"
+	"github.com/epochsketch/epochsketch/atomicfile"
 
 	"github.com/epochsketch/epochsketch"
 )

@@ -31,7 +31,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"time"
 
@@ -42,6 +41,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/epochsketch/epochsketch/limit"
+	"github.com/epochsketch/epochsketch/limit/clientip"
 	"github.com/epochsketch/epochsketch/rate"
 )
 
@@ -114,17 +114,11 @@ func PeerIP(ctx context.Context) string {
 		return ""
 	}
 	s := p.Addr.String()
-	var a netip.Addr
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		a = ap.Addr()
-	} else if a, err = netip.ParseAddr(s); err != nil {
+	a := clientip.ParseAddr(s)
+	if !a.IsValid() {
 		return s
 	}
-	if a = a.WithZone("").Unmap(); a.Is6() {
-		pre, _ := a.Prefix(64)
-		return pre.String()
-	}
-	return a.String()
+	return clientip.Key(a, 32, 64)
 }
 
 // ClientIP returns a key function for the client's address as the proxies

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 )
 
 var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -367,43 +366,15 @@ func TestHTTP2RefusalKeepsConnection(t *testing.T) {
 	c := newConfig(t, epochsketch.NewManualClock(t0))
 	h := c.provision(one("api", zone(1, time.Minute)))
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	testkit.PostsOnOneConnection(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h.ServeHTTP(w, prepared(r), next); err != nil {
 			t.Error(err)
 		}
-	}))
-	var conns atomic.Int32
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	defer srv.Close()
-	for i, step := range []struct {
-		name, key string
-		want      int
-	}{
-		{"a POST", "a", 200},
-		{"a POST over its limit", "a", 429},
-		{"a POST of another key", "b", 200},
-	} {
-		r, _ := http.NewRequest("POST", srv.URL+"/", strings.NewReader("body"))
-		r.Header.Set("X-Key", step.key)
-		resp, err := srv.Client().Do(r)
-		if err != nil {
-			t.Fatalf("%s: %v", step.name, err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != step.want || resp.ProtoMajor != 2 {
-			t.Errorf("%s: %s %d, want HTTP/2 %d", step.name, resp.Proto, resp.StatusCode, step.want)
-		}
-		if n := conns.Load(); n != 1 {
-			t.Fatalf("%s: %d connections after %d requests, want the first one alone", step.name, n, i+1)
-		}
-	}
+	}), []testkit.Post{
+		{Name: "a POST", Key: "a", Want: 200},
+		{Name: "a POST over its limit", Key: "a", Want: 429},
+		{Name: "a POST of another key", Key: "b", Want: 200},
+	})
 	// HTTP/1 still closes.
 	r := prepared(httptest.NewRequest("POST", "http://example.com/", strings.NewReader("body")))
 	r.Header.Set("X-Key", "a")

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/epochsketch/epochsketch/limit/clientip"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
 )
 
@@ -177,10 +178,7 @@ func clientPrefix(r *http.Request) string {
 	if err != nil {
 		return "-"
 	}
-	if a = a.Unmap(); a.Is6() {
-		return netip.PrefixFrom(a, 64).Masked().String()
-	}
-	return a.String()
+	return clientip.Key(a.Unmap(), 32, 64)
 }
 
 // maxHops bounds the trusted addresses read right to left: a chain of

@@ -12,6 +12,7 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 )
 
 // windowRun is one key's admissions through an engine counting limits
@@ -70,18 +71,6 @@ func windowRun(t testing.TB, halving bool, r rate.Rate, pattern string, seed uin
 	return ts, refused
 }
 
-// mostIn is the most of the sorted instants ts within any window [s, s+w).
-func mostIn(ts []time.Duration, w time.Duration) int {
-	best, j := 0, 0
-	for i := range ts {
-		for ts[i]-ts[j] >= w {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
-}
-
 // TestWindowFigures measures, for halving and for smooth decay, the most a
 // key is admitted beyond its burst in any window of Per and of a tenth of
 // it (in Requests: the window bound's e), over 8 phases and three patterns
@@ -114,12 +103,12 @@ func TestWindowFigures(t *testing.T) {
 					if len(ts) == 0 || p != "bursts" && refused == 0 {
 						t.Fatalf("%+v: %d admitted, %d refused: the limit did not run", r, len(ts), refused)
 					}
-					tenth = max(tenth, (float64(mostIn(ts, r.Per/10))-burst)/r.Requests)
-					whole = max(whole, (float64(mostIn(ts, r.Per))-burst)/r.Requests)
+					tenth = max(tenth, (float64(testkit.MaxInWindow(ts, r.Per/10))-burst)/r.Requests)
+					whole = max(whole, (float64(testkit.MaxInWindow(ts, r.Per))-burst)/r.Requests)
 				}
 			}
 			ts, _ := windowRun(t, halving, r, "flood", 99)
-			over := float64(len(ts)-mostIn(ts, 2*r.Per)) / 10 / r.Requests // after the first two periods
+			over := float64(len(ts)-testkit.MaxInWindow(ts, 2*r.Per)) / 10 / r.Requests // after the first two periods
 			name := "smooth"
 			if halving {
 				name = "halving"

@@ -1,6 +1,9 @@
-// Package atomicfile writes files crash-safely, for the snapshot files of the
-// library, the epochsketch command and SketchProxy. It is not part of the
-// library's API: a general helper, kept internal.
+// Package atomicfile writes files crash-safely: the library's snapshot files
+// (Sketch.SaveFile), the epochsketch command's state and SketchProxy's
+// state file. It is no part of the sketch's API, a general helper with one
+// function; it is public only because SketchProxy, a module of its own,
+// cannot import the library's internal packages, and one writer is tested
+// once.
 package atomicfile
 
 import (
