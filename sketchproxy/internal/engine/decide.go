@@ -243,8 +243,10 @@ func (e *Engine) admit(s *Set, now time.Time, sc *Scratch, d *Decision) {
 	// From a wallet's check to its charge, no other request may check the
 	// same wallet: two that both saw room for one more reservation would
 	// both take it, past the budget.
-	locked := e.wallets.Lock(d.Verdicts)
-	defer e.wallets.Unlock(locked)
+	if s.wallets {
+		locked := e.wallets.Lock(d.Verdicts)
+		defer e.wallets.Unlock(locked)
+	}
 	var charged [8]int
 	toCharge := charged[:0]
 	for i := range d.Verdicts {
@@ -272,7 +274,7 @@ func (e *Engine) admit(s *Set, now time.Time, sc *Scratch, d *Decision) {
 	// that racing requests filled since the decision refuses after the
 	// charge: the cost stays charged (the race's only cost), the
 	// reservations go.
-	if d.Admitted {
+	if d.Admitted && len(toCharge) > 0 {
 		e.chargeAll(d, toCharge, sc)
 	}
 	for i := 0; d.Admitted && i < len(d.Verdicts); i++ {

@@ -207,6 +207,7 @@ type Set struct {
 	banTick  time.Duration
 	tarpit   TarpitSpec
 	nk       NewKeysSpec
+	wallets  bool // a rule has a budget: decisions lock wallets (admit)
 }
 
 // sketchKey is what sketches are shared by: limits and wallets with the
@@ -276,66 +277,6 @@ type Budget struct {
 	sk            *epochsketch.Sketch
 }
 
-// Counts counts a rule's decisions by outcome, real and shadow, and their
-// hits (Fact.Hits: one a decision, Envoy's hits_addend; none for ZeroHits
-// and Negative), the admitted requests that left their key near its limit,
-// and the refusals of each of its limits, by the limit's name.
-type Counts struct {
-	n      [NumOutcomes][2]atomic.Uint64
-	hits   [NumOutcomes][2]atomic.Uint64
-	near   atomic.Uint64
-	limits sync.Map // limit name → *atomic.Uint64: the refusals it decided
-}
-
-// refusedBy counts a refusal that limit decided.
-func (c *Counts) refusedBy(limit string) {
-	n, ok := c.limits.Load(limit)
-	if !ok {
-		n, _ = c.limits.LoadOrStore(limit, new(atomic.Uint64))
-	}
-	n.(*atomic.Uint64).Add(1)
-}
-
-// Limits calls f with each limit's refusals, in no order.
-func (c *Counts) Limits(f func(limit string, refused uint64)) {
-	c.limits.Range(func(k, v any) bool {
-		f(k.(string), v.(*atomic.Uint64).Load())
-		return true
-	})
-}
-
-// Near is how many admitted requests left their key above
-// NearLimitNum/NearLimitDen of its limit.
-func (c *Counts) Near() uint64 { return c.near.Load() }
-
-// Count counts one decision of hits hits.
-func (c *Counts) Count(o Outcome, shadow bool, hits uint32) {
-	i := 0
-	if shadow {
-		i = 1
-	}
-	c.n[o][i].Add(1)
-	c.hits[o][i].Add(uint64(hits))
-}
-
-// Get returns the count of o.
-func (c *Counts) Get(o Outcome, shadow bool) uint64 {
-	i := 0
-	if shadow {
-		i = 1
-	}
-	return c.n[o][i].Load()
-}
-
-// Hits returns the hits of o's decisions.
-func (c *Counts) Hits(o Outcome, shadow bool) uint64 {
-	i := 0
-	if shadow {
-		i = 1
-	}
-	return c.hits[o][i].Load()
-}
-
 // Compile compiles spec into a Set. Sketches of prev (the running Set, or
 // nil) whose tick, threshold class and size spec keeps are shared, with their
 // counts, and so are in-flight counts, reservations and top offenders of
@@ -384,6 +325,7 @@ func (e *Engine) Compile(spec *Spec, prev *Set) (*Set, error) {
 				}
 				return nil, err
 			}
+			s.wallets = s.wallets || ru.Budget != nil
 			if j == 0 {
 				s.Rules = append(s.Rules, ru)
 			} else {

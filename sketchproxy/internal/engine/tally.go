@@ -175,3 +175,27 @@ func (sh *tallyShard) sweep() {
 		}
 	}
 }
+
+// hold takes a tarpit place for rule's key (a delayed request held, a
+// refusal dripped), or reports the tarpit's caps full: tarpitting never
+// holds more than MaxHeld requests in all, MaxHeldPerKey of one key.
+func (e *Engine) hold(rule, key string, t *TarpitSpec) bool {
+	if e.held.Add(1) > int64(t.MaxHeld) {
+		e.held.Add(-1)
+		return false
+	}
+	if !e.heldKeys.Acquire(rule, key, t.MaxHeldPerKey) {
+		e.held.Add(-1)
+		return false
+	}
+	return true
+}
+
+// release gives a tarpit place back.
+func (e *Engine) release(rule, key string) {
+	e.heldKeys.Add(rule, key, -1)
+	e.held.Add(-1)
+}
+
+// Held is how many requests the tarpit holds now.
+func (e *Engine) Held() int64 { return e.held.Load() }
