@@ -7,13 +7,6 @@ import (
 	"strings"
 )
 
-// Client address sources (ClientIPConfig.Source).
-const (
-	sourceXFF       = "x-forwarded-for"
-	sourceForwarded = "forwarded"
-	sourceRealIP    = "x-real-ip"
-)
-
 // maxHops bounds the walk through a forwarding header: no deployment has
 // more proxies than this, and a header of 64 KiB of commas costs nothing.
 const maxHops = 64
@@ -91,26 +84,6 @@ func (ci *clientIP) isTrusted(a netip.Addr) bool {
 		}
 	}
 	return false
-}
-
-// group maps an address to its client key: IPv6 by /64 (by default), IPv4
-// by /32.
-func (ci *ClientIPConfig) group(a netip.Addr) string {
-	if !a.IsValid() {
-		return "unknown"
-	}
-	bits := ci.IPv4Prefix
-	if a.Is6() {
-		bits = ci.IPv6Prefix
-	}
-	if bits >= a.BitLen() {
-		return a.String()
-	}
-	p, err := a.Prefix(bits)
-	if err != nil {
-		return a.String()
-	}
-	return p.String()
 }
 
 // parseHost reads "1.2.3.4", "1.2.3.4:80", "[::1]:80", "::1", or a

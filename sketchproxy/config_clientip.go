@@ -2,6 +2,7 @@ package sketchproxy
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 )
 
@@ -88,3 +89,30 @@ func (cc *ClientIPConfig) preparePrefixes(c *Config) error {
 	}
 	return nil
 }
+
+// group maps an address to its client key: IPv6 by /64 (by default), IPv4
+// by /32.
+func (ci *ClientIPConfig) group(a netip.Addr) string {
+	if !a.IsValid() {
+		return "unknown"
+	}
+	bits := ci.IPv4Prefix
+	if a.Is6() {
+		bits = ci.IPv6Prefix
+	}
+	if bits >= a.BitLen() {
+		return a.String()
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return a.String()
+	}
+	return p.String()
+}
+
+// Client address sources (ClientIPConfig.Source).
+const (
+	sourceXFF       = "x-forwarded-for"
+	sourceForwarded = "forwarded"
+	sourceRealIP    = "x-real-ip"
+)
