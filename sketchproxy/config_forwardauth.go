@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
 // ForwardAuthConfig is the decision endpoint a gateway asks before it
@@ -59,7 +61,7 @@ func (c *Config) validateForwardAuth() error {
 			return c.errAt(err.Error(), "forward_auth", "listen")
 		}
 	}
-	if fa.Path[0] != '/' || cleanPath(fa.Path) != fa.Path || strings.ContainsAny(fa.Path, "?#%") {
+	if fa.Path[0] != '/' || httpnorm.CleanPath(fa.Path) != fa.Path || strings.ContainsAny(fa.Path, "?#%") {
 		return c.errAt(fmt.Sprintf("%q: want a clean absolute path such as /check", fa.Path), "forward_auth", "path")
 	}
 	if fa.RefusalStatus == 0 {

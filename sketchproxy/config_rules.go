@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
 // Rule matches requests and limits them by key.
@@ -167,11 +168,11 @@ func (r *Rule) prepareName(at ruleAt, i int, names map[string]int) error {
 func (m *Match) prepare(at ruleAt) error {
 	if p := m.PathPrefix; p != "" && !strings.HasPrefix(p, "/") {
 		return at(fmt.Sprintf("%q: a path prefix starts with /", p), "match", "path_prefix")
-	} else if p != "" && cleanPath(p) != p {
-		return at(fmt.Sprintf("%q: requests are matched on cleaned paths, so this prefix would never match: write %q", p, cleanPath(p)), "match", "path_prefix")
+	} else if p != "" && httpnorm.CleanPath(p) != p {
+		return at(fmt.Sprintf("%q: requests are matched on cleaned paths, so this prefix would never match: write %q", p, httpnorm.CleanPath(p)), "match", "path_prefix")
 	}
 	if h := m.Host; h != "" {
-		_, name, ok := canonicalHost(h)
+		_, name, ok := httpnorm.CanonicalHost(h)
 		if !ok || strings.HasPrefix(name, "[") != strings.HasPrefix(h, "[") {
 			return at(fmt.Sprintf("%q: want a host name such as api.example.com (any case; a port or trailing dot is ignored)", h), "match", "host")
 		}

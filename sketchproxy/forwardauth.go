@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
 // isCheck reports whether a request path is the check's, in any spelling an
@@ -15,8 +17,8 @@ func (fa *ForwardAuthConfig) isCheck(p string) bool {
 	if p == "" || p[0] != '/' {
 		return false
 	}
-	c := cleanPath(p)
-	for _, q := range [2]string{c, loosePath(c)} {
+	c := httpnorm.CleanPath(p)
+	for _, q := range [2]string{c, httpnorm.LoosePath(c)} {
 		if len(q) > 1 {
 			q = strings.TrimSuffix(q, "/")
 		}
@@ -163,7 +165,7 @@ func originalRequest(r *http.Request, gateway string) (*http.Request, *check, st
 	o.Header.Del("Content-Length")
 	var chk check
 	for _, a := range alt {
-		if _, name, ok := canonicalHost(a); !ok {
+		if _, name, ok := httpnorm.CanonicalHost(a); !ok {
 			return nil, nil, fmt.Sprintf("forward_auth: the forwarded host %.64q is not a host name or address with at most one port", a)
 		} else if name != "" {
 			chk.alt = append(chk.alt, name)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
 )
 
@@ -373,7 +374,7 @@ type request struct {
 	// host is the canonical Host without its port ("" when the request
 	// has none); alt, for a forward-auth check whose gateway is not named,
 	// the other hosts its headers give. path is the cleaned path rules
-	// match ("/" for "OPTIONS *"), loose its folded form (loosePath).
+	// match ("/" for "OPTIONS *"), loose its folded form (httpnorm.LoosePath).
 	host, path, loose string
 	alt               []string
 	addr              netip.Addr
@@ -434,8 +435,8 @@ func (ru *rule) matches(rq *request) bool {
 	if mt.Host != "" && !rq.hostIs(mt.Host) {
 		return false
 	}
-	if p := mt.PathPrefix; p != "" && !pathMatch(rq.path, p, mt.CaseSensitive) &&
-		(rq.loose == rq.path || !pathMatch(rq.loose, p, mt.CaseSensitive)) {
+	if p := mt.PathPrefix; p != "" && !httpnorm.PathMatch(rq.path, p, mt.CaseSensitive) &&
+		(rq.loose == rq.path || !httpnorm.PathMatch(rq.loose, p, mt.CaseSensitive)) {
 		return false
 	}
 	return ru.methods == nil || rq.methods.In(ru.methods)
@@ -625,22 +626,22 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		m.badRequest(w, r, fmt.Sprintf("the method %.32q is not in upper case", r.Method))
 		return nil, false
 	}
-	if why := pathProblem(r); why != "" {
+	if why := httpnorm.PathProblem(r); why != "" {
 		m.badRequest(w, r, why)
 		return nil, false
 	}
-	host, name, ok := canonicalHost(r.Host)
+	host, name, ok := httpnorm.CanonicalHost(r.Host)
 	if !ok {
 		m.badRequest(w, r, fmt.Sprintf("the Host %.64q is not a host name or address with at most one port", r.Host))
 		return nil, false
 	}
-	normalizePath(r)
+	httpnorm.NormalizePath(r)
 	r.Host = host // what rules judged is what the upstream is sent
 	*rq = request{r: r, addr: st.b.ci.clientAddr(r), host: name, path: r.URL.Path, alt: alt}
 	if rq.path == "*" {
 		rq.path = "/" // OPTIONS *: the server as a whole
 	}
-	rq.loose = loosePath(rq.path)
+	rq.loose = httpnorm.LoosePath(rq.path)
 	rq.methods = MethodsOf(r)
 	rq.sc = scratchPool.Get().(*engine.Scratch)
 	for _, ru := range st.rules {
