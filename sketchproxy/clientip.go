@@ -12,7 +12,7 @@ import (
 const maxHops = 64
 
 // sourceHeader is the request header the configured source reads.
-func (ci *ClientIPConfig) sourceHeader() string {
+func (ci *clientIP) sourceHeader() string {
 	switch ci.Source {
 	case sourceForwarded:
 		return "Forwarded"
@@ -142,7 +142,7 @@ func forwardedFor(elem string) string {
 //     source header of a single-address source (x-real-ip, header:NAME) is
 //     removed when the peer is not trusted.
 func (m *Middleware) SetForwarded(pr *httputil.ProxyRequest) {
-	ci := &m.state.Load().b.ci
+	ci := &m.state.Load().ci
 	in, out := pr.In, pr.Out
 	peer := parseHost(in.RemoteAddr)
 	trusted := peer.IsValid() && ci.isTrusted(peer)

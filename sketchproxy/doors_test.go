@@ -10,6 +10,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
@@ -356,10 +357,11 @@ rules:
 		NewKeys: NewKeysConfig{Warmup: -1},
 		Rules:   []Rule{{Budget: &Budget{Units: 10, Per: Duration(time.Minute), ReconcileWait: -1}}},
 	}
-	p, _, err := code.prepared()
+	b, err := config.Build(code)
 	if err != nil {
 		t.Fatal(err)
 	}
+	p := b.Config()
 	if g := fmt.Sprint(p.Server.UpstreamTimeout, p.Tarpit.MaxDelay, p.Tarpit.MaxHeld, p.Tarpit.MaxHeldPerKey, p.NewKeys.Warmup, p.Rules[0].Budget.ReconcileWait); g != "0 0 0 0 0 0" {
 		t.Errorf("negative values in code: %s", g)
 	}

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -110,8 +111,8 @@ type hotEntry struct {
 }
 
 // newFleet returns a fleet on Redis, its goroutines running.
-func newFleet(cfg *FleetConfig, fb *fleetBuilt, log *slog.Logger, now func() time.Time) *fleet {
-	f := newFleetOn(cfg, fb.secret, newRedisStore(fb.opts), log, now)
+func newFleet(cfg *FleetConfig, fb *config.FleetBuilt, log *slog.Logger, now func() time.Time) *fleet {
+	f := newFleetOn(cfg, fb.Secret(), newRedisStore(fb.RedisOptions()), log, now)
 	f.self = fleetSelf(cfg.ID)
 	f.start()
 	return f

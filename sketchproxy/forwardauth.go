@@ -10,10 +10,10 @@ import (
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
-// isCheck reports whether a request path is the check's, in any spelling an
+// isCheck reports whether a request path is fa's check's, in any spelling an
 // upstream might serve it under: cleaned, in any case, with or without a
 // trailing slash, segment parameters or trailing dots.
-func (fa *ForwardAuthConfig) isCheck(p string) bool {
+func isCheck(fa *ForwardAuthConfig, p string) bool {
 	if p == "" || p[0] != '/' {
 		return false
 	}
@@ -56,11 +56,11 @@ func (m *Middleware) ForwardAuth() http.Handler {
 func (m *Middleware) forwardAuth(w http.ResponseWriter, r *http.Request) {
 	st := m.state.Load()
 	fa := st.cfg.ForwardAuth
-	if fa == nil || !fa.isCheck(r.URL.Path) {
+	if fa == nil || !isCheck(fa, r.URL.Path) {
 		writeProblem(w, http.StatusNotFound, "no upstream here: this address answers only the forward_auth check")
 		return
 	}
-	if peer := parseHost(r.RemoteAddr); !peer.IsValid() || !st.b.ci.isTrusted(peer) {
+	if peer := parseHost(r.RemoteAddr); !peer.IsValid() || !st.ci.isTrusted(peer) {
 		m.met.badRequests.Add(1)
 		writeProblem(w, http.StatusForbidden, fmt.Sprintf("forward_auth: the caller %s is not in client_ip.trusted_proxies: only the gateway may ask", peer))
 		return

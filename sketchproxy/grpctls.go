@@ -12,13 +12,14 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // GRPCTLS is the TLS of envoy_rls's gRPC listener: the server certificate
 // and, for mutual TLS, the client CAs, from envoy_rls.tls's files. Reload
 // reads them again; new connections get what was last loaded.
 type GRPCTLS struct {
-	files rlsTLSFiles
+	files config.GRPCTLSFiles
 	cur   atomic.Pointer[tls.Config]
 
 	mu   sync.Mutex // one Reload at a time
@@ -27,14 +28,11 @@ type GRPCTLS struct {
 
 // NewGRPCTLS loads cfg's envoy_rls.tls; it returns nil without one.
 func NewGRPCTLS(cfg *Config) (*GRPCTLS, error) {
-	if cfg.EnvoyRLS == nil || cfg.EnvoyRLS.TLS == nil {
-		return nil, nil
+	files, tc, digest, err := config.LoadGRPCTLS(cfg)
+	if tc == nil || err != nil {
+		return nil, err
 	}
-	g := &GRPCTLS{files: cfg.rlsTLSFiles()}
-	tc, digest, field, err := g.files.load()
-	if err != nil {
-		return nil, cfg.errAt(err.Error(), "envoy_rls", "tls", field)
-	}
+	g := &GRPCTLS{files: files}
 	g.cur.Store(tc)
 	g.seen = digest
 	return g, nil
@@ -58,7 +56,7 @@ func (g *GRPCTLS) Credentials() credentials.TransportCredentials {
 func (g *GRPCTLS) Reload() (changed bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	tc, digest, field, err := g.files.load()
+	tc, digest, field, err := g.files.Load()
 	if digest == g.seen {
 		return false, nil
 	}

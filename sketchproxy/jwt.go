@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/MicahParks/keyfunc/v3"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -32,7 +33,7 @@ type jwtVerifier struct {
 // newJWTVerifier builds the verifier for j. A key set fetched from the
 // same URL by prev, the running verifier, is kept with its keys: a reload
 // never trades working keys for a fetch that may fail.
-func newJWTVerifier(j *JWTConfig, k *jwtKeyset, prev *jwtVerifier, log *slog.Logger) (*jwtVerifier, error) {
+func newJWTVerifier(j *JWTConfig, k *config.JWTKeys, prev *jwtVerifier, log *slog.Logger) (*jwtVerifier, error) {
 	opts := []jwt.ParserOption{jwt.WithValidMethods(j.Algorithms), jwt.WithLeeway(time.Duration(j.Leeway))}
 	if j.Issuer != "" {
 		opts = append(opts, jwt.WithIssuer(j.Issuer))
@@ -45,12 +46,14 @@ func newJWTVerifier(j *JWTConfig, k *jwtKeyset, prev *jwtVerifier, log *slog.Log
 	}
 	v := &jwtVerifier{cfg: j, parser: jwt.NewParser(opts...)}
 	switch {
-	case k.secret != nil:
-		v.key = func(*jwt.Token) (any, error) { return k.secret, nil }
-	case k.public != nil:
-		v.key = func(*jwt.Token) (any, error) { return k.public, nil }
-	case k.jwks != nil:
-		kf, err := keyfunc.NewJWKSetJSON(k.jwks)
+	case k.HMACSecret() != nil:
+		secret := k.HMACSecret()
+		v.key = func(*jwt.Token) (any, error) { return secret, nil }
+	case k.PublicKey() != nil:
+		public := k.PublicKey()
+		v.key = func(*jwt.Token) (any, error) { return public, nil }
+	case k.JWKS() != nil:
+		kf, err := keyfunc.NewJWKSetJSON(k.JWKS())
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,8 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // initRedaction picks the key of the hash that stands for keys in logs and
@@ -28,4 +30,4 @@ func (m *Middleware) initRedaction(secret []byte) {
 // key shows the same way for the life of the process, so one client's lines
 // and series can be followed; with key_label_secret_file, across restarts
 // and replicas too.
-func (m *Middleware) display(key string) string { return keyLabel(m.redact, key) }
+func (m *Middleware) display(key string) string { return config.Label(m.redact, key) }

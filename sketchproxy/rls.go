@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -36,7 +37,7 @@ type rlsServer struct {
 // tree: the node it leads to (nil: no limit applies) and the fact it
 // becomes.
 type rlsMatch struct {
-	n    *rlsNode
+	n    *config.RLSNode
 	fact int // its index among the request's facts; -1: none
 	hits uint32
 	zero bool // hits_addend of 0 on the descriptor: judged, not counted
@@ -70,7 +71,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if len(ds) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "no descriptors")
 	}
-	root := st.b.rls.domains[req.GetDomain()]
+	root := st.b.RLS().Domain(req.GetDomain())
 	if root == nil {
 		m.met.rlsUnknownDomain.Add(1)
 	}
@@ -119,7 +120,7 @@ func observeRLSLatency(st *state, ms []rlsMatch, secs float64) {
 		if mt.fact < 0 {
 			continue
 		}
-		r := mt.n.rule
+		r := mt.n.Rule()
 		switch {
 		case many != nil:
 			if many[r] {
@@ -143,7 +144,7 @@ func observeRLSLatency(st *state, ms []rlsMatch, secs float64) {
 // matchDescriptors matches each descriptor of req against the domain's
 // tree root (nil: an unknown domain), appending one rlsMatch per
 // descriptor to ms.
-func matchDescriptors(root *rlsNode, req *rlsv3.RateLimitRequest, ms []rlsMatch) []rlsMatch {
+func matchDescriptors(root *config.RLSNode, req *rlsv3.RateLimitRequest, ms []rlsMatch) []rlsMatch {
 	hits := req.GetHitsAddend()
 	if hits == 0 {
 		hits = 1
@@ -164,17 +165,17 @@ func matchDescriptors(root *rlsNode, req *rlsv3.RateLimitRequest, ms []rlsMatch)
 			}
 			var shared bool
 			v := e.GetValue()
-			if n, shared = n.child(e.GetKey(), v); shared {
-				v = n.pattern // share_threshold: one count for every matching value
+			if n, shared = n.Child(e.GetKey(), v); shared {
+				v = n.Pattern() // share_threshold: one count for every matching value
 			}
 			key.WriteString(strconv.Itoa(len(v)))
 			key.WriteByte(':')
 			key.WriteString(v)
 		}
 		// No entries lead nowhere: no limit, as in envoyproxy/ratelimit.
-		if len(d.GetEntries()) > 0 && n != nil && n.limit != rlsNone {
+		if len(d.GetEntries()) > 0 && n != nil && n.Limit() != config.RLSNone {
 			mt.n, mt.key = n, key.String()
-			replaced = replaced || len(n.replaces) > 0
+			replaced = replaced || len(n.Replaces()) > 0
 		}
 		ms = append(ms, mt)
 	}
@@ -182,7 +183,7 @@ func matchDescriptors(root *rlsNode, req *rlsv3.RateLimitRequest, ms []rlsMatch)
 		// Every matched limit's replaces count, even a replaced one's.
 		gone := make([]bool, len(ms))
 		for i, mt := range ms {
-			gone[i] = mt.n != nil && mt.n.name != "" && replacedBy(ms, mt.n.name)
+			gone[i] = mt.n != nil && mt.n.Name() != "" && replacedBy(ms, mt.n.Name())
 		}
 		for i := range ms {
 			if gone[i] {
@@ -211,12 +212,12 @@ func rlsFacts(st *state, ms []rlsMatch, facts []engine.Fact) []engine.Fact {
 	}
 	for i := range ms {
 		mt := &ms[i]
-		if mt.n == nil || mt.n.limit == rlsUnlimited {
+		if mt.n == nil || mt.n.Limit() == config.RLSUnlimited {
 			continue
 		}
 		f := engine.Fact{
-			Rule: st.set.RLSRules[mt.n.rule], Key: mt.key, Hits: mt.hits,
-			ZeroHits: mt.zero, Negative: mt.neg, Quota: mt.n.quota,
+			Rule: st.set.RLSRules[mt.n.Rule()], Key: mt.key, Hits: mt.hits,
+			ZeroHits: mt.zero, Negative: mt.neg, Quota: mt.n.Quota(),
 		}
 		k := same{f.Rule, f.Key, f.ZeroHits, f.Negative, f.Quota}
 		mt.fact = -1
@@ -256,12 +257,12 @@ func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimi
 	switch {
 	case mt.n == nil:
 		return st
-	case mt.n.limit == rlsUnlimited:
+	case mt.n.Limit() == config.RLSUnlimited:
 		st.LimitRemaining = math.MaxUint32
 		return st
 	}
 	v := &vs[mt.fact]
-	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.name, RequestsPerUnit: mt.n.requests, Unit: mt.n.unit}
+	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.Name(), RequestsPerUnit: mt.n.Requests(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(mt.n.Unit())}
 	if rlsOver(v) {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
@@ -346,7 +347,7 @@ func rlsMetadata(req *rlsv3.RateLimitRequest, ms []rlsMatch, vs []engine.Verdict
 			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
 		}
 		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: f}))
-		if mt := &ms[i]; mt.fact >= 0 && mt.n.quota {
+		if mt := &ms[i]; mt.fact >= 0 && mt.n.Quota() {
 			quotas = true
 			if vs[mt.fact].Over {
 				violations = append(violations, structpb.NewNumberValue(float64(i)))
@@ -371,7 +372,7 @@ func rlsMetadata(req *rlsv3.RateLimitRequest, ms []rlsMatch, vs []engine.Verdict
 // limit named name.
 func replacedBy(ms []rlsMatch, name string) bool {
 	for _, o := range ms {
-		if o.n != nil && slices.Contains(o.n.replaces, name) {
+		if o.n != nil && slices.Contains(o.n.Replaces(), name) {
 			return true
 		}
 	}

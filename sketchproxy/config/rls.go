@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"bytes"
@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v4"
 	"google.golang.org/grpc/keepalive"
 
@@ -122,9 +121,9 @@ type EnvoyRLSConfig struct {
 
 // The envoy_rls.response_headers modes.
 const (
-	rlsHeadersNone      = "none"
-	rlsHeadersRateLimit = "ratelimit"
-	rlsHeadersDraft     = "draft"
+	RLSHeadersNone      = "none"
+	RLSHeadersRateLimit = "ratelimit"
+	RLSHeadersDraft     = "draft"
 )
 
 // Loaded reports what the validated config's envoy_rls loaded: its domains
@@ -137,11 +136,12 @@ func (r *EnvoyRLSConfig) Loaded() (domains, descriptors, limits int) {
 	return r.loaded[0], r.loaded[1], r.loaded[2]
 }
 
-// rlsBuilt is the envoy_rls domains, compiled.
-type rlsBuilt struct {
+// RLS is envoy_rls's domains, compiled: a tree of descriptors per domain,
+// and a rule per counted limit.
+type RLS struct {
 	merge   bool                // envoy_rls.merge_domains
 	count   bool                // envoy_rls.refused: count
-	domains map[string]*rlsNode // by name
+	domains map[string]*RLSNode // by name
 	rules   []Rule              // one per descriptor with a limit
 	nodes   int                 // descriptors loaded
 	warned  []string            // fields loaded and ignored (rlsdir.go)
@@ -243,30 +243,48 @@ type RLSReplace struct {
 	Name string `yaml:"name" example:"per-client"`
 }
 
+// RLSUnit is a rate_limit's unit, numbered as Envoy's
+// RateLimitResponse.RateLimit.Unit is, so that the service converts it as
+// it is (TestRLSUnitsAreEnvoys).
+type RLSUnit int32
+
+// The units, by Envoy's numbers.
+const (
+	RLSUnitUnknown RLSUnit = 0
+	RLSUnitSecond  RLSUnit = 1
+	RLSUnitMinute  RLSUnit = 2
+	RLSUnitHour    RLSUnit = 3
+	RLSUnitDay     RLSUnit = 4
+	RLSUnitMonth   RLSUnit = 5
+	RLSUnitYear    RLSUnit = 6
+	RLSUnitWeek    RLSUnit = 7
+)
+
 var rlsUnits = map[string]struct {
 	d time.Duration
-	u rlsv3.RateLimitResponse_RateLimit_Unit
+	u RLSUnit
 }{
-	"second": {time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
-	"minute": {time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
-	"hour":   {time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
-	"day":    {24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
-	"week":   {7 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_WEEK},
-	"month":  {30 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_MONTH},
-	"year":   {365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
+	"second": {time.Second, RLSUnitSecond},
+	"minute": {time.Minute, RLSUnitMinute},
+	"hour":   {time.Hour, RLSUnitHour},
+	"day":    {24 * time.Hour, RLSUnitDay},
+	"week":   {7 * 24 * time.Hour, RLSUnitWeek},
+	"month":  {30 * 24 * time.Hour, RLSUnitMonth},
+	"year":   {365 * 24 * time.Hour, RLSUnitYear},
 }
 
-// rlsNode is a compiled descriptor: its children by key and value (exact,
-// then wildcard, then any value), and its limit, if any.
-type rlsNode struct {
-	exact    map[[2]string]*rlsNode
+// RLSNode is a compiled descriptor: its children by key and value (exact,
+// then wildcard, then any value), and its limit, if any. A domain's root
+// node has only children.
+type RLSNode struct {
+	exact    map[[2]string]*RLSNode
 	wild     []rlsWild
-	any      map[string]*rlsNode
-	limit    rlsLimitKind
+	any      map[string]*RLSNode
+	limit    RLSLimitKind
 	rule     int // index in the rules (and state.rlsRules); -1: none
 	name     string
 	replaces []string
-	unit     rlsv3.RateLimitResponse_RateLimit_Unit
+	unit     RLSUnit
 	requests uint32
 	quota    bool   // quota_mode
 	share    bool   // share_threshold: count every matching value as one
@@ -275,28 +293,29 @@ type rlsNode struct {
 	detailed bool   // detailed_metric or value_to_metric: a series per value
 }
 
-// rlsLimitKind is what a node's rate_limit says.
-type rlsLimitKind uint8
+// RLSLimitKind is what a descriptor's rate_limit says.
+type RLSLimitKind uint8
 
 const (
-	rlsNone      rlsLimitKind = iota // no rate_limit: no limit
-	rlsLimited                       // requests per unit, counted in a rule's sketch
-	rlsUnlimited                     // unlimited: true
-	rlsBlock                         // requests_per_unit: 0: every hit is over
+	RLSNone      RLSLimitKind = iota // no rate_limit: no limit
+	RLSLimited                       // requests per unit, counted in a rule's sketch
+	RLSUnlimited                     // unlimited: true
+	RLSBlock                         // requests_per_unit: 0: every hit is over
 )
 
 type rlsWild struct {
 	key string
-	n   *rlsNode
+	n   *RLSNode
 }
 
-func newRLSNode() *rlsNode {
-	return &rlsNode{exact: map[[2]string]*rlsNode{}, any: map[string]*rlsNode{}, rule: -1}
+func newRLSNode() *RLSNode {
+	return &RLSNode{exact: map[[2]string]*RLSNode{}, any: map[string]*RLSNode{}, rule: -1}
 }
 
-// child finds the node for one request entry, and whether it was found
-// through a wildcard value with share_threshold.
-func (n *rlsNode) child(key, value string) (c *rlsNode, shared bool) {
+// Child finds the node for one request entry, and whether it was found
+// through a wildcard value with share_threshold; nil if no descriptor
+// matches it.
+func (n *RLSNode) Child(key, value string) (c *RLSNode, shared bool) {
 	if c := n.exact[[2]string{key, value}]; c != nil {
 		return c, false
 	}
@@ -308,11 +327,48 @@ func (n *rlsNode) child(key, value string) (c *rlsNode, shared bool) {
 	return n.any[key], false
 }
 
+// Limit is what the descriptor's rate_limit says.
+func (n *RLSNode) Limit() RLSLimitKind { return n.limit }
+
+// Rule is the index of the descriptor's rule among the engine's RLS rules
+// (Built.Spec's RLSRules), or -1 where no limit is counted.
+func (n *RLSNode) Rule() int { return n.rule }
+
+// Name is the rate_limit's name, or "".
+func (n *RLSNode) Name() string { return n.name }
+
+// Replaces names the limits the rate_limit replaces.
+func (n *RLSNode) Replaces() []string { return n.replaces }
+
+// Unit is the rate_limit's unit.
+func (n *RLSNode) Unit() RLSUnit { return n.unit }
+
+// Requests is the rate_limit's requests_per_unit.
+func (n *RLSNode) Requests() uint32 { return n.requests }
+
+// Quota reports quota_mode.
+func (n *RLSNode) Quota() bool { return n.quota }
+
+// Pattern is the wildcard value the descriptor was declared with ("" for
+// an exact value or none): with share_threshold, every value it matches
+// counts as this one.
+func (n *RLSNode) Pattern() string { return n.pattern }
+
+// Detailed reports detailed_metric or value_to_metric: a series per value.
+func (n *RLSNode) Detailed() bool { return n.detailed }
+
+// Domain is the root of the domain called name, or nil.
+func (r *RLS) Domain(name string) *RLSNode { return r.domains[name] }
+
+// Detailed names the rules of the descriptors with detailed_metric (or
+// value_to_metric): the per-value series of the others go at a reload.
+func (r *RLS) Detailed() map[string]bool { return r.detailed }
+
 // unlimitedBelow counts the unlimited descriptors under n.
-func (n *rlsNode) unlimitedBelow() int {
+func (n *RLSNode) unlimitedBelow() int {
 	count := 0
-	each := func(c *rlsNode) {
-		if c.limit == rlsUnlimited {
+	each := func(c *RLSNode) {
+		if c.limit == RLSUnlimited {
 			count++
 		}
 		count += c.unlimitedBelow()
@@ -330,7 +386,7 @@ func (n *rlsNode) unlimitedBelow() int {
 }
 
 // validateEnvoyRLS loads and compiles the domains.
-func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
+func (c *Config) validateEnvoyRLS(b *RLS) error {
 	r := c.EnvoyRLS
 	if r == nil {
 		return nil
@@ -343,8 +399,8 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	}
 	switch r.ResponseHeaders = strings.ToLower(r.ResponseHeaders); r.ResponseHeaders {
 	case "":
-		r.ResponseHeaders = rlsHeadersNone
-	case rlsHeadersNone, rlsHeadersRateLimit, rlsHeadersDraft:
+		r.ResponseHeaders = RLSHeadersNone
+	case RLSHeadersNone, RLSHeadersRateLimit, RLSHeadersDraft:
 	default:
 		return c.errAt(fmt.Sprintf("%q: want none (the default), ratelimit (envoyproxy/ratelimit's RateLimit-Limit, -Remaining and -Reset) or draft (RateLimit-Policy and RateLimit)", r.ResponseHeaders), "envoy_rls", "response_headers")
 	}
@@ -364,7 +420,7 @@ func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
 	if err := r.prepareConnections(c); err != nil {
 		return err
 	}
-	*b = rlsBuilt{merge: r.MergeDomains, count: r.Refused == "count", domains: map[string]*rlsNode{}}
+	*b = RLS{merge: r.MergeDomains, count: r.Refused == "count", domains: map[string]*RLSNode{}}
 	for i := range r.Domains {
 		if err := b.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
 			return err
@@ -442,7 +498,7 @@ func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&d); errors.Is(err, io.EOF) {
-		return nil, nil, &ConfigError{File: name, Msg: "the file is empty: want domain: and descriptors:"}
+		return nil, nil, &Error{File: name, Msg: "the file is empty: want domain: and descriptors:"}
 	} else if err != nil {
 		return nil, nil, yamlError(name, err, &root, reflect.TypeFor[RLSDomain](), data)
 	}
@@ -450,7 +506,7 @@ func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
 }
 
 // compile adds domain d, found at path in c's document, to r.
-func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
+func (r *RLS) compile(c *Config, d *RLSDomain, path ...any) error {
 	at := func(msg string, more ...any) error { return c.errAt(msg, append(cloneAnys(path), more...)...) }
 	if d.Domain == "" {
 		return at("missing: every domain needs a name (domain: edge)", "domain")
@@ -463,8 +519,8 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 	case !r.merge:
 		return at(fmt.Sprintf("%q is given twice: give each domain once, or set envoy_rls.merge_domains: true to merge them", d.Domain), "domain")
 	}
-	var walk func(n *rlsNode, ds []RLSDescriptor, names []string, path []any) error
-	walk = func(n *rlsNode, ds []RLSDescriptor, names []string, path []any) error {
+	var walk func(n *RLSNode, ds []RLSDescriptor, names []string, path []any) error
+	walk = func(n *RLSNode, ds []RLSDescriptor, names []string, path []any) error {
 		for i := range ds {
 			dd := &ds[i]
 			p := append(cloneAnys(path), "descriptors", i)
@@ -510,7 +566,7 @@ func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
 
 // add gives n a child for descriptor dd, found at path p: a key without a
 // value, a wildcard value or an exact one. Each may appear once per level.
-func (n *rlsNode) add(c *Config, dd *RLSDescriptor, p []any) (*rlsNode, error) {
+func (n *RLSNode) add(c *Config, dd *RLSDescriptor, p []any) (*RLSNode, error) {
 	child := newRLSNode()
 	twice := func() error {
 		return c.errAt(fmt.Sprintf("%s=%s is given twice at this level", dd.Key, dd.Value), p...)
@@ -544,7 +600,7 @@ func (n *rlsNode) add(c *Config, dd *RLSDescriptor, p []any) (*rlsNode, error) {
 
 // limit compiles descriptor dd's rate_limit of domain, at path p, into
 // node n: a rule named name for a counted limit.
-func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name string, p []any) error {
+func (r *RLS) limit(c *Config, n *RLSNode, dd *RLSDescriptor, domain, name string, p []any) error {
 	rl := dd.RateLimit
 	for j, rp := range rl.Replaces {
 		switch {
@@ -562,7 +618,7 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name 
 		if _, ok := rlsUnits[strings.ToLower(rl.Unit)]; ok {
 			return c.errAt(fmt.Sprintf("%q with unlimited: true: remove the unit, or unlimited for a limit of requests_per_unit per %s", rl.Unit, strings.ToLower(rl.Unit)), append(p, "unit")...)
 		}
-		n.limit = rlsUnlimited
+		n.limit = RLSUnlimited
 		return nil
 	}
 	u, ok := rlsUnits[strings.ToLower(rl.Unit)]
@@ -587,7 +643,7 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name 
 	// so the second is per-minute-2.
 	rule.policy = r.policyName(domain, rl.Name, rl.Unit)
 	if rl.RequestsPerUnit == 0 {
-		n.limit, rule.block = rlsBlock, true // every hit is over
+		n.limit, rule.block = RLSBlock, true // every hit is over
 	} else {
 		// requests_per_unit per unit, with package rate's default burst
 		// (as many at once): the same words mean the same limit as a
@@ -598,7 +654,7 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name 
 			return err
 		}
 		lim.Burst = float64(rl.Burst)
-		n.limit = rlsLimited
+		n.limit = RLSLimited
 		rule.Limits = []Limit{lim}
 	}
 	// The rule's name keys its counts and metrics: unique, even where
@@ -618,7 +674,7 @@ func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name 
 // policyName is the name in the draft's fields of a limit called name
 // (or, unnamed, per-unit), unique in its domain: the first free of base,
 // base-2, base-3, ...
-func (r *rlsBuilt) policyName(domain, name, unit string) string {
+func (r *RLS) policyName(domain, name, unit string) string {
 	base := printable(name)
 	if base == "" {
 		base = "per-" + strings.ToLower(unit)

@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"crypto/sha256"
@@ -45,25 +45,42 @@ func (c *Config) validateRLSTLS() error {
 	case t.ClientSAN != "" && t.ClientCAFile == "":
 		return c.errAt("client_san needs client_ca_file: only a verified client certificate can be checked for a name", "envoy_rls", "tls", "client_san")
 	}
-	if _, _, field, err := c.rlsTLSFiles().load(); err != nil {
+	if _, _, field, err := c.rlsTLSFiles().Load(); err != nil {
 		return c.errAt(err.Error(), "envoy_rls", "tls", field)
 	}
 	return nil
 }
 
-// rlsTLSFiles are envoy_rls.tls's files, resolved.
-type rlsTLSFiles struct {
+// GRPCTLSFiles are envoy_rls.tls's files, resolved: what the gRPC
+// listener's TLS reads at the start and again at each reload.
+type GRPCTLSFiles struct {
 	cert, key, ca, san string
 }
 
-func (c *Config) rlsTLSFiles() rlsTLSFiles {
+func (c *Config) rlsTLSFiles() GRPCTLSFiles {
 	t := c.EnvoyRLS.TLS
-	return rlsTLSFiles{cert: c.rlsPath(t.CertFile), key: c.rlsPath(t.KeyFile), ca: c.rlsPath(t.ClientCAFile), san: t.ClientSAN}
+	return GRPCTLSFiles{cert: c.rlsPath(t.CertFile), key: c.rlsPath(t.KeyFile), ca: c.rlsPath(t.ClientCAFile), san: t.ClientSAN}
 }
 
-// load reads the files into a server configuration, with a digest of what
+// LoadGRPCTLS loads c's envoy_rls.tls: its files, resolved, and what they
+// hold now as a server configuration, with a digest of it (Load). Without
+// envoy_rls.tls tc is nil. An error is an *Error naming the field whose
+// file failed.
+func LoadGRPCTLS(c *Config) (files GRPCTLSFiles, tc *tls.Config, digest string, err error) {
+	if c.EnvoyRLS == nil || c.EnvoyRLS.TLS == nil {
+		return GRPCTLSFiles{}, nil, "", nil
+	}
+	files = c.rlsTLSFiles()
+	tc, digest, field, err := files.Load()
+	if err != nil {
+		return files, nil, "", c.errAt(err.Error(), "envoy_rls", "tls", field)
+	}
+	return files, tc, digest, nil
+}
+
+// Load reads the files into a server configuration, with a digest of what
 // they hold; an error names the field whose file failed.
-func (f rlsTLSFiles) load() (cfg *tls.Config, digest, field string, err error) {
+func (f GRPCTLSFiles) Load() (cfg *tls.Config, digest, field string, err error) {
 	// The digest covers what was read, or why it could not be: the same
 	// broken files give the same digest, and Reload reports them once.
 	h := sha256.New()

@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"fmt"
@@ -83,17 +83,28 @@ type AllowList struct {
 	Keys []string `yaml:"keys" example:"[internal-batch]"`
 }
 
-// allowSet is a rule's allow list, compiled.
-type allowSet struct {
+// AllowSet is a rule's allow list, compiled.
+type AllowSet struct {
 	prefixes []netip.Prefix
 	keys     map[string]bool
+}
+
+// Allows reports whether the list exempts a client at addr (invalid when
+// unknown) whose key is key.
+func (a *AllowSet) Allows(addr netip.Addr, key string) bool {
+	for _, p := range a.prefixes {
+		if addr.IsValid() && p.Contains(addr) {
+			return true
+		}
+	}
+	return a.keys[key]
 }
 
 // ruleAt reports a problem in rules[i], at path below it.
 type ruleAt func(msg string, path ...any) error
 
 // prepareRules checks every rule, in order, with its defaults applied.
-func (c *Config) prepareRules(b *built) error {
+func (c *Config) prepareRules(b *Built) error {
 	if len(c.Rules) == 0 && c.EnvoyRLS == nil {
 		return c.errAt("no rules: add at least one (see sketchproxy -example)", "rules")
 	}
@@ -108,7 +119,7 @@ func (c *Config) prepareRules(b *built) error {
 
 // validateRule applies rules[i]'s defaults and checks it; names holds the
 // names of the rules before it, by index.
-func (c *Config) validateRule(b *built, i int, names map[string]int) error {
+func (c *Config) validateRule(b *Built, i int, names map[string]int) error {
 	r := &c.Rules[i]
 	at := ruleAt(func(msg string, path ...any) error { return c.errAt(msg, append([]any{"rules", i}, path...)...) })
 	if err := r.prepareName(at, i, names); err != nil {
@@ -215,8 +226,8 @@ func (r *Rule) prepareKey(at ruleAt, haveJWT bool) error {
 }
 
 // compile parses the allow list's CIDRs and indexes its keys.
-func (a *AllowList) compile(at ruleAt) (allowSet, error) {
-	allow := allowSet{keys: make(map[string]bool, len(a.Keys))}
+func (a *AllowList) compile(at ruleAt) (AllowSet, error) {
+	allow := AllowSet{keys: make(map[string]bool, len(a.Keys))}
 	for j, s := range a.CIDRs {
 		p, err := parsePrefix(s)
 		if err != nil {

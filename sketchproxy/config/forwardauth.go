@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"fmt"
@@ -43,9 +43,9 @@ type ForwardAuthConfig struct {
 
 // The gateways the check knows the headers of.
 const (
-	gatewayNginx   = "nginx"
-	gatewayCaddy   = "caddy"
-	gatewayTraefik = "traefik"
+	GatewayNginx   = "nginx"
+	GatewayCaddy   = "caddy"
+	GatewayTraefik = "traefik"
 )
 
 func (c *Config) validateForwardAuth() error {
@@ -73,7 +73,7 @@ func (c *Config) validateForwardAuth() error {
 		return c.errAt(fmt.Sprintf("%d: want 429, or 403 (or 401) for nginx's auth_request", fa.RefusalStatus), "forward_auth", "refusal_status")
 	}
 	switch fa.Gateway = strings.ToLower(fa.Gateway); fa.Gateway {
-	case "", gatewayNginx, gatewayCaddy, gatewayTraefik:
+	case "", GatewayNginx, GatewayCaddy, GatewayTraefik:
 	default:
 		return c.errAt(fmt.Sprintf("%q: want nginx, caddy or traefik (or leave it out)", fa.Gateway), "forward_auth", "gateway")
 	}

@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"crypto/ecdsa"
@@ -7,13 +7,14 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/MicahParks/keyfunc/v3"
+	"github.com/MicahParks/jwkset"
 )
 
 // JWTConfig verifies bearer tokens, so that a rule's key can be a claim of
@@ -57,9 +58,10 @@ type JWTConfig struct {
 	RequireExp *bool `yaml:"require_exp" example:"false"`
 }
 
-// jwtKeyset are the keys a jwt section's files hold, read when it is
-// validated: one of the three.
-type jwtKeyset struct {
+// JWTKeys are the keys a jwt section's files hold, read when it is
+// validated: one of the three, or none for jwks_url (fetched by the
+// verifier) and without a jwt section.
+type JWTKeys struct {
 	secret []byte
 	public any
 	jwks   json.RawMessage
@@ -74,7 +76,7 @@ var (
 
 // validateJWT checks the jwt section and reads its key files, so that
 // sketchproxy -check finds a missing or broken key.
-func (c *Config) validateJWT(k *jwtKeyset) error {
+func (c *Config) validateJWT(k *JWTKeys) error {
 	j := c.JWT
 	if j == nil {
 		return nil
@@ -131,7 +133,7 @@ func (c *Config) validateJWT(k *jwtKeyset) error {
 
 // readKey reads the one key source j names into k, and returns the
 // algorithms its key can verify; at places an error at a jwt field.
-func (j *JWTConfig) readKey(k *jwtKeyset, at func(msg string, path ...any) error) ([]string, error) {
+func (j *JWTConfig) readKey(k *JWTKeys, at func(msg string, path ...any) error) ([]string, error) {
 	switch {
 	case j.HMACSecretFile != "":
 		b, err := os.ReadFile(j.HMACSecretFile)
@@ -174,7 +176,7 @@ func (j *JWTConfig) readKey(k *jwtKeyset, at func(msg string, path ...any) error
 		if err != nil {
 			return nil, at(err.Error(), "jwks_file")
 		}
-		if _, err := keyfunc.NewJWKSetJSON(b); err != nil {
+		if err := checkJWKS(b); err != nil {
 			return nil, at("not a JSON Web Key Set: "+err.Error(), "jwks_file")
 		}
 		k.jwks = b
@@ -187,6 +189,34 @@ func (j *JWTConfig) readKey(k *jwtKeyset, at func(msg string, path ...any) error
 		return anyAlgs(), nil
 	}
 }
+
+// HMACSecret is hmac_secret_file's secret, or nil.
+func (k *JWTKeys) HMACSecret() []byte { return k.secret }
+
+// PublicKey is public_key_file's key (an *rsa.PublicKey, an
+// *ecdsa.PublicKey or an ed25519.PublicKey), or nil.
+func (k *JWTKeys) PublicKey() any { return k.public }
+
+// JWKS is jwks_file's key set, as read, or nil.
+func (k *JWTKeys) JWKS() json.RawMessage { return k.jwks }
+
+// checkJWKS checks a JSON Web Key Set as the verifier reads it
+// (keyfunc.NewJWKSetJSON, which is jwkset's parsing), with jwkset itself:
+// package config needs no JWT library. Its errors read as keyfunc's
+// (TestJWKSFileErrorsReadAsKeyfuncs).
+func checkJWKS(raw []byte) error {
+	var set jwkset.JWKSMarshal
+	if err := json.Unmarshal(raw, &set); err != nil {
+		return fmt.Errorf("%w: could not unmarshal raw JWK Set JSON", errors.Join(err, errKeyfunc))
+	}
+	if _, err := set.ToStorage(); err != nil {
+		return fmt.Errorf("%w: could not create JWK Set storage", errors.Join(err, errKeyfunc))
+	}
+	return nil
+}
+
+// errKeyfunc is keyfunc.ErrKeyfunc, in its words.
+var errKeyfunc = errors.New("failed keyfunc")
 
 // anyAlgs is every algorithm of a key set's keys (RSA, ECDSA, Ed25519).
 func anyAlgs() []string {

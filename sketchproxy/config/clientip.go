@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"fmt"
@@ -38,16 +38,22 @@ type ClientIPConfig struct {
 	IPv4Prefix int `yaml:"ipv4_prefix" example:"24"`
 }
 
+// Client address sources (ClientIPConfig.Source), besides "header:NAME".
+const (
+	SourceXFF       = "x-forwarded-for"
+	SourceForwarded = "forwarded"
+	SourceRealIP    = "x-real-ip"
+)
+
 // prepare applies the client_ip section's defaults, checks it, and
-// compiles the trusted proxies into ci.
-func (cc *ClientIPConfig) prepare(c *Config, ci *clientIP) error {
-	ci.ClientIPConfig = cc
+// compiles the trusted proxies into trusted.
+func (cc *ClientIPConfig) prepare(c *Config, trusted *[]netip.Prefix) error {
 	for i, s := range cc.TrustedProxies {
 		p, err := parsePrefix(s)
 		if err != nil {
 			return c.errAt(err.Error(), "client_ip", "trusted_proxies", i)
 		}
-		ci.trusted = append(ci.trusted, p)
+		*trusted = append(*trusted, p)
 	}
 	if err := cc.prepareSource(c); err != nil {
 		return err
@@ -61,8 +67,8 @@ func (cc *ClientIPConfig) prepareSource(c *Config) error {
 	cc.Source = strings.ToLower(strings.TrimSpace(cc.Source))
 	switch name, isHeader := strings.CutPrefix(cc.Source, "header:"); {
 	case cc.Source == "":
-		cc.Source = sourceXFF
-	case cc.Source == sourceXFF || cc.Source == sourceForwarded || cc.Source == sourceRealIP:
+		cc.Source = SourceXFF
+	case cc.Source == SourceXFF || cc.Source == SourceForwarded || cc.Source == SourceRealIP:
 	case isHeader && validHeaderName(name):
 	default:
 		return c.errAt(fmt.Sprintf("%q: want x-forwarded-for, forwarded, x-real-ip or header:NAME", cc.Source), "client_ip", "source")
@@ -90,9 +96,9 @@ func (cc *ClientIPConfig) preparePrefixes(c *Config) error {
 	return nil
 }
 
-// group maps an address to its client key: IPv6 by /64 (by default), IPv4
-// by /32.
-func (ci *ClientIPConfig) group(a netip.Addr) string {
+// Group maps an address to its client key, the key part "ip": IPv6 by
+// /64 (by default), IPv4 by /32; "unknown" for an invalid address.
+func (ci *ClientIPConfig) Group(a netip.Addr) string {
 	if !a.IsValid() {
 		return "unknown"
 	}
@@ -109,10 +115,3 @@ func (ci *ClientIPConfig) group(a netip.Addr) string {
 	}
 	return p.String()
 }
-
-// Client address sources (ClientIPConfig.Source).
-const (
-	sourceXFF       = "x-forwarded-for"
-	sourceForwarded = "forwarded"
-	sourceRealIP    = "x-real-ip"
-)

@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"crypto/tls"
@@ -75,14 +75,46 @@ type FleetConfig struct {
 	WalletOnFailure string `yaml:"wallet_on_failure" example:"local"`
 }
 
-// fleetBuilt is what validating a fleet section reads and builds.
-type fleetBuilt struct {
+// FleetBuilt is what validating a fleet section reads and builds: the
+// secret keys are hashed with, and the options of the Redis client.
+type FleetBuilt struct {
 	secret []byte
 	opts   *redis.UniversalOptions
 	// offline checks the section without reading its files or the
 	// environment (CheckFleet: a config written where its secrets are
 	// not); what they hold is checked when the fleet starts.
 	offline bool
+}
+
+// Secret is the fleet's secret, from secret or secret_file: every key is
+// HMACed with it before it reaches Redis.
+func (fb *FleetBuilt) Secret() []byte { return fb.secret }
+
+// RedisOptions are the options of the fleet's Redis client (one server, a
+// Cluster or Sentinel), for redis.NewUniversalClient; nil without a fleet.
+func (fb *FleetBuilt) RedisOptions() *redis.UniversalOptions { return fb.opts }
+
+// BuildFleet checks cfg as a config file's fleet section is checked (the
+// same defaults and messages: an *Error naming the field, such as
+// fleet.secret), reading its files and environment variables, for a fleet
+// started outside a Config (the Caddy module's). It returns a copy of cfg
+// with its defaults applied; cfg is not changed.
+func BuildFleet(cfg *FleetConfig) (*FleetConfig, *FleetBuilt, error) {
+	c := (&Config{Fleet: cfg}).clone()
+	var fb FleetBuilt
+	if err := c.validateFleet(&fb); err != nil {
+		return nil, nil, err
+	}
+	return c.Fleet, &fb, nil
+}
+
+// CheckFleet checks cfg as BuildFleet does, without reading its files or
+// environment variables (what they hold is checked when the fleet
+// starts): for a config written where its secrets are not, as a
+// Caddyfile is adapted. cfg is not changed.
+func CheckFleet(cfg *FleetConfig) error {
+	c := (&Config{Fleet: cfg}).clone()
+	return c.validateFleet(&FleetBuilt{offline: true})
 }
 
 // SentinelConfig is a Redis Sentinel deployment: the master's name and the
@@ -112,7 +144,7 @@ type FleetTLS struct {
 	ServerName string `yaml:"server_name" example:"redis.internal"`
 }
 
-func (c *Config) validateFleet(fb *fleetBuilt) error {
+func (c *Config) validateFleet(fb *FleetBuilt) error {
 	f := c.Fleet
 	if f == nil {
 		return nil
@@ -190,7 +222,7 @@ func (c *Config) validateFleet(fb *fleetBuilt) error {
 // fleetOptions checks where the fleet's Redis is and how to reach it, and
 // builds the client's options: one server, a Cluster or Sentinel, through
 // go-redis's universal client.
-func (c *Config) fleetOptions(fb *fleetBuilt) error {
+func (c *Config) fleetOptions(fb *FleetBuilt) error {
 	f := c.Fleet
 	given := 0
 	for _, b := range []bool{f.Redis != "", len(f.Cluster) > 0, f.Sentinel != nil} {
@@ -227,7 +259,7 @@ func (c *Config) fleetOptions(fb *fleetBuilt) error {
 // fleetAddrs sets where o finds Redis (one server, a Cluster's seed nodes
 // or Sentinel), from the fleet's redis, cluster or sentinel; a redis://
 // URL may also give the password, and rediss:// TLS with its server name.
-func (c *Config) fleetAddrs(fb *fleetBuilt, o *redis.UniversalOptions) (urlPassword string, useTLS bool, serverName string, err error) {
+func (c *Config) fleetAddrs(fb *FleetBuilt, o *redis.UniversalOptions) (urlPassword string, useTLS bool, serverName string, err error) {
 	f := c.Fleet
 	useTLS = f.TLS != nil
 	switch {
@@ -284,7 +316,7 @@ func (c *Config) fleetAddrs(fb *fleetBuilt, o *redis.UniversalOptions) (urlPassw
 
 // fleetPassword sets o's password from its one source: password,
 // password_env, password_file or the URL's.
-func (c *Config) fleetPassword(fb *fleetBuilt, o *redis.UniversalOptions, urlPassword string) error {
+func (c *Config) fleetPassword(fb *FleetBuilt, o *redis.UniversalOptions, urlPassword string) error {
 	f := c.Fleet
 	// The password: at most one source.
 	sources := 0
@@ -317,7 +349,7 @@ func (c *Config) fleetPassword(fb *fleetBuilt, o *redis.UniversalOptions, urlPas
 
 // fleetTLS sets o's TLS from the fleet's tls (its CA, client certificate
 // and server name), the server name otherwise the URL's or the address's.
-func (c *Config) fleetTLS(fb *fleetBuilt, o *redis.UniversalOptions, serverName string) error {
+func (c *Config) fleetTLS(fb *FleetBuilt, o *redis.UniversalOptions, serverName string) error {
 	f := c.Fleet
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
 	if t := f.TLS; t != nil {
