@@ -269,7 +269,7 @@ type RLSNode struct {
 	wild     []rlsWild
 	any      map[string]*RLSNode
 	limit    RLSLimitKind
-	rule     int // index in the rules (and state.rlsRules); -1: none
+	rule     int // index in the rules (and the engine Set's RLSRules); -1: none
 	name     string
 	replaces []string
 	unit     RLSUnit
