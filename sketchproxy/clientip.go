@@ -9,15 +9,8 @@ import (
 	"github.com/epochsketch/epochsketch/limit/clientip"
 )
 
-// Client address sources (ClientIPConfig.Source).
-const (
-	sourceXFF       = "x-forwarded-for"
-	sourceForwarded = "forwarded"
-	sourceRealIP    = "x-real-ip"
-)
-
 // sourceHeader is the request header the configured source reads.
-func (ci *ClientIPConfig) sourceHeader() string {
+func (ci *clientIP) sourceHeader() string {
 	switch ci.Source {
 	case sourceForwarded:
 		return "Forwarded"
@@ -54,15 +47,6 @@ type clientIP struct {
 	trusted clientip.Trusted
 }
 
-// group maps an address to its client key: IPv6 by /64 (by default), IPv4
-// by /32.
-func (ci *ClientIPConfig) group(a netip.Addr) string {
-	if !a.IsValid() {
-		return "unknown"
-	}
-	return clientip.Key(a, ci.IPv4Prefix, ci.IPv6Prefix)
-}
-
 // SetForwarded sets the forwarding headers of a request a reverse proxy
 // sends upstream, as a standard reverse proxy does. Call it from
 // httputil.ReverseProxy's Rewrite after SetURL (which has removed the
@@ -80,7 +64,7 @@ func (ci *ClientIPConfig) group(a netip.Addr) string {
 //     source header of a single-address source (x-real-ip, header:NAME) is
 //     removed when the peer is not trusted.
 func (m *Middleware) SetForwarded(pr *httputil.ProxyRequest) {
-	ci := &m.state.Load().b.ci
+	ci := &m.state.Load().ci
 	in, out := pr.In, pr.Out
 	peer := clientip.ParseAddr(in.RemoteAddr)
 	trusted := peer.IsValid() && ci.trusted.Contains(peer)

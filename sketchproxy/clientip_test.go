@@ -3,6 +3,8 @@ package sketchproxy
 import (
 	"net/http/httptest"
 	"testing"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // TestClientAddr: client_ip's source picks the one header read, every
@@ -48,7 +50,7 @@ func TestClientAddr(t *testing.T) {
 		for k, v := range c.hdr {
 			r.Header.Set(k, v)
 		}
-		if got := ci.group(ci.clientAddr(r)); got != c.want {
+		if got := ci.Group(ci.clientAddr(r)); got != c.want {
 			t.Errorf("%s: got %s, want %s", c.name, got, c.want)
 		}
 	}
@@ -56,9 +58,10 @@ func TestClientAddr(t *testing.T) {
 
 // mustClientIP is cfg's client_ip section as the doors use it.
 func mustClientIP(t testing.TB, cfg *Config) *clientIP {
-	_, b, err := cfg.prepared()
+	b, err := config.Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &b.ci
+	ci := clientIPOf(b)
+	return &ci
 }

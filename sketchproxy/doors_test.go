@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
 // Every spelling of a Host names one host: rules judge it, and the
@@ -29,9 +32,9 @@ func TestCanonicalHost(t *testing.T) {
 		{"[2001:DB8:0:0::1]", "[2001:db8::1]", "[2001:db8::1]"},
 		{"my_host", "my_host", "my_host"},
 	} {
-		canon, name, ok := canonicalHost(c.in)
+		canon, name, ok := httpnorm.CanonicalHost(c.in)
 		if !ok || canon != c.canon || name != c.name {
-			t.Errorf("canonicalHost(%q) = %q, %q, %v; want %q, %q", c.in, canon, name, ok, c.canon, c.name)
+			t.Errorf("httpnorm.CanonicalHost(%q) = %q, %q, %v; want %q, %q", c.in, canon, name, ok, c.canon, c.name)
 		}
 	}
 	for _, bad := range []string{
@@ -41,8 +44,8 @@ func TestCanonicalHost(t *testing.T) {
 		"api.example.com%00", "api\x00.example.com", "[::1", "[::1]x", "[1.2.3.4]", "[fe80::1%25eth0]",
 		"::1", "ex\u00e4mple.com", strings.Repeat("a", 64) + ".com",
 	} {
-		if canon, _, ok := canonicalHost(bad); ok {
-			t.Errorf("canonicalHost(%q) = %q, accepted; want refused", bad, canon)
+		if canon, _, ok := httpnorm.CanonicalHost(bad); ok {
+			t.Errorf("httpnorm.CanonicalHost(%q) = %q, accepted; want refused", bad, canon)
 		}
 	}
 }
@@ -55,11 +58,11 @@ func FuzzHost(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, h string) {
-		canon, name, ok := canonicalHost(h)
+		canon, name, ok := httpnorm.CanonicalHost(h)
 		if !ok {
 			return
 		}
-		again, name2, ok2 := canonicalHost(canon)
+		again, name2, ok2 := httpnorm.CanonicalHost(canon)
 		if !ok2 || again != canon || name2 != name {
 			t.Fatalf("%q -> %q (%q) -> %q (%q, %v): not one spelling", h, canon, name, again, name2, ok2)
 		}
@@ -189,8 +192,8 @@ func TestPathSpellingsFolded(t *testing.T) {
 		{"/v1/things:batchGet", "/v1/things"},
 		{"/api/", "/api/"},
 	} {
-		if got := loosePath(c.in); got != c.want {
-			t.Errorf("loosePath(%q) = %q, want %q", c.in, got, c.want)
+		if got := httpnorm.LoosePath(c.in); got != c.want {
+			t.Errorf("httpnorm.LoosePath(%q) = %q, want %q", c.in, got, c.want)
 		}
 	}
 }
@@ -354,10 +357,11 @@ rules:
 		NewKeys: NewKeysConfig{Warmup: -1},
 		Rules:   []Rule{{Budget: &Budget{Units: 10, Per: Duration(time.Minute), ReconcileWait: -1}}},
 	}
-	p, _, err := code.prepared()
+	b, err := config.Build(code)
 	if err != nil {
 		t.Fatal(err)
 	}
+	p := b.Config()
 	if g := fmt.Sprint(p.Server.UpstreamTimeout, p.Tarpit.MaxDelay, p.Tarpit.MaxHeld, p.Tarpit.MaxHeldPerKey, p.NewKeys.Warmup, p.Rules[0].Budget.ReconcileWait); g != "0 0 0 0 0 0" {
 		t.Errorf("negative values in code: %s", g)
 	}

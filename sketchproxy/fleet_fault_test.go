@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // Issue 47: whatever Redis does (down from the start, flushed, records
@@ -166,15 +167,15 @@ func TestFleetSimReplicaRestarts(t *testing.T) {
 // with one fleet section (or a Caddy zone's fleet and another) each write
 // their own record, and count as two replicas.
 func TestFleetSelfIsPerFleet(t *testing.T) {
-	cfg := &Config{Fleet: &FleetConfig{Redis: "127.0.0.1:1", Secret: "0123456789abcdef"}}
-	var fb fleetBuilt
-	if err := cfg.validateFleet(&fb); err != nil {
+	fc, fb, err := config.BuildFleet(&FleetConfig{Redis: "127.0.0.1:1", Secret: "0123456789abcdef"})
+	if err != nil {
 		t.Fatal(err)
 	}
+	cfg := &Config{Fleet: fc}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a := newFleet(cfg.Fleet, &fb, log, time.Now)
+	a := newFleet(cfg.Fleet, fb, log, time.Now)
 	defer a.close()
-	b := newFleet(cfg.Fleet, &fb, log, time.Now)
+	b := newFleet(cfg.Fleet, fb, log, time.Now)
 	defer b.close()
 	if a.self == b.self || !strings.HasPrefix(a.self, cfg.Fleet.ID+".") || !strings.HasPrefix(b.self, cfg.Fleet.ID+".") {
 		t.Errorf("two fleets of id %q in one process are named %q and %q, want two names of their own", cfg.Fleet.ID, a.self, b.self)

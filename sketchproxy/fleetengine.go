@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -21,9 +22,8 @@ import (
 // (nil: slog's default). cfg is not changed. Call stop once no engine
 // uses the fleet: it ends the sync and closes the connections.
 func NewEngineFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) (f engine.Fleet, stop func(), err error) {
-	c := (&Config{Fleet: cfg}).clone()
-	var fb fleetBuilt
-	if err := c.validateFleet(&fb); err != nil {
+	cfg, fb, err := config.BuildFleet(cfg)
+	if err != nil {
 		return nil, nil, err
 	}
 	if log == nil {
@@ -32,7 +32,7 @@ func NewEngineFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) (f
 	if now == nil {
 		now = time.Now
 	}
-	fl := newFleet(c.Fleet, &fb, log, now)
+	fl := newFleet(cfg, fb, log, now)
 	return fl, fl.close, nil
 }
 
@@ -40,7 +40,4 @@ func NewEngineFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) (f
 // or environment variables (what they hold is checked when the fleet
 // starts): for a config written where its secrets are not, as a
 // Caddyfile is adapted. cfg is not changed.
-func CheckFleet(cfg *FleetConfig) error {
-	c := (&Config{Fleet: cfg}).clone()
-	return c.validateFleet(&fleetBuilt{offline: true})
-}
+func CheckFleet(cfg *FleetConfig) error { return config.CheckFleet(cfg) }

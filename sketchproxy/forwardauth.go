@@ -8,57 +8,18 @@ import (
 	"strings"
 
 	"github.com/epochsketch/epochsketch/limit/clientip"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
-// ForwardAuthConfig is the decision endpoint a gateway asks before it
-// forwards a request (nginx auth_request, Caddy forward_auth, Traefik
-// forwardAuth). It proxies nothing: it answers 200 to allow, or refuses
-// with RefusalStatus, Retry-After and the RateLimit fields, which the gateway
-// passes to its client.
-type ForwardAuthConfig struct {
-	// Listen, if set, serves the endpoint on its own address; empty serves
-	// it on the main listener, where Path is then never proxied.
-	Listen string `yaml:"listen" reload:"restart" example:"\"127.0.0.1:8082\""`
-	// Path is the endpoint's path: a clean absolute path. On the main
-	// listener the path it started with stays the check's until a restart,
-	// never proxied.
-	Path string `yaml:"path" reload:"restart-on-listen; the old path stays the check's on listen" example:"/check"`
-	// RefusalStatus is the status of every refusal: 429, 403 or 401.
-	// nginx's auth_request accepts only 2xx, 401 and 403 from the check and turns
-	// anything else into 500: give 403 there and map it back to 429 with
-	// error_page (docs/nginx.md). With 401 or 403, every
-	// other answer that is not 2xx (400 for a bad path, say) is sent with
-	// this status too, and its own status in the SketchProxy-Status header.
-	RefusalStatus int `yaml:"refusal_status" example:"403"`
-	// Gateway names the gateway that asks: "nginx", "caddy" or "traefik".
-	// The check then reads only the headers that gateway sets itself, and
-	// judges the host it routes on: nginx's X-Original-Method, -URI and
-	// -Host; Caddy's X-Forwarded-Method and -Uri, and the Host it passes
-	// on; Traefik's X-Forwarded-Method, -Uri and -Host. A client's own
-	// copies of the other headers, which the gateway passes through, are
-	// ignored. Unset, the check reads both sets (which must agree) and a
-	// host rule applies if any of Host, X-Forwarded-Host and
-	// X-Original-Host names its host: no spelling escapes a rule, but a
-	// client can make more rules apply to itself.
-	Gateway string `yaml:"gateway" example:"nginx"`
-}
-
-// The gateways the check knows the headers of.
-const (
-	gatewayNginx   = "nginx"
-	gatewayCaddy   = "caddy"
-	gatewayTraefik = "traefik"
-)
-
-// isCheck reports whether a request path is the check's, in any spelling an
+// isCheck reports whether a request path is fa's check's, in any spelling an
 // upstream might serve it under: cleaned, in any case, with or without a
 // trailing slash, segment parameters or trailing dots.
-func (fa *ForwardAuthConfig) isCheck(p string) bool {
+func isCheck(fa *ForwardAuthConfig, p string) bool {
 	if p == "" || p[0] != '/' {
 		return false
 	}
-	c := cleanPath(p)
-	for _, q := range [2]string{c, loosePath(c)} {
+	c := httpnorm.CleanPath(p)
+	for _, q := range [2]string{c, httpnorm.LoosePath(c)} {
 		if len(q) > 1 {
 			q = strings.TrimSuffix(q, "/")
 		}
@@ -67,41 +28,6 @@ func (fa *ForwardAuthConfig) isCheck(p string) bool {
 		}
 	}
 	return false
-}
-
-func (c *Config) validateForwardAuth() error {
-	fa := c.ForwardAuth
-	if fa == nil {
-		return nil
-	}
-	if fa.Path == "" {
-		fa.Path = "/check"
-	}
-	if fa.Listen != "" {
-		if err := checkAddr(fa.Listen); err != nil {
-			return c.errAt(err.Error(), "forward_auth", "listen")
-		}
-	}
-	if fa.Path[0] != '/' || cleanPath(fa.Path) != fa.Path || strings.ContainsAny(fa.Path, "?#%") {
-		return c.errAt(fmt.Sprintf("%q: want a clean absolute path such as /check", fa.Path), "forward_auth", "path")
-	}
-	if fa.RefusalStatus == 0 {
-		fa.RefusalStatus = http.StatusTooManyRequests
-	}
-	switch fa.RefusalStatus {
-	case http.StatusTooManyRequests, http.StatusForbidden, http.StatusUnauthorized:
-	default:
-		return c.errAt(fmt.Sprintf("%d: want 429, or 403 (or 401) for nginx's auth_request", fa.RefusalStatus), "forward_auth", "refusal_status")
-	}
-	switch fa.Gateway = strings.ToLower(fa.Gateway); fa.Gateway {
-	case "", gatewayNginx, gatewayCaddy, gatewayTraefik:
-	default:
-		return c.errAt(fmt.Sprintf("%q: want nginx, caddy or traefik (or leave it out)", fa.Gateway), "forward_auth", "gateway")
-	}
-	if len(c.ClientIP.TrustedProxies) == 0 {
-		return c.errAt("no client_ip.trusted_proxies: list the gateway's address, the only caller the endpoint answers", "forward_auth")
-	}
-	return nil
 }
 
 // The headers a gateway describes the original request with: Caddy and
@@ -131,11 +57,11 @@ func (m *Middleware) ForwardAuth() http.Handler {
 func (m *Middleware) forwardAuth(w http.ResponseWriter, r *http.Request) {
 	st := m.state.Load()
 	fa := st.cfg.ForwardAuth
-	if fa == nil || !fa.isCheck(r.URL.Path) {
+	if fa == nil || !isCheck(fa, r.URL.Path) {
 		writeProblem(w, http.StatusNotFound, "no upstream here: this address answers only the forward_auth check")
 		return
 	}
-	if peer := clientip.ParseAddr(r.RemoteAddr); !peer.IsValid() || !st.b.ci.trusted.Contains(peer) {
+	if peer := clientip.ParseAddr(r.RemoteAddr); !peer.IsValid() || !st.ci.trusted.Contains(peer) {
 		m.met.badRequests.Add(1)
 		writeProblem(w, http.StatusForbidden, fmt.Sprintf("forward_auth: the caller %s is not in client_ip.trusted_proxies: only the gateway may ask", peer))
 		return
@@ -240,7 +166,7 @@ func originalRequest(r *http.Request, gateway string) (*http.Request, *check, st
 	o.Header.Del("Content-Length")
 	var chk check
 	for _, a := range alt {
-		if _, name, ok := canonicalHost(a); !ok {
+		if _, name, ok := httpnorm.CanonicalHost(a); !ok {
 			return nil, nil, fmt.Sprintf("forward_auth: the forwarded host %.64q is not a host name or address with at most one port", a)
 		} else if name != "" {
 			chk.alt = append(chk.alt, name)

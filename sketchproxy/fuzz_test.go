@@ -7,6 +7,8 @@ import (
 	"path"
 	"strings"
 	"testing"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
 // FuzzPath: a path the proxy accepts is rewritten to a clean path that
@@ -23,7 +25,7 @@ func FuzzPath(f *testing.F) {
 		if err != nil {
 			return // the server answers 400 before any handler
 		}
-		why := pathProblem(r)
+		why := httpnorm.PathProblem(r)
 		raw := r.URL.EscapedPath()
 		if strings.Contains(strings.ToLower(raw), "%2f") && why == "" {
 			t.Fatalf("%q: an encoded slash accepted", target)
@@ -31,13 +33,13 @@ func FuzzPath(f *testing.F) {
 		if why != "" || r.URL.Path == "" || r.URL.Path[0] != '/' {
 			return
 		}
-		normalizePath(r)
+		httpnorm.NormalizePath(r)
 		p := r.URL.Path
 		if strings.Contains(p, "//") || strings.Contains(p+"/", "/./") || strings.Contains(p+"/", "/../") {
 			t.Fatalf("%q: not clean: %q", target, p)
 		}
-		if cleanPath(p) != p {
-			t.Fatalf("%q: cleaning is not idempotent: %q then %q", target, p, cleanPath(p))
+		if httpnorm.CleanPath(p) != p {
+			t.Fatalf("%q: cleaning is not idempotent: %q then %q", target, p, httpnorm.CleanPath(p))
 		}
 		// What the upstream receives decodes to the path the rules saw.
 		sent := r.URL.EscapedPath()
@@ -51,9 +53,9 @@ func FuzzPath(f *testing.F) {
 		}
 		// The folded form (parameters, trailing dots and spaces) is clean,
 		// folded already, and has no parameter left for Tomcat to cut.
-		l := loosePath(p)
-		if cleanPath(l) != l || loosePath(l) != l || strings.Contains(l, ";") {
-			t.Fatalf("%q: folded to %q, which is not clean and folded (%q, %q)", target, l, cleanPath(l), loosePath(l))
+		l := httpnorm.LoosePath(p)
+		if httpnorm.CleanPath(l) != l || httpnorm.LoosePath(l) != l || strings.Contains(l, ";") {
+			t.Fatalf("%q: folded to %q, which is not clean and folded (%q, %q)", target, l, httpnorm.CleanPath(l), httpnorm.LoosePath(l))
 		}
 	})
 }

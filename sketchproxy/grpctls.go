@@ -1,12 +1,8 @@
 package sketchproxy
 
 import (
-	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/hex"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 
@@ -16,116 +12,14 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
-
-// RLSTLSConfig serves envoy_rls's gRPC over TLS, as envoyproxy/ratelimit's
-// GRPC_SERVER_USE_TLS does, and with ClientCAFile over mutual TLS (its
-// GRPC_CLIENT_TLS_CACERT and GRPC_CLIENT_TLS_SAN). Paths are relative to
-// this config's directory, as envoy_rls.files. cmd/sketchproxy reads the
-// files again every envoy_rls.watch_every: a renewed certificate (a
-// Kubernetes Secret swapped by symlink included) is served to new
-// connections without a restart, and files that do not load are logged
-// with the reason while the running certificate stays.
-type RLSTLSConfig struct {
-	// CertFile is the server's certificate chain, PEM (required).
-	CertFile string `yaml:"cert_file" example:"/etc/sketchproxy/tls/tls.crt"`
-	// KeyFile is the private key of CertFile's certificate, PEM
-	// (required).
-	KeyFile string `yaml:"key_file" example:"/etc/sketchproxy/tls/tls.key"`
-	// ClientCAFile, if set, requires every client to present a
-	// certificate signed by one of its CAs (PEM): mutual TLS.
-	ClientCAFile string `yaml:"client_ca_file" example:"/etc/sketchproxy/tls/ca.crt"`
-	// ClientSAN, if set, further requires the client's certificate to name
-	// it among its subject alternative names (a DNS name or an IP
-	// address). It needs ClientCAFile.
-	ClientSAN string `yaml:"client_san" example:"envoy.internal"`
-}
-
-// validateRLSTLS checks envoy_rls.tls: its files must load into a server
-// configuration now.
-func (c *Config) validateRLSTLS() error {
-	t := c.EnvoyRLS.TLS
-	if t == nil {
-		return nil
-	}
-	switch {
-	case t.CertFile == "" || t.KeyFile == "":
-		return c.errAt("give cert_file and key_file (PEM): the server's certificate chain and its key", "envoy_rls", "tls")
-	case t.ClientSAN != "" && t.ClientCAFile == "":
-		return c.errAt("client_san needs client_ca_file: only a verified client certificate can be checked for a name", "envoy_rls", "tls", "client_san")
-	}
-	if _, _, field, err := c.rlsTLSFiles().load(); err != nil {
-		return c.errAt(err.Error(), "envoy_rls", "tls", field)
-	}
-	return nil
-}
-
-// rlsTLSFiles are envoy_rls.tls's files, resolved.
-type rlsTLSFiles struct {
-	cert, key, ca, san string
-}
-
-func (c *Config) rlsTLSFiles() rlsTLSFiles {
-	t := c.EnvoyRLS.TLS
-	return rlsTLSFiles{cert: c.rlsPath(t.CertFile), key: c.rlsPath(t.KeyFile), ca: c.rlsPath(t.ClientCAFile), san: t.ClientSAN}
-}
-
-// load reads the files into a server configuration, with a digest of what
-// they hold; an error names the field whose file failed.
-func (f rlsTLSFiles) load() (cfg *tls.Config, digest, field string, err error) {
-	// The digest covers what was read, or why it could not be: the same
-	// broken files give the same digest, and Reload reports them once.
-	h := sha256.New()
-	read := func(path, name string) []byte {
-		b, e := os.ReadFile(path)
-		if e != nil && err == nil {
-			err, field = e, name
-		}
-		fmt.Fprintf(h, "%d\x00%v\x00", len(b), e)
-		h.Write(b)
-		return b
-	}
-	certPEM := read(f.cert, "cert_file")
-	keyPEM := read(f.key, "key_file")
-	var caPEM []byte
-	if f.ca != "" {
-		caPEM = read(f.ca, "client_ca_file")
-	}
-	digest = hex.EncodeToString(h.Sum(nil))
-	if err != nil {
-		return nil, digest, field, err
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, digest, "cert_file", fmt.Errorf("%s and %s: %v", f.cert, f.key, err)
-	}
-	cfg = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
-	if f.ca != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(caPEM) {
-			return nil, digest, "client_ca_file", fmt.Errorf("%s holds no PEM certificate", f.ca)
-		}
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	if san := f.san; san != "" {
-		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return fmt.Errorf("no client certificate")
-			}
-			if err := cs.PeerCertificates[0].VerifyHostname(san); err != nil {
-				return fmt.Errorf("the client certificate does not name %s (envoy_rls.tls.client_san): %v", san, err)
-			}
-			return nil
-		}
-	}
-	return cfg, digest, "", nil
-}
 
 // GRPCTLS is the TLS of envoy_rls's gRPC listener: the server certificate
 // and, for mutual TLS, the client CAs, from envoy_rls.tls's files. Reload
 // reads them again; new connections get what was last loaded.
 type GRPCTLS struct {
-	files rlsTLSFiles
+	files config.GRPCTLSFiles
 	cur   atomic.Pointer[tls.Config]
 
 	mu   sync.Mutex // one Reload at a time
@@ -134,14 +28,11 @@ type GRPCTLS struct {
 
 // NewGRPCTLS loads cfg's envoy_rls.tls; it returns nil without one.
 func NewGRPCTLS(cfg *Config) (*GRPCTLS, error) {
-	if cfg.EnvoyRLS == nil || cfg.EnvoyRLS.TLS == nil {
-		return nil, nil
+	files, tc, digest, err := config.LoadGRPCTLS(cfg)
+	if tc == nil || err != nil {
+		return nil, err
 	}
-	g := &GRPCTLS{files: cfg.rlsTLSFiles()}
-	tc, digest, field, err := g.files.load()
-	if err != nil {
-		return nil, cfg.errAt(err.Error(), "envoy_rls", "tls", field)
-	}
+	g := &GRPCTLS{files: files}
 	g.cur.Store(tc)
 	g.seen = digest
 	return g, nil
@@ -165,7 +56,7 @@ func (g *GRPCTLS) Credentials() credentials.TransportCredentials {
 func (g *GRPCTLS) Reload() (changed bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	tc, digest, field, err := g.files.load()
+	tc, digest, field, err := g.files.Load()
 	if digest == g.seen {
 		return false, nil
 	}

@@ -16,7 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
 )
 
@@ -77,7 +79,8 @@ type Middleware struct {
 // the HTTP doors match with.
 type state struct {
 	cfg   *Config
-	b     *built // what cfg compiled to besides the rules (Envoy's domains: b.rls)
+	b     *config.Built // what cfg compiled to (Envoy's domains: b.RLS())
+	ci    clientIP      // client_ip, with its trusted proxies
 	set   *engine.Set
 	rules []*rule      // set.Rules, with what requests match
 	jwt   *jwtVerifier // nil without a jwt section
@@ -93,7 +96,7 @@ type state struct {
 type rule struct {
 	eng     *engine.Rule
 	cfg     *Rule
-	allow   *allowSet
+	allow   *config.AllowSet
 	methods map[string]bool
 	// keyHeaders and keyQueries are the key's header:NAME (canonical) and
 	// query:NAME parts, checked for ambiguity.
@@ -117,21 +120,21 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		log:       opts.Logger,
 		latencies: map[string]prometheus.Observer{},
 	}
-	cfg, b, err := cfg.prepared()
+	b, err := config.Build(cfg)
 	if err != nil {
 		return nil, err
 	}
 	eo := engine.Options{Clock: opts.Clock, Seed: opts.Seed, Sleep: opts.Sleep}
-	if cfg.Fleet != nil {
+	if f := b.Config().Fleet; f != nil {
 		// The fleet starts before the engine, which asks it; its settings
 		// take a restart.
-		m.fleet = newFleet(cfg.Fleet, &b.fleet, m.log, m.now)
+		m.fleet = newFleet(f, b.Fleet(), m.log, m.now)
 		eo.Fleet = m.fleet
 	}
 	m.eng = engine.New(eo)
-	m.initRedaction(b.labelKey)
+	m.initRedaction(b.LabelKey())
 	m.initMetrics()
-	if err := m.install(cfg, b); err != nil {
+	if err := m.install(b); err != nil {
 		if m.fleet != nil {
 			m.fleet.close()
 		}
@@ -175,9 +178,9 @@ func (m *Middleware) saver(every time.Duration) {
 // counts; the others start empty. If cfg is invalid the current
 // configuration stays and the error says why.
 func (m *Middleware) Reload(cfg *Config) error {
-	cfg, b, err := cfg.prepared()
+	b, err := config.Build(cfg)
 	if err == nil {
-		err = m.install(cfg, b)
+		err = m.install(b)
 	}
 	if err != nil {
 		m.met.reloads[1].Add(1)
@@ -187,25 +190,26 @@ func (m *Middleware) Reload(cfg *Config) error {
 	return nil
 }
 
-// install compiles the prepared cfg (with what it built, b) and swaps it in.
-func (m *Middleware) install(cfg *Config, b *built) error {
-	if old := m.state.Load(); old != nil && (old.cfg.Fleet == nil) != (cfg.Fleet == nil) {
-		return &ConfigError{File: cfg.src, Field: "fleet", Msg: "adding or removing the fleet takes a restart"}
+// install compiles b, a config with what it built, and swaps it in.
+func (m *Middleware) install(b *config.Built) error {
+	if old := m.state.Load(); old != nil && (old.cfg.Fleet == nil) != (b.Config().Fleet == nil) {
+		return &ConfigError{File: b.File(), Field: "fleet", Msg: "adding or removing the fleet takes a restart"}
 	}
 	if m.fleet != nil {
-		cfg.Fleet = m.fleet.cfg // fleet settings take a restart; the rules reload
+		b = b.WithFleet(m.fleet.cfg) // fleet settings take a restart; the rules reload
 	}
+	cfg := b.Config()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	old := m.state.Load()
-	st := &state{cfg: cfg, b: b}
+	st := &state{cfg: cfg, b: b, ci: clientIPOf(b)}
 	var prev *engine.Set
 	if old != nil {
 		st.gen, prev = old.gen+1, old.set
 	}
-	set, err := m.eng.Compile(cfg.spec(b), prev)
+	set, err := m.eng.Compile(b.Spec(), prev)
 	if err != nil {
-		return &ConfigError{File: cfg.src, Msg: err.Error()}
+		return &ConfigError{File: b.File(), Msg: err.Error()}
 	}
 	st.set = set
 	if cfg.JWT != nil {
@@ -215,21 +219,21 @@ func (m *Middleware) install(cfg *Config, b *built) error {
 		if old != nil {
 			pj = old.jwt
 		}
-		v, err := newJWTVerifier(cfg.JWT, &b.jwt, pj, m.log)
+		v, err := newJWTVerifier(cfg.JWT, b.JWT(), pj, m.log)
 		if err != nil {
 			m.eng.Retire(set, prev)
-			return &ConfigError{File: cfg.src, Field: "jwt", Msg: err.Error()}
+			return &ConfigError{File: b.File(), Field: "jwt", Msg: err.Error()}
 		}
 		st.jwt = v
 	}
 	for i := range cfg.Rules {
-		st.rules = append(st.rules, m.matcher(&cfg.Rules[i], &b.allow[i], set.Rules[i]))
+		st.rules = append(st.rules, m.matcher(&cfg.Rules[i], b.Allow(i), set.Rules[i]))
 	}
 	for _, ru := range set.RLSRules {
 		st.rlsLatency = append(st.rlsLatency, m.observer(ru.Name))
 	}
 	m.dropLatencies(set)
-	m.rlsValues.retain(b.rls.detailed)
+	m.rlsValues.retain(b.RLS().Detailed())
 	m.state.Store(st)
 	if old != nil {
 		m.eng.Retire(old.set, set)
@@ -241,7 +245,7 @@ func (m *Middleware) install(cfg *Config, b *built) error {
 }
 
 // matcher is rc as the HTTP doors match it, deciding through ru.
-func (m *Middleware) matcher(rc *Rule, allow *allowSet, ru *engine.Rule) *rule {
+func (m *Middleware) matcher(rc *Rule, allow *config.AllowSet, ru *engine.Rule) *rule {
 	r := &rule{eng: ru, cfg: rc, allow: allow, latency: m.observer(rc.Name)}
 	if len(rc.Match.Methods) > 0 {
 		r.methods = map[string]bool{}
@@ -373,7 +377,7 @@ type request struct {
 	// host is the canonical Host without its port ("" when the request
 	// has none); alt, for a forward-auth check whose gateway is not named,
 	// the other hosts its headers give. path is the cleaned path rules
-	// match ("/" for "OPTIONS *"), loose its folded form (loosePath).
+	// match ("/" for "OPTIONS *"), loose its folded form (httpnorm.LoosePath).
 	host, path, loose string
 	alt               []string
 	addr              netip.Addr
@@ -404,7 +408,7 @@ func (rq *request) part(ci *ClientIPConfig, k string) string {
 	switch {
 	case k == "ip":
 		if rq.ip == "" {
-			rq.ip = ci.group(rq.addr)
+			rq.ip = ci.Group(rq.addr)
 		}
 		return rq.ip
 	case strings.HasPrefix(k, "header:"):
@@ -434,8 +438,8 @@ func (ru *rule) matches(rq *request) bool {
 	if mt.Host != "" && !rq.hostIs(mt.Host) {
 		return false
 	}
-	if p := mt.PathPrefix; p != "" && !pathMatch(rq.path, p, mt.CaseSensitive) &&
-		(rq.loose == rq.path || !pathMatch(rq.loose, p, mt.CaseSensitive)) {
+	if p := mt.PathPrefix; p != "" && !httpnorm.PathMatch(rq.path, p, mt.CaseSensitive) &&
+		(rq.loose == rq.path || !httpnorm.PathMatch(rq.loose, p, mt.CaseSensitive)) {
 		return false
 	}
 	return ru.methods == nil || rq.methods.In(ru.methods)
@@ -504,12 +508,7 @@ func (ru *rule) key(ci *ClientIPConfig, rq *request) string {
 }
 
 func (ru *rule) allowlisted(addr netip.Addr, key string) bool {
-	for _, p := range ru.allow.prefixes {
-		if addr.IsValid() && p.Contains(addr) {
-			return true
-		}
-	}
-	return ru.allow.keys[key]
+	return ru.allow.Allows(addr, key)
 }
 
 // ServeHTTP decides and then proxies, holds, or refuses the request.
@@ -532,10 +531,10 @@ func (m *Middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // its own, or removes it, takes a restart to free the path here: until
 // then it is answered by the check, never proxied).
 func (m *Middleware) checkHere(p string) bool {
-	if fa := m.state.Load().cfg.ForwardAuth; fa != nil && fa.Listen == "" && fa.isCheck(p) {
+	if fa := m.state.Load().cfg.ForwardAuth; fa != nil && fa.Listen == "" && isCheck(fa, p) {
 		return true
 	}
-	return m.startCheck != nil && m.startCheck.isCheck(p)
+	return m.startCheck != nil && isCheck(m.startCheck, p)
 }
 
 // check is what a forward-auth check adds to the request it judges.
@@ -599,7 +598,7 @@ func (m *Middleware) decide(r *http.Request, st *state, matched []*rule, rq *req
 		key := ru.key(&st.cfg.ClientIP, rq)
 		facts = append(facts, engine.Fact{Rule: ru.eng, Key: key, Allowlisted: ru.allowlisted(rq.addr, key)})
 	}
-	rq.client = st.cfg.ClientIP.group(rq.addr)
+	rq.client = st.cfg.ClientIP.Group(rq.addr)
 	return m.eng.Decide(r.Context(), st.set, now, &engine.Request{
 		Facts: facts, Client: rq.client, ClientCap: *st.cfg.Server.MaxInFlightPerClient, NoDrip: check,
 	}, rq.sc)
@@ -625,22 +624,22 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		m.badRequest(w, r, fmt.Sprintf("the method %.32q is not in upper case", r.Method))
 		return nil, false
 	}
-	if why := pathProblem(r); why != "" {
+	if why := httpnorm.PathProblem(r); why != "" {
 		m.badRequest(w, r, why)
 		return nil, false
 	}
-	host, name, ok := canonicalHost(r.Host)
+	host, name, ok := httpnorm.CanonicalHost(r.Host)
 	if !ok {
 		m.badRequest(w, r, fmt.Sprintf("the Host %.64q is not a host name or address with at most one port", r.Host))
 		return nil, false
 	}
-	normalizePath(r)
+	httpnorm.NormalizePath(r)
 	r.Host = host // what rules judged is what the upstream is sent
-	*rq = request{r: r, addr: st.b.ci.clientAddr(r), host: name, path: r.URL.Path, alt: alt}
+	*rq = request{r: r, addr: st.ci.clientAddr(r), host: name, path: r.URL.Path, alt: alt}
 	if rq.path == "*" {
 		rq.path = "/" // OPTIONS *: the server as a whole
 	}
-	rq.loose = loosePath(rq.path)
+	rq.loose = httpnorm.LoosePath(rq.path)
 	rq.methods = MethodsOf(r)
 	rq.sc = scratchPool.Get().(*engine.Scratch)
 	for _, ru := range st.rules {

@@ -1,15 +1,8 @@
 package sketchproxy
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"math"
-	"os"
-	"path/filepath"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,662 +10,16 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"go.yaml.in/yaml/v4"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
-
-// EnvoyRLSConfig serves Envoy's rate-limit service
-// (envoy.service.ratelimit.v3.RateLimitService) over gRPC, for Envoy's and
-// Istio's ratelimit filters. Its domains have the shape of
-// envoyproxy/ratelimit's configuration files, so those files move over as
-// they are: inline under domains, or named in files.
-type EnvoyRLSConfig struct {
-	// Listen is the gRPC address (required).
-	Listen string `yaml:"listen" reload:"restart" example:"\"127.0.0.1:8081\""`
-	// Domains are envoyproxy/ratelimit domain configurations.
-	Domains []RLSDomain `yaml:"domains"`
-	// Files are envoyproxy/ratelimit configuration files, one domain each,
-	// relative to this config's directory.
-	Files []string `yaml:"files" example:"[ratelimit/api.yaml]"`
-	// MergeDomains merges domains given more than once (in Domains or
-	// Files) into one, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does;
-	// a descriptor given twice at one level is still an error. Off, a
-	// domain given twice is an error (envoyproxy/ratelimit's default).
-	MergeDomains bool `yaml:"merge_domains" example:"true"`
-	// ResponseHeaders is what the service asks Envoy to add to its
-	// client's response: "none" (the default, as envoyproxy/ratelimit's
-	// LIMIT_RESPONSE_HEADERS_ENABLED=false); "ratelimit", as
-	// envoyproxy/ratelimit sends them when enabled: RateLimit-Limit,
-	// RateLimit-Remaining and RateLimit-Reset of the most limiting
-	// descriptor (the last one over its limit, else the first with the
-	// least remaining); or "draft", the RateLimit-Policy and RateLimit
-	// fields of draft-ietf-httpapi-ratelimit-headers-10 and Retry-After,
-	// each policy named by its rate_limit's name, or by its unit
-	// (per-second, ...), made unique in its domain (per-minute-2): a
-	// descriptor's keys and values never reach a client. Under shadow_mode
-	// both send what they would without it, but Retry-After: the call
-	// passes.
-	ResponseHeaders string `yaml:"response_headers" example:"draft"`
-	// Refused says whether the hits of a call answered OVER_LIMIT count:
-	// "free" (the default) counts nothing of a refused call, so a client
-	// over its limit keeps getting its limit; "count" counts every
-	// descriptor's hits, refused or not, as envoyproxy/ratelimit does
-	// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false, its default).
-	Refused string `yaml:"refused" example:"count"`
-	// ShadowMode answers every call OK while deciding and counting as
-	// usual (envoyproxy/ratelimit's SHADOW_MODE): what would have been
-	// refused is counted as a shadow refusal and logged. As theirs, the
-	// descriptors' statuses and the response headers still say what
-	// would have been refused; only the call's overall code is OK.
-	ShadowMode bool `yaml:"shadow_mode" example:"true"`
-	// ResponseDynamicMetadata returns the call's domain, descriptors, hits
-	// and quota_mode violations as dynamic metadata, as
-	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
-	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata" example:"true"`
-	// Directory is a directory of envoyproxy/ratelimit configuration
-	// files, relative to this config's directory, loaded as theirs loads
-	// its runtime directory: every file in it and in its subdirectories,
-	// whatever its extension, as Files are, in path order. Names starting
-	// with "." are skipped, files and directories (theirs with
-	// RUNTIME_IGNOREDOTFILES=true: Kubernetes' ..data holds a second copy
-	// of every file). cmd/sketchproxy reloads the config when the
-	// directory's files change, a symlink swap included (rlsdir.go).
-	Directory string `yaml:"directory" example:"/etc/ratelimit/config"`
-	// WatchEvery is how often cmd/sketchproxy looks for changes in
-	// Directory and in the TLS files.
-	WatchEvery Duration `yaml:"watch_every" reload:"restart" example:"1s"`
-	// MaxConnectionAge closes each gRPC connection after about this long
-	// (a GOAWAY, ±10% jitter, then calls in progress finish), as
-	// envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE: Envoy opens a new
-	// one, so its connections spread onto replicas started since, where
-	// they would otherwise stay on the first ones for good. Default 24h,
-	// theirs; 0s: never.
-	MaxConnectionAge Duration `yaml:"max_connection_age" reload:"restart" example:"24h"`
-	// MaxConnectionAgeGrace is how long calls in progress on a connection
-	// past MaxConnectionAge may take before it is closed
-	// (GRPC_MAX_CONNECTION_AGE_GRACE). Default 1h, theirs; 0s: no bound.
-	MaxConnectionAgeGrace Duration `yaml:"max_connection_age_grace" reload:"restart" example:"1h"`
-	// ConnectionTimeout is how long a new connection may take to finish
-	// its TLS handshake and send HTTP/2's preface and first settings
-	// (gRPC's ConnectionTimeout; gRPC's default is 120s). Default 5s,
-	// 100ms to 5m: a client that sends only "PRI", or nothing, holds its
-	// connection that long.
-	ConnectionTimeout Duration `yaml:"connection_timeout" reload:"restart" example:"5s"`
-	// MaxConnectionIdle closes a connection without a call for this long
-	// (a GOAWAY; Envoy opens a new one at its next call), as gRPC's
-	// keepalive MaxConnectionIdle. Default 15m; 0s: never.
-	MaxConnectionIdle Duration `yaml:"max_connection_idle" reload:"restart" example:"15m"`
-	// MaxConnections caps the listener's open connections; those past it
-	// are closed as they are accepted. Default 0: a quarter of the
-	// process's file descriptor limit (RLIMIT_NOFILE), and never more
-	// than half of it (cmd/sketchproxy lowers a larger value and says
-	// so), so that the HTTP doors always have descriptors left.
-	MaxConnections int `yaml:"max_connections" reload:"restart" example:"4096"`
-	// MaxConnectionsPerClient caps the open connections of one client IP
-	// address (an Envoy opens one per worker thread); those past it are
-	// closed as they are accepted. Default 256; 0: no cap.
-	MaxConnectionsPerClient *int `yaml:"max_connections_per_client" reload:"restart" example:"256"`
-	// TLS serves the gRPC listener over TLS, or mutual TLS (nil: plain
-	// gRPC).
-	TLS *RLSTLSConfig `yaml:"tls" reload:"restart; its files' contents reload by themselves"`
-
-	loaded   [3]int   // what validation loaded: Loaded
-	warnings []string // what validation ignored: Warnings
-	digest   string   // what validation read of Directory: LoadedDirectoryDigest
-}
-
-// The envoy_rls.response_headers modes.
-const (
-	rlsHeadersNone      = "none"
-	rlsHeadersRateLimit = "ratelimit"
-	rlsHeadersDraft     = "draft"
-)
-
-// Loaded reports what the validated config's envoy_rls loaded: its domains
-// (merged ones once), its descriptors, and how many of those have a
-// rate_limit (unlimited ones included). All are 0 before validation.
-func (r *EnvoyRLSConfig) Loaded() (domains, descriptors, limits int) {
-	if r == nil {
-		return 0, 0, 0
-	}
-	return r.loaded[0], r.loaded[1], r.loaded[2]
-}
-
-// rlsBuilt is the envoy_rls domains, compiled.
-type rlsBuilt struct {
-	merge   bool                // envoy_rls.merge_domains
-	count   bool                // envoy_rls.refused: count
-	domains map[string]*rlsNode // by name
-	rules   []Rule              // one per descriptor with a limit
-	nodes   int                 // descriptors loaded
-	warned  []string            // fields loaded and ignored (rlsdir.go)
-	// detailed are the names of the rules of detailed_metric descriptors:
-	// the per-value series of the others go at a reload.
-	detailed map[string]bool
-	digest   string // the directory's files, as read (rlsdir.go)
-	// policies are the draft policy names given in each domain: a call
-	// names one domain, so names unique in it are unique in a response.
-	policies map[string]map[string]bool
-}
-
-// RLSDomain is one domain: a tree of descriptors.
-type RLSDomain struct {
-	// Domain is the name Envoy's ratelimit filter sends (its domain).
-	Domain string `yaml:"domain" example:"api"`
-	// Descriptors are the domain's top-level descriptors.
-	Descriptors []RLSDescriptor `yaml:"descriptors"`
-}
-
-// RLSDescriptor matches one entry of a request's descriptor: its key, and
-// its value if Value is set. A value ending in * matches as
-// envoyproxy/ratelimit's does: every value that starts with what comes
-// before that * (files/* matches files/a.pdf and files/); a * elsewhere is
-// a literal byte (foo*bar matches only foo*bar, as theirs: "Wildcard in the
-// middle of value is not supported"). No value matches any. Exact values
-// are tried first, then the wildcard values in the order given, then the
-// descriptor without a value.
-type RLSDescriptor struct {
-	// Key is the descriptor entry's key, as Envoy's actions name it
-	// (remote_address, header_match, generic_key, ...).
-	Key string `yaml:"key" example:"remote_address"`
-	// Value, if set, is the entry's value to match: exact, or a prefix
-	// when it ends in * (only a trailing * is a wildcard). Without it every
-	// value matches, each with a count of its own.
-	Value string `yaml:"value" example:"files/*"`
-	// RateLimit is the limit of the requests whose descriptor ends here.
-	RateLimit *RLSRateLimit `yaml:"rate_limit"`
-	// Descriptors are the entries that may follow this one in a request's
-	// descriptor.
-	Descriptors []RLSDescriptor `yaml:"descriptors"`
-	// ShadowMode decides and counts but never answers OVER_LIMIT.
-	ShadowMode bool `yaml:"shadow_mode" example:"true"`
-	// QuotaMode makes the limit a quota, as envoyproxy/ratelimit's
-	// quota_mode: a call over it is never refused for it. Its status stays
-	// OK, with its limit and what remains (0 once spent), and with
-	// response_dynamic_metadata the call's metadata lists it in
-	// quotaModeViolations. Its hits are counted as every descriptor's are,
-	// over the quota or not.
-	QuotaMode bool `yaml:"quota_mode" example:"true"`
-	// ShareThreshold makes every value a wildcard Value matches share one
-	// count, instead of one count per value. It needs a Value ending in *,
-	// as envoyproxy/ratelimit's does.
-	ShareThreshold bool `yaml:"share_threshold" example:"true"`
-	// DetailedMetric counts the descriptor's calls per value, as
-	// envoyproxy/ratelimit's statistics do:
-	// sketchproxy_envoy_rls_value_*_total, the value label the keyed hash
-	// of the descriptor's values as sent, joined with "|" (sketchproxy
-	// -key-label 'VALUE|VALUE' prints it). The heaviest 1,000 values of
-	// all such descriptors have series of their own, the rest count in
-	// each descriptor's "other"; a reload drops the series of descriptors
-	// no longer configured (docs/metrics.md).
-	DetailedMetric bool `yaml:"detailed_metric" example:"true"`
-	// ValueToMetric does what DetailedMetric does, under
-	// envoyproxy/ratelimit's other name for it.
-	ValueToMetric bool `yaml:"value_to_metric" example:"true"`
-	// Metadata is accepted for envoyproxy/ratelimit's newer files and
-	// ignored, with a warning naming the file and line.
-	Metadata any `yaml:"metadata" example:"{team: payments}"`
-}
-
-// RLSRateLimit is a descriptor's limit: RequestsPerUnit per Unit (second,
-// minute, hour, day, week, month: 30 days, year: 365 days), or Unlimited.
-// RequestsPerUnit 0 answers every request that adds hits OVER_LIMIT; in a
-// parsed file it must be written, not left out. A limit with a Name is not
-// applied to a request in which another matched descriptor's limit
-// Replaces it.
-type RLSRateLimit struct {
-	// Name names the limit: in the draft headers' policies, and for
-	// Replaces.
-	Name string `yaml:"name" example:"per-client"`
-	// Unit is the period: second, minute, hour, day, week, month (30
-	// days) or year (365 days).
-	Unit string `yaml:"unit" example:"minute"`
-	// RequestsPerUnit is how many hits a value may add per Unit.
-	RequestsPerUnit float64 `yaml:"requests_per_unit" example:"100"`
-	// Unlimited matches the descriptor without limiting it, as
-	// envoyproxy/ratelimit's unlimited does.
-	Unlimited bool `yaml:"unlimited" example:"true"`
-	// Replaces names the limits this one replaces in a request that
-	// matches both.
-	Replaces []RLSReplace `yaml:"replaces"`
-}
-
-// RLSReplace names a limit (its rate_limit.name) that the limit listing it
-// replaces.
-type RLSReplace struct {
-	// Name is the replaced limit's rate_limit.name.
-	Name string `yaml:"name" example:"per-client"`
-}
-
-var rlsUnits = map[string]struct {
-	d time.Duration
-	u rlsv3.RateLimitResponse_RateLimit_Unit
-}{
-	"second": {time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
-	"minute": {time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
-	"hour":   {time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
-	"day":    {24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
-	"week":   {7 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_WEEK},
-	"month":  {30 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_MONTH},
-	"year":   {365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
-}
-
-// rlsNode is a compiled descriptor: its children by key and value (exact,
-// then wildcard, then any value), and its limit, if any.
-type rlsNode struct {
-	exact    map[[2]string]*rlsNode
-	wild     []rlsWild
-	any      map[string]*rlsNode
-	limit    rlsLimitKind
-	rule     int // index in the rules (and state.rlsRules); -1: none
-	name     string
-	replaces []string
-	unit     rlsv3.RateLimitResponse_RateLimit_Unit
-	requests uint32
-	quota    bool   // quota_mode
-	share    bool   // share_threshold: count every matching value as one
-	pattern  string // the wildcard value this node was declared with
-	prefix   string // the pattern without its trailing *: what a value must start with
-	detailed bool   // detailed_metric or value_to_metric: a series per value
-}
-
-// rlsLimitKind is what a node's rate_limit says.
-type rlsLimitKind uint8
-
-const (
-	rlsNone      rlsLimitKind = iota // no rate_limit: no limit
-	rlsLimited                       // requests per unit, counted in a rule's sketch
-	rlsUnlimited                     // unlimited: true
-	rlsBlock                         // requests_per_unit: 0: every hit is over
-)
-
-type rlsWild struct {
-	key string
-	n   *rlsNode
-}
-
-func newRLSNode() *rlsNode {
-	return &rlsNode{exact: map[[2]string]*rlsNode{}, any: map[string]*rlsNode{}, rule: -1}
-}
-
-// child finds the node for one request entry, and whether it was found
-// through a wildcard value with share_threshold.
-func (n *rlsNode) child(key, value string) (c *rlsNode, shared bool) {
-	if c := n.exact[[2]string{key, value}]; c != nil {
-		return c, false
-	}
-	for _, w := range n.wild {
-		if w.key == key && strings.HasPrefix(value, w.n.prefix) {
-			return w.n, w.n.share
-		}
-	}
-	return n.any[key], false
-}
-
-// unlimitedBelow counts the unlimited descriptors under n.
-func (n *rlsNode) unlimitedBelow() int {
-	count := 0
-	each := func(c *rlsNode) {
-		if c.limit == rlsUnlimited {
-			count++
-		}
-		count += c.unlimitedBelow()
-	}
-	for _, c := range n.exact {
-		each(c)
-	}
-	for _, w := range n.wild {
-		each(w.n)
-	}
-	for _, c := range n.any {
-		each(c)
-	}
-	return count
-}
-
-// validateEnvoyRLS loads and compiles the domains.
-func (c *Config) validateEnvoyRLS(b *rlsBuilt) error {
-	r := c.EnvoyRLS
-	if r == nil {
-		return nil
-	}
-	if r.Listen == "" {
-		return c.errAt(`missing: the gRPC address, e.g. listen: "127.0.0.1:8081"`, "envoy_rls", "listen")
-	}
-	if err := checkAddr(r.Listen); err != nil {
-		return c.errAt(err.Error(), "envoy_rls", "listen")
-	}
-	switch r.ResponseHeaders = strings.ToLower(r.ResponseHeaders); r.ResponseHeaders {
-	case "":
-		r.ResponseHeaders = rlsHeadersNone
-	case rlsHeadersNone, rlsHeadersRateLimit, rlsHeadersDraft:
-	default:
-		return c.errAt(fmt.Sprintf("%q: want none (the default), ratelimit (envoyproxy/ratelimit's RateLimit-Limit, -Remaining and -Reset) or draft (RateLimit-Policy and RateLimit)", r.ResponseHeaders), "envoy_rls", "response_headers")
-	}
-	switch r.Refused {
-	case "":
-		r.Refused = "free"
-	case "free", "count":
-	default:
-		return c.errAt(fmt.Sprintf("%q: want free (a refused call counts nothing) or count (every hit counts, as envoyproxy/ratelimit)", r.Refused), "envoy_rls", "refused")
-	}
-	if err := orNone(c, &r.MaxConnectionAge, Duration(24*time.Hour), "envoy_rls", "max_connection_age"); err != nil {
-		return err
-	}
-	if err := orNone(c, &r.MaxConnectionAgeGrace, Duration(time.Hour), "envoy_rls", "max_connection_age_grace"); err != nil {
-		return err
-	}
-	if err := r.prepareConnections(c); err != nil {
-		return err
-	}
-	*b = rlsBuilt{merge: r.MergeDomains, count: r.Refused == "count", domains: map[string]*rlsNode{}}
-	for i := range r.Domains {
-		if err := b.compile(c, &r.Domains[i], "envoy_rls", "domains", i); err != nil {
-			return err
-		}
-	}
-	for i, f := range r.Files {
-		path := f
-		if !filepath.IsAbs(path) && c.src != "" {
-			path = filepath.Join(filepath.Dir(c.src), f)
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return c.errAt(err.Error(), "envoy_rls", "files", i)
-		}
-		fc, d, err := parseRLSFile(path, data)
-		if err != nil {
-			return err
-		}
-		if err := b.compile(fc, d); err != nil {
-			return err
-		}
-	}
-	if err := c.loadRLSDirectory(b); err != nil {
-		return err
-	}
-	if err := c.validateRLSTLS(); err != nil {
-		return err
-	}
-	if len(b.domains) == 0 && r.Directory == "" {
-		return c.errAt("no domains: give domains, files or directory", "envoy_rls")
-	}
-	limits := len(b.rules)
-	for _, root := range b.domains {
-		limits += root.unlimitedBelow()
-	}
-	r.loaded, r.warnings, r.digest = [3]int{len(b.domains), b.nodes, limits}, b.warned, b.digest
-	return nil
-}
-
-// prepareConnections applies the listener's bounds' defaults and checks
-// them.
-func (r *EnvoyRLSConfig) prepareConnections(c *Config) error {
-	if r.ConnectionTimeout == 0 {
-		r.ConnectionTimeout = Duration(5 * time.Second)
-	}
-	if r.ConnectionTimeout < Duration(100*time.Millisecond) || r.ConnectionTimeout > Duration(5*time.Minute) {
-		return c.errAt("want 100ms to 5m", "envoy_rls", "connection_timeout")
-	}
-	if err := orNone(c, &r.MaxConnectionIdle, Duration(15*time.Minute), "envoy_rls", "max_connection_idle"); err != nil {
-		return err
-	}
-	if r.MaxConnections < 0 || r.MaxConnections > 1<<24 {
-		return c.errAt(fmt.Sprintf("%d: want 0 (a quarter of the file descriptor limit) to 2^24", r.MaxConnections), "envoy_rls", "max_connections")
-	}
-	if r.MaxConnectionsPerClient == nil {
-		r.MaxConnectionsPerClient = ptr(256)
-	}
-	if n := *r.MaxConnectionsPerClient; n < 0 || n > 1<<24 {
-		return c.errAt(fmt.Sprintf("%d: want 0 (no cap) to 2^24", n), "envoy_rls", "max_connections_per_client")
-	}
-	return nil
-}
-
-// parseRLSFile reads an envoyproxy/ratelimit configuration file: unknown
-// fields are errors with the file and line.
-func parseRLSFile(name string, data []byte) (*Config, *RLSDomain, error) {
-	if err := notUTF8(name, data); err != nil {
-		return nil, nil, err
-	}
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, nil, yamlError(name, err, nil, nil, data)
-	}
-	var d RLSDomain
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&d); errors.Is(err, io.EOF) {
-		return nil, nil, &ConfigError{File: name, Msg: "the file is empty: want domain: and descriptors:"}
-	} else if err != nil {
-		return nil, nil, yamlError(name, err, &root, reflect.TypeFor[RLSDomain](), data)
-	}
-	return &Config{src: name, root: &root}, &d, nil
-}
-
-// compile adds domain d, found at path in c's document, to r.
-func (r *rlsBuilt) compile(c *Config, d *RLSDomain, path ...any) error {
-	at := func(msg string, more ...any) error { return c.errAt(msg, append(cloneAnys(path), more...)...) }
-	if d.Domain == "" {
-		return at("missing: every domain needs a name (domain: edge)", "domain")
-	}
-	root := r.domains[d.Domain]
-	switch {
-	case root == nil:
-		root = newRLSNode()
-		r.domains[d.Domain] = root
-	case !r.merge:
-		return at(fmt.Sprintf("%q is given twice: give each domain once, or set envoy_rls.merge_domains: true to merge them", d.Domain), "domain")
-	}
-	var walk func(n *rlsNode, ds []RLSDescriptor, names []string, path []any) error
-	walk = func(n *rlsNode, ds []RLSDescriptor, names []string, path []any) error {
-		for i := range ds {
-			dd := &ds[i]
-			p := append(cloneAnys(path), "descriptors", i)
-			if dd.Key == "" {
-				return c.errAt("missing: every descriptor needs a key", append(p, "key")...)
-			}
-			child, err := n.add(c, dd, p)
-			if err != nil {
-				return err
-			}
-			if dd.ShareThreshold && !strings.HasSuffix(dd.Value, "*") {
-				return c.errAt(fmt.Sprintf("share_threshold needs a wildcard value, one ending in * (as envoyproxy/ratelimit), not %q", dd.Value), append(p, "share_threshold")...)
-			}
-			child.detailed = dd.DetailedMetric || dd.ValueToMetric
-			r.nodes++
-			if dd.Metadata != nil {
-				r.warn(c, append(p, "metadata"))
-			}
-			label := dd.Key
-			if dd.Value != "" {
-				label += "=" + dd.Value
-			}
-			names := append(append([]string(nil), names...), label)
-			if rl := dd.RateLimit; rl != nil {
-				if err := r.limit(c, child, dd, d.Domain, printable("envoy:"+d.Domain+":"+strings.Join(names, ":")), append(p, "rate_limit")); err != nil {
-					return err
-				}
-			}
-			if child.detailed && child.rule >= 0 {
-				if r.detailed == nil {
-					r.detailed = map[string]bool{}
-				}
-				r.detailed[r.rules[child.rule].Name] = true
-			}
-			if err := walk(child, dd.Descriptors, names, p); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return walk(root, d.Descriptors, nil, path)
-}
-
-// add gives n a child for descriptor dd, found at path p: a key without a
-// value, a wildcard value or an exact one. Each may appear once per level.
-func (n *rlsNode) add(c *Config, dd *RLSDescriptor, p []any) (*rlsNode, error) {
-	child := newRLSNode()
-	twice := func() error {
-		return c.errAt(fmt.Sprintf("%s=%s is given twice at this level", dd.Key, dd.Value), p...)
-	}
-	switch v := dd.Value; {
-	case v == "":
-		if n.any[dd.Key] != nil {
-			return nil, c.errAt(fmt.Sprintf("key %q without a value is given twice at this level", dd.Key), p...)
-		}
-		n.any[dd.Key] = child
-	case strings.HasSuffix(v, "*"):
-		// Only a trailing * is a wildcard, as in envoyproxy/ratelimit (its
-		// wildcardKeys): any other * is a literal byte of an exact value,
-		// so that a file means what it means there.
-		for _, w := range n.wild {
-			if w.key == dd.Key && w.n.pattern == v {
-				return nil, twice()
-			}
-		}
-		child.pattern, child.prefix, child.share = v, strings.TrimSuffix(v, "*"), dd.ShareThreshold
-		n.wild = append(n.wild, rlsWild{dd.Key, child})
-	default:
-		k := [2]string{dd.Key, v}
-		if n.exact[k] != nil {
-			return nil, twice()
-		}
-		n.exact[k] = child
-	}
-	return child, nil
-}
-
-// limit compiles descriptor dd's rate_limit of domain, at path p, into
-// node n: a rule named name for a counted limit.
-func (r *rlsBuilt) limit(c *Config, n *rlsNode, dd *RLSDescriptor, domain, name string, p []any) error {
-	rl := dd.RateLimit
-	for j, rp := range rl.Replaces {
-		switch {
-		case rp.Name == "":
-			return c.errAt("missing: the name of the limit replaced", append(p, "replaces", j, "name")...)
-		case rp.Name == rl.Name:
-			return c.errAt(fmt.Sprintf("%q is this limit's own name: a limit cannot replace itself", rp.Name), append(p, "replaces", j, "name")...)
-		}
-		n.replaces = append(n.replaces, rp.Name)
-	}
-	n.name, n.quota = rl.Name, dd.QuotaMode
-	if rl.Unlimited {
-		// As envoyproxy/ratelimit ("should not specify rate limit unit when
-		// unlimited"): a unit says the writer meant a limit.
-		if _, ok := rlsUnits[strings.ToLower(rl.Unit)]; ok {
-			return c.errAt(fmt.Sprintf("%q with unlimited: true: remove the unit, or unlimited for a limit of requests_per_unit per %s", rl.Unit, strings.ToLower(rl.Unit)), append(p, "unit")...)
-		}
-		n.limit = rlsUnlimited
-		return nil
-	}
-	u, ok := rlsUnits[strings.ToLower(rl.Unit)]
-	if !ok {
-		return c.errAt(fmt.Sprintf("%q: want second, minute, hour, day, week, month or year", rl.Unit), append(p, "unit")...)
-	}
-	if rl.RequestsPerUnit != math.Trunc(rl.RequestsPerUnit) || rl.RequestsPerUnit < 0 || rl.RequestsPerUnit > rate.MaxBurstHalving {
-		return c.errAt(fmt.Sprintf("%g: want a whole number from 0 (refuse every request) to %d", rl.RequestsPerUnit, rate.MaxBurstHalving), append(p, "requests_per_unit")...)
-	}
-	if rl.RequestsPerUnit == 0 && c.root != nil && !c.given(append(p, "requests_per_unit")...) {
-		return c.errAt("missing: requests_per_unit (write 0 to refuse every request)", p...)
-	}
-	n.unit, n.requests = u.u, uint32(rl.RequestsPerUnit)
-	rule := Rule{Shadow: dd.ShadowMode, Refused: "free"}
-	if r.count {
-		rule.Refused = "count"
-	}
-	// The policy's name in the draft's fields: the limit's own name, or
-	// its unit; never the descriptor's keys and values. Unique in its
-	// domain, as the HTTP rules' limit names are in a rule: two limits
-	// called per-minute in one response would be one policy to a client,
-	// so the second is per-minute-2.
-	rule.policy = r.policyName(domain, rl.Name, rl.Unit)
-	if rl.RequestsPerUnit == 0 {
-		n.limit, rule.block = rlsBlock, true // every hit is over
-	} else {
-		// requests_per_unit per unit, with package rate's default burst
-		// (as many at once): the same words mean the same limit as a
-		// rule's requests and per.
-		lim := Limit{Name: "limit", Requests: rl.RequestsPerUnit, Per: Duration(u.d)}
-		rl, err := compileRate(lim.rate(), func(msg, _ string) error { return c.errAt(msg, p...) })
-		if err != nil {
-			return err
-		}
-		lim.Burst = float64(rl.Burst)
-		n.limit = rlsLimited
-		rule.Limits = []Limit{lim}
-	}
-	// The rule's name keys its counts and metrics: unique, even where
-	// printable folded two names into one.
-	for _, o := range r.rules {
-		if o.Name == name {
-			name += "#" + strconv.Itoa(len(r.rules))
-			break
-		}
-	}
-	rule.Name = name
-	n.rule = len(r.rules)
-	r.rules = append(r.rules, rule)
-	return nil
-}
-
-// policyName is the name in the draft's fields of a limit called name
-// (or, unnamed, per-unit), unique in its domain: the first free of base,
-// base-2, base-3, ...
-func (r *rlsBuilt) policyName(domain, name, unit string) string {
-	base := printable(name)
-	if base == "" {
-		base = "per-" + strings.ToLower(unit)
-	}
-	if r.policies == nil {
-		r.policies = map[string]map[string]bool{}
-	}
-	taken := r.policies[domain]
-	if taken == nil {
-		taken = map[string]bool{}
-		r.policies[domain] = taken
-	}
-	policy := base
-	for i := 2; taken[policy]; i++ {
-		policy = base + "-" + strconv.Itoa(i)
-	}
-	taken[policy] = true
-	return policy
-}
-
-func cloneAnys(p []any) []any { return append([]any(nil), p...) }
-
-// printable keeps a rule name fit for a RateLimit header's quoted string
-// and a log line: printable ASCII but for " and \; the rest becomes _.
-func printable(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
-			b[i] = '_'
-		}
-	}
-	return string(b)
-}
-
-// Keepalive is the gRPC server's connection ages and idle time, as
-// envoy_rls.max_connection_age, max_connection_age_grace and
-// max_connection_idle ask (pass it to grpc.KeepaliveParams): zero fields
-// are gRPC's "never" and "no bound", as 0s is in the config.
-func (r *EnvoyRLSConfig) Keepalive() keepalive.ServerParameters {
-	return keepalive.ServerParameters{
-		MaxConnectionAge:      time.Duration(r.MaxConnectionAge),
-		MaxConnectionAgeGrace: time.Duration(r.MaxConnectionAgeGrace),
-		MaxConnectionIdle:     time.Duration(r.MaxConnectionIdle),
-	}
-}
 
 // RegisterRateLimitService registers Envoy's rate-limit service, answered
 // from the envoy_rls domains of the running config, and the standard gRPC
@@ -690,7 +37,7 @@ type rlsServer struct {
 // tree: the node it leads to (nil: no limit applies) and the fact it
 // becomes.
 type rlsMatch struct {
-	n    *rlsNode
+	n    *config.RLSNode
 	fact int // its index among the request's facts; -1: none
 	hits uint32
 	zero bool // hits_addend of 0 on the descriptor: judged, not counted
@@ -724,7 +71,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if len(ds) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "no descriptors")
 	}
-	root := st.b.rls.domains[req.GetDomain()]
+	root := st.b.RLS().Domain(req.GetDomain())
 	if root == nil {
 		m.met.rlsUnknownDomain.Add(1)
 	}
@@ -773,7 +120,7 @@ func observeRLSLatency(st *state, ms []rlsMatch, secs float64) {
 		if mt.fact < 0 {
 			continue
 		}
-		r := mt.n.rule
+		r := mt.n.Rule()
 		switch {
 		case many != nil:
 			if many[r] {
@@ -797,7 +144,7 @@ func observeRLSLatency(st *state, ms []rlsMatch, secs float64) {
 // matchDescriptors matches each descriptor of req against the domain's
 // tree root (nil: an unknown domain), appending one rlsMatch per
 // descriptor to ms.
-func matchDescriptors(root *rlsNode, req *rlsv3.RateLimitRequest, ms []rlsMatch) []rlsMatch {
+func matchDescriptors(root *config.RLSNode, req *rlsv3.RateLimitRequest, ms []rlsMatch) []rlsMatch {
 	hits := req.GetHitsAddend()
 	if hits == 0 {
 		hits = 1
@@ -818,17 +165,17 @@ func matchDescriptors(root *rlsNode, req *rlsv3.RateLimitRequest, ms []rlsMatch)
 			}
 			var shared bool
 			v := e.GetValue()
-			if n, shared = n.child(e.GetKey(), v); shared {
-				v = n.pattern // share_threshold: one count for every matching value
+			if n, shared = n.Child(e.GetKey(), v); shared {
+				v = n.Pattern() // share_threshold: one count for every matching value
 			}
 			key.WriteString(strconv.Itoa(len(v)))
 			key.WriteByte(':')
 			key.WriteString(v)
 		}
 		// No entries lead nowhere: no limit, as in envoyproxy/ratelimit.
-		if len(d.GetEntries()) > 0 && n != nil && n.limit != rlsNone {
+		if len(d.GetEntries()) > 0 && n != nil && n.Limit() != config.RLSNone {
 			mt.n, mt.key = n, key.String()
-			replaced = replaced || len(n.replaces) > 0
+			replaced = replaced || len(n.Replaces()) > 0
 		}
 		ms = append(ms, mt)
 	}
@@ -836,7 +183,7 @@ func matchDescriptors(root *rlsNode, req *rlsv3.RateLimitRequest, ms []rlsMatch)
 		// Every matched limit's replaces count, even a replaced one's.
 		gone := make([]bool, len(ms))
 		for i, mt := range ms {
-			gone[i] = mt.n != nil && mt.n.name != "" && replacedBy(ms, mt.n.name)
+			gone[i] = mt.n != nil && mt.n.Name() != "" && replacedBy(ms, mt.n.Name())
 		}
 		for i := range ms {
 			if gone[i] {
@@ -865,12 +212,12 @@ func rlsFacts(st *state, ms []rlsMatch, facts []engine.Fact) []engine.Fact {
 	}
 	for i := range ms {
 		mt := &ms[i]
-		if mt.n == nil || mt.n.limit == rlsUnlimited {
+		if mt.n == nil || mt.n.Limit() == config.RLSUnlimited {
 			continue
 		}
 		f := engine.Fact{
-			Rule: st.set.RLSRules[mt.n.rule], Key: mt.key, Hits: mt.hits,
-			ZeroHits: mt.zero, Negative: mt.neg, Quota: mt.n.quota,
+			Rule: st.set.RLSRules[mt.n.Rule()], Key: mt.key, Hits: mt.hits,
+			ZeroHits: mt.zero, Negative: mt.neg, Quota: mt.n.Quota(),
 		}
 		k := same{f.Rule, f.Key, f.ZeroHits, f.Negative, f.Quota}
 		mt.fact = -1
@@ -910,12 +257,12 @@ func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimi
 	switch {
 	case mt.n == nil:
 		return st
-	case mt.n.limit == rlsUnlimited:
+	case mt.n.Limit() == config.RLSUnlimited:
 		st.LimitRemaining = math.MaxUint32
 		return st
 	}
 	v := &vs[mt.fact]
-	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.name, RequestsPerUnit: mt.n.requests, Unit: mt.n.unit}
+	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.Name(), RequestsPerUnit: mt.n.Requests(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(mt.n.Unit())}
 	if rlsOver(v) {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
@@ -1000,7 +347,7 @@ func rlsMetadata(req *rlsv3.RateLimitRequest, ms []rlsMatch, vs []engine.Verdict
 			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
 		}
 		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: f}))
-		if mt := &ms[i]; mt.fact >= 0 && mt.n.quota {
+		if mt := &ms[i]; mt.fact >= 0 && mt.n.Quota() {
 			quotas = true
 			if vs[mt.fact].Over {
 				violations = append(violations, structpb.NewNumberValue(float64(i)))
@@ -1025,7 +372,7 @@ func rlsMetadata(req *rlsv3.RateLimitRequest, ms []rlsMatch, vs []engine.Verdict
 // limit named name.
 func replacedBy(ms []rlsMatch, name string) bool {
 	for _, o := range ms {
-		if o.n != nil && slices.Contains(o.n.replaces, name) {
+		if o.n != nil && slices.Contains(o.n.Replaces(), name) {
 			return true
 		}
 	}

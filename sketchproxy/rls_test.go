@@ -14,6 +14,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
@@ -60,11 +61,11 @@ func TestEnvoyRLSConfigErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, b, err := cfg.prepared()
+	b, err := config.Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := b.rls.domains["api"].any["user"]; n == nil || n.requests != 5 || len(b.rls.rules) != 1 {
+	if n, _ := b.RLS().Domain("api").Child("user", "u1"); n == nil || n.Requests() != 5 || len(b.Spec().RLSRules) != 1 {
 		t.Errorf("compiled: %+v", n)
 	}
 	write("more.yaml", "domain: api\ndescriptors:\n  - key: ip\n    descriptors:\n      - {key: path, value: /a, rate_limit: {unlimited: true}}\n      - {key: path, value: /b, rate_limit: {unit: hour, requests_per_unit: 0}}\n")

@@ -16,6 +16,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // configMap lays dir out as the kubelet mounts a ConfigMap: each file a
@@ -239,11 +240,11 @@ func TestRLSDirectoryErrorsAndWarnings(t *testing.T) {
 		!strings.HasPrefix(ws[1], filepath.Join(dir, "rl", "meta.yaml")+":4: descriptors[0].metadata: ignored") {
 		t.Errorf("warnings:\n%s", strings.Join(ws, "\n"))
 	}
-	_, b, err := cfg.prepared()
+	b, err := config.Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := b.rls.domains["m"].any["k"]; n == nil || n.requests != 4 {
+	if n, _ := b.RLS().Domain("m").Child("k", "v"); n == nil || n.Requests() != 4 {
 		t.Errorf("the descriptor with metadata: %+v", n)
 	}
 }

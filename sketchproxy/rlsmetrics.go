@@ -213,7 +213,7 @@ func (m *Middleware) rlsObserve(domain string, ms []rlsMatch, d *engine.Decision
 		if v.Shadow && v.Out.Refuses() {
 			m.logVerdict(v, true, v.Never, "door", "envoy_rls", "domain", domain)
 		}
-		if mt.n.detailed {
+		if mt.n.Detailed() {
 			m.rlsValues.add(v.Rule.Name, m.display(rlsKeyValues(mt.key)), uint64(mt.hits), v.Over, d.Admitted && v.NearLimit())
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // docSection returns the text of page's "## heading" section, up to the
@@ -38,13 +40,13 @@ func TestSecretFilesTrimmed(t *testing.T) {
 		return p
 	}
 	const secret = "0123456789abcdef0123456789abcdef"
-	built := func(yaml string) *built {
+	built := func(yaml string) *config.Built {
 		t.Helper()
 		cfg, err := ParseConfig("p.yaml", []byte(yaml+"rules:\n  - limits: [{requests: 1, per: 1s}]\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, b, err := cfg.prepared()
+		b, err := config.Build(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,25 +59,25 @@ func TestSecretFilesTrimmed(t *testing.T) {
 		{
 			row:     "| `key_label_secret_file` | leading and trailing white space",
 			content: " \t" + secret + " \r\n\n", want: secret,
-			got: func(f string) string { return string(built("key_label_secret_file: " + f + "\n").labelKey) },
+			got: func(f string) string { return string(built("key_label_secret_file: " + f + "\n").LabelKey()) },
 		},
 		{
 			row:     "| `jwt.hmac_secret_file` | trailing CR and LF only; every other byte, a space included, is the secret",
 			content: " " + secret + " \r\n\n", want: " " + secret + " ",
-			got: func(f string) string { return string(built("jwt: {hmac_secret_file: " + f + "}\n").jwt.secret) },
+			got: func(f string) string { return string(built("jwt: {hmac_secret_file: " + f + "}\n").JWT().HMACSecret()) },
 		},
 		{
 			row:     "| `fleet.secret_file` | leading and trailing white space",
 			content: "\n " + secret + "\t\r\n", want: secret,
 			got: func(f string) string {
-				return string(built("fleet: {redis: \"127.0.0.1:1\", secret_file: " + f + "}\n").fleet.secret)
+				return string(built("fleet: {redis: \"127.0.0.1:1\", secret_file: " + f + "}\n").Fleet().Secret())
 			},
 		},
 		{
 			row:     "| `fleet.password_file` | trailing CR and LF only",
 			content: " pass word \r\n", want: " pass word ",
 			got: func(f string) string {
-				return built("fleet: {redis: \"127.0.0.1:1\", secret: " + secret + ", password_file: " + f + "}\n").fleet.opts.Password
+				return built("fleet: {redis: \"127.0.0.1:1\", secret: " + secret + ", password_file: " + f + "}\n").Fleet().RedisOptions().Password
 			},
 		},
 	} {

@@ -30,7 +30,7 @@ func BenchmarkServeHTTP(b *testing.B) {
   - name: api
     key: ["header:X-Key"]
     refused: `+refused+`
-    limits: [{requests: 1000000000, per: 1s, burst: 8000000}, {name: day, requests: 1e12, per: 1d, burst: 8000000}]
+    limits: [{requests: 100000, per: 1s}, {name: day, requests: 1e9, per: 1d, burst: 133152}]
 `))
 			if err != nil {
 				b.Fatal(err)

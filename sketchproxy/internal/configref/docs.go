@@ -40,7 +40,7 @@ func readDocs(dir string) (map[string]*typeDoc, error) {
 		}
 		files = append(files, f)
 	}
-	pkg, err := doc.NewFromFiles(fset, files, "github.com/epochsketch/epochsketch/sketchproxy")
+	pkg, err := doc.NewFromFiles(fset, files, "github.com/epochsketch/epochsketch/sketchproxy/config")
 	if err != nil {
 		return nil, err
 	}

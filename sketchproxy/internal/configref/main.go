@@ -3,15 +3,15 @@
 // YAML file can set, with its type, its default, whether a change takes a
 // restart, and an example.
 //
-//	go generate ./...            (from sketchproxy/, as config.go asks)
+//	go generate ./...            (from sketchproxy/, as configapi.go asks)
 //	go run ./internal/configref -o docs/configuration.md
 //
 // Descriptions are the fields' doc comments, read from the package's
 // source with go/parser and go/doc. Defaults are read off configs prepared
-// by the real defaulting code (sketchproxy.ParseConfig), never restated: a
+// by the real defaulting code (config.Parse), never restated: a
 // default that differs between the prepared skeletons depends on other
 // settings, and the reference sends the reader to the description.
-// Restart-only settings come from the reload tag (sketchproxy.ReloadTag),
+// Restart-only settings come from the reload tag (config.ReloadTag),
 // examples from the example tag. TestReferenceUpToDate fails when the page
 // is stale or a field lacks a description or an example.
 package main
@@ -26,7 +26,7 @@ import (
 
 func main() {
 	out := flag.String("o", "docs/configuration.md", "the page to write")
-	src := flag.String("src", ".", "the sketchproxy package's directory")
+	src := flag.String("src", ".", "the sketchproxy module's directory (its config package is in config/)")
 	flag.Parse()
 	page, problems, err := generate(*src)
 	if err != nil {

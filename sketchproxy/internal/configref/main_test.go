@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/epochsketch/epochsketch/sketchproxy"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // page is the committed reference, from this directory.
@@ -71,7 +71,7 @@ func TestReferenceHasEveryField(t *testing.T) {
 			}
 		}
 	}
-	walk(reflect.TypeFor[sketchproxy.Config](), "", 0)
+	walk(reflect.TypeFor[config.Config](), "", 0)
 	if len(paths) < 120 {
 		t.Fatalf("%d settings found: the walk no longer reads the Config type", len(paths))
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -14,7 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v4"
 
-	"github.com/epochsketch/epochsketch/sketchproxy"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // entry is one setting of the reference: a section (a struct, or a list
@@ -52,7 +53,7 @@ type gen struct {
 // generate returns the reference, and what is missing from the source
 // (a description, an example) for it to be complete.
 func generate(dir string) ([]byte, []string, error) {
-	docs, err := readDocs(dir)
+	docs, err := readDocs(filepath.Join(dir, "config"))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -66,7 +67,7 @@ func generate(dir string) ([]byte, []string, error) {
 	for i, p := range sk {
 		insts[i] = instance{reflect.ValueOf(p.cfg).Elem(), p.doc}
 	}
-	top := reflect.TypeFor[sketchproxy.Config]()
+	top := reflect.TypeFor[config.Config]()
 	g.sections[top] = ""
 	g.walk(top, "", insts, "")
 	return g.render(), g.problems, nil
@@ -136,7 +137,7 @@ func (g *gen) section(e entry, f reflect.StructField, base reflect.Type, list bo
 	}
 	g.sections[st] = e.path
 	g.entries = append(g.entries, e)
-	if kind, _ := sketchproxy.ReloadTag(f); kind != "" {
+	if kind, _ := config.ReloadTag(f); kind != "" {
 		restart = e.path
 	}
 	g.walk(st, e.path, sub, restart)
@@ -159,7 +160,7 @@ func (g *gen) check(e *entry, f reflect.StructField) {
 
 // reloadOf says whether a change to f takes a restart.
 func reloadOf(f reflect.StructField, restart string) string {
-	kind, note := sketchproxy.ReloadTag(f)
+	kind, note := config.ReloadTag(f)
 	switch {
 	case restart != "":
 		return "takes a restart, as the whole `" + restart + "` section"
@@ -207,7 +208,7 @@ func render(v reflect.Value) string {
 		}
 		v = v.Elem()
 	}
-	if v.Type() == reflect.TypeFor[sketchproxy.Duration]() {
+	if v.Type() == reflect.TypeFor[config.Duration]() {
 		return "`" + duration(time.Duration(v.Int())) + "`"
 	}
 	switch v.Kind() {
@@ -264,7 +265,7 @@ func typeName(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if t == reflect.TypeFor[sketchproxy.Duration]() {
+	if t == reflect.TypeFor[config.Duration]() {
 		return "duration (`500ms`, `10s`, `1m`, `24h`, `1d`)"
 	}
 	switch t.Kind() {

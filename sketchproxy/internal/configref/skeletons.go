@@ -16,7 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v4"
 
-	"github.com/epochsketch/epochsketch/sketchproxy"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 // skeletons are the configs whose prepared forms give the defaults: every
@@ -67,7 +67,7 @@ rules:
 // prepared is one skeleton as ParseConfig prepares it, beside the document
 // it was written as.
 type prepared struct {
-	cfg *sketchproxy.Config
+	cfg *config.Config
 	doc *yaml.Node // the mapping at the document's top
 }
 
@@ -88,7 +88,7 @@ func prepareSkeletons() ([]prepared, error) {
 		for name, path := range files {
 			s = strings.ReplaceAll(s, "{{"+name+"}}", path)
 		}
-		cfg, err := sketchproxy.ParseConfig(fmt.Sprintf("skeleton %d", i+1), []byte(s))
+		cfg, err := config.Parse(fmt.Sprintf("skeleton %d", i+1), []byte(s))
 		if err != nil {
 			return nil, err
 		}

@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
 // Rule matches requests and limits them by key.
@@ -82,17 +83,40 @@ type AllowList struct {
 	Keys []string `yaml:"keys" example:"[internal-batch]"`
 }
 
-// allowSet is a rule's allow list, compiled.
-type allowSet struct {
+// AllowSet is a rule's allow list, compiled.
+type AllowSet struct {
 	prefixes []netip.Prefix
 	keys     map[string]bool
+}
+
+// Allows reports whether the list exempts a client at addr (invalid when
+// unknown) whose key is key.
+func (a *AllowSet) Allows(addr netip.Addr, key string) bool {
+	// Short enough to be inlined into the doors: a request asks every
+	// rule that matches it, most with no cidrs.
+	return len(a.prefixes) > 0 && a.hasAddr(addr) || a.keys[key]
+}
+
+// hasAddr reports whether addr is in one of the list's cidrs. It stays a
+// call of its own, so that Allows is inlined.
+//
+//go:noinline
+func (a *AllowSet) hasAddr(addr netip.Addr) bool {
+	if addr.IsValid() {
+		for _, p := range a.prefixes {
+			if p.Contains(addr) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ruleAt reports a problem in rules[i], at path below it.
 type ruleAt func(msg string, path ...any) error
 
 // prepareRules checks every rule, in order, with its defaults applied.
-func (c *Config) prepareRules(b *built) error {
+func (c *Config) prepareRules(b *Built) error {
 	if len(c.Rules) == 0 && c.EnvoyRLS == nil {
 		return c.errAt("no rules: add at least one (see sketchproxy -example)", "rules")
 	}
@@ -107,7 +131,7 @@ func (c *Config) prepareRules(b *built) error {
 
 // validateRule applies rules[i]'s defaults and checks it; names holds the
 // names of the rules before it, by index.
-func (c *Config) validateRule(b *built, i int, names map[string]int) error {
+func (c *Config) validateRule(b *Built, i int, names map[string]int) error {
 	r := &c.Rules[i]
 	at := ruleAt(func(msg string, path ...any) error { return c.errAt(msg, append([]any{"rules", i}, path...)...) })
 	if err := r.prepareName(at, i, names); err != nil {
@@ -167,11 +191,11 @@ func (r *Rule) prepareName(at ruleAt, i int, names map[string]int) error {
 func (m *Match) prepare(at ruleAt) error {
 	if p := m.PathPrefix; p != "" && !strings.HasPrefix(p, "/") {
 		return at(fmt.Sprintf("%q: a path prefix starts with /", p), "match", "path_prefix")
-	} else if p != "" && cleanPath(p) != p {
-		return at(fmt.Sprintf("%q: requests are matched on cleaned paths, so this prefix would never match: write %q", p, cleanPath(p)), "match", "path_prefix")
+	} else if p != "" && httpnorm.CleanPath(p) != p {
+		return at(fmt.Sprintf("%q: requests are matched on cleaned paths, so this prefix would never match: write %q", p, httpnorm.CleanPath(p)), "match", "path_prefix")
 	}
 	if h := m.Host; h != "" {
-		_, name, ok := canonicalHost(h)
+		_, name, ok := httpnorm.CanonicalHost(h)
 		if !ok || strings.HasPrefix(name, "[") != strings.HasPrefix(h, "[") {
 			return at(fmt.Sprintf("%q: want a host name such as api.example.com (any case; a port or trailing dot is ignored)", h), "match", "host")
 		}
@@ -214,8 +238,8 @@ func (r *Rule) prepareKey(at ruleAt, haveJWT bool) error {
 }
 
 // compile parses the allow list's CIDRs and indexes its keys.
-func (a *AllowList) compile(at ruleAt) (allowSet, error) {
-	allow := allowSet{keys: make(map[string]bool, len(a.Keys))}
+func (a *AllowList) compile(at ruleAt) (AllowSet, error) {
+	allow := AllowSet{keys: make(map[string]bool, len(a.Keys))}
 	for j, s := range a.CIDRs {
 		p, err := parsePrefix(s)
 		if err != nil {

@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"fmt"

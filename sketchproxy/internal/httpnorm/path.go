@@ -1,4 +1,7 @@
-package sketchproxy
+// Package httpnorm reads a request's path and Host the one way every door
+// matches them and the upstream is sent them: cleaned, canonical, and
+// refused where upstreams disagree on what they name.
+package httpnorm
 
 import (
 	"net/http"
@@ -23,10 +26,10 @@ import (
 // ("/api;jsessionid=1/x" is /api/x to Tomcat), NTFS stream names and
 // trailing dots and spaces ("/api::$DATA/x" and "/api./x" are /api/x to
 // IIS), are forwarded as sent, and rules match both the path and its folded
-// form (loosePath).
+// form (LoosePath).
 
-// pathProblem says why a request's path is refused, or "" if it is fine.
-func pathProblem(r *http.Request) string {
+// PathProblem says why a request's path is refused, or "" if it is fine.
+func PathProblem(r *http.Request) string {
 	p := r.URL.Path
 	if p == "" || p[0] != '/' {
 		if r.Method == http.MethodOptions && p == "*" {
@@ -60,9 +63,9 @@ func pathProblem(r *http.Request) string {
 	return ""
 }
 
-// cleanPath is p with repeated slashes merged and "." and ".." resolved,
+// CleanPath is p with repeated slashes merged and "." and ".." resolved,
 // keeping a trailing slash: what a file server or router serves for p.
-func cleanPath(p string) string {
+func CleanPath(p string) string {
 	if p == "" || p[0] != '/' {
 		return p
 	}
@@ -73,14 +76,14 @@ func cleanPath(p string) string {
 	return c
 }
 
-// normalizePath rewrites r's path to its cleaned form, keeping the
+// NormalizePath rewrites r's path to its cleaned form, keeping the
 // client's percent-encoding where it still spells the same path.
-func normalizePath(r *http.Request) {
+func NormalizePath(r *http.Request) {
 	p := r.URL.Path
 	if p == "" || p[0] != '/' {
 		return
 	}
-	c := cleanPath(p)
+	c := CleanPath(p)
 	if c == p {
 		return
 	}
@@ -90,20 +93,20 @@ func normalizePath(r *http.Request) {
 	if raw != "" {
 		// Without an encoded slash, raw and decoded paths have the same
 		// segments; url.URL ignores a RawPath that does not decode to Path.
-		r.URL.RawPath = cleanPath(raw)
+		r.URL.RawPath = CleanPath(raw)
 	}
 	if r.URL.EscapedPath() != r.URL.RawPath {
 		r.URL.RawPath = ""
 	}
 }
 
-// loosePath is p as the most forgiving upstream reads it, or p itself:
+// LoosePath is p as the most forgiving upstream reads it, or p itself:
 // each segment's parameters cut (";jsessionid=1", which Tomcat and Jetty
 // drop before they route) and its NTFS stream name (":" on, which IIS
 // drops: "api::$DATA" is "api"), then its trailing dots and spaces (which
 // IIS and Windows file systems drop), and the result cleaned. Rules match both
 // spellings, so neither one slips past a rule (docs/rules-and-limits.md, Paths).
-func loosePath(p string) string {
+func LoosePath(p string) string {
 	if p == "" || p[0] != '/' {
 		return p
 	}
@@ -137,16 +140,16 @@ func loosePath(p string) string {
 	if b == nil {
 		return p
 	}
-	return cleanPath(string(b))
+	return CleanPath(string(b))
 }
 
-// pathMatch reports whether a request path is under prefix. A prefix that
+// PathMatch reports whether a request path is under prefix. A prefix that
 // ends in "/" matches by whole segments: "/api/" matches "/api", "/api/" and
 // "/api/x", never "/apix". Without a trailing slash it is a plain prefix:
 // "/api" matches "/apix" too. Unless caseSensitive, letters match in any
 // case, because many upstreams (Windows, macOS file systems, some routers)
 // serve /API/x as /api/x.
-func pathMatch(p, prefix string, caseSensitive bool) bool {
+func PathMatch(p, prefix string, caseSensitive bool) bool {
 	eq := strings.EqualFold
 	if caseSensitive {
 		eq = func(a, b string) bool { return a == b }

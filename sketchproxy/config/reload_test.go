@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"fmt"
@@ -67,24 +67,10 @@ func handKeptRestartOnly(running, next *Config) []string {
 	return stay
 }
 
-// RestartOnly, read from the fields' reload tags, names what the hand-kept
-// list named, for every pair of configs that differ in one or two
-// settings, restart-only or not, with each optional section absent, on
-// the main listener or on its own.
-func TestRestartOnlyFromTags(t *testing.T) {
-	bases := map[string]func(*Config){
-		"bare": func(*Config) {},
-		"check on listen": func(c *Config) {
-			c.ForwardAuth = &ForwardAuthConfig{Path: "/check"}
-		},
-		"check on its own": func(c *Config) {
-			c.ForwardAuth = &ForwardAuthConfig{Path: "/check", Listen: ":9"}
-		},
-		"envoy with tls": func(c *Config) {
-			c.EnvoyRLS = &EnvoyRLSConfig{Listen: ":8081", WatchEvery: Duration(time.Second), TLS: &RLSTLSConfig{CertFile: "c.pem", KeyFile: "k.pem"}}
-		},
-	}
-	changes := map[string]func(*Config){
+// reloadChanges are the changes TestRestartOnlyFromTags pairs: one
+// setting each, restart-only or not ("(loads)": a reload applies it).
+func reloadChanges() map[string]func(*Config) {
+	return map[string]func(*Config){
 		"listen":               func(c *Config) { c.Listen = ":1" },
 		"admin":                func(c *Config) { c.Admin = "off" },
 		"upstream":             func(c *Config) { c.Upstream = "http://u:2" },
@@ -122,6 +108,26 @@ func TestRestartOnlyFromTags(t *testing.T) {
 			c.EnvoyRLS = &EnvoyRLSConfig{Listen: ":8081", WatchEvery: Duration(time.Second), TLS: &RLSTLSConfig{CertFile: "c.pem", KeyFile: "k.pem"}, ResponseHeaders: "draft"}
 		},
 	}
+}
+
+// RestartOnly, read from the fields' reload tags, names what the hand-kept
+// list named, for every pair of configs that differ in one or two
+// settings, restart-only or not, with each optional section absent, on
+// the main listener or on its own.
+func TestRestartOnlyFromTags(t *testing.T) {
+	bases := map[string]func(*Config){
+		"bare": func(*Config) {},
+		"check on listen": func(c *Config) {
+			c.ForwardAuth = &ForwardAuthConfig{Path: "/check"}
+		},
+		"check on its own": func(c *Config) {
+			c.ForwardAuth = &ForwardAuthConfig{Path: "/check", Listen: ":9"}
+		},
+		"envoy with tls": func(c *Config) {
+			c.EnvoyRLS = &EnvoyRLSConfig{Listen: ":8081", WatchEvery: Duration(time.Second), TLS: &RLSTLSConfig{CertFile: "c.pem", KeyFile: "k.pem"}}
+		},
+	}
+	changes := reloadChanges()
 	build := func(base func(*Config), more ...func(*Config)) *Config {
 		c := &Config{Listen: ":8080", Admin: "127.0.0.1:9091", StateEvery: Duration(time.Minute),
 			Server: ServerConfig{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(2 * time.Minute), MaxHeaderBytes: 65536}}

@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"crypto/sha256"
@@ -42,7 +42,7 @@ func (r *EnvoyRLSConfig) Warnings() []string {
 
 // warn records that the field at path p of c's document was loaded and is
 // ignored.
-func (r *rlsBuilt) warn(c *Config, p []any) {
+func (r *RLS) warn(c *Config, p []any) {
 	msg := "ignored: nothing reads a descriptor's metadata (envoy_rls.response_dynamic_metadata returns the call's domain, descriptors and quota violations, not this field); the descriptor's limit applies as written"
 	r.warned = append(r.warned, c.errAt(msg, p...).Error())
 }
@@ -58,7 +58,7 @@ func (c *Config) rlsPath(p string) string {
 
 // loadRLSDirectory checks watch_every and compiles every file of
 // envoy_rls.directory into b.
-func (c *Config) loadRLSDirectory(b *rlsBuilt) error {
+func (c *Config) loadRLSDirectory(b *RLS) error {
 	r := c.EnvoyRLS
 	if r.WatchEvery == 0 {
 		r.WatchEvery = Duration(defaultWatchEvery)

@@ -1,8 +1,11 @@
-package sketchproxy
+package config
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
+
+	"github.com/epochsketch/epochsketch/limit/clientip"
 )
 
 // ClientIPConfig says how the client's address is found: the address a
@@ -37,16 +40,22 @@ type ClientIPConfig struct {
 	IPv4Prefix int `yaml:"ipv4_prefix" example:"24"`
 }
 
+// Client address sources (ClientIPConfig.Source), besides "header:NAME".
+const (
+	SourceXFF       = "x-forwarded-for"
+	SourceForwarded = "forwarded"
+	SourceRealIP    = "x-real-ip"
+)
+
 // prepare applies the client_ip section's defaults, checks it, and
-// compiles the trusted proxies into ci.
-func (cc *ClientIPConfig) prepare(c *Config, ci *clientIP) error {
-	ci.ClientIPConfig = cc
+// compiles the trusted proxies into trusted.
+func (cc *ClientIPConfig) prepare(c *Config, trusted *clientip.Trusted) error {
 	for i, s := range cc.TrustedProxies {
 		p, err := parsePrefix(s)
 		if err != nil {
 			return c.errAt(err.Error(), "client_ip", "trusted_proxies", i)
 		}
-		ci.trusted.Add(p)
+		trusted.Add(p)
 	}
 	if err := cc.prepareSource(c); err != nil {
 		return err
@@ -60,8 +69,8 @@ func (cc *ClientIPConfig) prepareSource(c *Config) error {
 	cc.Source = strings.ToLower(strings.TrimSpace(cc.Source))
 	switch name, isHeader := strings.CutPrefix(cc.Source, "header:"); {
 	case cc.Source == "":
-		cc.Source = sourceXFF
-	case cc.Source == sourceXFF || cc.Source == sourceForwarded || cc.Source == sourceRealIP:
+		cc.Source = SourceXFF
+	case cc.Source == SourceXFF || cc.Source == SourceForwarded || cc.Source == SourceRealIP:
 	case isHeader && validHeaderName(name):
 	default:
 		return c.errAt(fmt.Sprintf("%q: want x-forwarded-for, forwarded, x-real-ip or header:NAME", cc.Source), "client_ip", "source")
@@ -87,4 +96,13 @@ func (cc *ClientIPConfig) preparePrefixes(c *Config) error {
 		return c.errAt(fmt.Sprintf("%d: want 1 to 32", cc.IPv4Prefix), "client_ip", "ipv4_prefix")
 	}
 	return nil
+}
+
+// Group maps an address to its client key, the key part "ip": IPv6 by
+// /64 (by default), IPv4 by /32; "unknown" for an invalid address.
+func (ci *ClientIPConfig) Group(a netip.Addr) string {
+	if !a.IsValid() {
+		return "unknown"
+	}
+	return clientip.Key(a, ci.IPv4Prefix, ci.IPv6Prefix)
 }

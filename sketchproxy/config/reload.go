@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"reflect"
@@ -28,7 +28,7 @@ const (
 // RestartOnly lists the settings, by their path in the file, that differ
 // between the running config and next and that only a restart applies (the
 // fields tagged reload:"restart"): the reload keeps their running values.
-// Both configs are as LoadConfig returns them, with their defaults.
+// Both configs are as Load returns them, with their defaults.
 func RestartOnly(running, next *Config) []string {
 	var stay []string
 	restartWalk(reflect.ValueOf(running).Elem(), reflect.ValueOf(next).Elem(), "", &stay)

@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 // HeadersConfig picks the rate-limit headers sent: by default the IETF
 // draft's RateLimit-Policy and RateLimit fields

@@ -1,4 +1,4 @@
-package sketchproxy
+package httpnorm
 
 import (
 	"net/netip"
@@ -15,10 +15,10 @@ import (
 // empty label, a byte outside letters, digits, '-', '_' and '.') is refused
 // with 400, because gateways and upstreams disagree on what it names.
 
-// canonicalHost returns h's canonical spelling and its name without the
+// CanonicalHost returns h's canonical spelling and its name without the
 // port, or ok false when h is not a valid Host. An empty h is valid: an
 // HTTP/1.0 request may leave Host out.
-func canonicalHost(h string) (canon, name string, ok bool) {
+func CanonicalHost(h string) (canon, name string, ok bool) {
 	if h == "" {
 		return "", "", true
 	}

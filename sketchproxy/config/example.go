@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 // ExampleConfig is a commented configuration with every section; `sketchproxy
 // -example` prints it, and a test keeps it valid.

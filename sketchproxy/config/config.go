@@ -1,4 +1,4 @@
-package sketchproxy
+package config
 
 import (
 	"bytes"
@@ -17,16 +17,10 @@ import (
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v4"
-
-	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
-// The configuration reference is generated from the types below: their doc
-// comments, their reload and example tags, and the defaults prepare applies.
-//go:generate go run ./internal/configref -o docs/configuration.md
-
 // Config is SketchProxy's configuration, usually read from YAML with
-// LoadConfig. Zero fields take the defaults listed in docs/configuration.md,
+// Load. Zero fields take the defaults listed in docs/configuration.md,
 // which internal/configref generates from these types. Where 0 is a
 // setting of its own (no warmup, no delay, no leeway), a file that writes 0
 // gets 0, and code that builds a Config asks for it with a negative value:
@@ -117,15 +111,15 @@ func parseDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// ConfigError is a configuration problem, with where it is.
-type ConfigError struct {
+// Error is a configuration problem, with where it is.
+type Error struct {
 	File  string // the file, or "" for a Config built in code
 	Line  int    // 0 when unknown
 	Field string // e.g. rules[1].limits[0].per
 	Msg   string
 }
 
-func (e *ConfigError) Error() string {
+func (e *Error) Error() string {
 	var b strings.Builder
 	if e.File != "" {
 		b.WriteString(e.File)
@@ -145,13 +139,13 @@ func (e *ConfigError) Error() string {
 	return b.String()
 }
 
-// LoadConfig reads and validates a YAML file.
-func LoadConfig(path string) (*Config, error) {
+// Load reads and validates a YAML file.
+func Load(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading the config: %w", err)
 	}
-	return ParseConfig(path, b)
+	return Parse(path, b)
 }
 
 var (
@@ -160,9 +154,9 @@ var (
 	reOwnLine      = regexp.MustCompile(`^line (\d+): (.*)$`) // a Duration's own error
 )
 
-// ParseConfig parses and validates YAML; name is used in messages. Unknown
+// Parse parses and validates YAML; name is used in messages. Unknown
 // fields are errors (a typo must not silently disable a limit).
-func ParseConfig(name string, data []byte) (*Config, error) {
+func Parse(name string, data []byte) (*Config, error) {
 	c := &Config{src: name}
 	if err := notUTF8(name, data); err != nil {
 		return nil, err
@@ -174,12 +168,12 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(c); errors.Is(err, io.EOF) {
-		return nil, &ConfigError{File: name, Msg: "the file is empty: see sketchproxy -example"}
+		return nil, &Error{File: name, Msg: "the file is empty: see sketchproxy -example"}
 	} else if err != nil {
 		return nil, yamlError(name, err, &root, reflect.TypeFor[Config](), data)
 	}
 	c.src, c.root = name, &root
-	if err := c.prepare(&built{}); err != nil { // the parsed Config is ours: defaults applied in place
+	if err := c.prepare(&Built{}); err != nil { // the parsed Config is ours: defaults applied in place
 		return nil, err
 	}
 	return c, nil
@@ -208,9 +202,9 @@ func yamlError(name string, err error, root *yaml.Node, top reflect.Type, data [
 	}
 	path, isKey := nodePath(root, mark.Line, mark.Column)
 	if m := reUnknownField.FindStringSubmatch(msg); m != nil && isKey {
-		return &ConfigError{File: name, Line: mark.Line, Msg: unknownField(top, path, m[1])}
+		return &Error{File: name, Line: mark.Line, Msg: unknownField(top, path, m[1])}
 	} else if m != nil {
-		return &ConfigError{File: name, Line: mark.Line, Msg: fmt.Sprintf("unknown field %q", m[1])}
+		return &Error{File: name, Line: mark.Line, Msg: fmt.Sprintf("unknown field %q", m[1])}
 	}
 	msg = reBadType.ReplaceAllString(msg, "a $1 \"$2\" where a $3 belongs")
 	if m := reNotMapping.FindStringSubmatch(msg); m != nil && len(path) == 0 && top != nil {
@@ -219,7 +213,7 @@ func yamlError(name string, err error, root *yaml.Node, top reflect.Type, data [
 	if !strings.Contains(msg, "tab") && tabIndented(data, mark.Line) {
 		msg += " (the line is indented with a tab: YAML indents with spaces)"
 	}
-	return &ConfigError{File: name, Line: mark.Line, Field: fieldName(path...), Msg: msg}
+	return &Error{File: name, Line: mark.Line, Field: fieldName(path...), Msg: msg}
 }
 
 var reNotMapping = regexp.MustCompile(`^cannot construct !!(seq|str|int|float|bool) into \S+$`)
@@ -256,7 +250,7 @@ func notUTF8(name string, data []byte) error {
 	}
 	line := 1 + bytes.Count(data[:at], []byte("\n"))
 	col := at - bytes.LastIndexByte(data[:at], '\n')
-	return &ConfigError{File: name, Line: line, Msg: fmt.Sprintf("byte 0x%02X at column %d is not UTF-8: save the file as UTF-8", data[at], col)}
+	return &Error{File: name, Line: line, Msg: fmt.Sprintf("byte 0x%02X at column %d is not UTF-8: save the file as UTF-8", data[at], col)}
 }
 
 // lineOf finds the line of a field by path: strings are map keys, ints
@@ -345,62 +339,18 @@ func fieldName(path ...any) string {
 	return b.String()
 }
 
-// errAt is a ConfigError about the field at path: its name, and its line
+// errAt is a Error about the field at path: its name, and its line
 // in a parsed file.
 func (c *Config) errAt(msg string, path ...any) error {
-	return &ConfigError{File: c.src, Line: c.lineOf(path...), Field: fieldName(path...), Msg: msg}
+	return &Error{File: c.src, Line: c.lineOf(path...), Field: fieldName(path...), Msg: msg}
 }
 
 // Validate checks c as New would use it: with its defaults applied, to a
 // copy (c itself is not changed). Errors name the field and, for parsed
 // files, the line.
 func (c *Config) Validate() error {
-	_, _, err := c.prepared()
+	_, err := Build(c)
 	return err
-}
-
-// spec is the prepared config as the engine compiles it.
-func (c *Config) spec(b *built) *engine.Spec {
-	sp := &engine.Spec{
-		Buckets: c.Sketch.Buckets, TwoChoice: c.Sketch.TwoChoice,
-		Tarpit:  c.Tarpit.spec(),
-		NewKeys: c.NewKeys.spec(),
-	}
-	for _, rc := range c.Rules {
-		sp.Rules = append(sp.Rules, rc.spec())
-	}
-	if r := c.EnvoyRLS; r != nil {
-		for _, rc := range b.rls.rules {
-			sp.RLSRules = append(sp.RLSRules, rc.spec())
-		}
-	}
-	return sp
-}
-
-// prepared returns a copy of c with its defaults applied and checked: what
-// New and Reload run on.
-func (c *Config) prepared() (*Config, *built, error) {
-	if c == nil {
-		return nil, nil, errors.New("sketchproxy: the *Config is nil: pass one from LoadConfig or ParseConfig, or a Config literal")
-	}
-	cp := c.clone()
-	b := &built{}
-	if err := cp.prepare(b); err != nil {
-		return nil, nil, err
-	}
-	return cp, b, nil
-}
-
-// built is what preparing a Config compiles besides its defaults: what the
-// doors match with, and the keys and files they read. It lives beside the
-// Config in the running state, never in it: a Config is plain data.
-type built struct {
-	labelKey []byte // key_label_secret_file's secret, trimmed
-	ci       clientIP
-	allow    []allowSet // by rule
-	jwt      jwtKeyset
-	rls      rlsBuilt
-	fleet    fleetBuilt
 }
 
 // clone copies c deeply: every exported pointer, slice and map is copied,
@@ -456,14 +406,14 @@ func deepen(v reflect.Value) {
 
 // prepare applies the defaults, the one place they are applied, and checks
 // c in place: section by section, in the order of the file's reference.
-func (c *Config) prepare(b *built) error {
+func (c *Config) prepare(b *Built) error {
 	if err := c.prepareTop(b); err != nil {
 		return err
 	}
 	if err := c.Server.prepare(c); err != nil {
 		return err
 	}
-	if err := c.ClientIP.prepare(c, &b.ci); err != nil {
+	if err := c.ClientIP.prepare(c, &b.trusted); err != nil {
 		return err
 	}
 	if err := c.Sketch.prepare(c); err != nil {
@@ -492,7 +442,7 @@ func (c *Config) prepare(b *built) error {
 
 // prepareTop applies the defaults of the top-level settings and checks
 // them; it reads the key label secret into b.
-func (c *Config) prepareTop(b *built) error {
+func (c *Config) prepareTop(b *Built) error {
 	orDefault(&c.Listen, ":8080")
 	orDefault(&c.Admin, "127.0.0.1:9091")
 	orDefault(&c.StateEvery, Duration(time.Minute))
