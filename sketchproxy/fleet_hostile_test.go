@@ -18,7 +18,7 @@ type fixedLocal uint32
 
 func (c fixedLocal) EstimateBytes([]byte) uint32 { return uint32(c) }
 
-func hostileFleet(t *testing.T, store fleetStore, now func() time.Time, replicas int) *fleet {
+func hostileFleet(t testing.TB, store fleetStore, now func() time.Time, replicas int) *fleet {
 	t.Helper()
 	cfg := &FleetConfig{Replicas: replicas, ID: "r0", Interval: Duration(500 * time.Millisecond),
 		Timeout: Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
