@@ -878,19 +878,28 @@ func (f *fleet) hear(payload string) {
 	}
 }
 
-// claimTime keeps a claim's records whose MAC verifies and dates it by
-// them: its tick, the latest tick a record was written at; its time, its
-// head's within what its records signed (from the latest signed time to a
-// timeout after it, the most a send takes). It reports false, and counts
-// the claim rejected, where no record verifies.
+// claimTime keeps a claim's records whose MAC verifies, the latest of
+// each replica's (a claim made up of genuine records may repeat one, which
+// would count its replica twice), and dates it by them: its tick, the
+// latest tick a record was written at; its time, its head's within what
+// its records signed (from the latest signed time to a timeout after it,
+// the most a send takes). It reports false, and counts the claim
+// rejected, where no record verifies.
 func (f *fleet) claimTime(rkey string, rp *shareReply) bool {
-	recs := rp.recs[:0]
+	recs, bad := rp.recs[:0], 0
 	for _, r := range rp.recs {
-		if f.verify(rkey, &r) {
+		if !f.verify(rkey, &r) {
+			bad++
+			continue
+		}
+		switch i := slices.IndexFunc(recs, func(o signedRec) bool { return o.id == r.id }); {
+		case i < 0:
 			recs = append(recs, r)
+		case r.ts > recs[i].ts:
+			recs[i] = r
 		}
 	}
-	f.reject(len(rp.recs) - len(recs))
+	f.reject(bad)
 	rp.recs, rp.verified = recs, true
 	if len(recs) == 0 {
 		return false

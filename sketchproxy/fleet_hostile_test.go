@@ -192,3 +192,22 @@ func TestFleetHeartbeatOnRedisClock(t *testing.T) {
 		t.Errorf("an entry dated in the future is counted: %d replicas, want 2", n)
 	}
 }
+
+// A claim made up of genuine records may repeat one: its replica counts
+// once, at its latest record.
+func TestFleetClaimRepeatingARecord(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	f := hostileFleet(t, newMemStore(clk.Now), clk.Now, 2)
+	e := hostileEntry(f, "client", 20, 2)
+	if !f.send([]*hotEntry{e}, false) {
+		t.Fatal("the round failed")
+	}
+	v := e.view.Load()
+	r1 := signedRec{id: "r1", c: 6, d: 6, at: v.tick, ts: v.at + 1}
+	later := r1
+	later.c, later.ts = 8, v.at+2
+	f.hear(signedClaim(f, e.rkey, v.tick, v.at, v.at+2, r1, later, r1))
+	if v := e.view.Load(); len(v.others) != 1 || v.others[0].c != 8 {
+		t.Fatalf("a claim repeating r1's record reads %+v, want r1 once, at its latest count 8", v.others)
+	}
+}
