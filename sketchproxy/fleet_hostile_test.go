@@ -18,7 +18,7 @@ type fixedLocal uint32
 
 func (c fixedLocal) EstimateBytes([]byte) uint32 { return uint32(c) }
 
-func hostileFleet(t *testing.T, store fleetStore, now func() time.Time, replicas int) *fleet {
+func hostileFleet(t testing.TB, store fleetStore, now func() time.Time, replicas int) *fleet {
 	t.Helper()
 	cfg := &FleetConfig{Replicas: replicas, ID: "r0", Interval: Duration(500 * time.Millisecond),
 		Timeout: Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
@@ -42,10 +42,12 @@ func hostileEntry(f *fleet, k string, theta, c uint32) *hotEntry {
 }
 
 // A claim is published through Redis by whoever may PUBLISH on the
-// channel, and carries no proof that the script wrote it. One that says
-// it is from the far future must not pin the view: the replica's own
-// rounds must go on replacing it, or a single forged message would hold
-// a key's view (nobody else counts anything) for as long as it stays hot.
+// channel; its records are signed (fleet.sign), its head ("tick born now")
+// is not, and may be made up around genuine records. One that says it is
+// from the far future must not pin the view: the replica's own rounds
+// must go on replacing it, or a single forged message would hold a key's
+// view (nobody else counts anything) for as long as it stays hot. One
+// dated 40 ticks on must not halve the counts it carries to nothing.
 func TestFleetForgedClaimCannotPinAView(t *testing.T) {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
 	store := newMemStore(clk.Now)
@@ -58,9 +60,10 @@ func TestFleetForgedClaimCannotPinAView(t *testing.T) {
 	if good == nil {
 		t.Fatal("no view after a round")
 	}
-	// Far in the future, nobody but this replica, which holds nothing.
+	// Far in the future, a genuine record of another replica.
+	r1 := signedRec{id: "r1", c: 6, d: 6, at: good.tick, ts: good.at}
 	far := good.at + int64(100*365*24*time.Hour/time.Microsecond)
-	f.hear(fmt.Sprintf("%s %d %d %d r0 0 0 0", e.rkey, far/int64(time.Second/time.Microsecond), good.at, far))
+	f.hear(signedClaim(f, e.rkey, far/int64(time.Second/time.Microsecond), good.at, far, r1))
 	clk.Advance(600 * time.Millisecond)
 	if !f.send([]*hotEntry{e}, false) {
 		t.Fatal("the round failed")
@@ -68,25 +71,39 @@ func TestFleetForgedClaimCannotPinAView(t *testing.T) {
 	if v := e.view.Load(); v.at == far {
 		t.Fatalf("a forged claim from the future pinned the view (at %d); the replica's own round did not replace it", v.at)
 	}
-	// A claim whose tick does not match its time (counts halved to
-	// nothing) is not one the script wrote either.
+	// A claim whose head's tick does not match its records': its counts
+	// are read at the tick they were signed at.
 	now := e.view.Load().at
-	f.hear(fmt.Sprintf("%s %d %d %d r0 0 0 0", e.rkey, now/int64(time.Second/time.Microsecond)+40, good.at, now+1))
-	if v := e.view.Load(); v.at == now+1 {
-		t.Fatal("a claim whose tick is 40 ticks past its time was taken")
+	r1.c, r1.ts = 8, now
+	f.hear(signedClaim(f, e.rkey, now/int64(time.Second/time.Microsecond)+40, good.at, now+1, r1))
+	v := e.view.Load()
+	if v.tick > good.tick+1 || len(v.others) != 1 || v.others[0].c != 8 {
+		t.Fatalf("a claim headed 40 ticks past its records read as tick %d (signed at %d), others %+v: want r1's 8 counts", v.tick, good.tick, v.others)
 	}
 
 	// Heard before this replica's first reply (nothing to check it
 	// against): its own round replaces it.
 	f2 := hostileFleet(t, store, clk.Now, 2)
 	e2 := hostileEntry(f2, "client2", 20, 10)
-	f2.hear(fmt.Sprintf("%s %d %d %d r0 0 0 0", e2.rkey, far/int64(time.Second/time.Microsecond), good.at, far))
+	f2.hear(signedClaim(f2, e2.rkey, far/int64(time.Second/time.Microsecond), good.at, far, r1))
 	if !f2.send([]*hotEntry{e2}, false) {
 		t.Fatal("the round failed")
 	}
 	if v := e2.view.Load(); v == nil || v.at == far {
 		t.Fatal("a forged claim heard before the first round pinned the view")
 	}
+}
+
+// signedClaim is a claim of key rkey headed "tick born now" carrying recs,
+// each signed with f's secret (as the replicas that wrote them would).
+func signedClaim(f *fleet, rkey string, tick, born, now int64, recs ...signedRec) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %d %d %d", rkey, tick, born, now)
+	for _, r := range recs {
+		r.mac = f.macOf(rkey, &r)
+		fmt.Fprintf(&b, " %s %s", r.id, r.String())
+	}
+	return b.String()
 }
 
 // One hot key whose record Redis cannot run the script on (a key of
@@ -173,5 +190,24 @@ func TestFleetHeartbeatOnRedisClock(t *testing.T) {
 	rdb.ZAdd(ctx, "sketchproxy:members", redis.Z{Score: 1e15, Member: "forged"})
 	if n := beat("ahead", 10*time.Second); n != 2 {
 		t.Errorf("an entry dated in the future is counted: %d replicas, want 2", n)
+	}
+}
+
+// A claim made up of genuine records may repeat one: its replica counts
+// once, at its latest record.
+func TestFleetClaimRepeatingARecord(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	f := hostileFleet(t, newMemStore(clk.Now), clk.Now, 2)
+	e := hostileEntry(f, "client", 20, 2)
+	if !f.send([]*hotEntry{e}, false) {
+		t.Fatal("the round failed")
+	}
+	v := e.view.Load()
+	r1 := signedRec{id: "r1", c: 6, d: 6, at: v.tick, ts: v.at + 1}
+	later := r1
+	later.c, later.ts = 8, v.at+2
+	f.hear(signedClaim(f, e.rkey, v.tick, v.at, v.at+2, r1, later, r1))
+	if v := e.view.Load(); len(v.others) != 1 || v.others[0].c != 8 {
+		t.Fatalf("a claim repeating r1's record reads %+v, want r1 once, at its latest count 8", v.others)
 	}
 }

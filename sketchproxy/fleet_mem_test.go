@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -33,12 +35,7 @@ type memStore struct {
 
 type memKey struct {
 	born int64
-	recs map[string]memRec
-}
-
-type memRec struct {
-	c, d, g uint32
-	w, tk   int64
+	recs map[string]signedRec
 }
 
 func newMemStore(now func() time.Time) *memStore {
@@ -64,7 +61,7 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 		tick := now.UnixNano() / int64(c.tick)
 		k := m.keys[c.rkey]
 		if k == nil {
-			k = &memKey{born: us, recs: map[string]memRec{}}
+			k = &memKey{born: us, recs: map[string]signedRec{}}
 			m.keys[c.rkey] = k
 		}
 		rp := shareReply{ok: true, tick: tick, born: k.born, now: us}
@@ -78,19 +75,19 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 				continue
 			}
 			x := k.recs[id]
-			cc, dd, gg := halve(x.c, tick-x.tk), halve(x.d, tick-x.tk-1), x.g
-			if x.w < us-r.stale.Microseconds() {
-				dd, gg = 0, 0 // gone quiet: its count stays, halving
+			cc, dd := halve(x.c, tick-x.at), halve(x.d, tick-x.at-1)
+			if x.ts < us-r.stale.Microseconds() {
+				dd = 0 // gone quiet: its count stays, halving
 			}
 			if cc == 0 && dd == 0 {
 				delete(k.recs, id)
 				continue
 			}
-			rp.peers = append(rp.peers, peerShare{id: id, c: cc, d: dd, g: gg})
+			rp.recs = append(rp.recs, x)
 		}
-		me := memRec{c: halve(c.c, tick-c.at), d: halve(c.d, tick-c.at-1), g: c.g, w: us, tk: tick}
+		me := signedRec{id: r.id, c: c.c, d: c.d, g: c.g, at: c.at, ts: c.ts, mac: c.mac}
 		k.recs[r.id] = me
-		rp.peers = append(rp.peers, peerShare{id: r.id, c: me.c, d: me.d, g: me.g})
+		rp.recs = append(rp.recs, me)
 		if _, ok := m.markers[c.marker]; !ok {
 			m.markers[c.marker] = r.candidate
 		}
@@ -99,8 +96,8 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 		if c.publish {
 			var b strings.Builder
 			fmt.Fprintf(&b, "%s %d %d %d", c.rkey, rp.tick, rp.born, rp.now)
-			for _, p := range rp.peers {
-				fmt.Fprintf(&b, " %s %d %d %d", p.id, p.c, p.d, p.g)
+			for _, p := range rp.recs {
+				fmt.Fprintf(&b, " %s %s", p.id, p.String())
 			}
 			m.queued = append(m.queued, b.String())
 		}
@@ -158,14 +155,21 @@ func (m *memStore) resume() {
 	}
 }
 
-// zero rewrites every replica's record of every key as "0 0 0 now tick",
-// as a writer without the fleet's secret can.
+// zero rewrites every replica's record of every key with its count,
+// demand and guarantee 0, as a writer without the fleet's secret can
+// (the record's MAC no longer matches it).
 func (m *memStore) zero() {
+	m.rewrite(func(r *signedRec) { r.c, r.d, r.g = 0, 0, 0 })
+}
+
+// rewrite applies edit to every replica's record of every key.
+func (m *memStore) rewrite(edit func(r *signedRec)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, k := range m.keys {
 		for id, r := range k.recs {
-			k.recs[id] = memRec{w: m.now().UnixMicro(), tk: r.tk}
+			edit(&r)
+			k.recs[id] = r
 		}
 	}
 }
@@ -180,24 +184,44 @@ func (m *memStore) del() {
 // zeroShares rewrites every replica's record of every key with its
 // demand and guarantee zeroed, its count kept.
 func (m *memStore) zeroShares() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, k := range m.keys {
-		for id, r := range k.recs {
-			k.recs[id] = memRec{c: r.c, w: m.now().UnixMicro(), tk: r.tk}
-		}
-	}
+	m.rewrite(func(r *signedRec) { r.d, r.g = 0, 0 })
 }
 
 // zeroGuarantees rewrites every replica's record of every key with its
 // guarantee zeroed, its count and demand kept.
 func (m *memStore) zeroGuarantees() {
+	m.rewrite(func(r *signedRec) { r.g = 0 })
+}
+
+// ghost adds to every key the record of a replica that does not exist,
+// with a huge count, signed with a MAC made up.
+func (m *memStore) ghost() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	us := m.now().UnixMicro()
 	for _, k := range m.keys {
-		for id, r := range k.recs {
-			r.g = 0
-			k.recs[id] = r
+		k.recs["ghost"] = signedRec{id: "ghost", c: 1 << 20, d: 1 << 20, at: math.MaxInt32, ts: us, mac: strings.Repeat("0", 2*recMACSize)}
+	}
+}
+
+// snapshot returns every record now; replay writes them back, as a
+// writer without the secret can replay the records it has read.
+func (m *memStore) snapshot() map[string]map[string]signedRec {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]map[string]signedRec{}
+	for key, k := range m.keys {
+		out[key] = maps.Clone(k.recs)
+	}
+	return out
+}
+
+func (m *memStore) replay(old map[string]map[string]signedRec) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for key, recs := range old {
+		if k := m.keys[key]; k != nil {
+			maps.Copy(k.recs, recs)
 		}
 	}
 }

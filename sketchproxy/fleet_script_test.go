@@ -49,11 +49,11 @@ func startRedisServer(t *testing.T) string {
 	return addr
 }
 
-// shareScript and memStore answer the same calls alike: the records kept,
-// halved (counts from their tick, demands from the tick after), dropped
-// (nothing left), given back (unwritten for stale: the demand and the
-// guarantee; the count stays, halving), the run marker, and the claim
-// published, read back through the subscription.
+// shareScript and memStore answer the same calls alike: the records kept
+// as signed, dropped (halved to nothing: counts from their tick, demands
+// from the tick after, a demand unwritten for stale given back), the run
+// marker, and the claim published, read back through the subscription.
+// What a reader believes of them (fleet.peersOf) is the same for both.
 func TestShareScriptMatchesMemory(t *testing.T) {
 	addr := startRedisServer(t)
 	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
@@ -63,6 +63,9 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 	go rs.listen("sketchproxy:claims", func(p string) { heard <- p }, func() {}, func(error) {})
 	const tick = time.Hour // the two clocks agree on the tick
 	tk := time.Now().UnixNano() / int64(tick)
+	f := hostileFleet(t, mem, time.Now, 0)
+	f.redisAt.Store(time.Now().UnixMicro()) // its records dated on Redis's clock
+	f.redisSeen.Store(time.Now().UnixNano())
 	call := func(c, d, g uint32, at int64, publish bool) shareCall {
 		return shareCall{rkey: "sketchproxy:{t1}k:abc", marker: "sketchproxy:{t1}run", tick: tick, c: c, d: d, g: g, at: at, publish: publish}
 	}
@@ -93,18 +96,29 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 				}
 			}
 		}
-		got, _, _, err := rs.sync(context.Background(), round(st.id, st.stale), []shareCall{st.call}, nil)
+		f.self = st.id
+		calls := []shareCall{st.call}
+		f.sign(calls) // as this replica's send does
+		got, _, _, err := rs.sync(context.Background(), round(st.id, st.stale), calls, nil)
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
-		want, _, _, _ := mem.sync(context.Background(), round(st.id, st.stale), []shareCall{st.call}, nil)
+		want, _, _, _ := mem.sync(context.Background(), round(st.id, st.stale), calls, nil)
 		if g, w := describe(got[0]), describe(want[0]); g != w {
 			t.Errorf("step %d (%s): Redis answered %s, memory %s", i, st.id, g, w)
 		}
+		for _, r := range got[0].recs {
+			if !f.verify(st.call.rkey, &r) {
+				t.Errorf("step %d: %s's record %s does not verify", i, r.id, r.String())
+			}
+		}
 		if st.id == "r3" {
-			for _, p := range got[0].peers {
+			later := got[0]
+			later.now += int64(f.stale()/time.Microsecond) + 1
+			peers, _ := f.peersOf(st.call.rkey, &later, nil)
+			for _, p := range peers {
 				if p.id == "r0" && (p.c != 42 || p.d != 0 || p.g != 0) {
-					t.Errorf("r0 unwritten for more than stale reads %+v, want its count 42 kept, its demand and guarantee given back", p)
+					t.Errorf("r0 signed more than stale ago reads %+v, want its count 42 kept, its demand and guarantee given back", p)
 				}
 			}
 		}
@@ -127,8 +141,8 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 // records in its hash's order).
 func describe(r shareReply) string {
 	var ps []string
-	for _, p := range r.peers {
-		ps = append(ps, fmt.Sprintf("%s:%d/%d/%d", p.id, p.c, p.d, p.g))
+	for _, p := range r.recs {
+		ps = append(ps, fmt.Sprintf("%s:%s", p.id, p.String()))
 	}
 	slices.Sort(ps)
 	return "ok=" + strconv.FormatBool(r.ok) + " tick=" + strconv.FormatInt(r.tick, 10) + " run=" + r.run + " " + strings.Join(ps, " ")

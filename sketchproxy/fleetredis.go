@@ -3,7 +3,7 @@ package sketchproxy
 import (
 	"context"
 	"errors"
-	"math"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,35 +15,49 @@ import (
 
 // shareScript is one hot key's round on Redis, for one replica: it stores
 // what the replica holds of the key (its count, its demand and its
-// guarantee, with when it wrote them and at which tick), drops the records
-// of replicas whose counts halved to nothing, and returns every replica's record halved to the tick of
-// Redis's own clock (no skew between replicas), with the time the key was
-// first shared (born). A demand is a rate (the count at the start of its
-// tick, doubled: fleet.go, demand): it halves only from the tick after
-// the next, as the replica's own would not halve while its requests go on. Each replica writes only its own record, and
+// guarantee, at its tick, signed: fleet.sign), drops the records of
+// replicas whose counts halved to nothing, and returns every replica's
+// signed record as it wrote it, with Redis's tick and time (no skew
+// between replicas: readers halve each record from its tick to Redis's),
+// and the time the key was first shared (born). A demand is a rate (the
+// count at the start of its tick, doubled: fleet.go, demand): it halves
+// only from the tick after the next, as the replica's own would not halve
+// while its requests go on. Each replica writes only its own record, and
 // writes it whole: a round sent twice, or after Redis lost everything,
 // counts nothing twice.
 //
-// A replica gone quiet (no write for stale µs: it left, or restarted
-// under a new name, fleet.self) gives back its guarantee and its demand,
-// but its count stays, halving, until nothing is left: it admitted those
-// requests, and a replica that forgot them would admit them again.
+// A replica's record is two fields: s:<id>, "count demand guarantee tick
+// time mac" as the replica signed them (what readers believe, once its MAC
+// verifies: fleet.peersOf), and r:<id>, "count demand guarantee written
+// tick" halved to Redis's tick, the form replicas before signed records
+// read (their script drops a field it cannot parse), so that they still
+// see this one's counts during a rolling upgrade. A replica's record is
+// returned with its s: field, or "" where it has none (a replica of
+// before, or a writer without the secret): readers do not count it.
+//
+// A replica gone quiet (its record's time older than stale µs: it left,
+// or restarted under a new name, fleet.self) gives back its guarantee and
+// its demand, but its count stays, halving, until nothing is left: it
+// admitted those requests, and a replica that forgot them would admit
+// them again. The script drops a record that has halved to nothing.
 //
 // It also keeps the run marker of the key's hash tag (KEYS[2], in the same
 // slot): set only if absent, so only the first replica after a restart
 // sets it, and returned, so a changed marker tells that Redis lost the
-// tag's records. With a channel, it publishes the reply, so that the other
-// replicas see a claim on the pool before their next request (pcall: an
-// ACL without the channel loses the claims' speed, not the round).
+// tag's records. With a channel, it publishes the signed records, so that
+// the other replicas see a claim on the pool before their next request
+// (pcall: an ACL without the channel loses the claims' speed, not the
+// round).
 //
 // KEYS[1] the hashed key, KEYS[2] its tag's marker; ARGV: the tick in µs,
 // the replica's id, its count, demand and guarantee, the tick they are at,
-// the TTL in ms, stale in µs, the candidate marker, the channel or "".
+// the TTL in ms, stale in µs, the candidate marker, the channel or "",
+// the replica's time and the MAC.
 // No unpack of a list that fields written by someone else could make
 // long: Lua unpacks at most 8,000 values, and a key past that would fail
 // at every round.
-// It returns "tick born now", the marker, then id, count, demand and
-// guarantee of each replica, this one last.
+// It returns "tick born now", the marker, then the id and the signed
+// record of each replica, this one last.
 const shareScript = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -59,27 +73,35 @@ local function slow(v, from)
 end
 local id, stale = ARGV[2], now - tonumber(ARGV[8])
 local h = redis.call('HGETALL', KEYS[1])
-local born, out, gone = nil, {}, {}
+local born, old, signed, who = nil, {}, {}, {}
 for i = 1, #h, 2 do
   local f, v = h[i], h[i + 1]
+  local kind, r = string.sub(f, 1, 2), string.sub(f, 3)
   if f == 'born' then
     born = tonumber(v)
-  elseif string.sub(f, 1, 2) == 'r:' and f ~= 'r:' .. id then
-    local c, d, g, w, tk = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
-    if c then
-      c, d = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk))
-    end
-    if c and tonumber(w) < stale then
-      d, g = 0, 0
-    end
-    if not c or (c == 0 and d == 0) then
-      gone[#gone + 1] = f
-    else
-      out[#out + 1] = string.sub(f, 3)
-      out[#out + 1] = c
-      out[#out + 1] = d
-      out[#out + 1] = tonumber(g)
-    end
+  elseif r ~= id and (kind == 'r:' or kind == 's:') then
+    if not old[r] and not signed[r] then who[#who + 1] = r end
+    if kind == 'r:' then old[r] = v else signed[r] = v end
+  end
+end
+local out, gone = {}, {}
+for _, r in ipairs(who) do
+  local s, c, d, w, tk = signed[r] or ''
+  c, d, tk, w = string.match(s, '^(%d+) (%d+) %d+ (%d+) (%d+) %x+$')
+  if not c then
+    s = ''
+    c, d, w, tk = string.match(old[r] or '', '^(%d+) (%d+) %d+ (%d+) (%d+)$')
+  end
+  if c then
+    c, d = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk))
+    if tonumber(w) < stale then d = 0 end
+  end
+  if not c or (c == 0 and d == 0) then
+    gone[#gone + 1] = 'r:' .. r
+    gone[#gone + 1] = 's:' .. r
+  else
+    out[#out + 1] = r
+    out[#out + 1] = s
   end
 end
 for i = 1, #gone, 1000 do
@@ -87,7 +109,8 @@ for i = 1, #gone, 1000 do
 end
 local c = halve(tonumber(ARGV[3]), tonumber(ARGV[6]))
 local d = slow(tonumber(ARGV[4]), tonumber(ARGV[6]))
-redis.call('HSET', KEYS[1], 'r:' .. id, string.format('%d %d %d %d %d', c, d, tonumber(ARGV[5]), now, tick))
+local mine = table.concat({ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[11], ARGV[12]}, ' ')
+redis.call('HSET', KEYS[1], 'r:' .. id, string.format('%d %d %d %d %d', c, d, tonumber(ARGV[5]), now, tick), 's:' .. id, mine)
 if not born then
   born = now
   redis.call('HSET', KEYS[1], 'born', string.format('%d', born))
@@ -95,12 +118,14 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[7])
 redis.call('SET', KEYS[2], ARGV[9], 'NX')
 out[#out + 1] = id
-out[#out + 1] = c
-out[#out + 1] = d
-out[#out + 1] = tonumber(ARGV[5])
+out[#out + 1] = mine
 local head = string.format('%d %d %d', tick, born, now)
 if ARGV[10] ~= '' then
-  pcall(redis.call, 'PUBLISH', ARGV[10], KEYS[1] .. ' ' .. head .. ' ' .. table.concat(out, ' '))
+  local claim = {KEYS[1], head}
+  for i = 1, #out, 2 do
+    if out[i + 1] ~= '' then claim[#claim + 1] = out[i] .. ' ' .. out[i + 1] end
+  end
+  pcall(redis.call, 'PUBLISH', ARGV[10], table.concat(claim, ' '))
 end
 local res = {head, redis.call('GET', KEYS[2])}
 for i = 1, #out do res[#res + 1] = out[i] end
@@ -140,17 +165,60 @@ type shareCall struct {
 	tick         time.Duration
 	c, d, g      uint32
 	at           int64 // the tick c and d are at
-	publish      bool  // a claim on the pool: the others hear of it at once
+	ts           int64 // this replica's reckoning of Redis's time (µs)
+	mac          string
+	publish      bool // a claim on the pool: the others hear of it at once
 }
 
 // shareReply is Redis's answer to one call, or a claim another replica
-// published: every replica's record of the key, halved to tick.
+// published: every replica's record of the key as it signed it (recs),
+// and, once read (fleet.peersOf), the records believed, halved to tick
+// (peers).
 type shareReply struct {
 	ok        bool // the key's node answered
 	tick      int64
 	born, now int64 // Redis's time (µs) of the key's first round, and of this
 	run       string
+	recs      []signedRec
 	peers     []peerShare
+	// claim: published, read from the channel; verified: recs holds
+	// only records whose MAC verified (hear checks a claim's at once).
+	claim, verified bool
+}
+
+// signedRec is one replica's record as it wrote it: its count and demand
+// at its tick at, its guarantee, and ts, its reckoning of Redis's time
+// when it sent them (µs, increasing at each send), with the MAC of all of
+// them and of the key's name, keyed with the fleet's secret (fleet.sign).
+// unsigned: a record without one (a replica of before signed records).
+type signedRec struct {
+	id       string
+	c, d, g  uint32
+	at, ts   int64
+	mac      string
+	unsigned bool
+}
+
+// String is the record as Redis holds it (s:<id>) and as claims carry it.
+func (r *signedRec) String() string {
+	return fmt.Sprintf("%d %d %d %d %d %s", r.c, r.d, r.g, r.at, r.ts, r.mac)
+}
+
+// parseSigned reads a record as String writes it; ok is false if it is
+// not one.
+func parseSigned(id string, w []string) (r signedRec, ok bool) {
+	if len(w) != 6 || len(w[5]) != 2*recMACSize {
+		return signedRec{}, false
+	}
+	var err [5]error
+	var v [3]uint64
+	for i := range v {
+		v[i], err[i] = strconv.ParseUint(w[i], 10, 32)
+	}
+	r = signedRec{id: id, c: uint32(v[0]), d: uint32(v[1]), g: uint32(v[2]), mac: w[5]}
+	r.at, err[3] = strconv.ParseInt(w[3], 10, 64)
+	r.ts, err[4] = strconv.ParseInt(w[4], 10, 64)
+	return r, errors.Join(err[:]...) == nil
 }
 
 // fleetStore is where the replicas' records meet: Redis, or a test's
@@ -209,7 +277,7 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 			}
 			cmds[i] = run(s.script, pipe, []string{c.rkey, c.marker},
 				strconv.FormatFloat(float64(c.tick)/float64(time.Microsecond), 'f', -1, 64),
-				r.id, c.c, c.d, c.g, c.at, max(4*c.tick, r.ttl).Milliseconds(), r.stale.Microseconds(), r.candidate, channel)
+				r.id, c.c, c.d, c.g, c.at, max(4*c.tick, r.ttl).Milliseconds(), r.stale.Microseconds(), r.candidate, channel, c.ts, c.mac)
 		}
 		if len(calls) == 0 {
 			pipe.Ping(ctx) // no hot keys: still learn whether Redis answers
@@ -274,9 +342,11 @@ func keysOnly(all []redis.Cmder) bool {
 }
 
 // parseShareReply reads shareScript's reply; ok is false if it is not one.
+// A record that is not in the signed form is kept, unsigned: readers
+// count it as rejected, and do not believe it.
 func parseShareReply(v []any) shareReply {
 	var r shareReply
-	if len(v) < 2 || (len(v)-2)%4 != 0 {
+	if len(v) < 2 || (len(v)-2)%2 != 0 {
 		return r
 	}
 	head, ok := v[0].(string)
@@ -284,37 +354,39 @@ func parseShareReply(v []any) shareReply {
 		return r
 	}
 	r.run, _ = v[1].(string)
-	for i := 2; i+3 < len(v); i += 4 {
+	for i := 2; i+1 < len(v); i += 2 {
 		id, ok1 := v[i].(string)
-		c, ok2 := v[i+1].(int64)
-		d, ok3 := v[i+2].(int64)
-		g, ok4 := v[i+3].(int64)
-		if !ok1 || !ok2 || !ok3 || !ok4 {
+		s, ok2 := v[i+1].(string)
+		if !ok1 || !ok2 {
 			return shareReply{}
 		}
-		r.peers = append(r.peers, peerShare{id: id, c: clampCount(c), d: clampCount(d), g: clampCount(g)})
+		rec, ok := parseSigned(id, strings.Fields(s))
+		if !ok {
+			rec = signedRec{id: id, unsigned: true}
+		}
+		r.recs = append(r.recs, rec)
 	}
 	r.ok = true
 	return r
 }
 
-// parseClaim reads a published claim: the hashed key, then the script's
-// reply as words. ok is false if it is not one.
+// parseClaim reads a published claim: the hashed key, the script's head
+// ("tick born now"), then each replica's id and signed record. ok is
+// false if it is not one (a claim of a replica before signed records is
+// not).
 func parseClaim(payload string) (rkey string, r shareReply, ok bool) {
 	w := strings.Fields(payload)
-	if len(w) < 4 || (len(w)-4)%4 != 0 || !r.head(strings.Join(w[1:4], " ")) {
+	if len(w) < 4 || (len(w)-4)%7 != 0 || !r.head(strings.Join(w[1:4], " ")) {
 		return "", shareReply{}, false
 	}
-	for i := 4; i+3 < len(w); i += 4 {
-		c, e1 := strconv.ParseInt(w[i+1], 10, 64)
-		d, e2 := strconv.ParseInt(w[i+2], 10, 64)
-		g, e3 := strconv.ParseInt(w[i+3], 10, 64)
-		if e1 != nil || e2 != nil || e3 != nil {
+	for i := 4; i+6 < len(w); i += 7 {
+		rec, ok := parseSigned(w[i], w[i+1:i+7])
+		if !ok {
 			return "", shareReply{}, false
 		}
-		r.peers = append(r.peers, peerShare{id: w[i], c: clampCount(c), d: clampCount(d), g: clampCount(g)})
+		r.recs = append(r.recs, rec)
 	}
-	r.ok = true
+	r.ok, r.claim = true, true
 	return w[0], r, true
 }
 
@@ -330,8 +402,6 @@ func (r *shareReply) head(s string) bool {
 	r.now, err[2] = strconv.ParseInt(w[2], 10, 64)
 	return err[0] == nil && err[1] == nil && err[2] == nil
 }
-
-func clampCount(v int64) uint32 { return uint32(min(max(v, 0), math.MaxUint32)) }
 
 // listen subscribes to channel and delivers each message until close,
 // resubscribing after an error (Redis restarted, a failover) with a wait

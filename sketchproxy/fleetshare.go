@@ -51,6 +51,7 @@ const shareFillNum, shareFillDen = 11, 10
 type peerShare struct {
 	id      string
 	c, d, g uint32
+	ts      int64 // when its replica signed it (fleet.peersOf)
 }
 
 // shareView is what this replica knows of one hot key's fleet: built from
@@ -280,13 +281,13 @@ func keepPeers(peers []peerShare, prev *shareView, tick int64) (_ []peerShare, k
 		if out == nil {
 			out = slices.Clone(peers)
 		}
-		k := peerShare{id: p.id, c: c, d: halve(p.d, age-1), g: p.g}
+		k := peerShare{id: p.id, c: c, d: halve(p.d, age-1), g: p.g, ts: p.ts}
 		kept = kept || forged
 		if i < 0 {
 			out = append(out, k)
 			continue
 		}
-		out[i] = peerShare{id: p.id, c: max(out[i].c, c), d: max(out[i].d, k.d), g: max(out[i].g, k.g)}
+		out[i] = peerShare{id: p.id, c: max(out[i].c, c), d: max(out[i].d, k.d), g: max(out[i].g, k.g), ts: max(out[i].ts, k.ts)}
 	}
 	if out == nil {
 		return peers, false

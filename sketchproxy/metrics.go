@@ -143,6 +143,7 @@ var (
 		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty); every replica writes its own again at its next round."), func(f *fleet) uint64 { return f.resends.Load() }},
 		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its quiet share of a key's pool: published to the other replicas."), func(f *fleet) uint64 { return f.claims.Load() }},
 		{newDesc("fleet_claims_heard_total", prometheus.CounterValue, "Claims on a key's pool published by any replica and heard by this one."), func(f *fleet) uint64 { return f.claimsHeard.Load() }},
+		{newDesc("fleet_records_rejected_total", prometheus.CounterValue, "Other replicas' records and claims not believed: no valid MAC (written without the fleet's secret, or by a replica older than signed records)."), func(f *fleet) uint64 { return f.rejected.Load() }},
 	}
 )
 
