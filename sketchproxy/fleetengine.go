@@ -33,6 +33,7 @@ func NewEngineFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) (f
 		now = time.Now
 	}
 	fl := newFleet(c.Fleet, &fb, log, now)
+	fl.start()
 	return fl, fl.close, nil
 }
 
