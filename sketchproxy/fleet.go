@@ -232,7 +232,7 @@ type fleet struct {
 	sizeWarned                      atomic.Bool
 	// warmUntil ends the warm-up that follows this replica's first answer
 	// from Redis (f.now ns): until then a key joins the hot set at its
-	// second request (fleetWarmPoint).
+	// third request (fleetWarmPoint).
 	warmUntil atomic.Int64
 
 	shards [16]hotShard

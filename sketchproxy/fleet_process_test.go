@@ -271,7 +271,7 @@ func TestFleetProcessRedisPaused(t *testing.T) {
 // of the key the fleet holds at its limit: before, it admitted up to the
 // promotion point of it unseen (p/2 + 1 requests: 5 of a burst of 40
 // here) at each restart; now, in its warm-up, a key joins the hot set at
-// its second request.
+// its third request.
 func TestFleetProcessReplicaRestarts(t *testing.T) {
 	l := procLimit{requests: 200, per: time.Minute, burst: 40} // a 6 s tick
 	addr := startRedisServer(t)

@@ -117,13 +117,15 @@ func FleetSizeWarning(cfg *Config) string {
 }
 
 // fleetWarmPoint is the promotion point during the warm-up (fleet.warmUntil,
-// stale() from a replica's first answer from Redis): a key joins the hot
-// set at its second request here, not past promote_fraction × θ/N. A
-// replica that starts has counted nothing, while the others may hold a
-// key at θ; below the usual point it would add that much of it unseen at
-// each restart (p/2 + 1 requests: 32 of 20 over 3 restarts of one of 2
-// replicas). One-off keys stay mice: they cost Redis nothing.
-const fleetWarmPoint = shareUnit
+// stale() from a replica's first answer from Redis): two requests, so a
+// key joins the hot set at its third request here, not past
+// promote_fraction × θ/N. A replica that starts has counted nothing,
+// while the others may hold a key at θ; below the usual point it would
+// add that much of it unseen at each restart (p/2 + 1 requests: 5 of a
+// burst of 40 for one of 2 replicas). One-off keys stay mice, and cost
+// Redis nothing, even where refused requests count (the engine then asks
+// with the request already in the local count: 2 + 2 counts).
+const fleetWarmPoint = 2 * shareUnit
 
 // othersKnown is the count of key skey (of a limit of tick and theta) that
 // the other replicas held at this replica's last word from Redis, halved
