@@ -33,6 +33,11 @@ func NewEngineFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) (f
 		now = time.Now
 	}
 	fl := newFleet(c.Fleet, &fb, log, now)
+	if c.Fleet.Replicas == 0 && c.Fleet.MinReplicas == 0 {
+		// No state file keeps a membership here: every start while
+		// Redis is down assumes fleetUnknownReplicas.
+		log.Warn("fleet: neither replicas nor min_replicas is set, and nothing keeps the last membership seen across a restart: " + fleetSizeAdvice("min_replicas", "replicas"))
+	}
 	fl.start()
 	return fl, fl.close, nil
 }
