@@ -43,11 +43,22 @@ type fleet struct {
 	self string
 	// seen is the most replicas the heartbeat counted lately (in this
 	// window of stale(), from seenAt, f.now ns, and the one before:
-	// seenCur and seenPrev): N while Redis is unreachable, and N's floor
-	// while it answers, so that a members' set flushed or rewritten does
-	// not make a replica count itself alone. A replica that left stops
-	// counting within two windows, as its records lapse within one.
+	// seenCur and seenPrev), or a state file kept (RestoreMembers): N
+	// while Redis is unreachable, and N's floor while it answers, so that
+	// a members' set flushed or rewritten does not make a replica count
+	// itself alone. A replica that left stops counting within two
+	// windows, as its records lapse within one. seenMu orders their
+	// writers (the sync goroutine and a restore) and guards peak, the
+	// most seen within fleetPeakKept, and peakAt, when it was last seen
+	// (f.now ns): what the state file keeps (fleetmembers.go).
 	seen, seenAt, seenCur, seenPrev atomic.Int64
+	seenMu                          sync.Mutex
+	peak, peakAt                    int64
+	sizeWarned                      atomic.Bool
+	// warmUntil ends the warm-up that follows this replica's first answer
+	// from Redis (f.now ns): until then a key joins the hot set at its
+	// third request (fleetWarmPoint).
+	warmUntil atomic.Int64
 
 	shards [16]hotShard
 	count  atomic.Int64
@@ -84,8 +95,10 @@ type fleet struct {
 	macs   sync.Pool
 	lastTS int64
 
-	stop chan struct{}
-	done chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	first   chan struct{} // closed once the first round has ended
+	started bool
 }
 
 // heardMax bounds the claims kept for keys not hot here.
@@ -117,13 +130,14 @@ type hotEntry struct {
 	// gWant is the guarantee to store at the next send; gSent, the one
 	// the last send stored (sync goroutine only).
 	gWant, gSent uint32
+	// since is when it was promoted (f.now ns).
+	since int64
 }
 
-// newFleet returns a fleet on Redis, its goroutines running.
+// newFleet returns a fleet on Redis; start runs it.
 func newFleet(cfg *FleetConfig, fb *config.FleetBuilt, log *slog.Logger, now func() time.Time) *fleet {
 	f := newFleetOn(cfg, fb.Secret(), newRedisStore(fb.RedisOptions()), log, now)
 	f.self = fleetSelf(cfg.ID)
-	f.start()
 	return f
 }
 
@@ -142,8 +156,9 @@ func newFleetOn(cfg *FleetConfig, secret []byte, store fleetStore, log *slog.Log
 			Help:    "Time of each sync round with Redis (one pipeline per node), failed rounds included.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 0.1 ms to 0.8 s
 		}),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+		first: make(chan struct{}),
 	}
 	for i := range f.shards {
 		f.shards[i].m = map[string]*hotEntry{}
@@ -156,7 +171,12 @@ func newFleetOn(cfg *FleetConfig, secret []byte, store fleetStore, log *slog.Log
 	return f
 }
 
+// start runs the fleet's sync and returns once its first round has ended
+// (a round's timeout at most, twice for a slow dial): a replica then
+// decides its first request knowing whether Redis answers and how many
+// replicas it counts, not with the N it assumes without them.
 func (f *fleet) start() {
+	f.started = true
 	go f.loop()
 	var warned atomic.Bool
 	go f.store.listen(f.channel(), f.hear, func() {
@@ -176,11 +196,19 @@ func (f *fleet) start() {
 			f.log.Warn("fleet: not hearing the other replicas' claims: they reach this replica at its next round", "channel", f.channel(), "err", err.Error())
 		}
 	})
+	t := time.NewTimer(2 * time.Duration(f.cfg.Timeout))
+	defer t.Stop()
+	select {
+	case <-f.first:
+	case <-t.C:
+	}
 }
 
 func (f *fleet) close() {
 	close(f.stop)
-	<-f.done
+	if f.started {
+		<-f.done
+	}
 	f.store.close()
 }
 
@@ -197,9 +225,10 @@ func (f *fleet) shard(k []byte) *hotShard {
 
 // replicas is N: replicas if set, else the replicas that heartbeat now
 // or lately (seen). While Redis is unreachable it is the most seen
-// lately, at least min_replicas; before any was seen, min_replicas or
-// fleetUnknownReplicas: a replica that cannot tell how many others run
-// assumes more, not fewer (docs/fleets.md, Failure).
+// lately or kept in the state file, at least min_replicas; before any
+// was seen, min_replicas or fleetUnknownReplicas: a replica that cannot
+// tell how many others run assumes more, not fewer (docs/fleets.md, How
+// a replica counts its peers).
 func (f *fleet) replicas() int64 {
 	if f.cfg.Replicas > 0 {
 		return int64(f.cfg.Replicas)
@@ -216,7 +245,10 @@ func (f *fleet) replicas() int64 {
 }
 
 // fleetUnknownReplicas is N while Redis is unreachable and no replicas,
-// min_replicas or heartbeat says more.
+// min_replicas, heartbeat or state file says more: 2, not more, since a
+// replica alone (or one of 2) at θ/3 would refuse a client a third of its
+// limit; a fleet that gives none of them is warned (FleetSizeWarning,
+// warnSizeUnknown).
 const fleetUnknownReplicas = 2
 
 // fleetSelf is id with a suffix of its own (8 random hex digits).
@@ -231,8 +263,11 @@ func fleetSelf(id string) string {
 // seen, N's floor, is the most of either lately, as a members' set
 // flushed every moment counts few.
 func (f *fleet) noteMembers(card, peers int64) {
+	f.seenMu.Lock()
+	defer f.seenMu.Unlock()
 	now := f.now().UnixNano()
 	card = max(1, card)
+	f.notePeak(max(card, peers), now)
 	if now-f.seenAt.Load() > int64(f.stale()) {
 		f.seenPrev.Store(f.seenCur.Load())
 		f.seenCur.Store(0)
@@ -256,10 +291,16 @@ func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 	n := f.replicas()
 	if !f.up.Load() {
 		// Its fair share, the request included: the local count × N
-		// against θ let each replica count a request past θ/N.
-		return alone(local, theta, n), false
+		// against θ let each replica count a request past θ/N. Nor
+		// more than the room the others left at the last word from
+		// Redis: a replica whose count was under θ/N while another's
+		// was over it would otherwise add to a key already at θ.
+		return max(alone(local, theta, n), f.othersKnown(skey, sk, tick, theta, local, now)), false
 	}
 	p := sharePoint(theta, n, f.cfg.PromoteFraction)
+	if now.UnixNano() < f.warmUntil.Load() {
+		p = min(p, fleetWarmPoint)
+	}
 	below := uint64(local)+uint64(add) <= uint64(p)
 	if below && local < p/4 {
 		return local, false
@@ -285,7 +326,7 @@ func (f *fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 			f.hotFull.Add(1)
 			return alone(local, theta, n), false
 		}
-		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta}
+		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano()}
 		e.rkey, e.marker = f.redisKeys(skey, tick, theta)
 		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
 		s.m[string(e.skey)] = e
@@ -446,6 +487,7 @@ func (f *fleet) loop() {
 	defer close(f.done)
 	wait := time.Duration(f.cfg.Interval)
 	f.round() // at once: learn N and whether Redis answers
+	close(f.first)
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
@@ -576,9 +618,11 @@ func (f *fleet) send(es []*hotEntry, beat bool) bool {
 		f.roundErrors.Add(1)
 		if f.up.Swap(false) || f.lastOK.Load() == 0 {
 			f.log.Warn("fleet: Redis unreachable: enforcing limits locally at 1/N", "err", err.Error(), "replicas", f.replicas())
+			f.warnSizeUnknown()
 		}
 		return false
 	}
+	f.warmUntil.CompareAndSwap(0, f.now().UnixNano()+int64(f.stale()))
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
 	if hb != nil {
@@ -616,6 +660,13 @@ func (f *fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	// suspect view, which only a round that reads every record whole does.
 	suspect = suspect || kept || rp.claim && prev != nil && prev.suspect
 	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect}
+	// The key is young here too (promoted lately, not a record whose
+	// hash was deleted under a key long hot): the others' quiet shares
+	// are held (allowance).
+	v.young = young && f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
+	if v.young && len(rp.peers) < int(n) {
+		v.virtual = uint32(int(n) - len(rp.peers))
+	}
 	for _, p := range rp.peers {
 		if p.id == f.self {
 			v.meC = p.c

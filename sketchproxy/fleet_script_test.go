@@ -19,6 +19,14 @@ import (
 // the test (skipped without it, but in CI).
 func startRedisServer(t *testing.T) string {
 	t.Helper()
+	addr, _ := startRedisProcess(t)
+	return addr
+}
+
+// startRedisProcess is startRedisServer, with the server's process: a
+// test can pause it (SIGSTOP) or kill it.
+func startRedisProcess(t *testing.T) (string, *os.Process) {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -46,7 +54,7 @@ func startRedisServer(t *testing.T) string {
 			t.Fatalf("redis-server did not answer on %s", addr)
 		}
 	}
-	return addr
+	return addr, cmd.Process
 }
 
 // shareScript and memStore answer the same calls alike: the records kept

@@ -33,6 +33,12 @@ func NewEngineFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) (f
 		now = time.Now
 	}
 	fl := newFleet(cfg, fb, log, now)
+	if cfg.Replicas == 0 && cfg.MinReplicas == 0 {
+		// No state file keeps a membership here: every start while
+		// Redis is down assumes fleetUnknownReplicas.
+		log.Warn("fleet: neither replicas nor min_replicas is set, and nothing keeps the last membership seen across a restart: " + fleetSizeAdvice("min_replicas", "replicas"))
+	}
+	fl.start()
 	return fl, fl.close, nil
 }
 

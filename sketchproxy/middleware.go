@@ -126,8 +126,9 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 	}
 	eo := engine.Options{Clock: opts.Clock, Seed: opts.Seed, Sleep: opts.Sleep}
 	if f := b.Config().Fleet; f != nil {
-		// The fleet starts before the engine, which asks it; its settings
-		// take a restart.
+		// The fleet is built before the engine, which asks it, and
+		// starts once the state file has given it the last membership
+		// seen; its settings take a restart.
 		m.fleet = newFleet(f, b.Fleet(), m.log, m.now)
 		eo.Fleet = m.fleet
 	}
@@ -151,6 +152,7 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		go m.saver(time.Duration(cfg.StateEvery))
 	}
 	if m.fleet != nil {
+		m.fleet.start()
 		m.reg.MustRegister(m.fleet.roundTime)
 	}
 	return m, nil

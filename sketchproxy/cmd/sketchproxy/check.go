@@ -44,8 +44,9 @@ const wideTrust4, wideTrust6 = 8, 32
 
 // configWarnings are what a valid config may still get wrong: rules that
 // can never refuse a request, trusted-proxy ranges so wide that any host in
-// them can pass for any client, and forward_auth settings that the named
-// gateway breaks. -check prints them on standard error and still exits 0;
+// them can pass for any client, forward_auth settings that the named
+// gateway breaks, and a fleet that cannot know its size while Redis is
+// down. -check prints them on standard error and still exits 0;
 // a start logs them.
 func configWarnings(cfg *sketchproxy.Config) []string {
 	var ws []string
@@ -64,6 +65,9 @@ func configWarnings(cfg *sketchproxy.Config) []string {
 		}
 	}
 	ws = append(ws, gatewayWarnings(cfg)...)
+	if w := sketchproxy.FleetSizeWarning(cfg); w != "" {
+		ws = append(ws, w)
+	}
 	return append(ws, cfg.EnvoyRLS.Warnings()...)
 }
 

@@ -13,7 +13,9 @@ import (
 
 // The state file holds every sketch of a Set (limits, budgets, new keys,
 // bans): "SKPXSTAT", a version (uint16) and a count (uint32); since version
-// 2 the new-key meter's moving average (float64 bits, uint64); then per
+// 2 the new-key meter's moving average (float64 bits, uint64); since
+// version 4 the fleet's membership (FleetMembers: the most replicas seen,
+// uint64, 0 for none, and when, Unix ns, int64); then per
 // sketch its tick (ns), since version 3 its threshold class (uint32: Class), its bucket
 // count and two-choice flag, and its epochsketch snapshot; then
 // "SKPXEND!". Versions 1 and 2 (a sketch per tick, counting one unit per
@@ -24,8 +26,20 @@ import (
 const (
 	stateMagic   = "SKPXSTAT"
 	stateEnd     = "SKPXEND!"
-	stateVersion = 3
+	stateVersion = 4
 )
+
+// FleetMembers is a Fleet that keeps its membership in the state file:
+// the most replicas it saw lately, and when, so that a replica restarted
+// while Redis is unreachable assumes as many peers as it last saw, not a
+// default (sketchproxy's docs/fleets.md, How a replica counts its peers).
+type FleetMembers interface {
+	// Members returns the most replicas seen lately and when it was last
+	// seen (0 and the zero time: none).
+	Members() (n int, at time.Time)
+	// RestoreMembers is given what a state file kept.
+	RestoreMembers(n int, at time.Time)
+}
 
 // sortedKeys returns s's sketches' keys by tick, then size.
 func (s *Set) sortedKeys() []sketchKey {
@@ -60,6 +74,14 @@ func (e *Engine) WriteState(w io.Writer, s *Set) (int, error) {
 	var meter [8]byte
 	binary.LittleEndian.PutUint64(meter[:], e.spike.avg.Load())
 	bw.Write(meter[:])
+	var members [16]byte
+	if fm, ok := e.opts.Fleet.(FleetMembers); ok {
+		if n, at := fm.Members(); n > 0 {
+			binary.LittleEndian.PutUint64(members[:8], uint64(n))
+			binary.LittleEndian.PutUint64(members[8:], uint64(at.UnixNano()))
+		}
+	}
+	bw.Write(members[:])
 	for _, k := range keys {
 		var b [21]byte
 		binary.LittleEndian.PutUint64(b[0:], uint64(k.tick))
@@ -81,6 +103,10 @@ func (e *Engine) WriteState(w io.Writer, s *Set) (int, error) {
 type StateSummary struct {
 	Restored, Skipped, Live, Expired int
 	Saved                            time.Time
+	// Members is the fleet's membership the file kept (FleetMembers), 0
+	// for none; MembersAt, when it was seen.
+	Members   int
+	MembersAt time.Time
 }
 
 // ReadState restores a state file's sketches into s's: a sketch in the
@@ -106,7 +132,42 @@ func (e *Engine) ReadState(r *bufio.Reader, s *Set) (StateSummary, error) {
 		e.lastNew.Store(now) // marks may have been restored
 	}
 	e.lastBan.Store(now) // bans may have been restored
+	if fm, ok := e.opts.Fleet.(FleetMembers); ok && sum.Members > 0 {
+		fm.RestoreMembers(sum.Members, sum.MembersAt)
+	}
 	return sum, nil
+}
+
+// ReadMembers reads only the fleet's membership from a state file's
+// start (FleetMembers): 0 where the file keeps none (a version before 4,
+// or a process that saw no replica).
+func ReadMembers(r io.Reader) (n int, at time.Time, err error) {
+	var b [14 + 8 + 16]byte
+	if _, err = io.ReadFull(r, b[:14]); err != nil {
+		return 0, time.Time{}, fmt.Errorf("truncated header")
+	}
+	if string(b[:8]) != stateMagic {
+		return 0, time.Time{}, fmt.Errorf("not a SketchProxy state file")
+	}
+	if v := binary.LittleEndian.Uint16(b[8:]); v < 4 || v > stateVersion {
+		return 0, time.Time{}, nil
+	}
+	if _, err = io.ReadFull(r, b[14:]); err != nil {
+		return 0, time.Time{}, fmt.Errorf("truncated header")
+	}
+	return membersOf(b[22:])
+}
+
+// membersOf decodes the membership's 16 bytes.
+func membersOf(b []byte) (n int, at time.Time, err error) {
+	m := binary.LittleEndian.Uint64(b[:8])
+	if m > 1<<20 {
+		return 0, time.Time{}, fmt.Errorf("a fleet of %d replicas: damaged", m)
+	}
+	if m == 0 {
+		return 0, time.Time{}, nil
+	}
+	return int(m), time.Unix(0, int64(binary.LittleEndian.Uint64(b[8:]))), nil
 }
 
 func readState(r *bufio.Reader, s *Set) (sum StateSummary, meter *uint64, err error) {
@@ -128,6 +189,15 @@ func readState(r *bufio.Reader, s *Set) (sum StateSummary, meter *uint64, err er
 		}
 		avg := binary.LittleEndian.Uint64(b[:])
 		meter = &avg
+	}
+	if v >= 4 {
+		var b [16]byte
+		if _, err = io.ReadFull(r, b[:]); err != nil {
+			return sum, nil, fmt.Errorf("truncated header")
+		}
+		if sum.Members, sum.MembersAt, err = membersOf(b[:]); err != nil {
+			return sum, nil, err
+		}
 	}
 	n := binary.LittleEndian.Uint32(h[10:])
 	if n > 1<<16 {

@@ -1,0 +1,331 @@
+package sketchproxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Issue 47 through a real redis-server, with replicas as processes are:
+// each a Middleware with a fleet of its own (its connections, heartbeat
+// and name), deciding on the wall clock, since Redis's TIME dates the
+// records. A fleet of N must admit at most the limit × 1.05 plus one
+// burst over all replicas, in any window (procBound), and refuse no
+// client under its limit. Each test keeps its window inside one tick of
+// the limit (procTick): there a halving count only adds up, so what was
+// admitted does not hang on how a busy machine schedules the requests,
+// and one replica alone admits exactly the burst.
+
+// procLimit is a limit of the real-process tests.
+type procLimit struct {
+	requests float64
+	per      time.Duration
+	burst    float64
+}
+
+// tick is the limit's halving tick (package rate's CompileHalving: Per ×
+// Burst / (2 × Requests)), as the fleet's counts halve.
+func (l procLimit) tick() time.Duration {
+	return time.Duration(float64(l.per) * l.burst / (2 * l.requests))
+}
+
+// bound is what a fleet may admit of one key in a window of w: the limit
+// × 1.05 plus one burst, in whole requests.
+func (l procLimit) bound(w time.Duration) int {
+	return int(1.05*l.requests*float64(w)/float64(l.per) + l.burst)
+}
+
+// procReplica starts a replica of limit l with fleet fc (its secret set
+// here) and state file stateFile ("": none).
+func procReplica(t *testing.T, l procLimit, fc FleetConfig, stateFile string) *Limiter {
+	t.Helper()
+	fc.Secret = "a-secret-of-16-bytes-at-least"
+	if fc.Interval == 0 {
+		fc.Interval = Duration(100 * time.Millisecond)
+	}
+	c := &Config{
+		Admin: "off", StateFile: stateFile,
+		Sketch:  SketchConfig{Buckets: 1024}, // a state file of 64 KiB a sketch
+		NewKeys: NewKeysConfig{Disabled: true},
+		Fleet:   &fc,
+		Rules:   []Rule{{Name: "limit", Limits: []Limit{{Name: "rate", Requests: l.requests, Per: Duration(l.per), Burst: l.burst}}}},
+	}
+	mw, err := New(c, http.NotFoundHandler(), Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := &Limiter{mw: mw, rule: mw.state.Load().set.Rules[0]}
+	t.Cleanup(func() { lim.Close() })
+	return lim
+}
+
+// procReplicas starts n replicas r0, r1, ... of l with fleet fc.
+func procReplicas(t *testing.T, n int, l procLimit, fc FleetConfig) []*Limiter {
+	var ls []*Limiter
+	for i := range n {
+		c := fc
+		c.ID = fmt.Sprint("r", i)
+		ls = append(ls, procReplica(t, l, c, ""))
+	}
+	return ls
+}
+
+// deadRedis is an address nothing listens on.
+func deadRedis(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// waitMembers waits until every replica of ls is up and counts n replicas.
+func waitMembers(t *testing.T, ls []*Limiter, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ok := true
+		for _, l := range ls {
+			ok = ok && l.mw.fleet.up.Load() && l.mw.fleet.replicas() == n
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replicas did not all count %d replicas in 10 s", n)
+		}
+	}
+}
+
+// procTick waits, if need be, until the current tick of l (Unix-anchored,
+// as the engines and Redis's TIME count ticks) has need left.
+func procTick(t *testing.T, l procLimit, need time.Duration) {
+	t.Helper()
+	tick := l.tick()
+	if need >= tick {
+		t.Fatalf("a window of %v does not fit a tick of %v", need, tick)
+	}
+	if left := tick - time.Duration(time.Now().UnixNano()%int64(tick)); left < need {
+		time.Sleep(left + 20*time.Millisecond)
+	}
+}
+
+// procRun counts what a key's requests got.
+type procRun struct {
+	sent, admitted int
+	first, last    time.Time
+}
+
+// send sends one request of key to l.
+func (r *procRun) send(l *Limiter, key string) {
+	now := time.Now()
+	if r.sent == 0 {
+		r.first = now
+	}
+	r.last = now
+	r.sent++
+	if l.Allow(key) {
+		r.admitted++
+	}
+}
+
+// check holds r to l's bound over its window, plus slack requests,
+// after asserting that the fleet refused something, and that light's
+// requests (a client under its limit) were all admitted.
+func (r *procRun) check(t *testing.T, l procLimit, light procRun, slack int) {
+	t.Helper()
+	w := r.last.Sub(r.first)
+	t.Logf("%d requests in %v: the fleet admitted %d, at most %d allowed (one replica alone admits %g in one tick); a client under its limit: %d of %d", r.sent, w.Round(time.Millisecond), r.admitted, l.bound(w)+slack, l.burst, light.admitted, light.sent)
+	if r.admitted >= r.sent {
+		t.Fatalf("the fleet refused none of %d requests: the limit never ran", r.sent)
+	}
+	if light.admitted != light.sent {
+		t.Errorf("a client under its limit got %d of %d requests through", light.admitted, light.sent)
+	}
+	if r.admitted > l.bound(w)+slack {
+		t.Errorf("the fleet admitted %d in %v: more than the limit × 1.05 plus a burst (%d), plus %d", r.admitted, w.Round(time.Millisecond), l.bound(w), slack)
+	}
+}
+
+// Replicas started while Redis is unreachable count their peers from
+// min_replicas, or from the last membership they saw: kept in the state
+// file, or handed over (SIGUSR2) without one. Each then admits θ/N, and
+// the fleet θ. Before, with neither (the default of 2 replicas, or only
+// min_replicas' absence), 3 replicas admitted 30 of a burst of 20
+// (1.5x); the last membership was not kept.
+func TestFleetProcessRedisDownAtStart(t *testing.T) {
+	l := procLimit{requests: 20, per: time.Minute, burst: 20}
+	addr := startRedisServer(t)
+	dir := t.TempDir()
+	// 3 replicas with Redis up count each other, and keep that in their
+	// state files and in what a handover passes on.
+	var handed [3]bytes.Buffer
+	var up []*Limiter
+	for i := range 3 {
+		up = append(up, procReplica(t, l, FleetConfig{Redis: addr, ID: fmt.Sprint("r", i)}, filepath.Join(dir, fmt.Sprint("state", i))))
+	}
+	waitMembers(t, up, 3)
+	for i, r := range up {
+		if err := r.mw.WriteState(&handed[i]); err != nil {
+			t.Fatal(err)
+		}
+		r.Close() // saves the state file
+	}
+	dead := deadRedis(t)
+	for _, c := range []struct {
+		name  string
+		start func(i int) *Limiter
+	}{
+		{"min_replicas", func(i int) *Limiter {
+			return procReplica(t, l, FleetConfig{Redis: dead, MinReplicas: 3, ID: fmt.Sprint("r", i)}, "")
+		}},
+		{"state_file", func(i int) *Limiter {
+			return procReplica(t, l, FleetConfig{Redis: dead, ID: fmt.Sprint("r", i)}, filepath.Join(dir, fmt.Sprint("state", i)))
+		}},
+		{"handover", func(i int) *Limiter {
+			r := procReplica(t, l, FleetConfig{Redis: dead, ID: fmt.Sprint("r", i)}, "")
+			if err := r.mw.RestoreState(bytes.NewReader(handed[i].Bytes()), "handover"); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var ls []*Limiter
+			for i := range 3 {
+				ls = append(ls, c.start(i))
+			}
+			for i, r := range ls {
+				if n := r.mw.fleet.replicas(); r.mw.fleet.up.Load() || n != 3 {
+					t.Fatalf("replica %d: up %v, counting %d replicas with Redis unreachable, want 3", i, r.mw.fleet.up.Load(), n)
+				}
+			}
+			procTick(t, l, time.Second)
+			var heavy, light procRun
+			for i := range 90 {
+				heavy.send(ls[i%3], "heavy")
+			}
+			for i := range 6 {
+				light.send(ls[i%3], "light")
+			}
+			heavy.check(t, l, light, 0)
+		})
+	}
+	// The figure docs/fleets.md gives for a fleet that says nothing of
+	// its size: each of 3 assumes 2 replicas.
+	t.Run("unknown", func(t *testing.T) {
+		var heavy procRun
+		ls := procReplicas(t, 3, l, FleetConfig{Redis: dead})
+		procTick(t, l, time.Second)
+		for i := range 90 {
+			heavy.send(ls[i%3], "heavy")
+		}
+		t.Logf("nothing says how many replicas run: 3 admitted %d of a burst of %g", heavy.admitted, l.burst)
+		if heavy.admitted != 30 {
+			t.Errorf("3 replicas assuming 2 admitted %d, want 30 (θ/2 each)", heavy.admitted)
+		}
+	})
+}
+
+// Redis paused (SIGSTOP) for 0.7 s and resumed (SIGCONT), 3 times,
+// while a client sends 40 requests a second, two thirds of them to one
+// of 2 replicas: its guarantee is the larger, and its count passes θ/N.
+// While Redis is paused each replica decides alone at θ/N, and no more
+// than the room the other left at the last word from Redis.
+func TestFleetProcessRedisPaused(t *testing.T) {
+	l := procLimit{requests: 20, per: time.Minute, burst: 20}
+	addr, redisProc := startRedisProcess(t)
+	ls := procReplicas(t, 2, l, FleetConfig{Redis: addr, Timeout: Duration(50 * time.Millisecond)})
+	waitMembers(t, ls, 2)
+	procTick(t, l, 5*time.Second)
+	var heavy, light procRun
+	i := 0
+	phase := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); i++ {
+			heavy.send(ls[min(i%3, 1)], "heavy") // r0, r1, r1
+			if i%20 == 0 {
+				light.send(ls[i/20%2], "light")
+			}
+			time.Sleep(25 * time.Millisecond)
+		}
+	}
+	phase(time.Second)
+	for range 3 {
+		redisProc.Signal(syscall.SIGSTOP)
+		phase(700 * time.Millisecond)
+		redisProc.Signal(syscall.SIGCONT)
+		phase(400 * time.Millisecond)
+	}
+	heavy.check(t, l, light, 0)
+}
+
+// One of 2 replicas restarted 3 times without a state_file, a client at
+// 40 requests a second round robin. Each new process has counted nothing
+// of the key the fleet holds at its limit: before, it admitted up to the
+// promotion point of it unseen (p/2 + 1 requests: 5 of a burst of 40
+// here) at each restart; now, in its warm-up, a key joins the hot set at
+// its third request.
+func TestFleetProcessReplicaRestarts(t *testing.T) {
+	l := procLimit{requests: 200, per: time.Minute, burst: 40} // a 6 s tick
+	addr := startRedisServer(t)
+	fc := FleetConfig{Redis: addr}
+	ls := procReplicas(t, 2, l, fc)
+	waitMembers(t, ls, 2)
+	procTick(t, l, 5*time.Second)
+	var heavy, light procRun
+	i := 0
+	phase := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); i++ {
+			heavy.send(ls[i%2], "heavy")
+			if i%10 == 0 {
+				light.send(ls[i/10%2], "light")
+			}
+			time.Sleep(25 * time.Millisecond)
+		}
+	}
+	phase(time.Second)
+	for k := range 3 {
+		ls[1].Close()
+		c := fc
+		c.ID = fmt.Sprint("r1-", k+1)
+		ls[1] = procReplica(t, l, c, "")
+		phase(time.Second)
+	}
+	heavy.check(t, l, light, 0)
+}
+
+// 100 calls in 100 ms over 3 replicas at 20 a minute, each of 3 fresh
+// keys: the replicas' views of a key just shared are of other moments,
+// and each spent its quiet share of the pool unseen while the others
+// took it again (22 of 20 before; the issue measured 20, 21 and 23). A
+// key shared less than two intervals ago holds each other replica at its
+// quiet share at least.
+func TestFleetProcessBurst(t *testing.T) {
+	l := procLimit{requests: 20, per: time.Minute, burst: 20}
+	addr := startRedisServer(t)
+	ls := procReplicas(t, 3, l, FleetConfig{Redis: addr})
+	waitMembers(t, ls, 3)
+	for k := range 3 {
+		procTick(t, l, 500*time.Millisecond)
+		var heavy, light procRun
+		for i := range 100 {
+			heavy.send(ls[i%3], fmt.Sprint("heavy-", k))
+			if i%20 == 0 {
+				light.send(ls[i/20%3], fmt.Sprint("light-", k))
+			}
+			time.Sleep(time.Millisecond)
+		}
+		// The last room of a key's pool, claimed by two replicas within
+		// one round trip, goes to both (docs/fleets.md, Worst cases):
+		// 21 in 2 of 18 runs under the race detector, which slows the
+		// claims; 20 in every run without it.
+		heavy.check(t, l, light, 1)
+	}
+}
