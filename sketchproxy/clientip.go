@@ -3,7 +3,6 @@ package sketchproxy
 import (
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"strings"
 
 	"github.com/epochsketch/epochsketch/limit/clientip"
@@ -20,25 +19,6 @@ func (ci *clientIP) sourceHeader() string {
 		return "X-Forwarded-For"
 	}
 	return http.CanonicalHeaderKey(strings.TrimPrefix(ci.Source, "header:"))
-}
-
-// clientAddr finds the client's address (package clientip, Walk). The
-// connection's peer is the client unless it is a trusted proxy; then the
-// one configured source (X-Forwarded-For by default) is read from the
-// right, skipping trusted hops, and the first untrusted address is the
-// client: what lies left of it was written by the client and is never
-// believed. Every other forwarding header is ignored, so a client cannot
-// choose its key by sending one the load balancer does not overwrite.
-func (ci *clientIP) clientAddr(r *http.Request) netip.Addr {
-	peer := clientip.ParseAddr(r.RemoteAddr)
-	if !peer.IsValid() || !ci.trusted.Contains(peer) {
-		return peer
-	}
-	f := clientip.XForwardedFor
-	if ci.Source == sourceForwarded {
-		f = clientip.Forwarded
-	}
-	return clientip.Walk(peer, r.Header.Values(ci.sourceHeader()), f, ci.trusted.Contains)
 }
 
 // clientIP is a ClientIPConfig with its trusted proxies parsed.
