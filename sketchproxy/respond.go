@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch/rate"
-	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -353,4 +352,4 @@ func (l *refusalLog) flush(log *slog.Logger) {
 // key shows the same way for the life of the process, so one client's lines
 // and series can be followed; with key_label_secret_file, across restarts
 // and replicas too.
-func (m *Middleware) display(key string) string { return config.Label(m.redact, key) }
+func (m *Middleware) display(key string) string { return engine.Label(m.redact, key) }
