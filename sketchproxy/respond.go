@@ -92,61 +92,113 @@ func (m *Middleware) problemFor(v *verdict, retry time.Duration, code int) probl
 	return p
 }
 
-// refusal sets a refusal's headers and returns its problem+json body.
-func (m *Middleware) refusal(h http.Header, st *state, d *engine.Decision, code int) []byte {
-	m.setHeaders(h, st, &d.Fields)
-	h.Set("Retry-After", strconv.FormatInt(rate.Seconds(d.Retry), 10))
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	if d.Close() {
-		h.Set("Connection", "close")
-	}
-	body, _ := json.Marshal(m.problemFor(&d.Worst, d.Retry, code))
-	body = append(body, '\n')
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	return body
+// refusal is an answer the door gives in the upstream's place: a rule's
+// refusal (or the per-client cap's), or a request it will not judge. refuse
+// writes every one of them.
+type refusal struct {
+	code int              // the status sent
+	d    *engine.Decision // a rule's refusal; nil for the others
+	// client is the per-client cap's key, for d's log line where no rule
+	// refused.
+	client string
+	why    string // the problem's detail, for an answer without d
+	// header and value are one header the answer carries besides its own:
+	// 405's Allow, 401's WWW-Authenticate.
+	header, value string
 }
 
-// refuse writes a refusal at once.
-func (m *Middleware) refuse(w http.ResponseWriter, st *state, d *engine.Decision, code int) {
-	body := m.refusal(w.Header(), st, d, code)
-	w.WriteHeader(code)
+// refuse answers r with rf, in place of the upstream: every refusal and
+// every bad request of the HTTP doors goes out here. It counts and logs
+// the answer (account), then writes its problem+json body (RFC 9457); a
+// rule's refusal also carries its RateLimit fields and Retry-After, and is
+// dripped where the tarpit holds it.
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, st *state, rf *refusal) {
+	m.account(w, r, rf)
+	h := w.Header()
+	if rf.header != "" {
+		h.Set(rf.header, rf.value)
+	}
+	p := problem{Type: "about:blank", Title: http.StatusText(rf.code), Status: rf.code, Detail: rf.why}
+	if rf.code == http.StatusBadRequest {
+		p.Detail += ": send the request without it" // what to fix
+	}
+	d := rf.d
+	if d != nil {
+		m.setHeaders(h, st, &d.Fields)
+		h.Set("Retry-After", strconv.FormatInt(rate.Seconds(d.Retry), 10))
+		if d.Close() {
+			h.Set("Connection", "close")
+		}
+		p = m.problemFor(&d.Worst, d.Retry, rf.code)
+	}
+	body, _ := json.Marshal(p)
+	body = append(body, '\n')
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(rf.code)
+	if d != nil && d.Drip {
+		m.drip(w, r, st, body)
+		return
+	}
 	w.Write(body)
 }
 
-// badRequest refuses a request no rule can judge safely (an ambiguous path
-// or key) with 400 and a problem saying what to fix.
-func (m *Middleware) badRequest(w http.ResponseWriter, r *http.Request, why string) {
-	m.met.badRequests.Add(1)
-	if ok, skipped := m.logs.Allow(m.now(), logsPerSecond); ok {
-		attrs := []any{"why", why, "method", r.Method}
-		if skipped > 0 {
-			attrs = append(attrs, "log_lines_skipped", skipped)
+// account counts and logs a refusal, and closes the connection after one
+// whose body it leaves unread (closeIfBody) where a slow body could hold
+// the answer back: a rule's refusal (and the per-client cap's) is logged
+// by rule (logDecision); a bad request (400) by its reason, at most
+// logsPerSecond lines a second.
+func (m *Middleware) account(w http.ResponseWriter, r *http.Request, rf *refusal) {
+	switch code := rf.code; {
+	case rf.d != nil:
+		closeIfBody(w, r)
+		if rf.d.Worst.Rule == nil {
+			m.met.clientCap.Add(1) // server.max_in_flight_per_client
+			rf.d.Worst.Key = rf.client
 		}
-		m.log.Info("sketchproxy bad request", attrs...)
+		m.logDecision(r, &rf.d.Worst, false, rf.d.Never)
+	case code == http.StatusBadRequest:
+		m.met.badRequests.Add(1)
+		if ok, skipped := m.logs.Allow(m.now(), logsPerSecond); ok {
+			attrs := []any{"why", rf.why, "method", r.Method}
+			if skipped > 0 {
+				attrs = append(attrs, "log_lines_skipped", skipped)
+			}
+			m.log.Info("sketchproxy bad request", attrs...)
+		}
+		closeIfBody(w, r)
+	case code == http.StatusForbidden || code == http.StatusMethodNotAllowed:
+		m.met.badRequests.Add(1) // a forward-auth caller not trusted; CONNECT, TRACE
+	case code == http.StatusUnauthorized:
+		m.met.unauthorized.Add(1)
+		closeIfBody(w, r)
+	case code == http.StatusRequestTimeout:
+		m.met.bodyTimeouts.Add(1)
+		closeIfBody(w, r)
 	}
-	closeIfBody(w, r)
-	writeProblem(w, http.StatusBadRequest, why+": send the request without it")
 }
 
-// writeProblem writes a small problem+json answer.
-func writeProblem(w http.ResponseWriter, code int, detail string) {
-	body, _ := json.Marshal(problem{Type: "about:blank", Title: http.StatusText(code), Status: code, Detail: detail})
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(code)
-	w.Write(append(body, '\n'))
+// refusalCode is the status a refusal of d is sent with: 429, or 503 where
+// the refusal is not the client's doing (a wallet that cannot be tracked);
+// a forward-auth check's refusal_status instead where a gateway needs its
+// own (nginx's 401 or 403). With the default 429 the check answers as the
+// proxy does.
+func (rq *request) refusalCode(d *engine.Decision) int {
+	if rq.refusal != 0 && rq.refusal != http.StatusTooManyRequests {
+		return rq.refusal
+	}
+	if d.Unavailable() {
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusTooManyRequests
 }
 
-// drip holds the client with a 429 written a byte at a time, without
-// touching the upstream, for at most MaxDelay (the engine holds its
-// tarpit place until the decision is Done).
-func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, d *engine.Decision) {
+// drip sends a refusal's body a byte at a time, without touching the
+// upstream, for at most MaxDelay (the engine holds its tarpit place until
+// the decision is Done), then the rest at once.
+func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, body []byte) {
 	t := &st.cfg.Tarpit
-	body := m.refusal(w.Header(), st, d, http.StatusTooManyRequests)
-	w.WriteHeader(http.StatusTooManyRequests)
 	rc := http.NewResponseController(w)
 	deadline := time.Duration(t.MaxDelay)
 	var spent time.Duration
@@ -211,27 +263,6 @@ func truncate(s string, n int) string {
 }
 
 const logsPerSecond = 20
-
-// answerRefusal writes a refusal: 429 (503 for a wallet that cannot be
-// tracked, or the forward-auth check's status), dripped if the tarpit
-// says so.
-func (m *Middleware) answerRefusal(w http.ResponseWriter, r *http.Request, st *state, d *engine.Decision, rq *request) {
-	closeIfBody(w, r)
-	if d.Worst.Rule == nil {
-		m.met.clientCap.Add(1) // server.max_in_flight_per_client
-		d.Worst.Key = rq.client
-	}
-	m.logDecision(r, &d.Worst, false, d.Never)
-	code := http.StatusTooManyRequests
-	if d.Unavailable() {
-		code = http.StatusServiceUnavailable
-	}
-	if d.Drip {
-		m.drip(w, r, st, d)
-		return
-	}
-	m.refuse(w, st, d, rq.code(code))
-}
 
 func formatNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 

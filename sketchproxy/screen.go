@@ -1,6 +1,7 @@
 package sketchproxy
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -73,17 +74,6 @@ type request struct {
 	// refusal, if not 0, is the status of every refusal: a forward-auth
 	// check's (ForwardAuthConfig.RefusalStatus).
 	refusal int
-}
-
-// code is the status a refusal is sent with: c, or the check's
-// refusal_status when a gateway needs its own (nginx's 401 or 403). With
-// the default 429 the check answers as the proxy does: 503 where the
-// refusal is not the client's doing.
-func (rq *request) code(c int) int {
-	if rq.refusal != 0 && rq.refusal != http.StatusTooManyRequests {
-		return rq.refusal
-	}
-	return c
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(engine.Scratch) }}
@@ -205,23 +195,22 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		// CONNECT opens a tunnel no rule can judge; TRACE echoes a
 		// request's headers, cookies included, back to a script (nginx
 		// refuses both).
-		m.met.badRequests.Add(1)
-		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
-		writeProblem(w, http.StatusMethodNotAllowed, r.Method+": this is a reverse proxy; it forwards neither tunnels nor traces")
+		m.refuse(w, r, st, &refusal{code: http.StatusMethodNotAllowed, why: r.Method + ": this is a reverse proxy; it forwards neither tunnels nor traces",
+			header: "Allow", value: "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"})
 		return nil, false
 	case strings.ToUpper(r.Method) != r.Method:
 		// Methods are case-sensitive, but some upstreams (Werkzeug, for
 		// one) serve "get" as GET: no rule could tell. nginx answers 400 too.
-		m.badRequest(w, r, fmt.Sprintf("the method %.32q is not in upper case", r.Method))
+		m.refuse(w, r, st, &refusal{code: http.StatusBadRequest, why: fmt.Sprintf("the method %.32q is not in upper case", r.Method)})
 		return nil, false
 	}
 	if why := httpnorm.PathProblem(r); why != "" {
-		m.badRequest(w, r, why)
+		m.refuse(w, r, st, &refusal{code: http.StatusBadRequest, why: why})
 		return nil, false
 	}
 	host, name, ok := httpnorm.CanonicalHost(r.Host)
 	if !ok {
-		m.badRequest(w, r, fmt.Sprintf("the Host %.64q is not a host name or address with at most one port", r.Host))
+		m.refuse(w, r, st, &refusal{code: http.StatusBadRequest, why: fmt.Sprintf("the Host %.64q is not a host name or address with at most one port", r.Host)})
 		return nil, false
 	}
 	httpnorm.NormalizePath(r)
@@ -239,7 +228,7 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		}
 		if why := ru.ambiguous(r); why != "" {
 			rq.free()
-			m.badRequest(w, r, why)
+			m.refuse(w, r, st, &refusal{code: http.StatusBadRequest, why: why})
 			return nil, false
 		}
 		if ru.needJWT && !m.verifyJWT(w, r, st, ru, rq) {
@@ -266,7 +255,7 @@ func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state
 	if rq.claims == nil {
 		c, err := st.jwt.claims(r)
 		if err != nil {
-			m.unauthorized(w, r, err)
+			m.refuse(w, r, st, unauthorized(err))
 			return false
 		}
 		rq.claims = c
@@ -274,12 +263,24 @@ func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state
 	for _, k := range ru.cfg.Key {
 		if name, ok := strings.CutPrefix(k, "jwt:"); ok {
 			if _, err := claimString(rq.claims, name); err != nil {
-				m.unauthorized(w, r, err)
+				m.refuse(w, r, st, unauthorized(err))
 				return false
 			}
 		}
 	}
 	return true
+}
+
+// unauthorized is the answer to a request whose rule needs a verified
+// token it does not carry, for err (RFC 6750, section 3).
+func unauthorized(err error) *refusal {
+	if errors.Is(err, errNoToken) {
+		return &refusal{code: http.StatusUnauthorized, why: "this route counts requests per verified identity: send a bearer token",
+			header: "WWW-Authenticate", value: `Bearer realm="sketchproxy"`}
+	}
+	desc := strings.NewReplacer(`"`, "'", `\`, "/").Replace(truncate(err.Error(), 200))
+	return &refusal{code: http.StatusUnauthorized, why: "the bearer token is not valid: " + desc,
+		header: "WWW-Authenticate", value: `Bearer realm="sketchproxy", error="invalid_token", error_description="` + desc + `"`}
 }
 
 // clientAddr finds the client's address (package clientip, Walk). The

@@ -84,7 +84,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	switch {
 	case d.Gone: // the client went away while the tarpit held it
 	case !d.Admitted:
-		m.answerRefusal(w, r, st, &d, rq)
+		m.refuse(w, r, st, &refusal{code: rq.refusalCode(&d), d: &d, client: rq.client})
 	default:
 		m.forward(w, r, next, st, &d)
 	}
@@ -111,7 +111,7 @@ func (m *Middleware) forward(w http.ResponseWriter, r *http.Request, next http.H
 	if !st.cfg.Headers.Off {
 		m.setHeaders(w.Header(), st, &d.Fields)
 	}
-	if !m.prepareBody(w, r, &st.cfg.Server) {
+	if !m.prepareBody(w, r, st) {
 		return
 	}
 	m.met.inFlight.Add(1)
@@ -172,7 +172,8 @@ var ErrBodyTimeout = errors.New("sketchproxy: the request body took longer than 
 // up to server.buffer_body of it before the upstream is contacted. It
 // reports false when it has answered the request itself (408 for a body
 // too slow, or nothing for a client that left).
-func (m *Middleware) prepareBody(w http.ResponseWriter, r *http.Request, sv *ServerConfig) bool {
+func (m *Middleware) prepareBody(w http.ResponseWriter, r *http.Request, st *state) bool {
+	sv := &st.cfg.Server
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return true
 	}
@@ -200,14 +201,12 @@ func (m *Middleware) prepareBody(w http.ResponseWriter, r *http.Request, sv *Ser
 		r.Body = readCloser{io.MultiReader(&buf, body), body}
 		return true
 	case errors.Is(err, ErrBodyTimeout):
-		m.met.bodyTimeouts.Add(1)
-		closeIfBody(w, r)
-		writeProblem(w, http.StatusRequestTimeout, "the request body did not arrive within server.body_timeout")
+		m.refuse(w, r, st, &refusal{code: http.StatusRequestTimeout, why: "the request body did not arrive within server.body_timeout"})
 		return false
 	default:
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
-			writeProblem(w, http.StatusRequestEntityTooLarge, "the request body is too large")
+			m.refuse(w, r, st, &refusal{code: http.StatusRequestEntityTooLarge, why: "the request body is too large"})
 		}
 		return false // the client went away, or sent a broken body
 	}
