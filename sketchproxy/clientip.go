@@ -6,11 +6,26 @@ import (
 	"strings"
 
 	"github.com/epochsketch/epochsketch/limit/clientip"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
-// sourceHeader is the request header the configured source reads.
-func (ci *clientIP) sourceHeader() string {
-	switch ci.Source {
+// clientIP is client_ip as the doors read it, compiled at install: its
+// trusted proxies parsed, and the header its source names.
+type clientIP struct {
+	*ClientIPConfig
+	trusted clientip.Trusted
+	header  string // the source's header, canonical
+}
+
+// clientIPOf is b's client_ip as the doors read it.
+func clientIPOf(b *config.Built) clientIP {
+	cc := &b.Config().ClientIP
+	return clientIP{ClientIPConfig: cc, trusted: b.TrustedProxies(), header: sourceHeader(cc.Source)}
+}
+
+// sourceHeader is the request header a client_ip source reads.
+func sourceHeader(source string) string {
+	switch source {
 	case sourceForwarded:
 		return "Forwarded"
 	case sourceRealIP:
@@ -18,13 +33,7 @@ func (ci *clientIP) sourceHeader() string {
 	case sourceXFF:
 		return "X-Forwarded-For"
 	}
-	return http.CanonicalHeaderKey(strings.TrimPrefix(ci.Source, "header:"))
-}
-
-// clientIP is a ClientIPConfig with its trusted proxies parsed.
-type clientIP struct {
-	*ClientIPConfig
-	trusted clientip.Trusted
+	return http.CanonicalHeaderKey(strings.TrimPrefix(source, "header:"))
 }
 
 // SetForwarded sets the forwarding headers of a request a reverse proxy
@@ -82,7 +91,7 @@ func (m *Middleware) SetForwarded(pr *httputil.ProxyRequest) {
 		chain("Forwarded", "for="+node+";proto="+proto)
 	}
 	if ci.Source == sourceRealIP || strings.HasPrefix(ci.Source, "header:") {
-		if h := ci.sourceHeader(); !trusted {
+		if h := ci.header; !trusted {
 			out.Header.Del(h)
 		}
 	}

@@ -216,19 +216,29 @@ func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, bod
 	w.Write(body[i:])
 }
 
-// logDecision logs an HTTP door's refusal (or a shadow one): logVerdict,
-// with the request's method and path.
+// logDecision logs an HTTP door's refusal (or a shadow one):
+// logVerdictAs, with the request's method and path, the key shown by its
+// keyed hash.
 func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow, never bool) {
-	m.logVerdict(v, shadow, never, "method", r.Method, "path", truncate(r.URL.Path, 256)) // slog quotes and escapes control bytes
+	m.logVerdictAs(v, shadow, never, m.keyLabel, "method", r.Method, "path", truncate(r.URL.Path, 256)) // slog quotes and escapes control bytes
 }
 
-// logVerdict logs a refusal (or a shadow one) of any door, with the door's
-// own attributes: the first of its rule's interval (refusalLog), at
-// most logsPerSecond a second in all; the next line says how many were
-// left out. Counts are in requests. retry_after_s is v.Retry in seconds,
-// or "never" where no wait is enough (never: the request's Decision.Never
-// for a refusal, the verdict's own Never for a shadow one).
+// keyLabel is an HTTP rule's key as logs show it (display).
+func (m *Middleware) keyLabel(v *verdict) string { return m.display(v.Key) }
+
+// logVerdict logs a refusal (or a shadow one) of any door: logVerdictAs,
+// the key shown by keyLabelOf (which knows Envoy's descriptors).
 func (m *Middleware) logVerdict(v *verdict, shadow, never bool, door ...any) {
+	m.logVerdictAs(v, shadow, never, m.keyLabelOf, door...)
+}
+
+// logVerdictAs logs a refusal (or a shadow one) with the door's own
+// attributes, its key shown by label: the first of its rule's interval
+// (refusalLog), at most logsPerSecond a second in all; the next line says
+// how many were left out. Counts are in requests. retry_after_s is v.Retry
+// in seconds, or "never" where no wait is enough (never: the request's
+// Decision.Never for a refusal, the verdict's own Never for a shadow one).
+func (m *Middleware) logVerdictAs(v *verdict, shadow, never bool, label func(*verdict) string, door ...any) {
 	rule := ""
 	if v.Rule != nil {
 		rule = v.Rule.Name
@@ -240,7 +250,7 @@ func (m *Middleware) logVerdict(v *verdict, shadow, never bool, door ...any) {
 	if !ok {
 		return
 	}
-	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", m.keyLabelOf(v)}, door...)
+	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", label(v)}, door...)
 	if never {
 		attrs = append(attrs, "retry_after_s", "never")
 	} else {

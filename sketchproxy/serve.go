@@ -93,13 +93,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // decide hands the request's facts to the engine: for each matched rule,
 // the request's key under it and whether the rule's allow list exempts it.
 func (m *Middleware) decide(r *http.Request, st *state, matched []*rule, rq *request, now time.Time, check bool) engine.Decision {
+	rq.client = st.ci.group(rq.addr)
 	var room [8]engine.Fact
 	facts := room[:0]
 	for _, ru := range matched {
-		key := ru.key(&st.cfg.ClientIP, rq)
+		key := ru.keyOf(rq)
 		facts = append(facts, engine.Fact{Rule: ru.eng, Key: key, Allowlisted: ru.allowlisted(rq.addr, key)})
 	}
-	rq.client = st.cfg.ClientIP.Group(rq.addr)
 	return m.eng.Decide(r.Context(), st.set, now, &engine.Request{
 		Facts: facts, Client: rq.client, ClientCap: *st.cfg.Server.MaxInFlightPerClient, NoDrip: check,
 	}, rq.sc)

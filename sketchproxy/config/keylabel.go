@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 
+	"github.com/epochsketch/epochsketch/limit/clientip"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -31,5 +32,9 @@ func (c *Config) IPKey(addr netip.Addr) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return b.cfg.ClientIP.Group(addr.Unmap()), nil
+	if !addr.IsValid() {
+		return "unknown", nil // as the doors key a client without an address
+	}
+	cc := &b.cfg.ClientIP
+	return clientip.Key(addr.Unmap(), cc.IPv4Prefix, cc.IPv6Prefix), nil
 }
