@@ -32,7 +32,7 @@ type Options struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// RefusalLogInterval is how often each rule's refusals are logged:
 	// the first of an interval whole, the rest counted on one line at its
-	// end (0: DefaultRefusalLogInterval; respond.go, refusalLog).
+	// end (0: DefaultRefusalLogInterval; see refusalLog).
 	RefusalLogInterval time.Duration
 }
 
@@ -76,7 +76,7 @@ type Middleware struct {
 type state struct {
 	cfg   *Config
 	b     *config.Built // what cfg compiled to (Envoy's domains: b.RLS())
-	ci    clientIP      // client_ip, with its trusted proxies
+	ci    clientIP      // client_ip, compiled for the doors
 	set   *engine.Set
 	rules []*rule      // set.Rules, with what requests match
 	jwt   *jwtVerifier // nil without a jwt section

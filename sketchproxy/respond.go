@@ -15,82 +15,10 @@ import (
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
-// setHeaders writes the RateLimit-Policy and RateLimit fields of
-// draft-ietf-httpapi-ratelimit-headers-10 (engine.Fields says what they
-// hold), and the legacy X-RateLimit-* if configured.
-func (m *Middleware) setHeaders(h http.Header, st *state, f *engine.Fields) {
-	if !f.Any {
-		return
-	}
-	h[hdrPolicy] = []string{f.Policy}
-	if len(f.RateLimit) > 0 {
-		h[hdrRateLimit] = []string{string(f.RateLimit)}
-	}
-	if st.cfg.Headers.Legacy {
-		h.Set("X-RateLimit-Limit", strconv.FormatInt(f.LegacyLimit, 10))
-		h.Set("X-RateLimit-Remaining", strconv.FormatInt(f.LegacyRemaining, 10))
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(f.LegacyReset, 10))
-	}
-}
-
-// The fields' canonical keys (http.CanonicalHeaderKey), set directly.
-const (
-	hdrPolicy    = "Ratelimit-Policy"
-	hdrRateLimit = "Ratelimit"
-)
-
-// problem is an RFC 9457 problem details body.
-type problem struct {
-	Type       string   `json:"type"`
-	Title      string   `json:"title"`
-	Status     int      `json:"status"`
-	Detail     string   `json:"detail"`
-	Rule       string   `json:"rule,omitempty"`
-	Limit      string   `json:"limit,omitempty"`
-	Outcome    string   `json:"outcome,omitempty"`
-	RetryAfter int64    `json:"retry_after,omitempty"`
-	Level      float64  `json:"level,omitempty"` // estimate / threshold
-	Violated   []string `json:"violated-policies,omitempty"`
-}
-
-// quotaExceeded is the draft's problem type for a client over its quota.
-const quotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-
-func (m *Middleware) problemFor(v *verdict, retry time.Duration, code int) problem {
-	p := problem{
-		Type: "about:blank", Title: http.StatusText(code), Status: code,
-		Outcome: v.Out.String(), RetryAfter: rate.Seconds(retry),
-		Level: math.Round(v.Level*100) / 100,
-	}
-	ru := v.Rule
-	if ru == nil {
-		p.Detail = "too many requests in progress from this client address; retry when one has finished"
-		return p
-	}
-	p.Rule = ru.Name
-	switch v.Out {
-	case engine.OverBudget:
-		b := &ru.Budget.Spec
-		p.Type, p.Limit, p.Violated = quotaExceeded, b.Name, []string{ru.Name + "-" + b.Name}
-		p.Detail = fmt.Sprintf("budget %q of %s units per %v is spent; retry after %d s", b.Name, formatNum(b.Units), b.Per, p.RetryAfter)
-	case engine.BudgetUnknown:
-		p.Limit = ru.Budget.Spec.Name
-		p.Detail = fmt.Sprintf("budget %q cannot be tracked for this client right now, and the route fails closed; retry after %d s", p.Limit, p.RetryAfter)
-	case engine.InFlight:
-		p.Detail = fmt.Sprintf("at most %d requests in flight per client on rule %q", ru.MaxInFlight, ru.Name)
-	case engine.TarpitFull:
-		p.Detail = fmt.Sprintf("rule %q: over the limit; retry after %d s", ru.Name, p.RetryAfter)
-	default:
-		if l := v.Limit; l != nil {
-			p.Type, p.Limit, p.Violated = quotaExceeded, l.Name, []string{l.Policy}
-			p.Detail = fmt.Sprintf("rule %q limit %q: %s requests per %v; retry after %d s", ru.Name, l.Name, formatNum(l.Requests), l.Per, p.RetryAfter)
-		}
-		if v.Out == engine.Ban {
-			p.Detail = "temporarily banned: " + p.Detail
-		}
-	}
-	return p
-}
+// The door's answers: every refusal goes out through refuse, with its
+// problem body, its RateLimit fields and its log line (by rule, at most
+// logsPerSecond lines a second); an admitted request gets its fields from
+// setHeaders.
 
 // refusal is an answer the door gives in the upstream's place: a rule's
 // refusal (or the per-client cap's), or a request it will not judge. refuse
@@ -179,6 +107,19 @@ func (m *Middleware) account(w http.ResponseWriter, r *http.Request, rf *refusal
 	}
 }
 
+// closeIfBody closes the connection after a refusal of an HTTP/1 request
+// whose body was not read: the server would otherwise read (and wait for)
+// the whole body before it sends the answer, which a slow client drips for
+// as long as it likes. HTTP/2 ends the one stream instead when the handler
+// returns; there Go's server turns Connection: close into a GOAWAY, and
+// every other request on the connection (other clients' too, behind a
+// gateway) would have to find a new one.
+func closeIfBody(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
+}
+
 // refusalCode is the status a refusal of d is sent with: 429, or 503 where
 // the refusal is not the client's doing (a wallet that cannot be tracked);
 // a forward-auth check's refusal_status instead where a gateway needs its
@@ -216,6 +157,85 @@ func (m *Middleware) drip(w http.ResponseWriter, r *http.Request, st *state, bod
 	w.Write(body[i:])
 }
 
+// problem is an RFC 9457 problem details body.
+type problem struct {
+	Type       string   `json:"type"`
+	Title      string   `json:"title"`
+	Status     int      `json:"status"`
+	Detail     string   `json:"detail"`
+	Rule       string   `json:"rule,omitempty"`
+	Limit      string   `json:"limit,omitempty"`
+	Outcome    string   `json:"outcome,omitempty"`
+	RetryAfter int64    `json:"retry_after,omitempty"`
+	Level      float64  `json:"level,omitempty"` // estimate / threshold
+	Violated   []string `json:"violated-policies,omitempty"`
+}
+
+// quotaExceeded is the draft's problem type for a client over its quota.
+const quotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+func (m *Middleware) problemFor(v *verdict, retry time.Duration, code int) problem {
+	p := problem{
+		Type: "about:blank", Title: http.StatusText(code), Status: code,
+		Outcome: v.Out.String(), RetryAfter: rate.Seconds(retry),
+		Level: math.Round(v.Level*100) / 100,
+	}
+	ru := v.Rule
+	if ru == nil {
+		p.Detail = "too many requests in progress from this client address; retry when one has finished"
+		return p
+	}
+	p.Rule = ru.Name
+	switch v.Out {
+	case engine.OverBudget:
+		b := &ru.Budget.Spec
+		p.Type, p.Limit, p.Violated = quotaExceeded, b.Name, []string{ru.Name + "-" + b.Name}
+		p.Detail = fmt.Sprintf("budget %q of %s units per %v is spent; retry after %d s", b.Name, formatNum(b.Units), b.Per, p.RetryAfter)
+	case engine.BudgetUnknown:
+		p.Limit = ru.Budget.Spec.Name
+		p.Detail = fmt.Sprintf("budget %q cannot be tracked for this client right now, and the route fails closed; retry after %d s", p.Limit, p.RetryAfter)
+	case engine.InFlight:
+		p.Detail = fmt.Sprintf("at most %d requests in flight per client on rule %q", ru.MaxInFlight, ru.Name)
+	case engine.TarpitFull:
+		p.Detail = fmt.Sprintf("rule %q: over the limit; retry after %d s", ru.Name, p.RetryAfter)
+	default:
+		if l := v.Limit; l != nil {
+			p.Type, p.Limit, p.Violated = quotaExceeded, l.Name, []string{l.Policy}
+			p.Detail = fmt.Sprintf("rule %q limit %q: %s requests per %v; retry after %d s", ru.Name, l.Name, formatNum(l.Requests), l.Per, p.RetryAfter)
+		}
+		if v.Out == engine.Ban {
+			p.Detail = "temporarily banned: " + p.Detail
+		}
+	}
+	return p
+}
+
+func formatNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// setHeaders writes the RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers-10 (engine.Fields says what they
+// hold), and the legacy X-RateLimit-* if configured.
+func (m *Middleware) setHeaders(h http.Header, st *state, f *engine.Fields) {
+	if !f.Any {
+		return
+	}
+	h[hdrPolicy] = []string{f.Policy}
+	if len(f.RateLimit) > 0 {
+		h[hdrRateLimit] = []string{string(f.RateLimit)}
+	}
+	if st.cfg.Headers.Legacy {
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(f.LegacyLimit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(f.LegacyRemaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(f.LegacyReset, 10))
+	}
+}
+
+// The fields' canonical keys (http.CanonicalHeaderKey), set directly.
+const (
+	hdrPolicy    = "Ratelimit-Policy"
+	hdrRateLimit = "Ratelimit"
+)
+
 // logDecision logs an HTTP door's refusal (or a shadow one):
 // logVerdictAs, with the request's method and path, the key shown by its
 // keyed hash.
@@ -225,6 +245,12 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow, never bool
 
 // keyLabel is an HTTP rule's key as logs show it (display).
 func (m *Middleware) keyLabel(v *verdict) string { return m.display(v.Key) }
+
+// display is a key as this Middleware's logs and metrics show it. The same
+// key shows the same way for the life of the process, so one client's lines
+// and series can be followed; with key_label_secret_file, across restarts
+// and replicas too.
+func (m *Middleware) display(key string) string { return engine.Label(m.redact, key) }
 
 // logVerdict logs a refusal (or a shadow one) of any door: logVerdictAs,
 // the key shown by keyLabelOf (which knows Envoy's descriptors).
@@ -265,28 +291,13 @@ func (m *Middleware) logVerdictAs(v *verdict, shadow, never bool, label func(*ve
 	m.log.Info("sketchproxy decision", attrs...)
 }
 
+const logsPerSecond = 20
+
 func truncate(s string, n int) string {
 	if len(s) > n {
 		return s[:n] + "…"
 	}
 	return s
-}
-
-const logsPerSecond = 20
-
-func formatNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
-
-// closeIfBody closes the connection after a refusal of an HTTP/1 request
-// whose body was not read: the server would otherwise read (and wait for)
-// the whole body before it sends the answer, which a slow client drips for
-// as long as it likes. HTTP/2 ends the one stream instead when the handler
-// returns; there Go's server turns Connection: close into a GOAWAY, and
-// every other request on the connection (other clients' too, behind a
-// gateway) would have to find a new one.
-func closeIfBody(w http.ResponseWriter, r *http.Request) {
-	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
-		w.Header().Set("Connection", "close")
-	}
 }
 
 // DefaultRefusalLogInterval is how often a rule's refusals are logged
@@ -388,9 +399,3 @@ func (l *refusalLog) flush(log *slog.Logger) {
 	}
 	l.firing.Wait() // timers that fired before Stop
 }
-
-// display is a key as this Middleware's logs and metrics show it. The same
-// key shows the same way for the life of the process, so one client's lines
-// and series can be followed; with key_label_secret_file, across restarts
-// and replicas too.
-func (m *Middleware) display(key string) string { return engine.Label(m.redact, key) }
