@@ -20,16 +20,12 @@ import (
 // logsPerSecond lines a second); an admitted request gets its fields from
 // setHeaders.
 
-// refusal is an answer the door gives in the upstream's place: a rule's
-// refusal (or the per-client cap's), or a request it will not judge. refuse
-// writes every one of them.
+// refusal is an answer the door gives in the upstream's place: with a
+// decision, a rule's refusal (or the per-client cap's); without one, a
+// request the door will not judge. refuse writes every one of them.
 type refusal struct {
-	code int              // the status sent
-	d    *engine.Decision // a rule's refusal; nil for the others
-	// client is the per-client cap's key, for d's log line where no rule
-	// refused.
-	client string
-	why    string // the problem's detail, for an answer without d
+	code int    // the status sent
+	why  string // the problem's detail, for an answer without a decision
 	// header and value are one header the answer carries besides its own:
 	// 405's Allow, 401's WWW-Authenticate.
 	header, value string
@@ -37,11 +33,13 @@ type refusal struct {
 
 // refuse answers r with rf, in place of the upstream: every refusal and
 // every bad request of the HTTP doors goes out here. It counts and logs
-// the answer (account), then writes its problem+json body (RFC 9457); a
-// rule's refusal also carries its RateLimit fields and Retry-After, and is
-// dripped where the tarpit holds it.
-func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, st *state, rf *refusal) {
-	m.account(w, r, rf)
+// the answer (account), then writes its problem+json body (RFC 9457). A
+// rule's refusal (d, nil for the others) also carries its RateLimit
+// fields and Retry-After, and is dripped where the tarpit holds it. d is
+// apart from rf so that it stays on the caller's stack: the words of rf
+// reach the log.
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, st *state, d *engine.Decision, rf refusal) {
+	m.account(w, r, d, rf)
 	h := w.Header()
 	if rf.header != "" {
 		h.Set(rf.header, rf.value)
@@ -50,7 +48,6 @@ func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, st *state, r
 	if rf.code == http.StatusBadRequest {
 		p.Detail += ": send the request without it" // what to fix
 	}
-	d := rf.d
 	if d != nil {
 		m.setHeaders(h, st, &d.Fields)
 		h.Set("Retry-After", strconv.FormatInt(rate.Seconds(d.Retry), 10))
@@ -77,15 +74,14 @@ func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, st *state, r
 // the answer back: a rule's refusal (and the per-client cap's) is logged
 // by rule (logDecision); a bad request (400) by its reason, at most
 // logsPerSecond lines a second.
-func (m *Middleware) account(w http.ResponseWriter, r *http.Request, rf *refusal) {
+func (m *Middleware) account(w http.ResponseWriter, r *http.Request, d *engine.Decision, rf refusal) {
 	switch code := rf.code; {
-	case rf.d != nil:
+	case d != nil:
 		closeIfBody(w, r)
-		if rf.d.Worst.Rule == nil {
+		if d.Worst.Rule == nil {
 			m.met.clientCap.Add(1) // server.max_in_flight_per_client
-			rf.d.Worst.Key = rf.client
 		}
-		m.logDecision(r, &rf.d.Worst, false, rf.d.Never)
+		m.logDecision(r, &d.Worst, false, d.Never)
 	case code == http.StatusBadRequest:
 		m.met.badRequests.Add(1)
 		if ok, skipped := m.logs.Allow(m.now(), logsPerSecond); ok {
@@ -236,15 +232,13 @@ const (
 	hdrRateLimit = "Ratelimit"
 )
 
-// logDecision logs an HTTP door's refusal (or a shadow one):
-// logVerdictAs, with the request's method and path, the key shown by its
-// keyed hash.
+// logDecision logs an HTTP door's refusal (or a shadow one), with the
+// request's method and path, the key shown by its keyed hash (display).
 func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow, never bool) {
-	m.logVerdictAs(v, shadow, never, m.keyLabel, "method", r.Method, "path", truncate(r.URL.Path, 256)) // slog quotes and escapes control bytes
+	if skipped, ok := m.mayLog(v, shadow); ok {
+		m.logLine(v, shadow, never, m.display(v.Key), skipped, "method", r.Method, "path", truncate(r.URL.Path, 256)) // slog quotes and escapes control bytes
+	}
 }
-
-// keyLabel is an HTTP rule's key as logs show it (display).
-func (m *Middleware) keyLabel(v *verdict) string { return m.display(v.Key) }
 
 // display is a key as this Middleware's logs and metrics show it. The same
 // key shows the same way for the life of the process, so one client's lines
@@ -252,31 +246,41 @@ func (m *Middleware) keyLabel(v *verdict) string { return m.display(v.Key) }
 // and replicas too.
 func (m *Middleware) display(key string) string { return engine.Label(m.redact, key) }
 
-// logVerdict logs a refusal (or a shadow one) of any door: logVerdictAs,
-// the key shown by keyLabelOf (which knows Envoy's descriptors).
+// logVerdict logs a refusal (or a shadow one) of any door, with the door's
+// own attributes, the key shown by keyLabelOf (which knows Envoy's
+// descriptors).
 func (m *Middleware) logVerdict(v *verdict, shadow, never bool, door ...any) {
-	m.logVerdictAs(v, shadow, never, m.keyLabelOf, door...)
+	if skipped, ok := m.mayLog(v, shadow); ok {
+		m.logLine(v, shadow, never, m.keyLabelOf(v), skipped, door...)
+	}
 }
 
-// logVerdictAs logs a refusal (or a shadow one) with the door's own
-// attributes, its key shown by label: the first of its rule's interval
-// (refusalLog), at most logsPerSecond a second in all; the next line says
-// how many were left out. Counts are in requests. retry_after_s is v.Retry
-// in seconds, or "never" where no wait is enough (never: the request's
-// Decision.Never for a refusal, the verdict's own Never for a shadow one).
-func (m *Middleware) logVerdictAs(v *verdict, shadow, never bool, label func(*verdict) string, door ...any) {
+// mayLog reports whether a refusal (or a shadow one) is logged: the first
+// of its rule's interval (refusalLog), at most logsPerSecond a second in
+// all; skipped is how many lines the rate left out before it.
+func (m *Middleware) mayLog(v *verdict, shadow bool) (skipped int64, ok bool) {
 	rule := ""
 	if v.Rule != nil {
 		rule = v.Rule.Name
 	}
 	if !m.refusals.first(rule, shadow, m.opts.RefusalLogInterval, m.log) {
-		return
+		return 0, false
 	}
-	ok, skipped := m.logs.Allow(m.now(), logsPerSecond)
-	if !ok {
-		return
+	ok, skipped = m.logs.Allow(m.now(), logsPerSecond)
+	return skipped, ok
+}
+
+// logLine writes a refusal's line, its key shown as label; the line says
+// how many were left out before it. Counts are in requests. retry_after_s
+// is v.Retry in seconds, or "never" where no wait is enough (never: the
+// request's Decision.Never for a refusal, the verdict's own Never for a
+// shadow one).
+func (m *Middleware) logLine(v *verdict, shadow, never bool, label string, skipped int64, door ...any) {
+	rule := ""
+	if v.Rule != nil {
+		rule = v.Rule.Name
 	}
-	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", label(v)}, door...)
+	attrs := append([]any{"rule", rule, "outcome", v.Out.String(), "shadow", shadow, "key", label}, door...)
 	if never {
 		attrs = append(attrs, "retry_after_s", "never")
 	} else {

@@ -35,22 +35,22 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		// CONNECT opens a tunnel no rule can judge; TRACE echoes a
 		// request's headers, cookies included, back to a script (nginx
 		// refuses both).
-		m.refuse(w, r, st, &refusal{code: http.StatusMethodNotAllowed, why: r.Method + ": this is a reverse proxy; it forwards neither tunnels nor traces",
+		m.refuse(w, r, st, nil, refusal{code: http.StatusMethodNotAllowed, why: r.Method + ": this is a reverse proxy; it forwards neither tunnels nor traces",
 			header: "Allow", value: "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"})
 		return nil, false
 	case strings.ToUpper(r.Method) != r.Method:
 		// Methods are case-sensitive, but some upstreams (Werkzeug, for
 		// one) serve "get" as GET: no rule could tell. nginx answers 400 too.
-		m.refuse(w, r, st, &refusal{code: http.StatusBadRequest, why: fmt.Sprintf("the method %.32q is not in upper case", r.Method)})
+		m.refuse(w, r, st, nil, refusal{code: http.StatusBadRequest, why: fmt.Sprintf("the method %.32q is not in upper case", r.Method)})
 		return nil, false
 	}
 	if why := httpnorm.PathProblem(r); why != "" {
-		m.refuse(w, r, st, &refusal{code: http.StatusBadRequest, why: why})
+		m.refuse(w, r, st, nil, refusal{code: http.StatusBadRequest, why: why})
 		return nil, false
 	}
 	host, name, ok := httpnorm.CanonicalHost(r.Host)
 	if !ok {
-		m.refuse(w, r, st, &refusal{code: http.StatusBadRequest, why: fmt.Sprintf("the Host %.64q is not a host name or address with at most one port", r.Host)})
+		m.refuse(w, r, st, nil, refusal{code: http.StatusBadRequest, why: fmt.Sprintf("the Host %.64q is not a host name or address with at most one port", r.Host)})
 		return nil, false
 	}
 	httpnorm.NormalizePath(r)
@@ -68,7 +68,7 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		}
 		if why := ru.ambiguous(r); why != "" {
 			rq.free()
-			m.refuse(w, r, st, &refusal{code: http.StatusBadRequest, why: why})
+			m.refuse(w, r, st, nil, refusal{code: http.StatusBadRequest, why: why})
 			return nil, false
 		}
 		if ru.needJWT && !m.verifyJWT(w, r, st, ru, rq) {
@@ -437,7 +437,7 @@ func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state
 	if rq.claims == nil {
 		c, err := st.jwt.claims(r)
 		if err != nil {
-			m.refuse(w, r, st, unauthorized(err))
+			m.refuse(w, r, st, nil, unauthorized(err))
 			return false
 		}
 		rq.claims = c
@@ -445,7 +445,7 @@ func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state
 	for _, p := range ru.key {
 		if p.from == fromClaim {
 			if _, err := claimString(rq.claims, p.name); err != nil {
-				m.refuse(w, r, st, unauthorized(err))
+				m.refuse(w, r, st, nil, unauthorized(err))
 				return false
 			}
 		}
@@ -455,12 +455,12 @@ func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state
 
 // unauthorized is the answer to a request whose rule needs a verified
 // token it does not carry, for err (RFC 6750, section 3).
-func unauthorized(err error) *refusal {
+func unauthorized(err error) refusal {
 	if errors.Is(err, errNoToken) {
-		return &refusal{code: http.StatusUnauthorized, why: "this route counts requests per verified identity: send a bearer token",
+		return refusal{code: http.StatusUnauthorized, why: "this route counts requests per verified identity: send a bearer token",
 			header: "WWW-Authenticate", value: `Bearer realm="sketchproxy"`}
 	}
 	desc := strings.NewReplacer(`"`, "'", `\`, "/").Replace(truncate(err.Error(), 200))
-	return &refusal{code: http.StatusUnauthorized, why: "the bearer token is not valid: " + desc,
+	return refusal{code: http.StatusUnauthorized, why: "the bearer token is not valid: " + desc,
 		header: "WWW-Authenticate", value: `Bearer realm="sketchproxy", error="invalid_token", error_description="` + desc + `"`}
 }

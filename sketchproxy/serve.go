@@ -84,7 +84,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	switch {
 	case d.Gone: // the client went away while the tarpit held it
 	case !d.Admitted:
-		m.refuse(w, r, st, &refusal{code: rq.refusalCode(&d), d: &d, client: rq.client})
+		if d.Worst.Rule == nil {
+			d.Worst.Key = rq.client // the per-client cap refused: its key, for the log
+		}
+		m.refuse(w, r, st, &d, refusal{code: rq.refusalCode(&d)})
 	default:
 		m.forward(w, r, next, st, &d)
 	}
@@ -201,12 +204,12 @@ func (m *Middleware) prepareBody(w http.ResponseWriter, r *http.Request, st *sta
 		r.Body = readCloser{io.MultiReader(&buf, body), body}
 		return true
 	case errors.Is(err, ErrBodyTimeout):
-		m.refuse(w, r, st, &refusal{code: http.StatusRequestTimeout, why: "the request body did not arrive within server.body_timeout"})
+		m.refuse(w, r, st, nil, refusal{code: http.StatusRequestTimeout, why: "the request body did not arrive within server.body_timeout"})
 		return false
 	default:
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
-			m.refuse(w, r, st, &refusal{code: http.StatusRequestEntityTooLarge, why: "the request body is too large"})
+			m.refuse(w, r, st, nil, refusal{code: http.StatusRequestEntityTooLarge, why: "the request body is too large"})
 		}
 		return false // the client went away, or sent a broken body
 	}
