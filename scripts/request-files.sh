@@ -4,7 +4,7 @@
 # build with coverage counters; it fails if an admitted or a refused
 # request runs in more than MAX files (default below).
 set -euo pipefail
-MAX=${MAX:-19}
+MAX=${MAX:-8}
 GO=${GO:-go}
 cd "$(dirname "$0")/../sketchproxy"
 bin=$(mktemp -d)

@@ -3,15 +3,29 @@ package sketchproxy
 import (
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"strings"
 
 	"github.com/epochsketch/epochsketch/limit/clientip"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
-// sourceHeader is the request header the configured source reads.
-func (ci *clientIP) sourceHeader() string {
-	switch ci.Source {
+// clientIP is client_ip as the doors read it, compiled at install: its
+// trusted proxies parsed, and the header its source names.
+type clientIP struct {
+	*ClientIPConfig
+	trusted clientip.Trusted
+	header  string // the source's header, canonical
+}
+
+// clientIPOf is b's client_ip as the doors read it.
+func clientIPOf(b *config.Built) clientIP {
+	cc := &b.Config().ClientIP
+	return clientIP{ClientIPConfig: cc, trusted: b.TrustedProxies(), header: sourceHeader(cc.Source)}
+}
+
+// sourceHeader is the request header a client_ip source reads.
+func sourceHeader(source string) string {
+	switch source {
 	case sourceForwarded:
 		return "Forwarded"
 	case sourceRealIP:
@@ -19,32 +33,7 @@ func (ci *clientIP) sourceHeader() string {
 	case sourceXFF:
 		return "X-Forwarded-For"
 	}
-	return http.CanonicalHeaderKey(strings.TrimPrefix(ci.Source, "header:"))
-}
-
-// clientAddr finds the client's address (package clientip, Walk). The
-// connection's peer is the client unless it is a trusted proxy; then the
-// one configured source (X-Forwarded-For by default) is read from the
-// right, skipping trusted hops, and the first untrusted address is the
-// client: what lies left of it was written by the client and is never
-// believed. Every other forwarding header is ignored, so a client cannot
-// choose its key by sending one the load balancer does not overwrite.
-func (ci *clientIP) clientAddr(r *http.Request) netip.Addr {
-	peer := clientip.ParseAddr(r.RemoteAddr)
-	if !peer.IsValid() || !ci.trusted.Contains(peer) {
-		return peer
-	}
-	f := clientip.XForwardedFor
-	if ci.Source == sourceForwarded {
-		f = clientip.Forwarded
-	}
-	return clientip.Walk(peer, r.Header.Values(ci.sourceHeader()), f, ci.trusted.Contains)
-}
-
-// clientIP is a ClientIPConfig with its trusted proxies parsed.
-type clientIP struct {
-	*ClientIPConfig
-	trusted clientip.Trusted
+	return http.CanonicalHeaderKey(strings.TrimPrefix(source, "header:"))
 }
 
 // SetForwarded sets the forwarding headers of a request a reverse proxy
@@ -102,7 +91,7 @@ func (m *Middleware) SetForwarded(pr *httputil.ProxyRequest) {
 		chain("Forwarded", "for="+node+";proto="+proto)
 	}
 	if ci.Source == sourceRealIP || strings.HasPrefix(ci.Source, "header:") {
-		if h := ci.sourceHeader(); !trusted {
+		if h := ci.header; !trusted {
 			out.Header.Del(h)
 		}
 	}

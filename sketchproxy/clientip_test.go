@@ -50,7 +50,7 @@ func TestClientAddr(t *testing.T) {
 		for k, v := range c.hdr {
 			r.Header.Set(k, v)
 		}
-		if got := ci.Group(ci.clientAddr(r)); got != c.want {
+		if got := ci.group(ci.clientAddr(r)); got != c.want {
 			t.Errorf("%s: got %s, want %s", c.name, got, c.want)
 		}
 	}

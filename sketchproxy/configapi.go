@@ -69,11 +69,6 @@ func RestartOnly(running, next *Config) []string { return config.RestartOnly(run
 // (config.ReloadTag).
 func ReloadTag(f reflect.StructField) (kind, note string) { return config.ReloadTag(f) }
 
-// clientIPOf is b's client_ip as the doors read it.
-func clientIPOf(b *config.Built) clientIP {
-	return clientIP{ClientIPConfig: &b.Config().ClientIP, trusted: b.TrustedProxies()}
-}
-
 // The words of the config the doors act on.
 const (
 	sourceXFF       = config.SourceXFF

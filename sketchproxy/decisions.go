@@ -37,3 +37,27 @@ func (m *Middleware) decisions(f func(rule string, o Outcome, shadow bool, n, hi
 		}
 	}
 }
+
+// Outcome is what happened to a request under one rule: the engine's
+// (internal/engine, verdict.go), so that metrics and Decisions read the
+// engine's counts as they are. String returns the name logs and metrics
+// write; Refuses reports whether it keeps a request from going on.
+type Outcome = engine.Outcome
+
+// The outcomes, least severe first.
+const (
+	Allow         = engine.Allow
+	Allowlisted   = engine.Allowlisted   // the rule's allow list: no sketch work
+	Delay         = engine.Delay         // held, then proxied
+	Drip          = engine.Drip          // a 429 dripped slowly; never proxied
+	TarpitFull    = engine.TarpitFull    // over the limit with the tarpit at its caps: an immediate 429
+	InFlight      = engine.InFlight      // the key has max_in_flight requests running: 429
+	BudgetUnknown = engine.BudgetUnknown // the wallet cannot be tracked: 503 (fail closed)
+	OverBudget    = engine.OverBudget    // the wallet is spent: 429
+	Reject        = engine.Reject        // over the limit: 429
+	Ban           = engine.Ban           // far over the limit: 429 and Connection: close until the ban ends
+	numOutcomes   = engine.NumOutcomes
+)
+
+// verdict is one rule's decision (engine.Verdict).
+type verdict = engine.Verdict

@@ -58,12 +58,11 @@ func (m *Middleware) forwardAuth(w http.ResponseWriter, r *http.Request) {
 	st := m.state.Load()
 	fa := st.cfg.ForwardAuth
 	if fa == nil || !isCheck(fa, r.URL.Path) {
-		writeProblem(w, http.StatusNotFound, "no upstream here: this address answers only the forward_auth check")
+		m.refuse(w, r, st, nil, refusal{code: http.StatusNotFound, why: "no upstream here: this address answers only the forward_auth check"})
 		return
 	}
 	if peer := clientip.ParseAddr(r.RemoteAddr); !peer.IsValid() || !st.ci.trusted.Contains(peer) {
-		m.met.badRequests.Add(1)
-		writeProblem(w, http.StatusForbidden, fmt.Sprintf("forward_auth: the caller %s is not in client_ip.trusted_proxies: only the gateway may ask", peer))
+		m.refuse(w, r, st, nil, refusal{code: http.StatusForbidden, why: fmt.Sprintf("forward_auth: the caller %s is not in client_ip.trusted_proxies: only the gateway may ask", peer)})
 		return
 	}
 	if fa.RefusalStatus != http.StatusTooManyRequests {
@@ -71,7 +70,7 @@ func (m *Middleware) forwardAuth(w http.ResponseWriter, r *http.Request) {
 	}
 	orig, chk, why := originalRequest(r, fa.Gateway)
 	if why != "" {
-		m.badRequest(w, r, why)
+		m.refuse(w, r, st, nil, refusal{code: http.StatusBadRequest, why: why})
 		return
 	}
 	m.serve(w, orig, allowed, chk)

@@ -1,12 +1,8 @@
 package caddyepochsketch
 
 import (
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -135,8 +131,8 @@ const (
 	retryPlaceholder = "http.epochsketch.retry_after"
 )
 
-// refusalError is the error a refusal returns to Caddy: its message is the
-// problem's detail.
+// refusalError is the error a refusal or a bad key returns to Caddy: its
+// message is the problem's detail.
 type refusalError struct{ detail string }
 
 func (e *refusalError) Error() string { return "epochsketch: " + e.detail }
@@ -196,11 +192,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 			zone, strconv.FormatFloat(l.Requests, 'f', -1, 64), l.Per, secs)
 	}
 	h.logRefusal(r, v, zone, secs)
-	if err := caddyhttp.Error(http.StatusTooManyRequests, &refusalError{p.Detail}); h.returnsError(r, err) {
-		return err
-	}
-	writeProblem(w, &p)
-	return nil
+	return h.answer(w, r, &p)
 }
 
 // badKey answers a request whose key for zone z cannot be read safely
@@ -210,15 +202,16 @@ func (h *Handler) badKey(w http.ResponseWriter, r *http.Request, z *zoneRef, why
 	if ce := h.logger.Check(zap.InfoLevel, "epochsketch bad key"); ce != nil {
 		ce.Write(zap.String("zone", z.name), zap.String("why", why), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
 	}
-	if err := caddyhttp.Error(http.StatusBadRequest, errors.New("epochsketch: "+detail)); h.returnsError(r, err) {
-		return err
-	}
-	writeProblem(w, &problem{Type: "about:blank", Title: http.StatusText(http.StatusBadRequest), Status: http.StatusBadRequest, Detail: detail})
-	return nil
+	return h.answer(w, r, &problem{Type: "about:blank", Title: http.StatusText(http.StatusBadRequest), Status: http.StatusBadRequest, Detail: detail})
 }
 
-// writeProblem writes p as the whole answer.
-func writeProblem(w http.ResponseWriter, p *problem) {
+// answer sends every answer the handler gives in next's place, p: returned
+// as a caddyhttp.HandlerError with p's status where error routes would
+// answer it (returnsError), else written whole as problem+json.
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, p *problem) error {
+	if err := caddyhttp.Error(p.Status, &refusalError{p.Detail}); h.returnsError(r, err) {
+		return err
+	}
 	body, _ := json.Marshal(p)
 	body = append(body, '\n')
 	hd := w.Header()
@@ -227,6 +220,7 @@ func writeProblem(w http.ResponseWriter, p *problem) {
 	hd.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(p.Status)
 	w.Write(body)
+	return nil
 }
 
 // logRefusal logs a refusal at info level: at most logsPerSecond lines a
@@ -277,12 +271,7 @@ var redact = func() (k [32]byte) {
 // first 12 hex digits of its HMAC-SHA256 under a per-process key, so that
 // no address or API key appears whole, and one client's lines can still
 // be followed while Caddy runs (as SketchProxy's logs show keys).
-func display(key string) string {
-	mac := hmac.New(sha256.New, redact[:])
-	mac.Write([]byte(key))
-	var sum [32]byte
-	return "k:" + hex.EncodeToString(mac.Sum(sum[:0])[:6])
-}
+func display(key string) string { return engine.Label(redact[:], key) }
 
 // remoteIP is the connection's address without its port, as Caddy's
 // access log writes remote_ip.

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"net/netip"
 	"strings"
 
 	"github.com/epochsketch/epochsketch/limit/clientip"
@@ -96,13 +95,4 @@ func (cc *ClientIPConfig) preparePrefixes(c *Config) error {
 		return c.errAt(fmt.Sprintf("%d: want 1 to 32", cc.IPv4Prefix), "client_ip", "ipv4_prefix")
 	}
 	return nil
-}
-
-// Group maps an address to its client key, the key part "ip": IPv6 by
-// /64 (by default), IPv4 by /32; "unknown" for an invalid address.
-func (ci *ClientIPConfig) Group(a netip.Addr) string {
-	if !a.IsValid() {
-		return "unknown"
-	}
-	return clientip.Key(a, ci.IPv4Prefix, ci.IPv6Prefix)
 }

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/hex"
 	"math"
 	"math/bits"
 	"slices"
@@ -483,4 +485,38 @@ func (c *Counts) Hits(o Outcome, shadow bool) uint64 {
 		i = 1
 	}
 	return c.hits[o][i].Load()
+}
+
+// LogLimiter lets a door log at most a number of lines (refusals, failed
+// settlements) each second of the clock, and counts the lines it held
+// back, so that the next line can say how many were left out. The zero
+// LogLimiter is ready; it is safe for concurrent use.
+type LogLimiter struct {
+	sec, n, skipped atomic.Int64
+}
+
+// Allow reports whether a line at now may be logged, at most max a
+// second; when it may, skipped is how many were held back since the last
+// line logged.
+func (l *LogLimiter) Allow(now time.Time, max int64) (ok bool, skipped int64) {
+	s := now.Unix()
+	if old := l.sec.Load(); old != s && l.sec.CompareAndSwap(old, s) {
+		l.n.Store(0)
+	}
+	if l.n.Add(1) > max {
+		l.skipped.Add(1)
+		return false, 0
+	}
+	return true, l.skipped.Swap(0)
+}
+
+// Label is a key as logs and metrics show it: "k:" and the first 12 hex
+// digits of its HMAC-SHA256 under secret. A key is a client address, an API
+// key or a token: none of them appears whole, and no byte a client chose
+// reaches a log line or a label.
+func Label(secret []byte, key string) string {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(key))
+	var sum [32]byte
+	return "k:" + hex.EncodeToString(mac.Sum(sum[:0])[:6])
 }
