@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 
 	"github.com/epochsketch/epochsketch/sketchproxy/config"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/rls"
 )
 
 // initRedaction picks the key of the hash that stands for keys in logs and
@@ -31,3 +32,13 @@ func (m *Middleware) initRedaction(secret []byte) {
 // and series can be followed; with key_label_secret_file, across restarts
 // and replicas too.
 func (m *Middleware) display(key string) string { return config.Label(m.redact, key) }
+
+// keyLabelOf is the label logs and metrics show for a verdict's key: an
+// Envoy descriptor's values as sent (rls.KeyValues), an HTTP rule's key,
+// under the keyed hash, so that sketchproxy -key-label computes both.
+func (m *Middleware) keyLabelOf(v *verdict) string {
+	if v.Rule != nil && rls.IsRule(v.Rule.Name) {
+		return m.display(rls.KeyValues(v.Key))
+	}
+	return m.display(v.Key)
+}

@@ -52,12 +52,11 @@ type Middleware struct {
 	// the start, if any: its path stays the check's there (checkHere).
 	startCheck *ForwardAuthConfig
 
-	eng       *engine.Engine    // every decision; the only holder of sketches
-	rlsValues rlsValues         // Envoy's detailed_metric descriptors, per value
-	logs      engine.LogLimiter // refusal lines, logsPerSecond at most
-	refusals  refusalLog        // the decision log, aggregated by rule
-	billLogs  engine.LogLimiter // reconcile errors: a flood of refusals never hides them
-	redact    []byte            // the key of the hash that stands for keys in logs and metrics
+	eng      *engine.Engine    // every decision; the only holder of sketches
+	logs     engine.LogLimiter // refusal lines, logsPerSecond at most
+	refusals refusalLog        // the decision log, aggregated by rule
+	billLogs engine.LogLimiter // reconcile errors: a flood of refusals never hides them
+	redact   []byte            // the key of the hash that stands for keys in logs and metrics
 
 	transport atomic.Bool // Transport is in use: wallet requests outlive their clients
 
@@ -233,7 +232,7 @@ func (m *Middleware) install(b *config.Built) error {
 		st.rlsLatency = append(st.rlsLatency, m.observer(ru.Name))
 	}
 	m.dropLatencies(set)
-	m.rlsValues.retain(b.RLS().Detailed())
+	m.met.rls.Values.Retain(b.RLS().Detailed())
 	m.state.Store(st)
 	if old != nil {
 		m.eng.Retire(old.set, set)
