@@ -19,6 +19,7 @@ import (
 	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/jwtauth"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
 )
 
@@ -81,8 +82,8 @@ type state struct {
 	b     *config.Built // what cfg compiled to (Envoy's domains: b.RLS())
 	ci    clientIP      // client_ip, with its trusted proxies
 	set   *engine.Set
-	rules []*rule      // set.Rules, with what requests match
-	jwt   *jwtVerifier // nil without a jwt section
+	rules []*rule           // set.Rules, with what requests match
+	jwt   *jwtauth.Verifier // nil without a jwt section
 	// rlsLatency are the latency histograms of set.RLSRules, in order:
 	// each ShouldRateLimit call is observed in those of the rules it
 	// matched.
@@ -214,11 +215,11 @@ func (m *Middleware) install(b *config.Built) error {
 	if cfg.JWT != nil {
 		// Last: a verifier may take over the running one's key fetcher,
 		// so nothing may fail after it.
-		var pj *jwtVerifier
+		var pj *jwtauth.Verifier
 		if old != nil {
 			pj = old.jwt
 		}
-		v, err := newJWTVerifier(cfg.JWT, b.JWT(), pj, m.log)
+		v, err := jwtauth.New(cfg.JWT, b.JWT(), pj, m.log)
 		if err != nil {
 			m.eng.Retire(set, prev)
 			return &ConfigError{File: b.File(), Field: "jwt", Msg: err.Error()}
@@ -237,7 +238,7 @@ func (m *Middleware) install(b *config.Built) error {
 	if old != nil {
 		m.eng.Retire(old.set, set)
 		if old.jwt != nil {
-			old.jwt.stop(st.jwt)
+			old.jwt.Stop(st.jwt)
 		}
 	}
 	return nil
@@ -333,7 +334,7 @@ func (m *Middleware) close() error {
 	if st := m.state.Load(); st != nil {
 		m.eng.Retire(st.set, nil)
 		if st.jwt != nil {
-			st.jwt.stop(nil)
+			st.jwt.Stop(nil)
 		}
 	}
 	return err
@@ -425,7 +426,7 @@ func (rq *request) part(ci *ClientIPConfig, k string) string {
 			return vs[0]
 		}
 	case strings.HasPrefix(k, "jwt:"):
-		if v, err := claimString(rq.claims, k[len("jwt:"):]); err == nil {
+		if v, err := jwtauth.ClaimString(rq.claims, k[len("jwt:"):]); err == nil {
 			return v // ServeHTTP has checked every claim a matched rule needs
 		}
 	}
@@ -766,7 +767,7 @@ func closeIfBody(w http.ResponseWriter, r *http.Request) {
 // ru's key needs; it answers 401 and reports false if they are not there.
 func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state, ru *rule, rq *request) bool {
 	if rq.claims == nil {
-		c, err := st.jwt.claims(r)
+		c, err := st.jwt.Claims(r)
 		if err != nil {
 			m.unauthorized(w, r, err)
 			return false
@@ -775,7 +776,7 @@ func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state
 	}
 	for _, k := range ru.cfg.Key {
 		if name, ok := strings.CutPrefix(k, "jwt:"); ok {
-			if _, err := claimString(rq.claims, name); err != nil {
+			if _, err := jwtauth.ClaimString(rq.claims, name); err != nil {
 				m.unauthorized(w, r, err)
 				return false
 			}
