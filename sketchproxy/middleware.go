@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/epochsketch/epochsketch"
@@ -384,7 +383,7 @@ type request struct {
 	client            string // addr grouped by prefix: the per-client cap's key
 	ip                string
 	methods           Methods         // what rules with methods match (MethodsOf)
-	claims            jwt.MapClaims   // the verified bearer token's, once a rule needs them
+	claims            jwtauth.Claims  // the verified bearer token's, once a rule needs them
 	sc                *engine.Scratch // from scratchPool; nil once freed
 	// refusal, if not 0, is the status of every refusal: a forward-auth
 	// check's (ForwardAuthConfig.RefusalStatus).
@@ -426,7 +425,7 @@ func (rq *request) part(ci *ClientIPConfig, k string) string {
 			return vs[0]
 		}
 	case strings.HasPrefix(k, "jwt:"):
-		if v, err := jwtauth.ClaimString(rq.claims, k[len("jwt:"):]); err == nil {
+		if v, err := rq.claims.Part(k[len("jwt:"):]); err == nil {
 			return v // ServeHTTP has checked every claim a matched rule needs
 		}
 	}
@@ -766,21 +765,11 @@ func closeIfBody(w http.ResponseWriter, r *http.Request) {
 // verifyJWT verifies the request's bearer token once and checks the claims
 // ru's key needs; it answers 401 and reports false if they are not there.
 func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state, ru *rule, rq *request) bool {
-	if rq.claims == nil {
-		c, err := st.jwt.Claims(r)
-		if err != nil {
-			m.unauthorized(w, r, err)
-			return false
-		}
-		rq.claims = c
+	c, err := st.jwt.Check(r, rq.claims, ru.cfg.Key)
+	if err != nil {
+		m.unauthorized(w, r, err)
+		return false
 	}
-	for _, k := range ru.cfg.Key {
-		if name, ok := strings.CutPrefix(k, "jwt:"); ok {
-			if _, err := jwtauth.ClaimString(rq.claims, name); err != nil {
-				m.unauthorized(w, r, err)
-				return false
-			}
-		}
-	}
+	rq.claims = c
 	return true
 }
