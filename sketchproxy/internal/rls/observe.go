@@ -14,7 +14,10 @@ import (
 // is).
 func (s *Service) observe(domain string, ms []match, d *engine.Decision) {
 	if !d.Admitted {
-		s.host.LogVerdict(&d.Worst, false, d.Never, "door", "envoy_rls", "domain", domain)
+		// A copy: a pointer into d handed through the Host interface would
+		// move every call's Decision to the heap, not only a refusal's.
+		worst := d.Worst
+		s.host.LogVerdict(&worst, false, d.Never, "door", "envoy_rls", "domain", domain)
 	}
 	for i := range ms {
 		mt := &ms[i]
