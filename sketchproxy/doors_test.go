@@ -434,7 +434,7 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 		return fmt.Sprintf("jwt: {jwks_url: %q%s}\nrules:\n  - key: [\"jwt:sub\"]\n    limits: [{requests: 100, per: 1m}]\n", jwks.URL, more)
 	}
 	h := newHarness(t, yaml(""))
-	h.mw.state.Load().jwt.jwks.spacing.Store(0) // fetches as fast as the test kicks them
+	jwksOf(t, h.mw).Unspaced() // fetches as fast as the test kicks them
 	<-hits
 	tok := k.sign(t, jwt.SigningMethodRS256, k.rsa, jwt.MapClaims{"sub": "alice", "exp": time.Now().Add(time.Hour).Unix()})
 	ok := func(when string) {
@@ -466,7 +466,7 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 	if err := h.mw.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	h.mw.state.Load().jwt.jwks.spacing.Store(0)
+	jwksOf(t, h.mw).Unspaced()
 	ok("after a reload to another JWKS URL that fails")
 	// A token naming a key the set lacks asks for a fetch; an empty set
 	// fetched then replaces nothing.
@@ -487,8 +487,8 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 			t.Fatal("an unknown key asked for no fetch")
 		}
 	}
-	h.mw.state.Load().jwt.jwks.kick <- struct{}{} // queued behind the fetch: once taken, the empty set was judged
-	for deadline := time.Now().Add(30 * time.Second); len(h.mw.state.Load().jwt.jwks.kick) != 0; {
+	jwksOf(t, h.mw).Kick() // queued behind the fetch: once taken, the empty set was judged
+	for deadline := time.Now().Add(30 * time.Second); jwksOf(t, h.mw).Pending() != 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("the fetch loop did not go on")
 		}
@@ -497,8 +497,8 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 	ok("after an empty key set was fetched")
 	// A set that parses but holds no usable key replaces nothing either.
 	setMode("broken")
-	moved := h.mw.state.Load().jwt.jwks
-	moved.kick <- struct{}{}
+	moved := jwksOf(t, h.mw)
+	moved.Kick()
 	for m := ""; m != "broken"; {
 		select {
 		case m = <-hits:
@@ -506,8 +506,8 @@ func TestJWKSKeptAcrossReloads(t *testing.T) {
 			t.Fatal("no fetch of the broken set")
 		}
 	}
-	moved.kick <- struct{}{} // taken once the broken set was judged
-	for deadline := time.Now().Add(60 * time.Second); len(moved.kick) != 0; {
+	moved.Kick() // taken once the broken set was judged
+	for deadline := time.Now().Add(60 * time.Second); moved.Pending() != 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("the fetch loop did not go on")
 		}

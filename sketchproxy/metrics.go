@@ -12,6 +12,7 @@ import (
 
 	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/rls"
 )
 
 type globalMetrics struct {
@@ -28,9 +29,7 @@ type globalMetrics struct {
 	clientCap       atomic.Uint64
 	bodyTimeouts    atomic.Uint64
 
-	rlsRequests      atomic.Uint64 // Envoy rate-limit service calls
-	rlsOverLimit     atomic.Uint64 // ...answered OVER_LIMIT
-	rlsUnknownDomain atomic.Uint64 // ...for a domain not configured (answered OK)
+	rls rls.Metrics // Envoy's rate-limit service's calls and detailed_metric values
 }
 
 // initMetrics builds the Prometheus registry: the Go runtime's and the
@@ -178,13 +177,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dUnauthorized, float64(m.met.unauthorized.Load()))
 	emit(dClientCap, float64(m.met.clientCap.Load()))
 	emit(dBodyTimeouts, float64(m.met.bodyTimeouts.Load()))
-	emit(dRLSRequests, float64(m.met.rlsRequests.Load()))
-	emit(dRLSOverLimit, float64(m.met.rlsOverLimit.Load()))
-	emit(dRLSUnknown, float64(m.met.rlsUnknownDomain.Load()))
+	emit(dRLSRequests, float64(m.met.rls.Requests.Load()))
+	emit(dRLSOverLimit, float64(m.met.rls.OverLimit.Load()))
+	emit(dRLSUnknown, float64(m.met.rls.UnknownDomain.Load()))
 
 	m.decisions(func(rule string, o Outcome, shadow bool, n, hits uint64) {
 		emit(dDecisions, float64(n), rule, o.String(), strconv.FormatBool(shadow))
-		if isRLSRule(rule) {
+		if rls.IsRule(rule) {
 			emit(dRLSHits, float64(hits), rule, o.String(), strconv.FormatBool(shadow))
 		}
 	})
@@ -192,10 +191,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit(dNearLimit, float64(c.Near()), rule)
 		c.Limits(func(limit string, n uint64) { emit(dLimitRefusals, float64(n), rule, limit) })
 	})
-	m.rlsValues.each(func(rule, value string, c *valueCounts) {
-		emit(dValueHits, float64(c.hits), rule, value)
-		emit(dValueOver, float64(c.over), rule, value)
-		emit(dValueNear, float64(c.near), rule, value)
+	m.met.rls.Values.Each(func(rule, value string, c *rls.ValueCounts) {
+		emit(dValueHits, float64(c.Hits), rule, value)
+		emit(dValueOver, float64(c.Over), rule, value)
+		emit(dValueNear, float64(c.Near), rule, value)
 	})
 
 	emit(dHeld, float64(m.eng.Held()))

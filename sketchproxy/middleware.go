@@ -16,6 +16,7 @@ import (
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/jwtauth"
 )
 
 // Options are what a program supplies beside the Config.
@@ -48,12 +49,11 @@ type Middleware struct {
 	// the start, if any: its path stays the check's there (checkHere).
 	startCheck *ForwardAuthConfig
 
-	eng       *engine.Engine    // every decision; the only holder of sketches
-	rlsValues rlsValues         // Envoy's detailed_metric descriptors, per value
-	logs      engine.LogLimiter // refusal lines, logsPerSecond at most
-	refusals  refusalLog        // the decision log, aggregated by rule
-	billLogs  engine.LogLimiter // reconcile errors: a flood of refusals never hides them
-	redact    []byte            // the key of the hash that stands for keys in logs and metrics
+	eng      *engine.Engine    // every decision; the only holder of sketches
+	logs     engine.LogLimiter // refusal lines, logsPerSecond at most
+	refusals refusalLog        // the decision log, aggregated by rule
+	billLogs engine.LogLimiter // reconcile errors: a flood of refusals never hides them
+	redact   []byte            // the key of the hash that stands for keys in logs and metrics
 
 	transport atomic.Bool // Transport is in use: wallet requests outlive their clients
 
@@ -78,8 +78,8 @@ type state struct {
 	b     *config.Built // what cfg compiled to (Envoy's domains: b.RLS())
 	ci    clientIP      // client_ip, compiled for the doors
 	set   *engine.Set
-	rules []*rule      // set.Rules, with what requests match
-	jwt   *jwtVerifier // nil without a jwt section
+	rules []*rule           // set.Rules, with what requests match
+	jwt   *jwtauth.Verifier // nil without a jwt section
 	// rlsLatency are the latency histograms of set.RLSRules, in order:
 	// each ShouldRateLimit call is observed in those of the rules it
 	// matched.
@@ -199,11 +199,11 @@ func (m *Middleware) install(b *config.Built) error {
 	if cfg.JWT != nil {
 		// Last: a verifier may take over the running one's key fetcher,
 		// so nothing may fail after it.
-		var pj *jwtVerifier
+		var pj *jwtauth.Verifier
 		if old != nil {
 			pj = old.jwt
 		}
-		v, err := newJWTVerifier(cfg.JWT, b.JWT(), pj, m.log)
+		v, err := jwtauth.New(cfg.JWT, b.JWT(), pj, m.log)
 		if err != nil {
 			m.eng.Retire(set, prev)
 			return &ConfigError{File: b.File(), Field: "jwt", Msg: err.Error()}
@@ -217,12 +217,12 @@ func (m *Middleware) install(b *config.Built) error {
 		st.rlsLatency = append(st.rlsLatency, m.observer(ru.Name))
 	}
 	m.dropLatencies(set)
-	m.rlsValues.retain(b.RLS().Detailed())
+	m.met.rls.Values.Retain(b.RLS().Detailed())
 	m.state.Store(st)
 	if old != nil {
 		m.eng.Retire(old.set, set)
 		if old.jwt != nil {
-			old.jwt.stop(st.jwt)
+			old.jwt.Stop(st.jwt)
 		}
 	}
 	return nil
@@ -294,7 +294,7 @@ func (m *Middleware) close() error {
 	if st := m.state.Load(); st != nil {
 		m.eng.Retire(st.set, nil)
 		if st.jwt != nil {
-			st.jwt.stop(nil)
+			st.jwt.Stop(nil)
 		}
 	}
 	return err

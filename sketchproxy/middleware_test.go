@@ -22,6 +22,7 @@ import (
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/jwtauth"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -72,20 +73,32 @@ func newHarness(t *testing.T, yaml string) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.mw.Close() })
-	if v := h.mw.state.Load().jwt; v != nil && v.jwks != nil {
-		waitJWKS(t, v.jwks)
+	if v := h.mw.state.Load().jwt; v != nil {
+		if f, ok := v.Fetcher(); ok {
+			waitJWKS(t, f)
+		}
 	}
 	return h
 }
 
 // waitJWKS waits for a key set's first fetch: a start never waits for it.
-func waitJWKS(t *testing.T, s *jwksSource) {
+func waitJWKS(t *testing.T, f jwtauth.Fetcher) {
 	t.Helper()
 	select {
-	case <-s.ready:
+	case <-f.Ready():
 	case <-time.After(30 * time.Second):
-		t.Fatalf("the key set at %s was not fetched in 30 s", s.url)
+		t.Fatalf("the key set at %s was not fetched in 30 s", f.URL())
 	}
+}
+
+// jwksOf is the fetch loop of mw's running verifier.
+func jwksOf(t *testing.T, mw *Middleware) jwtauth.Fetcher {
+	t.Helper()
+	f, ok := mw.state.Load().jwt.Fetcher()
+	if !ok {
+		t.Fatal("the running jwt section fetches no jwks_url")
+	}
+	return f
 }
 
 // do serves r and returns the recorded answer.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/rls"
 )
 
 // The door's answers: every refusal goes out through refuse, with its
@@ -245,6 +246,16 @@ func (m *Middleware) logDecision(r *http.Request, v *verdict, shadow, never bool
 // and series can be followed; with key_label_secret_file, across restarts
 // and replicas too.
 func (m *Middleware) display(key string) string { return engine.Label(m.redact, key) }
+
+// keyLabelOf is the label logs and metrics show for a verdict's key: an
+// Envoy descriptor's values as sent (rls.KeyValues), an HTTP rule's key,
+// under the keyed hash, so that sketchproxy -key-label computes both.
+func (m *Middleware) keyLabelOf(v *verdict) string {
+	if v.Rule != nil && rls.IsRule(v.Rule.Name) {
+		return m.display(rls.KeyValues(v.Key))
+	}
+	return m.display(v.Key)
+}
 
 // logVerdict logs a refusal (or a shadow one) of any door, with the door's
 // own attributes, the key shown by keyLabelOf (which knows Envoy's

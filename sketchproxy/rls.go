@@ -1,25 +1,18 @@
 package sketchproxy
 
 import (
-	"context"
-	"math"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
 
-	"github.com/epochsketch/epochsketch/rate"
-	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/rls"
 )
+
+// Envoy's rate-limit service is package internal/rls; this file hands it
+// the running configuration and keeps the API programs call.
 
 // RegisterRateLimitService registers Envoy's rate-limit service, answered
 // from the envoy_rls domains of the running config, and the standard gRPC
@@ -28,353 +21,71 @@ func (m *Middleware) RegisterRateLimitService(s *grpc.Server) {
 	m.RegisterRateLimitServiceWithHealth(s)
 }
 
-type rlsServer struct {
-	rlsv3.UnimplementedRateLimitServiceServer
-	m *Middleware
+// RegisterRateLimitServiceWithHealth registers Envoy's rate-limit service
+// and the standard gRPC health service on s, as RegisterRateLimitService
+// does, and returns the health service. Both the server ("") and
+// envoy.service.ratelimit.v3.RateLimitService report SERVING until the
+// program calls its Shutdown, as it starts draining: from then on both
+// report NOT_SERVING, to Check and to Watch, while calls are still
+// answered.
+func (m *Middleware) RegisterRateLimitServiceWithHealth(s *grpc.Server) *health.Server {
+	return rls.Register(s, m.rlsService())
 }
 
-// rlsMatch is one descriptor of a request, as matched against the domain's
-// tree: the node it leads to (nil: no limit applies) and the fact it
-// becomes.
-type rlsMatch struct {
-	n    *config.RLSNode
-	fact int // its index among the request's facts; -1: none
-	hits uint32
-	zero bool // hits_addend of 0 on the descriptor: judged, not counted
-	neg  bool // is_negative_hits
-	key  string
+// RateLimitServerOptions are the gRPC server options that Envoy's
+// rate-limit service needs beside RegisterRateLimitService: a codec that
+// reads a RateLimitRequest whose entries are not valid UTF-8. Proto3
+// refuses such a message whole, so the call fails, and Envoy lets a request
+// through when its rate-limit service fails (failure_mode_deny is false by
+// default): a client that puts one invalid byte in a header would skip
+// every limit of the request. With this codec such a value is judged by its
+// bytes, as any other, and every other descriptor is decided as usual. A
+// call is capped at 4 MiB, gRPC's default. cmd/sketchproxy uses them; a
+// program that serves the service on its own grpc.Server passes these
+// options to grpc.NewServer.
+func RateLimitServerOptions() []grpc.ServerOption { return rls.ServerOptions() }
+
+// rlsService is Envoy's rate-limit service over m.
+func (m *Middleware) rlsService() *rls.Service {
+	return rls.New((*rlsHost)(m), m.eng, &m.met.rls)
 }
 
-// ShouldRateLimit answers Envoy: it matches every descriptor against the
-// domain's tree as envoyproxy/ratelimit does (the limit of the node the
-// whole descriptor leads to, unless another matched descriptor's limit
-// replaces it; none: OK), hands the matched ones to the engine as one
-// request's facts, and translates its decision into one status per
-// descriptor and the response's headers. Each descriptor is judged on its
-// own: one that is oversized, malformed or unknown never turns the call
-// into an error (Envoy would let the whole request through), it only finds
-// no limit, or is counted under a digest of its value (engine.MaxKey).
-// Unknown domains are OK: the limiter fails open.
-func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	m := s.m
-	begin := time.Now() // the latency histogram's clock, as the HTTP doors'
-	st := m.state.Load()
-	now := m.now()
-	m.met.rlsRequests.Add(1)
-	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
-	}
-	if req.GetDomain() == "" {
-		return nil, status.Error(codes.InvalidArgument, "domain is empty: Envoy's ratelimit filter must name one")
-	}
-	ds := req.GetDescriptors()
-	if len(ds) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "no descriptors")
-	}
-	root := st.b.RLS().Domain(req.GetDomain())
-	if root == nil {
-		m.met.rlsUnknownDomain.Add(1)
-	}
-	var mroom [8]rlsMatch
-	var froom [8]engine.Fact
-	matches := matchDescriptors(root, req, mroom[:0])
-	facts := rlsFacts(st, matches, froom[:0])
-	sc := scratchPool.Get().(*engine.Scratch)
-	defer func() { sc.Reset(); scratchPool.Put(sc) }()
-	rc := st.cfg.EnvoyRLS
-	d := m.eng.Decide(ctx, st.set, now, &engine.Request{Facts: facts, NoDrip: true, Shadow: rc.ShadowMode}, sc)
-	defer d.Done()
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
-	for i := range matches {
-		resp.Statuses[i] = rlsStatus(&matches[i], d.Verdicts, now)
-	}
-	if !d.Admitted {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		m.met.rlsOverLimit.Add(1)
-	}
-	m.rlsObserve(req.GetDomain(), matches, &d)
-	switch rc.ResponseHeaders {
-	case rlsHeadersDraft:
-		if d.Fields.Any {
-			resp.ResponseHeadersToAdd = rlsDraftHeaders(&d)
-		}
-	case rlsHeadersRateLimit:
-		resp.ResponseHeadersToAdd = rlsLimitHeaders(resp.Statuses)
-	}
-	if rc.ResponseDynamicMetadata {
-		resp.DynamicMetadata = rlsMetadata(req, matches, d.Verdicts)
-	}
-	observeRLSLatency(st, matches, time.Since(begin).Seconds())
-	return resp, nil
+// rlsHost is the Middleware as Envoy's service sees it (rls.Host).
+type rlsHost Middleware
+
+func (h *rlsHost) Snapshot() rls.Snapshot {
+	st := (*Middleware)(h).state.Load()
+	return rls.Snapshot{Config: st.cfg.EnvoyRLS, RLS: st.b.RLS(), Set: st.set, Latency: st.rlsLatency}
 }
 
-// observeRLSLatency observes a call's duration once in the latency
-// histogram of each rule its descriptors matched (an unlimited descriptor
-// has none), however many descriptors matched it.
-func observeRLSLatency(st *state, ms []rlsMatch, secs float64) {
-	var room [8]int
-	seen := room[:0]
-	var many map[int]bool // for many rules; a few are compared pairwise
-	for i := range ms {
-		mt := &ms[i]
-		if mt.fact < 0 {
-			continue
-		}
-		r := mt.n.Rule()
-		switch {
-		case many != nil:
-			if many[r] {
-				continue
-			}
-			many[r] = true
-		case slices.Contains(seen, r):
-			continue
-		case len(seen) == cap(seen):
-			many = map[int]bool{r: true}
-			for _, o := range seen {
-				many[o] = true
-			}
-		default:
-			seen = append(seen, r)
-		}
-		st.rlsLatency[r].Observe(secs)
-	}
+func (h *rlsHost) Now() time.Time { return (*Middleware)(h).now() }
+
+func (h *rlsHost) LogVerdict(v *engine.Verdict, shadow, never bool, door ...any) {
+	(*Middleware)(h).logVerdict(v, shadow, never, door...)
 }
 
-// matchDescriptors matches each descriptor of req against the domain's
-// tree root (nil: an unknown domain), appending one rlsMatch per
-// descriptor to ms.
-func matchDescriptors(root *config.RLSNode, req *rlsv3.RateLimitRequest, ms []rlsMatch) []rlsMatch {
-	hits := req.GetHitsAddend()
-	if hits == 0 {
-		hits = 1
+func (h *rlsHost) Label(key string) string { return (*Middleware)(h).display(key) }
+
+// GRPCTLS is the TLS of envoy_rls's gRPC listener: the server certificate
+// and, for mutual TLS, the client CAs, from envoy_rls.tls's files. Reload
+// reads them again; new connections get what was last loaded.
+type GRPCTLS struct{ t *rls.TLS }
+
+// NewGRPCTLS loads cfg's envoy_rls.tls; it returns nil without one.
+func NewGRPCTLS(cfg *Config) (*GRPCTLS, error) {
+	t, err := rls.LoadTLS(cfg)
+	if t == nil || err != nil {
+		return nil, err
 	}
-	replaced := false
-	var key strings.Builder
-	for _, d := range req.GetDescriptors() {
-		mt := rlsMatch{fact: -1, hits: hits, neg: d.GetIsNegativeHits()}
-		if ha := d.GetHitsAddend(); ha != nil {
-			mt.hits = uint32(min(ha.GetValue(), math.MaxUint32))
-			mt.zero = mt.hits == 0
-		}
-		n := root
-		key.Reset()
-		for _, e := range d.GetEntries() {
-			if n == nil {
-				break // past the tree: no limit
-			}
-			var shared bool
-			v := e.GetValue()
-			if n, shared = n.Child(e.GetKey(), v); shared {
-				v = n.Pattern() // share_threshold: one count for every matching value
-			}
-			key.WriteString(strconv.Itoa(len(v)))
-			key.WriteByte(':')
-			key.WriteString(v)
-		}
-		// No entries lead nowhere: no limit, as in envoyproxy/ratelimit.
-		if len(d.GetEntries()) > 0 && n != nil && n.Limit() != config.RLSNone {
-			mt.n, mt.key = n, key.String()
-			replaced = replaced || len(n.Replaces()) > 0
-		}
-		ms = append(ms, mt)
-	}
-	if replaced {
-		// Every matched limit's replaces count, even a replaced one's.
-		gone := make([]bool, len(ms))
-		for i, mt := range ms {
-			gone[i] = mt.n != nil && mt.n.Name() != "" && replacedBy(ms, mt.n.Name())
-		}
-		for i := range ms {
-			if gone[i] {
-				ms[i].n = nil
-			}
-		}
-	}
-	return ms
+	return &GRPCTLS{t}, nil
 }
 
-// rlsFacts turns the matched descriptors with a counted or blocking limit
-// into the engine's facts (unlimited ones need none), noting each one's
-// index. A descriptor given twice in one call (Envoy sends a virtual
-// host's and a route's rate_limits alike) is one fact with the hits of
-// both, so that they fit or not together: apart, the first could be
-// counted and the second refused.
-func rlsFacts(st *state, ms []rlsMatch, facts []engine.Fact) []engine.Fact {
-	type same struct {
-		rule            *engine.Rule
-		key             string
-		zero, neg, quot bool
-	}
-	var seen map[same]int // for many descriptors; a few are compared pairwise
-	if len(ms) > 8 {
-		seen = map[same]int{}
-	}
-	for i := range ms {
-		mt := &ms[i]
-		if mt.n == nil || mt.n.Limit() == config.RLSUnlimited {
-			continue
-		}
-		f := engine.Fact{
-			Rule: st.set.RLSRules[mt.n.Rule()], Key: mt.key, Hits: mt.hits,
-			ZeroHits: mt.zero, Negative: mt.neg, Quota: mt.n.Quota(),
-		}
-		k := same{f.Rule, f.Key, f.ZeroHits, f.Negative, f.Quota}
-		mt.fact = -1
-		if seen != nil {
-			if j, ok := seen[k]; ok {
-				mt.fact = j
-			}
-		} else {
-			for j := range facts {
-				if o := &facts[j]; (same{o.Rule, o.Key, o.ZeroHits, o.Negative, o.Quota}) == k {
-					mt.fact = j
-				}
-			}
-		}
-		if mt.fact >= 0 {
-			facts[mt.fact].Hits = uint32(min(uint64(facts[mt.fact].Hits)+uint64(f.Hits), math.MaxUint32))
-			continue
-		}
-		mt.fact = len(facts)
-		if seen != nil {
-			seen[k] = mt.fact
-		}
-		facts = append(facts, f)
-	}
-	return facts
-}
+// Credentials are the gRPC server's transport credentials: each handshake
+// uses the configuration loaded last.
+func (g *GRPCTLS) Credentials() credentials.TransportCredentials { return g.t.Credentials() }
 
-// rlsStatus is one descriptor's status: OK without a limit; the maximum
-// remaining for an unlimited one (as envoyproxy/ratelimit); else its
-// verdict's code, limit, remaining and time until reset (none for a limit
-// its hits can never fit: that would promise a pass). A descriptor over its
-// limit reads OVER_LIMIT also under the global shadow_mode, as theirs
-// (only the call's overall code is OK there); one in shadow_mode of its
-// own, or a quota, reads OK.
-func rlsStatus(mt *rlsMatch, vs []engine.Verdict, now time.Time) *rlsv3.RateLimitResponse_DescriptorStatus {
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-	switch {
-	case mt.n == nil:
-		return st
-	case mt.n.Limit() == config.RLSUnlimited:
-		st.LimitRemaining = math.MaxUint32
-		return st
-	}
-	v := &vs[mt.fact]
-	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: mt.n.Name(), RequestsPerUnit: mt.n.Requests(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(mt.n.Unit())}
-	if rlsOver(v) {
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-	}
-	if v.Never {
-		return st // remaining 0, and no reset: it never comes
-	}
-	remaining, reset := v.Status(now)
-	st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
-	st.DurationUntilReset = durationpb.New(reset)
-	return st
-}
-
-// rlsOver reports whether a verdict's descriptor status reads OVER_LIMIT:
-// over its limit, not a quota (a quota over stays OK, as in
-// envoyproxy/ratelimit), and not in a shadow_mode of its own. The global
-// shadow_mode, which only turns the call's overall code OK, does not
-// count.
-func rlsOver(v *engine.Verdict) bool {
-	return v.Over && !v.Quota && !v.Rule.Shadow
-}
-
-// rlsDraftHeaders are the RateLimit-Policy and RateLimit fields, and
-// Retry-After on a refusal that a wait can end (response_headers: draft).
-func rlsDraftHeaders(d *engine.Decision) []*corev3.HeaderValue {
-	hs := []*corev3.HeaderValue{{Key: "RateLimit-Policy", Value: d.Fields.Policy}}
-	if len(d.Fields.RateLimit) > 0 {
-		hs = append(hs, &corev3.HeaderValue{Key: "RateLimit", Value: string(d.Fields.RateLimit)})
-	}
-	if !d.Admitted && !d.Never {
-		hs = append(hs, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(rate.Seconds(d.Retry), 10)})
-	}
-	return hs
-}
-
-// rlsLimitHeaders are envoyproxy/ratelimit's headers (response_headers:
-// ratelimit): RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of
-// the most limiting descriptor, chosen as theirs chooses it: the last
-// descriptor over its limit, or, with none over, the first with the least
-// remaining (a quota or a shadow descriptor competes by its remaining
-// only). Under the global shadow_mode they are sent as without it, as
-// theirs. Reset is the seconds until its count leaves room (theirs: until
-// the window's end), left out where none ever will.
-func rlsLimitHeaders(sts []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
-	var most *rlsv3.RateLimitResponse_DescriptorStatus
-	over := false
-	for _, st := range sts {
-		switch {
-		case st.GetCurrentLimit() == nil:
-		case st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
-			most, over = st, true // the last over wins, as theirs
-		case over:
-		case most == nil, st.GetLimitRemaining() < most.GetLimitRemaining():
-			most = st
-		}
-	}
-	if most == nil {
-		return nil
-	}
-	hs := []*corev3.HeaderValue{
-		{Key: "RateLimit-Limit", Value: strconv.FormatUint(uint64(most.GetCurrentLimit().GetRequestsPerUnit()), 10)},
-		{Key: "RateLimit-Remaining", Value: strconv.FormatUint(uint64(most.GetLimitRemaining()), 10)},
-	}
-	if r := most.GetDurationUntilReset(); r != nil {
-		hs = append(hs, &corev3.HeaderValue{Key: "RateLimit-Reset", Value: strconv.FormatInt(rate.Seconds(r.AsDuration()), 10)})
-	}
-	return hs
-}
-
-// rlsMetadata is the call as envoyproxy/ratelimit's dynamic metadata
-// gives it (response_dynamic_metadata): its domain, its descriptors'
-// entries as key=value, its hits, and which descriptors were over a quota.
-func rlsMetadata(req *rlsv3.RateLimitRequest, ms []rlsMatch, vs []engine.Verdict) *structpb.Struct {
-	var descs, violations []*structpb.Value
-	quotas := false
-	for i, d := range req.GetDescriptors() {
-		var es []*structpb.Value
-		for _, e := range d.GetEntries() {
-			es = append(es, structpb.NewStringValue(e.GetKey()+"="+e.GetValue()))
-		}
-		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: es})}
-		if h := d.GetHitsAddend(); h != nil {
-			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
-		}
-		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: f}))
-		if mt := &ms[i]; mt.fact >= 0 && mt.n.Quota() {
-			quotas = true
-			if vs[mt.fact].Over {
-				violations = append(violations, structpb.NewNumberValue(float64(i)))
-			}
-		}
-	}
-	f := map[string]*structpb.Value{
-		"domain":           structpb.NewStringValue(req.GetDomain()),
-		"descriptors":      structpb.NewListValue(&structpb.ListValue{Values: descs}),
-		"quotaModeEnabled": structpb.NewBoolValue(quotas),
-	}
-	if h := req.GetHitsAddend(); h != 0 {
-		f["hitsAddend"] = structpb.NewNumberValue(float64(h))
-	}
-	if len(violations) > 0 {
-		f["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: violations})
-	}
-	return &structpb.Struct{Fields: f}
-}
-
-// replacedBy reports whether a matched descriptor's limit replaces the
-// limit named name.
-func replacedBy(ms []rlsMatch, name string) bool {
-	for _, o := range ms {
-		if o.n != nil && slices.Contains(o.n.Replaces(), name) {
-			return true
-		}
-	}
-	return false
-}
+// Reload reads the files again. If what they hold changed and loads, new
+// connections use it: changed is true. If it does not load, err says why,
+// the running configuration stays, and the same broken files are not
+// reported again. Connections already open keep their handshake.
+func (g *GRPCTLS) Reload() (changed bool, err error) { return g.t.Reload() }

@@ -331,7 +331,7 @@ descriptors:
 `
 	var logs bytes.Buffer
 	h := newRLSHarnessLog(t, slog.New(slog.NewTextHandler(&logs, nil)), "key_label_secret_file: "+secret+"\n", "api.yaml", file)
-	h.mw.rlsValues.max = 100 // the bound, lowered to see it work
+	h.mw.met.rls.Values.Max = 100 // the bound, lowered to see it work
 	labels, err := ParseConfig("labels.yaml", []byte("key_label_secret_file: "+secret+"\nenvoy_rls: {listen: 127.0.0.1:0, domains: [{domain: d}]}\n"))
 	if err != nil {
 		t.Fatal(err)

@@ -144,3 +144,19 @@ func TestRLSMaxConnectionAge(t *testing.T) {
 		t.Errorf("the call after the GOAWAY, on a new connection: %v", err)
 	}
 }
+
+// A program may register the service on a Middleware whose config has no
+// envoy_rls (a library user's, or one a reload took it out of): every
+// domain is then unknown and answered OK, as the limiter fails open,
+// rather than the call taking the process down.
+func TestRLSWithoutEnvoyRLSSection(t *testing.T) {
+	h := newHarness(t, "rules:\n  - limits: [{requests: 1, per: 1m}]\n")
+	resp, err := h.mw.rlsService().ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
+		Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(resp.GetStatuses()) != 1 {
+		t.Fatalf("a call without envoy_rls: %v, %v; want OK with one status", resp, err)
+	}
+	if n := h.mw.met.rls.UnknownDomain.Load(); n != 1 {
+		t.Errorf("unknown domains counted: %d, want 1", n)
+	}
+}

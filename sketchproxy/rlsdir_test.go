@@ -73,7 +73,7 @@ func (cm *configMap) update(files map[string]string) {
 // returns the limit it matched (0: none) and the answer.
 func rlsLimitOf(t *testing.T, mw *Middleware, domain, key, value string) (uint32, rlsv3.RateLimitResponse_Code) {
 	t.Helper()
-	resp, err := (&rlsServer{m: mw}).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain,
+	resp, err := mw.rlsService().ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain,
 		Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}})
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/rls"
 )
 
 // Envoy's descriptors count their hits beside their calls, as
@@ -47,7 +49,7 @@ func TestRLSHitsCounted(t *testing.T) {
 	}
 	for _, f := range fams["sketchproxy_envoy_rls_hits_total"].GetMetric() {
 		for _, l := range f.GetLabel() {
-			if l.GetName() == "rule" && !isRLSRule(l.GetValue()) {
+			if l.GetName() == "rule" && !rls.IsRule(l.GetValue()) {
 				t.Errorf("sketchproxy_envoy_rls_hits_total has a series of the HTTP rule %q", l.GetValue())
 			}
 		}

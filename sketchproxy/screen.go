@@ -8,13 +8,13 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/epochsketch/epochsketch/limit/clientip"
 	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/jwtauth"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/keysrc"
 )
 
@@ -94,7 +94,7 @@ type request struct {
 	// per-client cap's key.
 	client  string
 	methods Methods         // what rules with methods match (MethodsOf)
-	claims  jwt.MapClaims   // the verified bearer token's, once a rule needs them
+	claims  jwtauth.Claims  // the verified bearer token's, once a rule needs them
 	sc      *engine.Scratch // from scratchPool; nil once freed
 	// refusal, if not 0, is the status of every refusal: a forward-auth
 	// check's (ForwardAuthConfig.RefusalStatus).
@@ -401,7 +401,7 @@ func (rq *request) part(p *keyPart) string {
 			return vs[0]
 		}
 	case fromClaim:
-		if v, err := claimString(rq.claims, p.name); err == nil {
+		if v, err := rq.claims.Part(p.name); err == nil {
 			return v // ServeHTTP has checked every claim a matched rule needs
 		}
 	}
@@ -434,29 +434,19 @@ func (ru *rule) allowsAddr(addr netip.Addr) bool {
 // verifyJWT verifies the request's bearer token once and checks the claims
 // ru's key needs; it answers 401 and reports false if they are not there.
 func (m *Middleware) verifyJWT(w http.ResponseWriter, r *http.Request, st *state, ru *rule, rq *request) bool {
-	if rq.claims == nil {
-		c, err := st.jwt.claims(r)
-		if err != nil {
-			m.refuse(w, r, st, nil, unauthorized(err))
-			return false
-		}
-		rq.claims = c
+	c, err := st.jwt.Check(r, rq.claims, ru.cfg.Key)
+	if err != nil {
+		m.refuse(w, r, st, nil, unauthorized(err))
+		return false
 	}
-	for _, p := range ru.key {
-		if p.from == fromClaim {
-			if _, err := claimString(rq.claims, p.name); err != nil {
-				m.refuse(w, r, st, nil, unauthorized(err))
-				return false
-			}
-		}
-	}
+	rq.claims = c
 	return true
 }
 
 // unauthorized is the answer to a request whose rule needs a verified
 // token it does not carry, for err (RFC 6750, section 3).
 func unauthorized(err error) refusal {
-	if errors.Is(err, errNoToken) {
+	if errors.Is(err, jwtauth.ErrNoToken) {
 		return refusal{code: http.StatusUnauthorized, why: "this route counts requests per verified identity: send a bearer token",
 			header: "WWW-Authenticate", value: `Bearer realm="sketchproxy"`}
 	}

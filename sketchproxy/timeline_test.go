@@ -16,6 +16,7 @@ import (
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/limit"
 	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/rls"
 )
 
 // answer is what a client learns from one decision, whatever the door:
@@ -43,7 +44,7 @@ func answerOf(allowed bool, retry, rateLimit, policy string) answer {
 // package limit's Middleware with the same words, on the same clock.
 type doorsHarness struct {
 	*harness
-	rls *rlsServer
+	rls *rls.Service
 	lim http.Handler
 }
 
@@ -67,7 +68,7 @@ rules:
 	l := limit.NewWith(limit.Config{Requests: requests, Per: p, Clock: h.clk, Seed: 1, Name: "per-client-per-" + per})
 	t.Cleanup(func() { l.Close() })
 	lim := limit.Middleware(l, limit.RemoteIP)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	return &doorsHarness{harness: h, rls: &rlsServer{m: h.mw}, lim: lim}
+	return &doorsHarness{harness: h, rls: h.mw.rlsService(), lim: lim}
 }
 
 // limit is one request through package limit's Middleware.

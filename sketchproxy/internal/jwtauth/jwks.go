@@ -1,4 +1,4 @@
-package sketchproxy
+package jwtauth
 
 import (
 	"context"
@@ -11,76 +11,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/MicahParks/keyfunc/v3"
-	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/golang-jwt/jwt/v5"
 )
-
-// jwtVerifier checks tokens for one configuration.
-type jwtVerifier struct {
-	cfg    *JWTConfig
-	parser *jwt.Parser
-	key    jwt.Keyfunc
-	jwks   *jwksSource // the fetched key set, for jwks_url; kept across reloads
-}
-
-// newJWTVerifier builds the verifier for j. A key set fetched from the
-// same URL by prev, the running verifier, is kept with its keys: a reload
-// never trades working keys for a fetch that may fail.
-func newJWTVerifier(j *JWTConfig, k *config.JWTKeys, prev *jwtVerifier, log *slog.Logger) (*jwtVerifier, error) {
-	opts := []jwt.ParserOption{jwt.WithValidMethods(j.Algorithms), jwt.WithLeeway(time.Duration(j.Leeway))}
-	if j.Issuer != "" {
-		opts = append(opts, jwt.WithIssuer(j.Issuer))
-	}
-	if j.Audience != "" {
-		opts = append(opts, jwt.WithAudience(j.Audience))
-	}
-	if j.RequireExp == nil || *j.RequireExp {
-		opts = append(opts, jwt.WithExpirationRequired())
-	}
-	v := &jwtVerifier{cfg: j, parser: jwt.NewParser(opts...)}
-	switch {
-	case k.HMACSecret() != nil:
-		secret := k.HMACSecret()
-		v.key = func(*jwt.Token) (any, error) { return secret, nil }
-	case k.PublicKey() != nil:
-		public := k.PublicKey()
-		v.key = func(*jwt.Token) (any, error) { return public, nil }
-	case k.JWKS() != nil:
-		kf, err := keyfunc.NewJWKSetJSON(k.JWKS())
-		if err != nil {
-			return nil, err
-		}
-		v.key = kf.Keyfunc
-	default:
-		switch {
-		case prev != nil && prev.jwks != nil && prev.jwks.url == j.JWKSURL:
-			v.jwks = prev.jwks // the same keys; a new refresh interval applies from the next wait
-			v.jwks.refresh.Store(int64(j.JWKSRefresh))
-		case prev != nil && prev.jwks != nil:
-			// Another URL: its keys once fetched, and the running ones until then.
-			v.jwks = newJWKSSource(j.JWKSURL, time.Duration(j.JWKSRefresh), log, prev.jwks.keys.Load())
-		default:
-			v.jwks = newJWKSSource(j.JWKSURL, time.Duration(j.JWKSRefresh), log, nil)
-		}
-		v.key = v.jwks.keyfunc
-	}
-	return v, nil
-}
-
-// stop ends the key set's refreshes, unless next, the verifier replacing
-// this one, keeps them.
-func (v *jwtVerifier) stop(next *jwtVerifier) {
-	if v.jwks != nil && (next == nil || next.jwks != v.jwks) {
-		v.jwks.stop()
-	}
-}
 
 // jwksSource keeps the key set of a JWKS URL: fetched in the background
 // at once, then every refresh, and soon after a token names a key it lacks.
@@ -278,54 +215,5 @@ func (s *jwksSource) askFetch() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
-	}
-}
-
-// errNoToken is a request without a token where a rule's key needs one.
-var errNoToken = errors.New("no bearer token")
-
-// claims verifies the request's token and returns its claims.
-func (v *jwtVerifier) claims(r *http.Request) (jwt.MapClaims, error) {
-	vals := r.Header.Values(v.cfg.Header)
-	if len(vals) == 0 {
-		return nil, errNoToken
-	}
-	if len(vals) > 1 {
-		return nil, fmt.Errorf("%d %s headers", len(vals), v.cfg.Header)
-	}
-	tok := strings.TrimSpace(vals[0])
-	if strings.EqualFold(v.cfg.Header, "Authorization") {
-		scheme, rest, ok := strings.Cut(tok, " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") {
-			return nil, errNoToken
-		}
-		tok = strings.TrimSpace(rest)
-	}
-	var c jwt.MapClaims
-	if _, err := v.parser.ParseWithClaims(tok, &c, v.key); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// claimString is a claim as a key part: a string, or a number or boolean
-// written out.
-func claimString(c jwt.MapClaims, name string) (string, error) {
-	switch x := c[name].(type) {
-	case string:
-		if x == "" {
-			return "", fmt.Errorf("the token's %q claim is empty", name)
-		}
-		return x, nil
-	case float64:
-		return strconv.FormatFloat(x, 'f', -1, 64), nil
-	case json.Number:
-		return x.String(), nil
-	case bool:
-		return strconv.FormatBool(x), nil
-	case nil:
-		return "", fmt.Errorf("the token has no %q claim", name)
-	default:
-		return "", fmt.Errorf("the token's %q claim is not a string or a number", name)
 	}
 }

@@ -1,4 +1,4 @@
-package sketchproxy
+package rls
 
 import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -11,18 +11,16 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// RateLimitServerOptions are the gRPC server options that Envoy's
-// rate-limit service needs beside RegisterRateLimitService: a codec that
-// reads a RateLimitRequest whose entries are not valid UTF-8. Proto3
-// refuses such a message whole, so the call fails, and Envoy lets a request
-// through when its rate-limit service fails (failure_mode_deny is false by
-// default): a client that puts one invalid byte in a header would skip
-// every limit of the request. With this codec such a value is judged by its
-// bytes, as any other, and every other descriptor is decided as usual. A
-// call is capped at 4 MiB, gRPC's default. cmd/sketchproxy uses them; a
-// program that serves the service on its own grpc.Server passes these
-// options to grpc.NewServer.
-func RateLimitServerOptions() []grpc.ServerOption {
+// ServerOptions are the gRPC server options that Envoy's rate-limit
+// service needs beside Register: a codec that reads a RateLimitRequest
+// whose entries are not valid UTF-8. Proto3 refuses such a message whole,
+// so the call fails, and Envoy lets a request through when its rate-limit
+// service fails (failure_mode_deny is false by default): a client that puts
+// one invalid byte in a header would skip every limit of the request. With
+// this codec such a value is judged by its bytes, as any other, and every
+// other descriptor is decided as usual. A call is capped at 4 MiB, gRPC's
+// default. sketchproxy.RateLimitServerOptions hands them to programs.
+func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(lenientCodec{encoding.GetCodecV2("proto")}),
 		// A call is judged in time linear in its size, and this bounds it

@@ -1,13 +1,22 @@
-package sketchproxy
+package rls
 
 import (
 	stdheap "container/heap" // accuracy_test.go has a heap of its own
 	"strconv"
 	"strings"
 	"sync"
-
-	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"sync/atomic"
 )
+
+// Metrics are the service's own counts, which sketchproxy's collector
+// reads at scrape time (sketchproxy_envoy_rls_*); the decisions themselves
+// are the engine's counts, as every door's.
+type Metrics struct {
+	Requests      atomic.Uint64 // ShouldRateLimit calls
+	OverLimit     atomic.Uint64 // ...answered OVER_LIMIT
+	UnknownDomain atomic.Uint64 // ...for a domain not configured (answered OK)
+	Values        Values        // detailed_metric descriptors' calls, per value
+}
 
 // maxValueSeries bounds the per-value series of all detailed_metric
 // descriptors together, for the life of the process: a value is one
@@ -15,7 +24,7 @@ import (
 // "other" is one more, bounded by the config.
 const maxValueSeries = 1000
 
-// rlsValues counts the detailed_metric descriptors' calls per value, for
+// Values counts the detailed_metric descriptors' calls per value, for
 // at most max values in all, kept as the space-saving algorithm keeps the
 // heaviest items of a stream (Metwally, Agrawal and El Abbadi, 2005): a
 // value not tracked takes the place of the tracked value with the fewest
@@ -27,26 +36,26 @@ const maxValueSeries = 1000
 // its rank also holds the evicted value's hits (space-saving's
 // overestimate), so that a newcomer is not evicted by the next one before
 // it can show its weight.
-type rlsValues struct {
+type Values struct {
 	mu    sync.Mutex
-	max   int                      // 0: maxValueSeries (tests lower it)
+	Max   int                      // 0: maxValueSeries (tests lower it to see the bound work)
 	byKey map[valueKey]*valueEntry // the tracked values
 	order valueHeap                // the same, the least ranked first
-	other map[string]*valueCounts  // by rule: the values not tracked
+	other map[string]*ValueCounts  // by rule: the values not tracked
 }
 
 // valueKey is a tracked value: its rule's name and its label.
 type valueKey struct{ rule, value string }
 
-// valueCounts are a value's calls: hits, and those over or near the limit.
-type valueCounts struct{ hits, over, near uint64 }
+// ValueCounts are a value's calls: hits, and those over or near the limit.
+type ValueCounts struct{ Hits, Over, Near uint64 }
 
 // valueEntry is a tracked value: its counts since it got its series, its
 // rank (hits, with those of the value it replaced), and its place in the
 // heap.
 type valueEntry struct {
 	key    valueKey
-	counts valueCounts
+	counts ValueCounts
 	rank   uint64
 	i      int
 }
@@ -66,13 +75,13 @@ func (h *valueHeap) Pop() any {
 	return e
 }
 
-// add counts one call of value under rule: hits, and whether it was over
+// Add counts one call of value under rule: hits, and whether it was over
 // or near the limit.
-func (r *rlsValues) add(rule, value string, hits uint64, over, near bool) {
+func (r *Values) Add(rule, value string, hits uint64, over, near bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.byKey == nil {
-		r.byKey, r.other = map[valueKey]*valueEntry{}, map[string]*valueCounts{}
+		r.byKey, r.other = map[valueKey]*valueEntry{}, map[string]*ValueCounts{}
 	}
 	k := valueKey{rule, value}
 	e := r.byKey[k]
@@ -89,41 +98,41 @@ func (r *rlsValues) add(rule, value string, hits uint64, over, near bool) {
 		// counts going to its rule's other.
 		e = r.order[0]
 		o := r.otherOf(e.key.rule)
-		o.hits, o.over, o.near = o.hits+e.counts.hits, o.over+e.counts.over, o.near+e.counts.near
+		o.Hits, o.Over, o.Near = o.Hits+e.counts.Hits, o.Over+e.counts.Over, o.Near+e.counts.Near
 		delete(r.byKey, e.key)
-		e.key, e.counts, e.rank = k, valueCounts{}, e.rank+hits
+		e.key, e.counts, e.rank = k, ValueCounts{}, e.rank+hits
 		r.byKey[k] = e
 		stdheap.Fix(&r.order, 0)
 	}
-	e.counts.hits += hits
+	e.counts.Hits += hits
 	if over {
-		e.counts.over++
+		e.counts.Over++
 	} else if near {
-		e.counts.near++
+		e.counts.Near++
 	}
 }
 
-func (r *rlsValues) limit() int {
-	if r.max > 0 {
-		return r.max
+func (r *Values) limit() int {
+	if r.Max > 0 {
+		return r.Max
 	}
 	return maxValueSeries
 }
 
 // otherOf is rule's other, made if need be. r.mu is held.
-func (r *rlsValues) otherOf(rule string) *valueCounts {
+func (r *Values) otherOf(rule string) *ValueCounts {
 	o := r.other[rule]
 	if o == nil {
-		o = &valueCounts{}
+		o = &ValueCounts{}
 		r.other[rule] = o
 	}
 	return o
 }
 
-// retain drops the series of every rule not in keep: the descriptors a
+// Retain drops the series of every rule not in keep: the descriptors a
 // reload removed, or whose detailed_metric it turned off, so that reloads
 // that rename descriptors add no series for the life of the process.
-func (r *rlsValues) retain(keep map[string]bool) {
+func (r *Values) Retain(keep map[string]bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	kept := r.order[:0]
@@ -145,9 +154,9 @@ func (r *rlsValues) retain(keep map[string]bool) {
 	}
 }
 
-// each calls f with every series' counts, the tracked values' and each
+// Each calls f with every series' counts, the tracked values' and each
 // rule's other, under the lock.
-func (r *rlsValues) each(f func(rule, value string, c *valueCounts)) {
+func (r *Values) Each(f func(rule, value string, c *ValueCounts)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, e := range r.order {
@@ -158,13 +167,13 @@ func (r *rlsValues) each(f func(rule, value string, c *valueCounts)) {
 	}
 }
 
-// rlsKeyValues is an Envoy rule's engine key as an operator can write it:
+// KeyValues is an Envoy rule's engine key as an operator can write it:
 // the values of the descriptor's entries, joined with "|" as an HTTP
 // rule's key parts are (a share_threshold entry's is its wildcard value,
 // which all its values count under). The engine key writes each value
 // with its length ("5:alice"), so that no two descriptors meet; a key not
 // of that shape is returned as it is.
-func rlsKeyValues(key string) string {
+func KeyValues(key string) string {
 	var b strings.Builder
 	for rest := key; rest != ""; {
 		n, tail, ok := strings.Cut(rest, ":")
@@ -181,40 +190,7 @@ func rlsKeyValues(key string) string {
 	return b.String()
 }
 
-// isRLSRule reports whether a rule is one of Envoy's descriptors': their
+// IsRule reports whether a rule is one of Envoy's descriptors': their
 // names start with "envoy:", which no HTTP rule's may (letters, digits, -
 // and _ only).
-func isRLSRule(name string) bool { return strings.HasPrefix(name, "envoy:") }
-
-// keyLabelOf is the label logs and metrics show for a verdict's key: an
-// Envoy descriptor's values as sent (rlsKeyValues), an HTTP rule's key,
-// under the keyed hash, so that sketchproxy -key-label computes both.
-func (m *Middleware) keyLabelOf(v *verdict) string {
-	if v.Rule != nil && isRLSRule(v.Rule.Name) {
-		return m.display(rlsKeyValues(v.Key))
-	}
-	return m.display(v.Key)
-}
-
-// rlsObserve logs an Envoy call's refusal and its shadow refusals, as the
-// HTTP doors log theirs, and counts each detailed_metric descriptor's call
-// under its value (shown by keyed hash, as every key in logs and metrics
-// is).
-func (m *Middleware) rlsObserve(domain string, ms []rlsMatch, d *engine.Decision) {
-	if !d.Admitted {
-		m.logVerdict(&d.Worst, false, d.Never, "door", "envoy_rls", "domain", domain)
-	}
-	for i := range ms {
-		mt := &ms[i]
-		if mt.fact < 0 {
-			continue
-		}
-		v := &d.Verdicts[mt.fact]
-		if v.Shadow && v.Out.Refuses() {
-			m.logVerdict(v, true, v.Never, "door", "envoy_rls", "domain", domain)
-		}
-		if mt.n.Detailed() {
-			m.rlsValues.add(v.Rule.Name, m.display(rlsKeyValues(mt.key)), uint64(mt.hits), v.Over, d.Admitted && v.NearLimit())
-		}
-	}
-}
+func IsRule(name string) bool { return strings.HasPrefix(name, "envoy:") }
