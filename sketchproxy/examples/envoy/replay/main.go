@@ -75,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	host := fs.String("host", "example.com", "the request's host (:authority)")
 	path := fs.String("path", "/", "the request's path, with its query")
 	client := fs.String("client", "203.0.113.1", "the client address Envoy sees (remote_address)")
+	wait := fs.Duration("timeout", 0, "how long to wait for each answer (default: the filter's timeout, as Envoy waits, 20ms unless set)")
 	var headers headerFlags
 	fs.Var(&headers, "H", "a request header, `Name: value` (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -119,6 +120,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	timeout := 20 * time.Millisecond // Envoy's default
 	if t := plan.filter.GetTimeout(); t != nil {
 		timeout = t.AsDuration()
+	}
+	if *wait > 0 {
+		timeout = *wait
 	}
 	for i := 1; i <= *n; i++ {
 		if plan.rejected != "" {
