@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 )
 
 // Issue 47 through a real redis-server, with replicas as processes are:
@@ -93,7 +95,7 @@ func waitMembers(t *testing.T, ls []*Limiter, n int64) {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		ok := true
 		for _, l := range ls {
-			ok = ok && l.mw.fleet.up.Load() && l.mw.fleet.replicas() == n
+			ok = ok && l.mw.fleet.Stats().Up && l.mw.fleet.Stats().Replicas == n
 		}
 		if ok {
 			return
@@ -162,7 +164,7 @@ func (r *procRun) check(t *testing.T, l procLimit, light procRun, slack int) {
 // (1.5x); the last membership was not kept.
 func TestFleetProcessRedisDownAtStart(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	dir := t.TempDir()
 	// 3 replicas with Redis up count each other, and keep that in their
 	// state files and in what a handover passes on.
@@ -203,8 +205,8 @@ func TestFleetProcessRedisDownAtStart(t *testing.T) {
 				ls = append(ls, c.start(i))
 			}
 			for i, r := range ls {
-				if n := r.mw.fleet.replicas(); r.mw.fleet.up.Load() || n != 3 {
-					t.Fatalf("replica %d: up %v, counting %d replicas with Redis unreachable, want 3", i, r.mw.fleet.up.Load(), n)
+				if s := r.mw.fleet.Stats(); s.Up || s.Replicas != 3 {
+					t.Fatalf("replica %d: up %v, counting %d replicas with Redis unreachable, want 3", i, s.Up, s.Replicas)
 				}
 			}
 			procTick(t, l, time.Second)
@@ -241,7 +243,7 @@ func TestFleetProcessRedisDownAtStart(t *testing.T) {
 // than the room the other left at the last word from Redis.
 func TestFleetProcessRedisPaused(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
-	addr, redisProc := startRedisProcess(t)
+	addr, redisProc := testkit.RedisProcess(t)
 	ls := procReplicas(t, 2, l, FleetConfig{Redis: addr, Timeout: Duration(50 * time.Millisecond)})
 	waitMembers(t, ls, 2)
 	procTick(t, l, 5*time.Second)
@@ -274,7 +276,7 @@ func TestFleetProcessRedisPaused(t *testing.T) {
 // its third request.
 func TestFleetProcessReplicaRestarts(t *testing.T) {
 	l := procLimit{requests: 200, per: time.Minute, burst: 40} // a 6 s tick
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	fc := FleetConfig{Redis: addr}
 	ls := procReplicas(t, 2, l, fc)
 	waitMembers(t, ls, 2)
@@ -311,7 +313,7 @@ func TestFleetProcessReplicaRestarts(t *testing.T) {
 // fleet to the burst plus 5 (a quarter) until a fix keeps both.
 func TestFleetProcessBurst(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	ls := procReplicas(t, 3, l, FleetConfig{Redis: addr})
 	waitMembers(t, ls, 3)
 	for k := range 3 {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -263,7 +264,7 @@ func TestFleetRedisHostile(t *testing.T) {
 		ready := true
 		for _, r := range runs {
 			for _, l := range r.ls {
-				ready = ready && l.mw.fleet.replicas() == int64(len(r.ls))
+				ready = ready && l.mw.fleet.Stats().Replicas == int64(len(r.ls))
 			}
 		}
 		if ready {
@@ -301,7 +302,7 @@ func hostileTickEnd(t time.Time) time.Time {
 
 // startHostile starts a case's redis-server, attacker and replicas.
 func startHostile(t *testing.T, c hostileCase) *hostileRun {
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	ctx := context.Background()
 	r := &hostileRun{hostileCase: c, a: &attacker{t: t, ctx: ctx, rdb: redis.NewClient(&redis.Options{Addr: addr})}}
 	t.Cleanup(func() { r.a.rdb.Close() })
@@ -372,7 +373,7 @@ func (r *hostileRun) check(t *testing.T) {
 	bound := int(math.Floor(hostileRequests + 1.05*hostileRequests*w.Minutes()))
 	var rejected uint64
 	for _, l := range r.ls {
-		rejected += l.mw.fleet.rejected.Load()
+		rejected += l.mw.fleet.Stats().Rejected
 	}
 	t.Logf("%s: the client at 40/s: %d of %d admitted in %v (bound %d); the client under its limit: %d of %d refused; %d records or claims rejected", r.name, r.hot, r.hotSent, w.Round(time.Millisecond), bound, r.calmRefused, r.calm, rejected)
 	if r.hot >= r.hotSent || r.hot == 0 {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 )
 
 // With Redis unreachable from the start, limits hold at θ/N locally and
@@ -99,9 +101,9 @@ rules:
 	f := h.mw.fleet
 	var slowest time.Duration
 	deadline := time.Now().Add(30 * time.Second)
-	for i := 0; f.roundErrors.Load() < 2; i++ {
+	for i := 0; f.Stats().RoundErrors < 2; i++ {
 		if time.Now().After(deadline) {
-			t.Fatalf("no sync round failed in 30 s against a Redis that never answers (%d rounds)", f.rounds.Load())
+			t.Fatalf("no sync round failed in 30 s against a Redis that never answers (%d rounds)", f.Stats().Rounds)
 		}
 		start := time.Now()
 		h.req("198.51.100.1", "X-Key", fmt.Sprint("k", i%7))
@@ -121,5 +123,40 @@ rules:
 	}
 	if admitted != 500 {
 		t.Errorf("with Redis hung, a quiet key got %d of a burst of 1,000 on one of 2 replicas, want 500 (θ/N)", admitted)
+	}
+}
+
+// Two Limiters in one process with one fleet section (the same id, and
+// replicas counted by the heartbeat) enforce one limit between them, as
+// two processes do: before each fleet had a name of its own, they wrote
+// one record and counted one replica, and admitted the limit twice over.
+// Through a real redis-server, on the wall clock: a client at 4x for 2 s.
+func TestLimiterFleetsInOneProcess(t *testing.T) {
+	addr := testkit.RedisServer(t)
+	fc := &FleetConfig{Redis: addr, Secret: "a-secret-of-16-bytes-at-least", ID: "same", Interval: Duration(100 * time.Millisecond)}
+	newLimiter := func(fleet *FleetConfig) *Limiter {
+		l, err := NewLimiter(LimiterConfig{Requests: 20, Per: time.Second, Fleet: fleet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	ls := [2]*Limiter{newLimiter(fc), newLimiter(fc)}
+	alone := newLimiter(nil)
+	time.Sleep(300 * time.Millisecond) // both heartbeats in
+	fleet, one, sent := 0, 0, 0
+	for start := time.Now(); time.Since(start) < 2*time.Second; sent++ {
+		if ls[sent%2].Allow("client") {
+			fleet++
+		}
+		if alone.Allow("client") {
+			one++
+		}
+		time.Sleep(12500 * time.Microsecond)
+	}
+	t.Logf("%d requests: two Limiters of one fleet section admitted %d, one alone %d", sent, fleet, one)
+	if float64(fleet) > 1.25*float64(one)+20 {
+		t.Errorf("two Limiters of one fleet section in one process admitted %d, one alone %d: they counted as one replica", fleet, one)
 	}
 }

@@ -6,13 +6,11 @@ import (
 
 	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/fleet"
 )
 
-// A fleet for an engine built outside this package: the Caddy module
-// (sketchproxy/caddy) builds its own engines, one per fleet setting, and
-// needs SketchProxy's fleet for them with SketchProxy's checks and
-// messages, so that a fleet block means in a Caddyfile what a fleet
-// section means in sketchproxy.yaml.
+// The fleet lives in internal/fleet; these are its entry points as this
+// package has offered them.
 
 // NewEngineFleet checks cfg as a config file's fleet section is checked
 // (the same defaults and messages: a *ConfigError naming the field, such
@@ -22,24 +20,11 @@ import (
 // (nil: slog's default). cfg is not changed. Call stop once no engine
 // uses the fleet: it ends the sync and closes the connections.
 func NewEngineFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) (f engine.Fleet, stop func(), err error) {
-	cfg, fb, err := config.BuildFleet(cfg)
+	fl, err := fleet.Open(cfg, log, now)
 	if err != nil {
 		return nil, nil, err
 	}
-	if log == nil {
-		log = slog.Default()
-	}
-	if now == nil {
-		now = time.Now
-	}
-	fl := newFleet(cfg, fb, log, now)
-	if cfg.Replicas == 0 && cfg.MinReplicas == 0 {
-		// No state file keeps a membership here: every start while
-		// Redis is down assumes fleetUnknownReplicas.
-		log.Warn("fleet: neither replicas nor min_replicas is set, and nothing keeps the last membership seen across a restart: " + fleetSizeAdvice("min_replicas", "replicas"))
-	}
-	fl.start()
-	return fl, fl.close, nil
+	return fl, fl.Close, nil
 }
 
 // CheckFleet checks cfg as NewEngineFleet does, without reading its files
@@ -47,3 +32,9 @@ func NewEngineFleet(cfg *FleetConfig, log *slog.Logger, now func() time.Time) (f
 // starts): for a config written where its secrets are not, as a
 // Caddyfile is adapted. cfg is not changed.
 func CheckFleet(cfg *FleetConfig) error { return config.CheckFleet(cfg) }
+
+// FleetSizeWarning is the warning for a fleet section that gives neither
+// replicas nor min_replicas, where the state file keeps no membership
+// either (a first start, or no state_file): "" for none. cmd/sketchproxy
+// logs it at start, and -check prints it.
+func FleetSizeWarning(cfg *Config) string { return fleet.SizeWarning(cfg) }

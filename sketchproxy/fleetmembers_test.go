@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/fleet"
 )
 
 // membersMiddleware is a Middleware whose fleet's Redis is unreachable,
@@ -42,8 +42,8 @@ func TestFleetMembersInStateFile(t *testing.T) {
 	path := filepath.Join(dir, "state")
 	at := time.Unix(1_700_000_000, 0)
 	a := membersMiddleware(t, "", path, io.Discard)
-	if n := a.fleet.replicas(); n != fleetUnknownReplicas {
-		t.Fatalf("nothing seen, Redis unreachable: %d replicas, want %d", n, fleetUnknownReplicas)
+	if n := a.fleet.Stats().Replicas; n != fleet.UnknownReplicas {
+		t.Fatalf("nothing seen, Redis unreachable: %d replicas, want %d", n, fleet.UnknownReplicas)
 	}
 	a.fleet.RestoreMembers(4, at) // as if seen then
 	if err := a.SaveState(); err != nil {
@@ -55,7 +55,7 @@ func TestFleetMembersInStateFile(t *testing.T) {
 	}
 	var log bytes.Buffer
 	b := membersMiddleware(t, "", path, &log)
-	if n := b.fleet.replicas(); n != 4 {
+	if n := b.fleet.Stats().Replicas; n != 4 {
 		t.Errorf("started from a state file that saw 4 replicas, Redis unreachable: %d", n)
 	}
 	if n, when := b.fleet.Members(); n != 4 || !when.Equal(at) {
@@ -68,7 +68,7 @@ func TestFleetMembersInStateFile(t *testing.T) {
 	if err := c.RestoreState(&handed, "handover"); err != nil {
 		t.Fatal(err)
 	}
-	if n := c.fleet.replicas(); n != 4 {
+	if n := c.fleet.Stats().Replicas; n != 4 {
 		t.Errorf("restored from a handover that saw 4 replicas: %d", n)
 	}
 	if w := FleetSizeWarning(b.state.Load().cfg); w != "" {
@@ -76,36 +76,10 @@ func TestFleetMembersInStateFile(t *testing.T) {
 	}
 }
 
-// The most replicas seen outlives the replicas that left for an hour:
-// the last of a fleet stopped one replica after another keeps the whole
-// fleet's count, not its own.
-func TestFleetMembersPeakKept(t *testing.T) {
-	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
-	f := newFleetOn(&FleetConfig{Interval: Duration(500 * time.Millisecond)}, []byte("0123456789abcdef"), newMemStore(clk.Now), slog.New(slog.NewTextHandler(io.Discard, nil)), clk.Now)
-	f.up.Store(true)
-	f.noteMembers(3, 0)
-	seen := clk.Now()
-	for range 50 {
-		clk.Advance(time.Minute)
-		f.noteMembers(1, 0)
-	}
-	if n, at := f.Members(); n != 3 || !at.Equal(seen) {
-		t.Errorf("50 minutes after 3 were seen, 1 since: %d at %v, want 3 at %v", n, at, seen)
-	}
-	if n := f.replicas(); n != 1 {
-		t.Errorf("N, Redis up and counting 1 for 50 minutes: %d, want 1", n)
-	}
-	clk.Advance(11 * time.Minute)
-	f.noteMembers(1, 0)
-	if n, _ := f.Members(); n != 1 {
-		t.Errorf("an hour after 3 were last seen: %d, want 1", n)
-	}
-}
-
 // A fleet that gives neither replicas nor min_replicas, where no state
 // file keeps a membership, is warned about at start (cmd/sketchproxy) and
 // by -check, with what to set; and once by the fleet when Redis is
-// unreachable and it assumes fleetUnknownReplicas.
+// unreachable and it assumes fleet.UnknownReplicas.
 func TestFleetSizeWarning(t *testing.T) {
 	dir := t.TempDir()
 	for _, c := range []struct {

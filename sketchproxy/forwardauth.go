@@ -143,7 +143,7 @@ func originalRequest(r *http.Request, gateway string) (*http.Request, *check, st
 	switch {
 	case method == "":
 		return nil, nil, "forward_auth: no " + want + ": the gateway must send the original method"
-	case !validMethod(method):
+	case !httpnorm.ValidMethod(method):
 		return nil, nil, fmt.Sprintf("forward_auth: %.64q is not a method", method)
 	case uri == "":
 		return nil, nil, "forward_auth: no " + strings.ReplaceAll(want, "Method", "Uri") + ": the gateway must send the original request URI"
@@ -172,18 +172,4 @@ func originalRequest(r *http.Request, gateway string) (*http.Request, *check, st
 		}
 	}
 	return o, &chk, ""
-}
-
-// validMethod reports whether m is an HTTP token (RFC 9110, 5.6.2).
-func validMethod(m string) bool {
-	if m == "" || len(m) > 32 {
-		return false
-	}
-	for i := 0; i < len(m); i++ {
-		c := m[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
-			return false
-		}
-	}
-	return true
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/limit"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 )
 
 // A Limiter given the same words as package limit's decides the same, on
@@ -99,7 +100,7 @@ func TestLimiterConfigErrors(t *testing.T) {
 // first burst. The wall clock drives it, as it drives a fleet's rounds:
 // the rate achieved is measured, not assumed.
 func TestLimiterFleetOverRedis(t *testing.T) {
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	newReplica := func(id string) *Limiter {
 		l, err := NewLimiter(LimiterConfig{
 			Requests: 20, Per: time.Second,

@@ -121,46 +121,20 @@ var (
 		{newDesc("sketch_scrubbed_zombies_total", prometheus.CounterValue, "Slots silent for 24 ticks cleared.", "tick", "burst", "buckets"), func(s engine.Stats) uint64 { return s.ScrubbedZombies }},
 		{newDesc("sketch_cas_retries_exhausted_total", prometheus.CounterValue, "Increments dropped after 4 lost compare-and-swaps.", "tick", "burst", "buckets"), func(s engine.Stats) uint64 { return s.CASRetriesExhausted }},
 	}
-
-	dFleetUp       = newDesc("fleet_up", prometheus.GaugeValue, "1 while Redis answers and limits are fleet-wide; 0: local at 1/N.")
-	dFleetReplicas = newDesc("fleet_replicas", prometheus.GaugeValue, "N, the replicas sharing the limits.")
-	dFleetHot      = newDesc("fleet_hot_keys", prometheus.GaugeValue, "Keys in the hot set, synced through Redis.")
-	dFleetRTT      = newDesc("fleet_redis_rtt_seconds", prometheus.GaugeValue, "The last successful round's time.")
-	dFleetLag      = newDesc("fleet_sync_lag_seconds", prometheus.GaugeValue, "Time since the last successful round.")
-	dFleetHearing  = newDesc("fleet_claims_subscribed", prometheus.GaugeValue, "1 while this replica hears the other replicas' claims (subscribed to the claims channel).")
-	fleetCounters  = []struct {
-		d   desc
-		get func(*fleet) uint64
-	}{
-		{newDesc("fleet_sync_rounds_total", prometheus.CounterValue, "Sync rounds tried."), func(f *fleet) uint64 { return f.rounds.Load() }},
-		{newDesc("fleet_sync_errors_total", prometheus.CounterValue, "Sync rounds that failed (Redis slow or gone)."), func(f *fleet) uint64 { return f.roundErrors.Load() }},
-		{newDesc("fleet_key_syncs_total", prometheus.CounterValue, "Hot keys sent in successful rounds."), func(f *fleet) uint64 { return f.keySyncs.Load() }},
-		{newDesc("fleet_redis_commands_total", prometheus.CounterValue, "Redis commands sent, all rounds."), func(f *fleet) uint64 { return f.commands.Load() }},
-		{newDesc("fleet_promotions_total", prometheus.CounterValue, "Keys promoted to the hot set."), func(f *fleet) uint64 { return f.promotions.Load() }},
-		{newDesc("fleet_demotions_total", prometheus.CounterValue, "Keys demoted from the hot set."), func(f *fleet) uint64 { return f.demotions.Load() }},
-		{newDesc("fleet_hot_set_full_total", prometheus.CounterValue, "Promotions refused because the hot set was full."), func(f *fleet) uint64 { return f.hotFull.Load() }},
-		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty); every replica writes its own again at its next round."), func(f *fleet) uint64 { return f.resends.Load() }},
-		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its quiet share of a key's pool: published to the other replicas."), func(f *fleet) uint64 { return f.claims.Load() }},
-		{newDesc("fleet_claims_heard_total", prometheus.CounterValue, "Claims on a key's pool published by any replica and heard by this one."), func(f *fleet) uint64 { return f.claimsHeard.Load() }},
-		{newDesc("fleet_records_rejected_total", prometheus.CounterValue, "Other replicas' records and claims not believed: no valid MAC (written without the fleet's secret, or by a replica older than signed records)."), func(f *fleet) uint64 { return f.rejected.Load() }},
-	}
 )
 
-// collector reads the Middleware's counters and sketches at scrape time.
+// collector reads the Middleware's counters and sketches at scrape time;
+// the fleet is a collector of its own (internal/fleet), registered by New.
 type collector Middleware
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []desc{dRequests, dInFlight, dDecisions, dBadRequests, dUnauthorized, dClientCap, dBodyTimeouts, dHeld, dCapacity,
 		dNewKeys, dNewKeysRate, dSpike, dReloads, dReconciled, dReported, dReconcileErrors, dSketchBytes, dTop, dStateSaves,
-		dStateLoads, dGeneration, dRLSRequests, dRLSHits, dRLSOverLimit, dRLSUnknown, dLimitRefusals, dNearLimit, dValueHits, dValueOver, dValueNear,
-		dFleetUp, dFleetReplicas, dFleetHot, dFleetRTT, dFleetLag, dFleetHearing} {
+		dStateLoads, dGeneration, dRLSRequests, dRLSHits, dRLSOverLimit, dRLSUnknown, dLimitRefusals, dNearLimit, dValueHits, dValueOver, dValueNear} {
 		ch <- d.Desc
 	}
 	for _, s := range sketchStats {
 		ch <- s.d.Desc
-	}
-	for _, f := range fleetCounters {
-		ch <- f.d.Desc
 	}
 }
 
@@ -230,39 +204,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		})
 	}
-	if m.fleet != nil {
-		m.fleet.collect(now, emit)
-	}
 	emit(dStateSaves, float64(m.met.stateSaves[0].Load()), "ok")
 	emit(dStateSaves, float64(m.met.stateSaves[1].Load()), "failed")
 	emit(dStateLoads, float64(m.met.stateLoads[0].Load()), "ok")
 	emit(dStateLoads, float64(m.met.stateLoads[1].Load()), "rejected")
 	emit(dGeneration, float64(st.gen))
-}
-
-// collect emits the fleet's metrics.
-func (f *fleet) collect(now time.Time, emit func(d desc, v float64, labels ...string)) {
-	up := 0.0
-	if f.up.Load() {
-		up = 1
-	}
-	emit(dFleetUp, up)
-	emit(dFleetReplicas, float64(f.replicas()))
-	emit(dFleetHot, float64(f.count.Load()))
-	for _, c := range fleetCounters {
-		emit(c.d, float64(c.get(f)))
-	}
-	emit(dFleetRTT, time.Duration(f.rttNs.Load()).Seconds())
-	lag := 0.0
-	if ok := f.lastOK.Load(); ok > 0 {
-		lag = now.Sub(time.Unix(0, ok)).Seconds()
-	}
-	emit(dFleetLag, lag)
-	hearing := 0.0
-	if f.hearing.Load() {
-		hearing = 1
-	}
-	emit(dFleetHearing, hearing)
 }
 
 // burstRange is the bursts a sketch's threshold class holds, as its

@@ -45,6 +45,7 @@ func exposed(t *testing.T) (labels map[string][]string, values map[string]map[st
 	labels, values = map[string][]string{}, map[string]map[string][]string{}
 	ch := make(chan *prometheus.Desc, 256)
 	(*collector)(mw).Describe(ch)
+	mw.fleet.Describe(ch) // a collector of its own (internal/fleet)
 	close(ch)
 	reDesc := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
 	for d := range ch {

@@ -16,6 +16,7 @@ import (
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/fleet"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/jwtauth"
 )
 
@@ -64,7 +65,7 @@ type Middleware struct {
 	reg       *prometheus.Registry
 	latency   *prometheus.HistogramVec
 
-	fleet *fleet // nil without Config.Fleet
+	fleet *fleet.Fleet // nil without Config.Fleet
 
 	saverStop, saverDone chan struct{} // the state file's saver, if any
 	closeOnce            sync.Once
@@ -111,7 +112,7 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		// The fleet is built before the engine, which asks it, and
 		// starts once the state file has given it the last membership
 		// seen; its settings take a restart.
-		m.fleet = newFleet(f, b.Fleet(), m.log, m.now)
+		m.fleet = fleet.New(f, b.Fleet(), m.log, m.now)
 		eo.Fleet = m.fleet
 	}
 	m.eng = engine.New(eo)
@@ -119,7 +120,7 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 	m.initMetrics()
 	if err := m.install(b); err != nil {
 		if m.fleet != nil {
-			m.fleet.close()
+			m.fleet.Close()
 		}
 		return nil, err
 	}
@@ -134,8 +135,8 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		go m.saver(time.Duration(cfg.StateEvery))
 	}
 	if m.fleet != nil {
-		m.fleet.start()
-		m.reg.MustRegister(m.fleet.roundTime)
+		m.fleet.Start()
+		m.reg.MustRegister(m.fleet)
 	}
 	return m, nil
 }
@@ -180,7 +181,7 @@ func (m *Middleware) install(b *config.Built) error {
 		return &ConfigError{File: b.File(), Field: "fleet", Msg: "adding or removing the fleet takes a restart"}
 	}
 	if m.fleet != nil {
-		b = b.WithFleet(m.fleet.cfg) // fleet settings take a restart; the rules reload
+		b = b.WithFleet(m.fleet.Config()) // fleet settings take a restart; the rules reload
 	}
 	cfg := b.Config()
 	m.mu.Lock()
@@ -289,7 +290,7 @@ func (m *Middleware) close() error {
 		}
 	}
 	if m.fleet != nil {
-		m.fleet.close()
+		m.fleet.Close()
 	}
 	if st := m.state.Load(); st != nil {
 		m.eng.Retire(st.set, nil)

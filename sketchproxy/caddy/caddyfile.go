@@ -10,7 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/epochsketch/epochsketch/sketchproxy"
+	spconfig "github.com/epochsketch/epochsketch/sketchproxy/config"
 )
 
 func init() {
@@ -341,7 +341,7 @@ func unmarshalFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 		}
 	}
 	if err := f.check(); err != nil {
-		var ce *sketchproxy.ConfigError
+		var ce *spconfig.Error
 		if !errors.As(err, &ce) {
 			return nil, at.Errf("%v", err)
 		}

@@ -39,8 +39,8 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/rate"
-	"github.com/epochsketch/epochsketch/sketchproxy"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
 func init() {
@@ -407,7 +407,7 @@ var (
 )
 
 // methodVariants are a request as each other method SketchProxy judges it
-// as (sketchproxy.MethodsOf): a HEAD as GET, "delete" as DELETE, a POST as
+// as (httpnorm.MethodsOf): a HEAD as GET, "delete" as DELETE, a POST as
 // the method an override header or _method names, which frameworks route
 // it as. Caddy's method matcher compares names exactly, so `method GET`
 // missed HEAD and `method DELETE` missed "delete" and overrides. Built once
@@ -419,7 +419,7 @@ type methodVariants struct {
 }
 
 // everyMethod stands for "every method" when a POST names more than
-// sketchproxy.Methods lists: a zone that matches any of these matches it.
+// httpnorm.Methods lists: a zone that matches any of these matches it.
 var everyMethod = [...]string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
 // match reports whether ms matches r, or r as any other method it is
@@ -430,7 +430,7 @@ func (mv *methodVariants) match(ms caddyhttp.MatcherSets, r *http.Request) (bool
 	}
 	if !mv.done {
 		mv.done = true
-		methods := sketchproxy.MethodsOf(r)
+		methods := httpnorm.MethodsOf(r)
 		list := methods.List()
 		if methods.All {
 			list = append(list[:len(list):len(list)], everyMethod[:]...)

@@ -16,11 +16,12 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/epochsketch/epochsketch"
-	"github.com/epochsketch/epochsketch/sketchproxy"
+	spconfig "github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/fleet"
 )
 
-// Distributed counts: SketchProxy's fleet (sketchproxy/fleet.go, the
+// Distributed counts: SketchProxy's fleet (sketchproxy/internal/fleet,
 // docs/fleets.md) under the handler's zones, so that N Caddys enforce
 // one limit through Redis, sharing only the keys heavy enough to matter.
 //
@@ -113,19 +114,19 @@ const defaultPrefix = "epochsketch:"
 
 // config is f as SketchProxy's FleetConfig. The module's zones have no
 // wallets, so wallet_on_failure has nothing to say here.
-func (f *Fleet) config() *sketchproxy.FleetConfig {
-	c := &sketchproxy.FleetConfig{
+func (f *Fleet) config() *spconfig.FleetConfig {
+	c := &spconfig.FleetConfig{
 		Redis: f.Redis, Cluster: slices.Clone(f.Cluster),
 		Username: f.Username, Password: f.Password, PasswordEnv: f.PasswordEnv, PasswordFile: f.PasswordFile,
 		DB: f.DB, Secret: f.Secret, SecretFile: f.SecretFile, Replicas: f.Replicas, MinReplicas: f.MinReplicas, ID: f.ID,
-		Interval: sketchproxy.Duration(f.Interval), Timeout: sketchproxy.Duration(f.Timeout),
+		Interval: spconfig.Duration(f.Interval), Timeout: spconfig.Duration(f.Timeout),
 		PromoteFraction: f.PromoteFraction, MaxHot: f.MaxHot, Prefix: cmp.Or(f.Prefix, defaultPrefix),
 	}
 	if s := f.Sentinel; s != nil {
-		c.Sentinel = &sketchproxy.SentinelConfig{Master: s.Master, Addrs: slices.Clone(s.Addrs), Password: s.Password, PasswordEnv: s.PasswordEnv}
+		c.Sentinel = &spconfig.SentinelConfig{Master: s.Master, Addrs: slices.Clone(s.Addrs), Password: s.Password, PasswordEnv: s.PasswordEnv}
 	}
 	if t := f.TLS; t != nil {
-		c.TLS = &sketchproxy.FleetTLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName}
+		c.TLS = &spconfig.FleetTLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName}
 	}
 	return c
 }
@@ -135,7 +136,7 @@ func (f *Fleet) config() *sketchproxy.FleetConfig {
 // config may be adapted or validated where its secrets are not. Starting
 // the fleet reads them.
 func (f *Fleet) check() error {
-	return sketchproxy.CheckFleet(f.config())
+	return spconfig.CheckFleet(f.config())
 }
 
 // The pool of fleets: one engine and its fleet per fleet setting.
@@ -175,13 +176,13 @@ func takeFleet(f *Fleet, clock epochsketch.Clock, seed uint64) (*fleetState, err
 		if clock != nil {
 			now = clock.Now
 		}
-		fl, stop, err := sketchproxy.NewEngineFleet(f.config(), slog.New(caddyLog{}), now)
+		fl, err := fleet.Open(f.config(), slog.New(caddyLog{}), now)
 		if err != nil {
 			return nil, fmt.Errorf("epochsketch: %w", err)
 		}
 		eng := engine.New(engine.Options{Clock: clock, Seed: seed, Fleet: fl})
 		addEngine(eng)
-		return &fleetState{key: key, eng: eng, stop: stop}, nil
+		return &fleetState{key: key, eng: eng, stop: fl.Close}, nil
 	})
 	if err != nil {
 		return nil, err

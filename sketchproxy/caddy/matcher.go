@@ -9,7 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/epochsketch/epochsketch/sketchproxy"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/httpnorm"
 )
 
 func init() {
@@ -80,7 +80,7 @@ func (m MatchPath) match(r *http.Request, u *url.URL) (bool, error) {
 	if strings.IndexByte(p, '\\') >= 0 {
 		p = strings.ReplaceAll(p, `\`, "/")
 	}
-	folded := sketchproxy.FoldPath(p)
+	folded := httpnorm.LoosePath(httpnorm.CleanPath(p)) // sketchproxy.FoldPath
 	if folded == u.Path {
 		return false, nil
 	}

@@ -1,4 +1,4 @@
-package sketchproxy
+package fleet
 
 import (
 	"hash/fnv"
@@ -173,20 +173,49 @@ func shareOrder(rkey, id string) uint64 {
 // reserve. It also returns the reserve and the number of replicas the pool
 // is split among.
 func guarantee(me string, peers []peerShare, n int, young bool, theta, point uint32, rkey string) (g, reserve, split uint32) {
-	type claim struct {
-		d       float64 // demand
-		units   int64
-		rank    int // the remainder's eighths, plus four for its holder
-		order   uint64
-		virtual bool // a replica not yet present
-		mine    bool
-		rawD    uint32
-		stored  uint32 // its guarantee as Redis holds it
+	cs, total, reserve := shareClaims(me, peers, n, young, point, rkey)
+	apportion(cs, total, theta)
+	var mine, others int64
+	for _, c := range cs {
+		switch {
+		case c.virtual:
+		case c.mine:
+			// Only what the demand fills: the rest stays in the pool.
+			fills := int64(c.rawD) * shareFillDen / (shareFillNum * shareUnit)
+			if fills == 1 && c.rawD < 2*2*shareUnit {
+				fills = 0
+			}
+			mine = shareUnit * min(c.units, fills)
+		default:
+			others += int64(c.stored)
+		}
 	}
-	cs := make([]claim, 0, max(len(peers), n))
-	var total float64
+	if lim := int64(theta) - others - int64(reserve); mine > lim {
+		mine = max(0, lim) &^ 1
+	}
+	return uint32(mine), reserve, uint32(max(len(cs), n))
+}
+
+// shareClaim is one replica's claim in the apportionment of a key's
+// threshold (guarantee).
+type shareClaim struct {
+	d       float64 // demand
+	units   int64
+	rank    int // the remainder's eighths, plus four for its holder
+	order   uint64
+	virtual bool // a replica not yet present
+	mine    bool
+	rawD    uint32
+	stored  uint32 // its guarantee as Redis holds it
+}
+
+// shareClaims are the claims of peers, and of the replicas not yet present
+// while the key is young (each holding point in reserve), with their
+// demands' total (each demand 1 where all are 0).
+func shareClaims(me string, peers []peerShare, n int, young bool, point uint32, rkey string) (cs []shareClaim, total float64, reserve uint32) {
+	cs = make([]shareClaim, 0, max(len(peers), n))
 	for _, p := range peers {
-		cs = append(cs, claim{d: float64(p.d), order: shareOrder(rkey, p.id), mine: p.id == me, rawD: p.d, stored: p.g})
+		cs = append(cs, shareClaim{d: float64(p.d), order: shareOrder(rkey, p.id), mine: p.id == me, rawD: p.d, stored: p.g})
 		total += float64(p.d)
 	}
 	if young && len(peers) < n {
@@ -195,7 +224,7 @@ func guarantee(me string, peers []peerShare, n int, young bool, theta, point uin
 			avg = total / float64(len(peers))
 		}
 		for range n - len(peers) {
-			cs = append(cs, claim{d: avg, virtual: true, order: math.MaxUint64})
+			cs = append(cs, shareClaim{d: avg, virtual: true, order: math.MaxUint64})
 			total += avg
 			reserve += point
 		}
@@ -206,6 +235,12 @@ func guarantee(me string, peers []peerShare, n int, young bool, theta, point uin
 		}
 		total = float64(len(cs))
 	}
+	return cs, total, reserve
+}
+
+// apportion gives each claim its units of theta's whole requests in
+// proportion to its demand (of total), by largest remainders.
+func apportion(cs []shareClaim, total float64, theta uint32) {
 	units := int64(theta / shareUnit)
 	left := units
 	for i := range cs {
@@ -241,25 +276,6 @@ func guarantee(me string, peers []peerShare, n int, young bool, theta, point uin
 	for i := 0; int64(i) < left && i < len(idx); i++ {
 		cs[idx[i]].units++
 	}
-	var mine, others int64
-	for _, c := range cs {
-		switch {
-		case c.virtual:
-		case c.mine:
-			// Only what the demand fills: the rest stays in the pool.
-			fills := int64(c.rawD) * shareFillDen / (shareFillNum * shareUnit)
-			if fills == 1 && c.rawD < 2*2*shareUnit {
-				fills = 0
-			}
-			mine = shareUnit * min(c.units, fills)
-		default:
-			others += int64(c.stored)
-		}
-	}
-	if lim := int64(theta) - others - int64(reserve); mine > lim {
-		mine = max(0, lim) &^ 1
-	}
-	return uint32(mine), reserve, uint32(max(len(cs), n))
 }
 
 // keepPeers returns peers (a reply's records, this replica's among them)

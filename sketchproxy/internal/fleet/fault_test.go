@@ -1,4 +1,4 @@
-package sketchproxy
+package fleet
 
 import (
 	"fmt"
@@ -65,7 +65,7 @@ func checkFault(t *testing.T, heavy, steady tally, slack int) {
 // Redis is unreachable from the start and replicas is 0: no replica ever
 // counted the others, and none may count itself alone (each did: 2.9x
 // over 3). With min_replicas the fleet holds the bound; without, each
-// assumes fleetUnknownReplicas (2), not 1.
+// assumes UnknownReplicas (2), not 1.
 func TestFleetSimNoRedisFromStart(t *testing.T) {
 	heavy, steady := faultRun(t, 0, func(s *fleetSim, _ time.Time) {
 		s.store.down = true
@@ -180,52 +180,16 @@ func TestFleetSimReplicaRestarts(t *testing.T) {
 // with one fleet section (or a Caddy zone's fleet and another) each write
 // their own record, and count as two replicas.
 func TestFleetSelfIsPerFleet(t *testing.T) {
-	fc, fb, err := config.BuildFleet(&FleetConfig{Redis: "127.0.0.1:1", Secret: "0123456789abcdef"})
+	fc, fb, err := config.BuildFleet(&config.FleetConfig{Redis: "127.0.0.1:1", Secret: "0123456789abcdef"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &Config{Fleet: fc}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a := newFleet(cfg.Fleet, fb, log, time.Now)
-	defer a.close()
-	b := newFleet(cfg.Fleet, fb, log, time.Now)
-	defer b.close()
-	if a.self == b.self || !strings.HasPrefix(a.self, cfg.Fleet.ID+".") || !strings.HasPrefix(b.self, cfg.Fleet.ID+".") {
-		t.Errorf("two fleets of id %q in one process are named %q and %q, want two names of their own", cfg.Fleet.ID, a.self, b.self)
-	}
-}
-
-// Two Limiters in one process with one fleet section (the same id, and
-// replicas counted by the heartbeat) enforce one limit between them, as
-// two processes do: before each fleet had a name of its own, they wrote
-// one record and counted one replica, and admitted the limit twice over.
-// Through a real redis-server, on the wall clock: a client at 4x for 2 s.
-func TestLimiterFleetsInOneProcess(t *testing.T) {
-	addr := startRedisServer(t)
-	fc := &FleetConfig{Redis: addr, Secret: "a-secret-of-16-bytes-at-least", ID: "same", Interval: Duration(100 * time.Millisecond)}
-	newLimiter := func(fleet *FleetConfig) *Limiter {
-		l, err := NewLimiter(LimiterConfig{Requests: 20, Per: time.Second, Fleet: fleet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return l
-	}
-	ls := [2]*Limiter{newLimiter(fc), newLimiter(fc)}
-	alone := newLimiter(nil)
-	time.Sleep(300 * time.Millisecond) // both heartbeats in
-	fleet, one, sent := 0, 0, 0
-	for start := time.Now(); time.Since(start) < 2*time.Second; sent++ {
-		if ls[sent%2].Allow("client") {
-			fleet++
-		}
-		if alone.Allow("client") {
-			one++
-		}
-		time.Sleep(12500 * time.Microsecond)
-	}
-	t.Logf("%d requests: two Limiters of one fleet section admitted %d, one alone %d", sent, fleet, one)
-	if float64(fleet) > 1.25*float64(one)+20 {
-		t.Errorf("two Limiters of one fleet section in one process admitted %d, one alone %d: they counted as one replica", fleet, one)
+	a := New(fc, fb, log, time.Now)
+	defer a.Close()
+	b := New(fc, fb, log, time.Now)
+	defer b.Close()
+	if a.self == b.self || !strings.HasPrefix(a.self, fc.ID+".") || !strings.HasPrefix(b.self, fc.ID+".") {
+		t.Errorf("two fleets of id %q in one process are named %q and %q, want two names of their own", fc.ID, a.self, b.self)
 	}
 }

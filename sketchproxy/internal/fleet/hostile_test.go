@@ -1,4 +1,4 @@
-package sketchproxy
+package fleet
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/epochsketch/epochsketch"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -18,16 +20,16 @@ type fixedLocal uint32
 
 func (c fixedLocal) EstimateBytes([]byte) uint32 { return uint32(c) }
 
-func hostileFleet(t testing.TB, store fleetStore, now func() time.Time, replicas int) *fleet {
+func hostileFleet(t testing.TB, store fleetStore, now func() time.Time, replicas int) *Fleet {
 	t.Helper()
-	cfg := &FleetConfig{Replicas: replicas, ID: "r0", Interval: Duration(500 * time.Millisecond),
-		Timeout: Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+	cfg := &config.FleetConfig{Replicas: replicas, ID: "r0", Interval: config.Duration(500 * time.Millisecond),
+		Timeout: config.Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
 	return newFleetOn(cfg, []byte("0123456789abcdef"), store, slog.New(slog.NewTextHandler(io.Discard, nil)), now)
 }
 
 // hostileEntry puts key k (threshold theta, tick 1 s, local count c) in
 // f's hot set, as a promotion does.
-func hostileEntry(f *fleet, k string, theta, c uint32) *hotEntry {
+func hostileEntry(f *Fleet, k string, theta, c uint32) *hotEntry {
 	e := &hotEntry{skey: []byte(k), sk: fixedLocal(c), tick: time.Second, theta: theta}
 	e.rkey, e.marker = f.redisKeys(e.skey, e.tick, e.theta)
 	s := f.shard(e.skey)
@@ -96,7 +98,7 @@ func TestFleetForgedClaimCannotPinAView(t *testing.T) {
 
 // signedClaim is a claim of key rkey headed "tick born now" carrying recs,
 // each signed with f's secret (as the replicas that wrote them would).
-func signedClaim(f *fleet, rkey string, tick, born, now int64, recs ...signedRec) string {
+func signedClaim(f *Fleet, rkey string, tick, born, now int64, recs ...signedRec) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %d %d %d", rkey, tick, born, now)
 	for _, r := range recs {
@@ -114,7 +116,7 @@ func signedClaim(f *fleet, rkey string, tick, born, now int64, recs ...signedRec
 // the key stayed hot (it is demoted only after a good round): every key
 // fell back to θ/N and budget routes answered 503.
 func TestFleetPoisonedKeyDoesNotDownTheFleet(t *testing.T) {
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
 	f := hostileFleet(t, rs, time.Now, 0)
 	defer f.store.close()
@@ -165,7 +167,7 @@ func TestFleetPoisonedKeyDoesNotDownTheFleet(t *testing.T) {
 // an entry written with a score in the future (a clock ahead, or anyone
 // writing to the set) was never dropped, and counted for ever.
 func TestFleetHeartbeatOnRedisClock(t *testing.T) {
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
 	defer rs.close()
 	ctx := context.Background()

@@ -1,4 +1,4 @@
-package sketchproxy
+package fleet
 
 import (
 	cheap "container/heap"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/rate"
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -25,7 +26,7 @@ type fleetSim struct {
 	t      testing.TB
 	clk    *epochsketch.ManualClock
 	store  *memStore
-	fleets []*fleet
+	fleets []*Fleet
 	engs   []*engine.Engine
 	sets   []*engine.Set
 	alone  *engine.Engine
@@ -93,8 +94,8 @@ func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fle
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i := range n {
-		cfg := &FleetConfig{Replicas: replicas, ID: fmt.Sprint("r", i), Interval: Duration(500 * time.Millisecond),
-			Timeout: Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+		cfg := &config.FleetConfig{Replicas: replicas, ID: fmt.Sprint("r", i), Interval: config.Duration(500 * time.Millisecond),
+			Timeout: config.Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
 		f := newFleetOn(cfg, []byte("0123456789abcdef"), s.store, log, clk.Now)
 		s.store.listen("", f.hear, func() {}, nil)
 		e := engine.New(engine.Options{Clock: clk, Seed: uint64(i + 1), Fleet: f})
@@ -426,8 +427,8 @@ func TestFleetSimWallet(t *testing.T) {
 func TestFleetReloadChangesLimit(t *testing.T) {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
 	store := newMemStore(clk.Now)
-	cfg := &FleetConfig{Replicas: 2, ID: "r0", Interval: Duration(500 * time.Millisecond),
-		Timeout: Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+	cfg := &config.FleetConfig{Replicas: 2, ID: "r0", Interval: config.Duration(500 * time.Millisecond),
+		Timeout: config.Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
 	f := newFleetOn(cfg, []byte("0123456789abcdef"), store, slog.New(slog.NewTextHandler(io.Discard, nil)), clk.Now)
 	e := engine.New(engine.Options{Clock: clk, Seed: 1, Fleet: f})
 	spec := func(requests float64) *engine.Spec {

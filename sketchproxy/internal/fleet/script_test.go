@@ -1,61 +1,17 @@
-package sketchproxy
+package fleet
 
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 	"github.com/redis/go-redis/v9"
 )
-
-// startRedisServer runs Debian's redis-server on a free loopback port for
-// the test (skipped without it, but in CI).
-func startRedisServer(t *testing.T) string {
-	t.Helper()
-	addr, _ := startRedisProcess(t)
-	return addr
-}
-
-// startRedisProcess is startRedisServer, with the server's process: a
-// test can pause it (SIGSTOP) or kill it.
-func startRedisProcess(t *testing.T) (string, *os.Process) {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("no redis-server in CI")
-		}
-		t.Skip("no redis-server (Debian: redis-server)")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	cmd.Dir = t.TempDir()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	for deadline := time.Now().Add(10 * time.Second); rdb.Ping(context.Background()).Err() != nil; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server did not answer on %s", addr)
-		}
-	}
-	return addr, cmd.Process
-}
 
 // shareScript and memStore answer the same calls alike: the records kept
 // as signed, dropped (halved to nothing: counts from their tick, demands
@@ -63,7 +19,7 @@ func startRedisProcess(t *testing.T) (string, *os.Process) {
 // marker, and the claim published, read back through the subscription.
 // What a reader believes of them (fleet.peersOf) is the same for both.
 func TestShareScriptMatchesMemory(t *testing.T) {
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
 	defer rs.close()
 	mem := newMemStore(time.Now)
@@ -161,7 +117,7 @@ func describe(r shareReply) string {
 // which caches them, heartbeat included, and the next round's EVALSHA
 // finds them.
 func TestSyncWithoutScriptsCached(t *testing.T) {
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
 	defer rs.close()
 	const tick = time.Hour

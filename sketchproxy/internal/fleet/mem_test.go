@@ -1,4 +1,4 @@
-package sketchproxy
+package fleet
 
 import (
 	"context"

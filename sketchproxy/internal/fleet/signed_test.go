@@ -1,4 +1,4 @@
-package sketchproxy
+package fleet
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -22,11 +23,11 @@ import (
 // replicas before signed records read, so that they see its counts during
 // a rolling upgrade.
 func TestFleetSignedRecordsOnRedis(t *testing.T) {
-	addr := startRedisServer(t)
+	addr := testkit.RedisServer(t)
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	fleetOf := func(id, secret string) *fleet {
+	fleetOf := func(id, secret string) *Fleet {
 		cfg := *hostileFleet(t, nil, time.Now, 2).cfg
 		f := newFleetOn(&cfg, []byte(secret), newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}}), slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)
 		f.self = id
@@ -35,14 +36,14 @@ func TestFleetSignedRecordsOnRedis(t *testing.T) {
 	}
 	a, b := fleetOf("a", "0123456789abcdef"), fleetOf("b", "0123456789abcdef")
 	const theta = 1000 // the counts far from θ
-	entry := func(f *fleet, c uint32) *hotEntry {
+	entry := func(f *Fleet, c uint32) *hotEntry {
 		e := hostileEntry(f, "client", theta, c)
 		e.tick = time.Hour // no tick ends during the test: nothing halves
 		e.rkey, e.marker = f.redisKeys(e.skey, e.tick, e.theta)
 		return e
 	}
 	ea, eb := entry(a, 10), entry(b, 100)
-	round := func(f *fleet, e *hotEntry) *shareView {
+	round := func(f *Fleet, e *hotEntry) *shareView {
 		t.Helper()
 		if !f.send([]*hotEntry{e}, false) {
 			t.Fatal("the round failed")

@@ -1,4 +1,4 @@
-package sketchproxy
+package fleet
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
@@ -15,7 +16,7 @@ import (
 // seen lately, at least min_replicas. The most seen is kept in the state
 // file (and the handover's), so that a replica restarted while Redis is
 // unreachable starts from the last membership it saw, not from
-// fleetUnknownReplicas.
+// UnknownReplicas.
 
 // fleetPeakKept is how long the most replicas seen is kept for the state
 // file once fewer are counted: an hour, longer than a rolling restart or
@@ -26,7 +27,7 @@ const fleetPeakKept = time.Hour
 
 // notePeak records that n replicas were counted at now (f.now ns, seenMu
 // held).
-func (f *fleet) notePeak(n, now int64) {
+func (f *Fleet) notePeak(n, now int64) {
 	if n >= f.peak || now-f.peakAt > int64(fleetPeakKept) {
 		f.peak, f.peakAt = n, now
 	}
@@ -34,7 +35,7 @@ func (f *fleet) notePeak(n, now int64) {
 
 // Members is engine.FleetMembers: the most replicas seen within
 // fleetPeakKept, for the state file, and when they were last counted.
-func (f *fleet) Members() (int, time.Time) {
+func (f *Fleet) Members() (int, time.Time) {
 	f.seenMu.Lock()
 	defer f.seenMu.Unlock()
 	if f.peak == 0 {
@@ -47,7 +48,7 @@ func (f *fleet) Members() (int, time.Time) {
 // counts as seen now, so that it is N's floor while Redis is unreachable
 // and, once Redis answers, for the two windows of noteMembers, like any
 // count seen; it is kept for the next state file as seen at.
-func (f *fleet) RestoreMembers(n int, at time.Time) {
+func (f *Fleet) RestoreMembers(n int, at time.Time) {
 	if n <= 0 {
 		return
 	}
@@ -66,18 +67,18 @@ func (f *fleet) RestoreMembers(n int, at time.Time) {
 	}
 }
 
-var _ engine.FleetMembers = (*fleet)(nil)
+var _ engine.FleetMembers = (*Fleet)(nil)
 
-// sizeUnknown reports whether N falls back to fleetUnknownReplicas now:
+// sizeUnknown reports whether N falls back to UnknownReplicas now:
 // Redis is unreachable, and neither replicas, min_replicas nor any count
 // seen (or restored) says how many replicas run.
-func (f *fleet) sizeUnknown() bool {
+func (f *Fleet) sizeUnknown() bool {
 	return f.cfg.Replicas == 0 && f.cfg.MinReplicas == 0 && f.seen.Load() == 0 && !f.up.Load()
 }
 
 // warnSizeUnknown says, once, that this replica decides with N =
-// fleetUnknownReplicas and what to set instead.
-func (f *fleet) warnSizeUnknown() {
+// UnknownReplicas and what to set instead.
+func (f *Fleet) warnSizeUnknown() {
 	if f.sizeUnknown() && !f.sizeWarned.Swap(true) {
 		f.log.Warn("fleet: Redis is unreachable and the number of replicas unknown: " + fleetSizeAdvice("fleet.min_replicas", "fleet.replicas"))
 	}
@@ -88,14 +89,14 @@ func (f *fleet) warnSizeUnknown() {
 // them).
 func fleetSizeAdvice(minReplicas, replicas string) string {
 	return fmt.Sprintf("a replica that has not reached Redis assumes %d replicas, so a fleet of N started while Redis is down admits N/%d times the limit until Redis answers (1.5 times for 3); set %s to the number of replicas you run (or %s to fix N)",
-		fleetUnknownReplicas, fleetUnknownReplicas, minReplicas, replicas)
+		UnknownReplicas, UnknownReplicas, minReplicas, replicas)
 }
 
-// FleetSizeWarning is the warning for a fleet section that gives neither
+// SizeWarning is the warning for a fleet section that gives neither
 // replicas nor min_replicas, where the state file keeps no membership
 // either (a first start, or no state_file): "" for none. cmd/sketchproxy
 // logs it at start, and -check prints it.
-func FleetSizeWarning(cfg *Config) string {
+func SizeWarning(cfg *config.Config) string {
 	f := cfg.Fleet
 	if f == nil || f.Replicas > 0 || f.MinReplicas > 0 {
 		return ""
@@ -105,7 +106,7 @@ func FleetSizeWarning(cfg *Config) string {
 			n, _, err := engine.ReadMembers(fh)
 			fh.Close()
 			if err == nil && n > 0 {
-				return "" // restored at start: fleetmembers.go
+				return "" // restored at start (RestoreMembers)
 			}
 		}
 	}
@@ -131,7 +132,7 @@ const fleetWarmPoint = 2 * shareUnit
 // the other replicas held at this replica's last word from Redis, halved
 // to now, plus local: what the key's count is at least, fleet-wide. 0 for
 // a key not hot here or not yet answered.
-func (f *fleet) othersKnown(skey []byte, sk engine.Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
+func (f *Fleet) othersKnown(skey []byte, sk engine.Local, tick time.Duration, theta, local uint32, now time.Time) uint32 {
 	s := f.shard(skey)
 	s.mu.Lock()
 	e := s.m[string(skey)]

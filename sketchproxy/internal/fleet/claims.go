@@ -1,0 +1,276 @@
+package fleet
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"hash"
+	"slices"
+	"time"
+)
+
+// hear applies a claim another replica published: the key's records as
+// the script read them, merged into what this replica knew of the others.
+// Anyone allowed to PUBLISH on the channel can send a claim, so a claim
+// is only the records in it whose MAC verifies (fleet.verify): one with
+// none, or with nothing later than this replica knew, is dropped. Its
+// tick and time are the latest its records signed, not its head's: an
+// unsigned head dated a tick later would halve every count once more.
+func (f *Fleet) hear(payload string) {
+	rkey, rp, ok := parseClaim(payload)
+	if !ok {
+		f.reject(1)
+		return
+	}
+	if !f.plausible(rp) || !f.claimTime(rkey, &rp) {
+		return
+	}
+	f.claimsHeard.Add(1)
+	f.rmu.Lock()
+	e := f.rkeys[rkey]
+	if e == nil {
+		if len(f.heard) >= heardMax {
+			clear(f.heard)
+		}
+		f.heard[rkey] = rp
+		f.rmu.Unlock()
+		return
+	}
+	f.rmu.Unlock()
+	if !tickFits(e, &rp) {
+		return
+	}
+	for {
+		cur := e.view.Load()
+		if cur != nil && !newsTo(cur, &rp, f.self) {
+			return
+		}
+		v, _ := f.viewOf(e, &rp, 0, cur)
+		if cur == nil {
+			v.g = 0 // no guarantee before this replica's own round stores one
+		}
+		if e.view.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// claimTime keeps a claim's records whose MAC verifies, the latest of
+// each replica's (a claim made up of genuine records may repeat one, which
+// would count its replica twice), and dates it by them: its tick, the
+// latest tick a record was written at; its time, its head's within what
+// its records signed (from the latest signed time to a timeout after it,
+// the most a send takes). It reports false, and counts the claim
+// rejected, where no record verifies.
+func (f *Fleet) claimTime(rkey string, rp *shareReply) bool {
+	recs, bad := rp.recs[:0], 0
+	for _, r := range rp.recs {
+		if !f.verify(rkey, &r) {
+			bad++
+			continue
+		}
+		switch i := slices.IndexFunc(recs, func(o signedRec) bool { return o.id == r.id }); {
+		case i < 0:
+			recs = append(recs, r)
+		case r.ts > recs[i].ts:
+			recs[i] = r
+		}
+	}
+	f.reject(bad)
+	rp.recs, rp.verified = recs, true
+	if len(recs) == 0 {
+		return false
+	}
+	tick, ts := recs[0].at, recs[0].ts
+	for _, r := range recs[1:] {
+		tick, ts = max(tick, r.at), max(ts, r.ts)
+	}
+	rp.tick = tick
+	rp.now = min(max(rp.now, ts), ts+int64(time.Duration(f.cfg.Timeout)/time.Microsecond))
+	return true
+}
+
+// newsTo reports whether a claim holds a record of another replica later
+// (signed at a later time) than what view v knows of it: each replica's
+// records are signed at increasing times, so a claim with none is one
+// this replica has seen, or a replay.
+func newsTo(v *shareView, rp *shareReply, self string) bool {
+	for _, r := range rp.recs {
+		if r.id == self {
+			continue
+		}
+		i := slices.IndexFunc(v.others, func(p peerShare) bool { return p.id == r.id })
+		if i < 0 || r.ts > v.others[i].ts {
+			return true
+		}
+	}
+	return false
+}
+
+// peersOf reads rp's records (from a reply to this replica's own round,
+// or a claim) into what this replica believes, halved to rp.tick from
+// the tick each was signed at:
+//   - a record whose MAC does not verify, or that has none, is not
+//     believed: it is read as missing, which keepPeers treats as deleted
+//     (what was known of it is kept). Neither a made-up record (a replica
+//     that does not exist, a huge count) nor one rewritten lower counts.
+//     In a reply, one such record makes the view suspect (the key decided
+//     at the stricter of its share and θ/N): a reader that never knew the
+//     replica would otherwise apportion the key as if it were not there.
+//   - a record signed before the one prev knows (each replica signs later
+//     at each send): in a reply, Redis holds an older record than one
+//     read before, a replay, read as missing and the view suspect; in a
+//     claim, one that a later round or claim overtook, read as what prev
+//     knew of it.
+//   - a record signed more than stale ago (by Redis's time) gives back
+//     its demand and guarantee: its replica left (shareScript).
+//   - a claim's silence on a replica says nothing of it: what prev knew
+//     stays (a claim is news, not the whole key; this replica's own
+//     rounds read the whole key).
+//
+// This replica's own record in a reply is what it just sent.
+func (f *Fleet) peersOf(rkey string, rp *shareReply, prev *shareView) (_ []peerShare, suspect bool) {
+	stale := int64(f.stale() / time.Microsecond)
+	out := make([]peerShare, 0, len(rp.recs)+1)
+	rejected := 0
+	for _, r := range rp.recs {
+		own := r.id == f.self && !rp.claim
+		if !own && !rp.verified && !f.verify(rkey, &r) {
+			rejected++
+			suspect = suspect || !rp.claim
+			continue
+		}
+		p := peerShare{id: r.id, c: halve(r.c, rp.tick-r.at), d: halve(r.d, rp.tick-r.at-1), g: r.g, ts: r.ts}
+		if !own && r.ts < rp.now-stale {
+			p.d, p.g = 0, 0
+		}
+		if k, ok := knownPeer(prev, r.id, rp.tick); ok && r.ts < k.ts {
+			if !rp.claim {
+				suspect = true // Redis holds an older record than one read before: a replay
+				continue
+			}
+			p = k
+		}
+		if own || r.id == f.self || p.c > 0 || p.d > 0 {
+			out = append(out, p)
+		}
+	}
+	f.reject(rejected)
+	if rp.claim && prev != nil {
+		for _, p := range prev.others {
+			if !slices.ContainsFunc(out, func(o peerShare) bool { return o.id == p.id }) {
+				if k, _ := knownPeer(prev, p.id, rp.tick); k.c > 0 || k.d > 0 {
+					out = append(out, k)
+				}
+			}
+		}
+	}
+	return out, suspect
+}
+
+// knownPeer is what view v knew of replica id, halved to tick as
+// keepPeers keeps a record (its demand a tick slower).
+func knownPeer(v *shareView, id string, tick int64) (peerShare, bool) {
+	if v == nil {
+		return peerShare{}, false
+	}
+	i := slices.IndexFunc(v.others, func(p peerShare) bool { return p.id == id })
+	if i < 0 {
+		return peerShare{}, false
+	}
+	p, age := v.others[i], tick-v.tick
+	return peerShare{id: id, c: halve(p.c, age), d: halve(p.d, age-1), g: p.g, ts: p.ts}, true
+}
+
+// sign dates and signs this replica's records of one send: ts, its
+// reckoning of Redis's time (the latest a reply carried, plus the time
+// since; before any, its own clock: a record dated 0 would read as a
+// replica gone, and a claim of it as from another tick), later than the
+// last send's; the MAC, over the key's name and everything the record
+// says.
+func (f *Fleet) sign(calls []shareCall) {
+	ts := f.now().UnixMicro()
+	if at := f.redisAt.Load(); at != 0 {
+		ts = at + max(0, f.now().UnixNano()-f.redisSeen.Load())/int64(time.Microsecond)
+	}
+	f.lastTS = max(ts, f.lastTS+1)
+	for i := range calls {
+		c := &calls[i]
+		c.ts = f.lastTS
+		c.mac = f.macOf(c.rkey, &signedRec{id: f.self, c: c.c, d: c.d, g: c.g, at: c.at, ts: c.ts})
+	}
+}
+
+// recMACSize is a record's MAC, truncated HMAC-SHA256 (bytes).
+const recMACSize = 16
+
+// macOf is the MAC of record r of key rkey, in hex.
+func (f *Fleet) macOf(rkey string, r *signedRec) string {
+	m := f.macs.Get().(hash.Hash)
+	defer f.macs.Put(m)
+	m.Reset()
+	var b [40]byte
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(rkey)))
+	m.Write(b[:4])
+	m.Write([]byte(rkey))
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(r.id)))
+	m.Write(b[:4])
+	m.Write([]byte(r.id))
+	binary.LittleEndian.PutUint32(b[0:], r.c)
+	binary.LittleEndian.PutUint32(b[4:], r.d)
+	binary.LittleEndian.PutUint32(b[8:], r.g)
+	binary.LittleEndian.PutUint64(b[12:], uint64(r.at))
+	binary.LittleEndian.PutUint64(b[20:], uint64(r.ts))
+	m.Write(b[:28])
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(m.Sum(sum[:0])[:recMACSize])
+}
+
+// verify reports whether r is a record of key rkey that a replica with
+// the fleet's secret signed.
+func (f *Fleet) verify(rkey string, r *signedRec) bool {
+	return !r.unsigned && hmac.Equal([]byte(f.macOf(rkey, r)), []byte(r.mac))
+}
+
+// reject counts n records not believed, and says so in the log at most
+// once a minute.
+func (f *Fleet) reject(n int) {
+	if n <= 0 {
+		return
+	}
+	total := f.rejected.Add(uint64(n))
+	now, last := f.now().UnixNano(), f.rejectLogged.Load()
+	if (last == 0 || now-last >= int64(time.Minute)) && f.rejectLogged.CompareAndSwap(last, now) {
+		f.log.Warn("fleet: records or claims without a valid MAC ignored: written without the fleet's secret, or by a replica older than signed records (docs/fleets.md, Signed records)", "rejected_total", total)
+	}
+}
+
+// plausible reports whether a claim heard could be one the script
+// published: not from later than Redis's clock can be now (the last time
+// a reply of this replica's own read on it, plus the time since, plus a
+// timeout). Anyone allowed to PUBLISH on the channel can send a claim; one
+// dated in the future would hold the key's view against this replica's
+// own rounds (a view is replaced only by a later one) for as long as the
+// key stays hot. Before any reply there is nothing to check against:
+// store1 replaces such a view at the replica's own round.
+func (f *Fleet) plausible(rp shareReply) bool {
+	at, seen := f.redisAt.Load(), f.redisSeen.Load()
+	if at == 0 {
+		return true
+	}
+	since := max(0, f.now().UnixNano()-seen) / int64(time.Microsecond)
+	return rp.now <= at+since+int64(time.Duration(f.cfg.Timeout)/time.Microsecond)
+}
+
+// tickFits reports whether a claim's tick is the one its time falls in
+// for e's limit, as the script computes it: a claim with a later tick
+// would have this replica halve the others' counts to nothing.
+func tickFits(e *hotEntry, rp *shareReply) bool {
+	us := int64(e.tick / time.Microsecond)
+	if us <= 0 {
+		return true
+	}
+	d := rp.tick - rp.now/us
+	return d >= -1 && d <= 1
+}

@@ -1,0 +1,485 @@
+package fleet
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/config"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Fleet is the shared state of one replica (a Middleware's, a Limiter's,
+// or a Caddy fleet's engine): the hot set, each hot key's share (share.go),
+// and the goroutines that sync them with Redis (sync.go, redis.go). It is
+// the engine's engine.Fleet and engine.FleetMembers, and a
+// prometheus.Collector of its metrics (metrics.go). Make one with New or
+// Open; its methods are safe for concurrent use.
+type Fleet struct {
+	cfg    *config.FleetConfig
+	secret []byte // keys are HMACed with it before they reach Redis
+	store  fleetStore
+	log    *slog.Logger
+	now    func() time.Time
+
+	n       atomic.Int64 // replicas, at least 1
+	up      atomic.Bool
+	hearing atomic.Bool // subscribed to the claims channel
+
+	// self names this fleet's records and heartbeat in Redis: the
+	// configured id, with a suffix of its own where newFleet starts it
+	// (fleetSelf), so that no other fleet, in this process or after a
+	// restart, ever writes its record.
+	self string
+	// seen is the most replicas the heartbeat counted lately (in this
+	// window of stale(), from seenAt, f.now ns, and the one before:
+	// seenCur and seenPrev), or a state file kept (RestoreMembers): N
+	// while Redis is unreachable, and N's floor while it answers, so that
+	// a members' set flushed or rewritten does not make a replica count
+	// itself alone. A replica that left stops counting within two
+	// windows, as its records lapse within one. seenMu orders their
+	// writers (the sync goroutine and a restore) and guards peak, the
+	// most seen within fleetPeakKept, and peakAt, when it was last seen
+	// (f.now ns): what the state file keeps (members.go).
+	seen, seenAt, seenCur, seenPrev atomic.Int64
+	seenMu                          sync.Mutex
+	peak, peakAt                    int64
+	sizeWarned                      atomic.Bool
+	// warmUntil ends the warm-up that follows this replica's first answer
+	// from Redis (f.now ns): until then a key joins the hot set at its
+	// third request (fleetWarmPoint).
+	warmUntil atomic.Int64
+
+	shards [16]hotShard
+	count  atomic.Int64
+
+	// rkeys finds a hot entry by its name in Redis, for the claims other
+	// replicas publish; heard keeps the latest claim on keys not hot here
+	// (at most heardMax), for the moment one becomes hot.
+	rmu   sync.Mutex
+	rkeys map[string]*hotEntry
+	heard map[string]shareReply
+
+	// pend are the entries to send at once (a claim, a promotion); kick
+	// wakes the sync goroutine for them.
+	pmu  sync.Mutex
+	pend []*hotEntry
+	kick chan struct{}
+
+	rounds, roundErrors, keySyncs, commands atomic.Uint64
+	promotions, demotions, hotFull, resends atomic.Uint64
+	claims, claimsHeard, rejected           atomic.Uint64
+	rttNs, lastOK, rejectLogged             atomic.Int64
+	// redisAt is the latest Redis time (µs) a reply to this replica
+	// carried; redisSeen, f.now (ns) when it came.
+	redisAt, redisSeen atomic.Int64
+	roundTime          prometheus.Histogram
+
+	run   map[string]string // each hash tag's run marker as last seen, by marker key (sync goroutine only)
+	runID string            // this replica's candidate marker
+
+	// recKey keys the records' MACs (sign), derived from the secret
+	// apart from the keys' hashes; macs pools its HMACs. lastTS is the
+	// time the last send signed (sync goroutine only).
+	recKey []byte
+	macs   sync.Pool
+	lastTS int64
+
+	stop    chan struct{}
+	done    chan struct{}
+	first   chan struct{} // closed once the first round has ended
+	started bool
+}
+
+// heardMax bounds the claims kept for keys not hot here.
+const heardMax = 4096
+
+type hotShard struct {
+	mu sync.Mutex
+	m  map[string]*hotEntry
+}
+
+// hotEntry is one promoted key of one limit or budget.
+type hotEntry struct {
+	rkey   string // prefix + {tag} + HMAC(secret, sketch key)
+	marker string // prefix + {tag} + run: the tag's run marker, in the same slot
+	skey   []byte // the local sketch key
+	sk     engine.Local
+	tick   time.Duration
+	theta  uint32
+
+	demand  demand
+	view    atomic.Pointer[shareView]
+	pending atomic.Bool // queued to be sent at once
+	// unsynced: Redis answered the last round, but not with this key's
+	// records (a key of another type under the prefix): decided alone at
+	// its fair share until a round syncs it.
+	unsynced atomic.Bool
+	loud     atomic.Bool // the next send publishes: a claim on the pool
+
+	// gWant is the guarantee to store at the next send; gSent, the one
+	// the last send stored (sync goroutine only).
+	gWant, gSent uint32
+	// since is when it was promoted (f.now ns).
+	since int64
+}
+
+// New returns a fleet on Redis for cfg as config.BuildFleet (or
+// config.Build) prepared it and fb, what it built; Start runs it. cfg is
+// kept, not changed: a fleet's settings take a restart.
+func New(cfg *config.FleetConfig, fb *config.FleetBuilt, log *slog.Logger, now func() time.Time) *Fleet {
+	f := newFleetOn(cfg, fb.Secret(), newRedisStore(fb.RedisOptions()), log, now)
+	f.self = fleetSelf(cfg.ID)
+	return f
+}
+
+// newFleetOn returns a fleet on store whose goroutines have not started:
+// tests of the arithmetic drive its rounds themselves (sim_test.go).
+func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *slog.Logger, now func() time.Time) *Fleet {
+	f := &Fleet{
+		cfg: cfg, log: log, now: now, store: store, secret: secret,
+		runID: cfg.ID, self: cfg.ID,
+		run:   map[string]string{},
+		rkeys: map[string]*hotEntry{},
+		heard: map[string]shareReply{},
+		kick:  make(chan struct{}, 1),
+		roundTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sketchproxy_fleet_round_duration_seconds",
+			Help:    "Time of each sync round with Redis (one pipeline per node), failed rounds included.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 0.1 ms to 0.8 s
+		}),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+		first: make(chan struct{}),
+	}
+	for i := range f.shards {
+		f.shards[i].m = map[string]*hotEntry{}
+	}
+	f.n.Store(int64(max(1, cfg.Replicas)))
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("sketchproxy fleet records"))
+	f.recKey = m.Sum(nil)
+	f.macs.New = func() any { return hmac.New(sha256.New, f.recKey) }
+	return f
+}
+
+// Start runs the fleet's sync and returns once its first round has ended
+// (a round's timeout at most, twice for a slow dial): a replica then
+// decides its first request knowing whether Redis answers and how many
+// replicas it counts, not with the N it assumes without them.
+func (f *Fleet) Start() {
+	f.started = true
+	go f.loop()
+	var warned atomic.Bool
+	go f.store.listen(f.channel(), f.hear, func() {
+		f.commands.Add(1) // SUBSCRIBE
+		f.hearing.Store(true)
+		warned.Store(false)
+	}, func(err error) {
+		f.hearing.Store(false)
+		select {
+		case <-f.stop:
+			return // closing: the subscription ends with the client
+		default:
+		}
+		if !warned.Swap(true) {
+			// Rounds go on; a claim is heard at the claimer's next round
+			// instead of at once (an ACL without SUBSCRIBE or the channel).
+			f.log.Warn("fleet: not hearing the other replicas' claims: they reach this replica at its next round", "channel", f.channel(), "err", err.Error())
+		}
+	})
+	t := time.NewTimer(2 * time.Duration(f.cfg.Timeout))
+	defer t.Stop()
+	select {
+	case <-f.first:
+	case <-t.C:
+	}
+}
+
+// Close ends the sync (once Start ran) and closes the connections to
+// Redis. Call it once, when no engine asks the fleet any more.
+func (f *Fleet) Close() {
+	close(f.stop)
+	if f.started {
+		<-f.done
+	}
+	f.store.close()
+}
+
+// Config is the fleet section the fleet runs with, its defaults applied:
+// a reload keeps it, since a fleet's settings take a restart.
+func (f *Fleet) Config() *config.FleetConfig { return f.cfg }
+
+// channel is where replicas publish their claims on a pool.
+func (f *Fleet) channel() string { return f.cfg.Prefix + "claims" }
+
+func (f *Fleet) shard(k []byte) *hotShard {
+	var h uint32 = 2166136261
+	for _, c := range k {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return &f.shards[h%uint32(len(f.shards))]
+}
+
+// replicas is N: replicas if set, else the replicas that heartbeat now
+// or lately (seen). While Redis is unreachable it is the most seen
+// lately or kept in the state file, at least min_replicas; before any
+// was seen, min_replicas or UnknownReplicas: a replica that cannot
+// tell how many others run assumes more, not fewer (docs/fleets.md, How
+// a replica counts its peers).
+func (f *Fleet) replicas() int64 {
+	if f.cfg.Replicas > 0 {
+		return int64(f.cfg.Replicas)
+	}
+	seen := f.seen.Load()
+	if f.up.Load() {
+		return max(1, f.n.Load(), seen)
+	}
+	n := max(seen, int64(f.cfg.MinReplicas))
+	if n == 0 {
+		return UnknownReplicas
+	}
+	return n
+}
+
+// UnknownReplicas is N while Redis is unreachable and no replicas,
+// min_replicas, heartbeat or state file says more: 2, not more, since a
+// replica alone (or one of 2) at θ/3 would refuse a client a third of its
+// limit; a fleet that gives none of them is warned (SizeWarning,
+// warnSizeUnknown).
+const UnknownReplicas = 2
+
+// fleetSelf is id with a suffix of its own (8 random hex digits).
+func fleetSelf(id string) string {
+	var b [4]byte
+	rand.Read(b[:])
+	return id + "." + hex.EncodeToString(b[:])
+}
+
+// noteMembers records that the heartbeat counted card replicas now, and
+// that a hot key's records named peers replicas (sync goroutine only):
+// seen, N's floor, is the most of either lately, as a members' set
+// flushed every moment counts few.
+func (f *Fleet) noteMembers(card, peers int64) {
+	f.seenMu.Lock()
+	defer f.seenMu.Unlock()
+	now := f.now().UnixNano()
+	card = max(1, card)
+	f.notePeak(max(card, peers), now)
+	if now-f.seenAt.Load() > int64(f.stale()) {
+		f.seenPrev.Store(f.seenCur.Load())
+		f.seenCur.Store(0)
+		f.seenAt.Store(now)
+	}
+	f.seenCur.Store(max(f.seenCur.Load(), card, peers))
+	f.seen.Store(max(f.seenCur.Load(), f.seenPrev.Load()))
+	f.n.Store(card)
+}
+
+// Estimate is what the engine decides k against (engine.Fleet): the local
+// count, plus the part of θ this replica may not use. A hot key's part is
+// θ less its allowance (share.go); a key below its promotion point
+// is decided alone, as it cannot hold more than that point; while Redis is
+// down every key is decided at θ/N (the local count × N). Mice below a
+// quarter of the promotion point cost one comparison: no map, no Redis.
+// A request that adds to a key on its first sight past the point promotes
+// it, and the key is sent to Redis at once: shared before it can pass its
+// fair share.
+func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
+	n := f.replicas()
+	if !f.up.Load() {
+		// Its fair share, the request included: the local count × N
+		// against θ let each replica count a request past θ/N. Nor
+		// more than the room the others left at the last word from
+		// Redis: a replica whose count was under θ/N while another's
+		// was over it would otherwise add to a key already at θ.
+		return max(alone(local, theta, n), f.othersKnown(skey, sk, tick, theta, local, now)), false
+	}
+	p := sharePoint(theta, n, f.cfg.PromoteFraction)
+	if now.UnixNano() < f.warmUntil.Load() {
+		p = min(p, fleetWarmPoint)
+	}
+	below := uint64(local)+uint64(add) <= uint64(p)
+	if below && local < p/4 {
+		return local, false
+	}
+	s := f.shard(skey)
+	s.mu.Lock()
+	e := s.m[string(skey)]
+	if e != nil && (e.sk != sk || e.tick != tick || e.theta != theta) {
+		// A reload changed the limit (another tick, threshold or sketch)
+		// under the same rule and limit names: the entry shares another
+		// limit's count, so it goes, and the key is shared anew under a
+		// record of its own (redisKeys hashes the tick and threshold).
+		f.drop(s, e)
+		e = nil
+	}
+	if e == nil {
+		if below || add == 0 {
+			s.mu.Unlock()
+			return local, false
+		}
+		if f.count.Load() >= int64(f.cfg.MaxHot) {
+			s.mu.Unlock()
+			f.hotFull.Add(1)
+			return alone(local, theta, n), false
+		}
+		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano()}
+		e.rkey, e.marker = f.redisKeys(skey, tick, theta)
+		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
+		s.m[string(e.skey)] = e
+		f.count.Add(1)
+		f.promotions.Add(1)
+		s.mu.Unlock()
+		f.rmu.Lock()
+		f.rkeys[e.rkey] = e
+		r, ok := f.heard[e.rkey]
+		delete(f.heard, e.rkey)
+		f.rmu.Unlock()
+		if ok && tickFits(e, &r) {
+			// Another replica claimed this key lately: start from its word.
+			v, _ := f.viewOf(e, &r, 0, nil)
+			e.view.Store(v)
+		}
+		f.sendSoon(e, false)
+	} else {
+		s.mu.Unlock()
+		if add > 0 {
+			e.demand.add(add, now.UnixNano()/int64(tick))
+		}
+	}
+	if e.unsynced.Load() {
+		return alone(local, theta, n), false
+	}
+	v := e.view.Load()
+	if v == nil {
+		// Promoted, not yet answered (a round trip): its fair share, or a
+		// request where that holds none; what it counts is published.
+		return alone(local, theta, n), true
+	}
+	top, quiet := v.allowance(theta, now.UnixNano()/int64(tick))
+	est := uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32))
+	if v.suspect {
+		est = max(est, alone(local, theta, n))
+	}
+	return est, uint64(local)+uint64(add) > uint64(quiet)
+}
+
+// alone is the estimate of a key this replica decides by itself at its
+// fair share θ/N (at least one request).
+func alone(local, theta uint32, n int64) uint32 {
+	top := max(fairShare(theta, n), shareUnit)
+	return uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32))
+}
+
+// Counted is told that a request Estimate asked about counted in k: a
+// claim on the pool (or a count while the key awaits its first answer),
+// which the other replicas must see before their next request. It is sent
+// and published at once.
+func (f *Fleet) Counted(skey []byte) {
+	s := f.shard(skey)
+	s.mu.Lock()
+	e := s.m[string(skey)]
+	s.mu.Unlock()
+	if e != nil {
+		f.sendSoon(e, true)
+	}
+}
+
+// sendSoon queues e to be sent at once; loud, with its claim published.
+func (f *Fleet) sendSoon(e *hotEntry, loud bool) {
+	if loud {
+		e.loud.Store(true)
+	}
+	if e.pending.Swap(true) {
+		return
+	}
+	f.pmu.Lock()
+	f.pend = append(f.pend, e)
+	f.pmu.Unlock()
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// WalletsClosed reports whether wallets fail closed now: Redis is down and
+// wallet_on_failure is closed. A refused client retries after a round.
+func (f *Fleet) WalletsClosed() (bool, time.Duration) {
+	return !f.up.Load() && f.cfg.WalletOnFailure == "closed", time.Duration(f.cfg.Interval)
+}
+
+// demand counts the requests a replica sees of a hot key (admitted or
+// not, in counts), halving with the key; it reports the count as of the
+// start of the current tick, doubled (what the halving count reads at the
+// end of a steady tick). A count read mid-tick would rise through each
+// tick: replicas that write at different moments would report demands up
+// to twice apart for one round-robin client, and their shares would
+// follow that noise.
+type demand struct {
+	mu         sync.Mutex
+	tick       int64
+	base, part uint32 // the count at the start of tick; added since
+}
+
+func (d *demand) start(c uint32, tick int64) {
+	d.mu.Lock()
+	d.tick, d.base, d.part = tick, c/2, 0
+	d.mu.Unlock()
+}
+
+// roll moves d to tick tk (d.mu held).
+func (d *demand) roll(tk int64) {
+	if tk > d.tick {
+		d.base = halve(uint32(min(uint64(d.base)+uint64(d.part), math.MaxUint32)), tk-d.tick)
+		d.tick, d.part = tk, 0
+	}
+}
+
+func (d *demand) add(n uint32, tk int64) {
+	d.mu.Lock()
+	d.roll(tk)
+	d.part = uint32(min(uint64(d.part)+uint64(n), math.MaxUint32))
+	d.mu.Unlock()
+}
+
+// at is the demand to report at tick tk.
+func (d *demand) at(tk int64) uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.roll(tk)
+	return uint32(min(2*uint64(d.base), math.MaxUint32))
+}
+
+func (e *hotEntry) demandAt(now time.Time) uint32 {
+	return e.demand.at(now.UnixNano() / int64(e.tick))
+}
+
+// fleetTags is how many hash tags spread the hot keys over a Redis
+// Cluster's nodes; each tag's keys and run marker share a slot.
+const fleetTags = 16
+
+// redisKeys are the key's name in Redis, the keyed hash of the sketch key
+// and of its limit's tick and threshold (Redis never sees a client address
+// or an API key, and a limit changed at a reload counts apart from the
+// old one's record), and the run marker of its hash tag.
+func (f *Fleet) redisKeys(skey []byte, tick time.Duration, theta uint32) (key, marker string) {
+	m := hmac.New(sha256.New, f.secret)
+	m.Write(skey)
+	var lim [12]byte
+	binary.LittleEndian.PutUint64(lim[:8], uint64(tick))
+	binary.LittleEndian.PutUint32(lim[8:], theta)
+	m.Write(lim[:])
+	sum := m.Sum(nil)
+	tag := f.cfg.Prefix + "{t" + strconv.Itoa(int(sum[16])%fleetTags) + "}"
+	return tag + "k:" + hex.EncodeToString(sum[:16]), tag + "run"
+}

@@ -1,0 +1,293 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// loop syncs every interval, and at once when entries are queued (claims,
+// promotions); after a failure it waits longer, up to 1 s or two
+// intervals, before the next try, and recovers at the first round that
+// succeeds. The cap is short because replicas that recover at different
+// times see each other's counts late. While Redis is down, queued entries
+// wait for the next round.
+func (f *Fleet) loop() {
+	defer close(f.done)
+	wait := time.Duration(f.cfg.Interval)
+	f.round() // at once: learn N and whether Redis answers
+	close(f.first)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-f.kick:
+			if f.up.Load() {
+				f.sendPending()
+			}
+		case <-t.C:
+			if f.round() {
+				wait = time.Duration(f.cfg.Interval)
+			} else {
+				wait = min(2*wait, max(time.Second, 2*time.Duration(f.cfg.Interval)))
+			}
+			t.Reset(wait)
+		}
+	}
+}
+
+// round sends every hot key, with the heartbeat, and demotes the keys
+// that cooled.
+func (f *Fleet) round() bool {
+	var es []*hotEntry
+	for i := range f.shards {
+		s := &f.shards[i]
+		s.mu.Lock()
+		for _, e := range s.m {
+			es = append(es, e)
+		}
+		s.mu.Unlock()
+	}
+	for _, e := range es {
+		e.pending.Store(false) // sent now
+	}
+	ok := f.send(es, true)
+	if ok {
+		f.demote(es)
+	}
+	return ok
+}
+
+// sendPending sends the queued entries.
+func (f *Fleet) sendPending() {
+	f.pmu.Lock()
+	q := f.pend
+	f.pend = nil
+	f.pmu.Unlock()
+	es := q[:0]
+	for _, e := range q {
+		if e.pending.Swap(false) {
+			es = append(es, e)
+		}
+	}
+	if len(es) > 0 {
+		f.send(es, false)
+	}
+}
+
+// send sends es (with beat, the heartbeat too) and applies the replies.
+func (f *Fleet) send(es []*hotEntry, beat bool) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
+	defer cancel()
+	start := time.Now()
+	now := f.now()
+	interval := time.Duration(f.cfg.Interval)
+	r := &shareRound{
+		id: f.self, candidate: fmt.Sprintf("%s-%d", f.runID, time.Now().UnixNano()), channel: f.channel(),
+		stale: f.stale(), ttl: 2 * interval,
+	}
+	calls := f.callsOf(es, now)
+	f.sign(calls)
+	var hb *heartbeat
+	if beat && f.cfg.Replicas == 0 {
+		hb = &heartbeat{key: f.cfg.Prefix + "members", id: f.self, now: now, window: 3*interval + time.Second}
+	}
+	replies, card, sent, err := f.store.sync(ctx, r, calls, hb)
+	f.commands.Add(uint64(sent))
+	f.rounds.Add(1)
+	f.roundTime.Observe(time.Since(start).Seconds())
+	peers := f.apply(es, calls, replies, err == nil)
+	if err != nil {
+		f.roundErrors.Add(1)
+		if f.up.Swap(false) || f.lastOK.Load() == 0 {
+			f.log.Warn("fleet: Redis unreachable: enforcing limits locally at 1/N", "err", err.Error(), "replicas", f.replicas())
+			f.warnSizeUnknown()
+		}
+		return false
+	}
+	f.warmUntil.CompareAndSwap(0, f.now().UnixNano()+int64(f.stale()))
+	f.rttNs.Store(int64(time.Since(start)))
+	f.lastOK.Store(f.now().UnixNano())
+	if hb != nil {
+		f.noteMembers(card, peers)
+	}
+	if !f.up.Swap(true) {
+		f.log.Info("fleet: Redis reachable: enforcing fleet-wide limits", "replicas", f.replicas(), "hot_keys", f.count.Load())
+	}
+	return true
+}
+
+// callsOf is what a send writes of each of es at now: its count, its
+// demand, the guarantee to store, and whether it publishes a claim.
+func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
+	calls := make([]shareCall, len(es))
+	for i, e := range es {
+		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
+			c: e.sk.EstimateBytes(e.skey), d: e.demandAt(now), g: e.gWant,
+			at: now.UnixNano() / int64(e.tick), publish: e.loud.Swap(false)}
+		if calls[i].publish {
+			f.claims.Add(1)
+		}
+	}
+	return calls
+}
+
+// apply applies the replies to a send of es (calls, what it wrote):
+// each synced key's view, and the guarantee to store next. answered: the
+// send had no error, so a key without a reply is one Redis answered with
+// something else. It returns the most replicas a key's records named.
+func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, answered bool) (peers int64) {
+	// Keys whose node answered are synced even when another node did not
+	// (Redis Cluster). A tag whose marker changed lost its records (with
+	// Redis Cluster, one node can): every replica writes its record whole
+	// at each round, so nothing is resent; until all have, the key's
+	// first rounds hold room for the missing ones (guarantee).
+	lost := 0
+	synced := 0
+	for i, e := range es {
+		rp := &replies[i]
+		if !rp.ok {
+			if answered && !e.unsynced.Swap(true) {
+				f.log.Warn("fleet: Redis answered, but not with a hot key's records (a key of another type under the prefix?): the key is decided here at its fair share until it syncs", "key", e.rkey)
+			}
+			continue
+		}
+		e.unsynced.Store(false)
+		if old, seen := f.run[e.marker]; seen && old != rp.run {
+			lost++
+		}
+		f.run[e.marker] = rp.run
+		synced++
+		if rp.now > f.redisAt.Load() {
+			f.redisSeen.Store(f.now().UnixNano())
+			f.redisAt.Store(rp.now)
+		}
+		e.gSent = calls[i].g
+		v, g := f.viewOf(e, rp, e.gSent, nil)
+		peers = max(peers, int64(len(rp.peers)))
+		f.store1(e, v)
+		e.gWant = g // stored at the next round: until then the pool holds its room
+	}
+	if lost > 0 {
+		f.resends.Add(1)
+		f.log.Warn("fleet: Redis lost the shared counts (restarted empty): every replica writes its own again", "keys", lost)
+	}
+	f.keySyncs.Add(uint64(synced))
+	return peers
+}
+
+// stale is how long a replica's record outlives its last write: a
+// replica gone (or one whose key cooled) gives its guarantee back then.
+func (f *Fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) + time.Second }
+
+// viewOf builds e's view from a reply to this replica's send (own: gSent
+// is the guarantee it stored) or from a claim heard (cur is the view it
+// replaces). It returns the view and the guarantee the reply computes.
+// A guarantee shrinks at once; it grows only once Redis holds it, so that
+// the guarantees Redis holds always cover the ones in use.
+func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView) (*shareView, uint32) {
+	n := f.replicas()
+	prev := cur
+	if prev == nil {
+		prev = e.view.Load()
+	}
+	var suspect, kept bool
+	rp.peers, suspect = f.peersOf(e.rkey, rp, prev)
+	rp.peers, kept = keepPeers(rp.peers, prev, rp.tick)
+	young := time.Duration(rp.now-rp.born)*time.Microsecond < 2*time.Duration(f.cfg.Interval)
+	point := sharePoint(e.theta, n, f.cfg.PromoteFraction)
+	rp.peers = othersApportioned(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
+	g, reserve, split := guarantee(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
+	// A claim carries only the records that verify: it never clears a
+	// suspect view, which only a round that reads every record whole does.
+	suspect = suspect || kept || rp.claim && prev != nil && prev.suspect
+	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect}
+	// The key is young here too (promoted lately, not a record whose
+	// hash was deleted under a key long hot): the others' quiet shares
+	// are held (allowance).
+	v.young = young && f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
+	if v.young && len(rp.peers) < int(n) {
+		v.virtual = uint32(int(n) - len(rp.peers))
+	}
+	for _, p := range rp.peers {
+		if p.id == f.self {
+			v.meC = p.c
+			continue
+		}
+		v.others = append(v.others, p)
+		v.sumGo += p.g
+	}
+	if prev != nil && prev.tick <= rp.tick {
+		// This replica's own count, as a claim heard says Redis holds
+		// it, is no less either (keepPeers).
+		v.meC = max(v.meC, halve(prev.meC, rp.tick-prev.tick))
+	}
+	switch {
+	case cur != nil:
+		v.g = min(cur.g, g)
+	default:
+		v.g = min(gSent, g)
+	}
+	return v, g
+}
+
+// store1 installs v, from a reply to this replica's own round, unless a
+// later view is in place (a claim heard after the reply was sent). A
+// claim can be later than the reply by the time until the reply came
+// (less than a timeout); one later than that was not written by the
+// script, and the reply replaces it.
+func (f *Fleet) store1(e *hotEntry, v *shareView) {
+	for {
+		cur := e.view.Load()
+		if cur != nil && cur.at > v.at && cur.at <= v.at+int64(time.Duration(f.cfg.Timeout)/time.Microsecond) {
+			return
+		}
+		if e.view.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// demote drops hot keys that cooled here and fleet-wide: the local count
+// and the demand below a quarter of the promotion point, nothing counted
+// elsewhere above it, and nothing left to send. Redis drops the key's
+// record once it halves to nothing.
+func (f *Fleet) demote(es []*hotEntry) {
+	now := f.now()
+	n := f.replicas()
+	for _, e := range es {
+		p := sharePoint(e.theta, n, f.cfg.PromoteFraction)
+		q := max(1, p/4)
+		tk := now.UnixNano() / int64(e.tick)
+		if e.sk.EstimateBytes(e.skey) >= q || e.demandAt(now) >= q || e.pending.Load() {
+			continue
+		}
+		if v := e.view.Load(); v != nil {
+			var others uint32
+			for _, o := range v.others {
+				others += halve(o.c, tk-v.tick)
+			}
+			if others >= max(1, p) {
+				continue
+			}
+		}
+		s := f.shard(e.skey)
+		s.mu.Lock()
+		if s.m[string(e.skey)] == e {
+			f.drop(s, e)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// drop removes e from the hot set; s is e's shard, locked.
+func (f *Fleet) drop(s *hotShard, e *hotEntry) {
+	delete(s.m, string(e.skey))
+	f.count.Add(-1)
+	f.demotions.Add(1)
+	f.rmu.Lock()
+	delete(f.rkeys, e.rkey)
+	f.rmu.Unlock()
+}
