@@ -194,28 +194,8 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		if !d.NextArg() {
 			return d.Errf("zone %s: %s: want a value, e.g. %s", name, sub, example(sub))
 		}
-		val := d.Val()
-		switch sub {
-		case "key":
-			z.Key = val
-		case "events", "burst":
-			n, err := strconv.ParseFloat(val, 64)
-			if err != nil || !(n > 0) {
-				return d.Errf("zone %s: %s %q: want a positive number of requests, e.g. %s", name, sub, val, example(sub))
-			}
-			if sub == "events" {
-				z.Events = n
-			} else {
-				z.Burst = n
-			}
-		case "window":
-			w, err := caddy.ParseDuration(val)
-			if err != nil || w <= 0 {
-				return d.Errf("zone %s: window %q: want a positive duration, e.g. window 10s or window 1m", name, val)
-			}
-			z.Window = caddy.Duration(w)
-		default:
-			return d.Errf("zone %s: unrecognized subdirective %q: want key, events, window, burst, match or shared", name, sub)
+		if err := zoneSetting(d, z, name, sub); err != nil {
+			return err
 		}
 		if d.NextArg() {
 			return d.Errf("zone %s: %s: one value only, not also %q (quote a key with spaces)", name, sub, d.Val())
@@ -239,6 +219,34 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		h.Zones = map[string]*Zone{}
 	}
 	h.Zones[name] = z
+	return nil
+}
+
+// zoneSetting reads zone name's setting sub, its value the dispenser's.
+func zoneSetting(d *caddyfile.Dispenser, z *Zone, name, sub string) error {
+	val := d.Val()
+	switch sub {
+	case "key":
+		z.Key = val
+	case "events", "burst":
+		n, err := strconv.ParseFloat(val, 64)
+		if err != nil || !(n > 0) {
+			return d.Errf("zone %s: %s %q: want a positive number of requests, e.g. %s", name, sub, val, example(sub))
+		}
+		if sub == "events" {
+			z.Events = n
+		} else {
+			z.Burst = n
+		}
+	case "window":
+		w, err := caddy.ParseDuration(val)
+		if err != nil || w <= 0 {
+			return d.Errf("zone %s: window %q: want a positive duration, e.g. window 10s or window 1m", name, val)
+		}
+		z.Window = caddy.Duration(w)
+	default:
+		return d.Errf("zone %s: unrecognized subdirective %q: want key, events, window, burst, match or shared", name, sub)
+	}
 	return nil
 }
 
@@ -275,7 +283,6 @@ func unmarshalFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 			return nil, d.Errf("fleet: %s is given twice", sub)
 		}
 		lines[sub] = here(d)
-		var err error
 		switch sub {
 		case "cluster":
 			f.Cluster = d.RemainingArgs()
@@ -293,57 +300,74 @@ func unmarshalFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 				return nil, err
 			}
 			continue
-		case "redis":
-			f.Redis, err = fleetArg(d, sub, "redis 127.0.0.1:6379 or redis rediss://user@redis.internal:6380/0")
-		case "username":
-			f.Username, err = fleetArg(d, sub, "username sketchproxy")
-		case "password":
-			f.Password, err = fleetArg(d, sub, "password_file /run/secrets/redis-password (or password_env, or password <password>)")
-		case "password_env":
-			f.PasswordEnv, err = fleetArg(d, sub, "password_env REDIS_PASSWORD")
-		case "password_file":
-			f.PasswordFile, err = fleetArg(d, sub, "password_file /run/secrets/redis-password")
-		case "secret":
-			f.Secret, err = fleetArg(d, sub, "secret_file /etc/caddy/fleet-secret (or secret <at least 16 bytes>)")
-		case "secret_file":
-			f.SecretFile, err = fleetArg(d, sub, "secret_file /etc/caddy/fleet-secret")
-		case "id":
-			f.ID, err = fleetArg(d, sub, "id caddy-a")
-		case "prefix":
-			f.Prefix, err = fleetArg(d, sub, `prefix "sketchproxy:"`)
-		case "db":
-			f.DB, err = fleetInt(d, sub)
-		case "replicas":
-			f.Replicas, err = fleetInt(d, sub)
-		case "min_replicas":
-			f.MinReplicas, err = fleetInt(d, sub)
-		case "max_hot":
-			f.MaxHot, err = fleetInt(d, sub)
-		case "interval":
-			f.Interval, err = fleetDuration(d, sub)
-		case "timeout":
-			f.Timeout, err = fleetDuration(d, sub)
-		case "promote_fraction":
-			var v string
-			if v, err = fleetArg(d, sub, fleetExample(sub)); err == nil {
-				if f.PromoteFraction, err = strconv.ParseFloat(v, 64); err != nil {
-					return nil, d.Errf("fleet: promote_fraction %q: want a fraction, e.g. %s", v, fleetExample(sub))
-				}
-			}
-		default:
-			return nil, d.Errf("fleet: unrecognized setting %q: want redis, cluster, sentinel, username, password, password_env, password_file, db, tls, secret, secret_file, replicas, min_replicas, id, interval, timeout, promote_fraction, max_hot or prefix", sub)
 		}
-		if err != nil {
+		if err := fleetSetting(d, f, sub); err != nil {
 			return nil, err
 		}
 		if d.NextArg() {
 			return nil, d.Errf("fleet: %s: one value only, not also %q", sub, d.Val())
 		}
 	}
+	if err := fleetChecked(f, at, lines); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// fleetSetting reads the one value of the fleet setting sub into f.
+func fleetSetting(d *caddyfile.Dispenser, f *Fleet, sub string) (err error) {
+	switch sub {
+	case "redis":
+		f.Redis, err = fleetArg(d, sub, "redis 127.0.0.1:6379 or redis rediss://user@redis.internal:6380/0")
+	case "username":
+		f.Username, err = fleetArg(d, sub, "username sketchproxy")
+	case "password":
+		f.Password, err = fleetArg(d, sub, "password_file /run/secrets/redis-password (or password_env, or password <password>)")
+	case "password_env":
+		f.PasswordEnv, err = fleetArg(d, sub, "password_env REDIS_PASSWORD")
+	case "password_file":
+		f.PasswordFile, err = fleetArg(d, sub, "password_file /run/secrets/redis-password")
+	case "secret":
+		f.Secret, err = fleetArg(d, sub, "secret_file /etc/caddy/fleet-secret (or secret <at least 16 bytes>)")
+	case "secret_file":
+		f.SecretFile, err = fleetArg(d, sub, "secret_file /etc/caddy/fleet-secret")
+	case "id":
+		f.ID, err = fleetArg(d, sub, "id caddy-a")
+	case "prefix":
+		f.Prefix, err = fleetArg(d, sub, `prefix "sketchproxy:"`)
+	case "db":
+		f.DB, err = fleetInt(d, sub)
+	case "replicas":
+		f.Replicas, err = fleetInt(d, sub)
+	case "min_replicas":
+		f.MinReplicas, err = fleetInt(d, sub)
+	case "max_hot":
+		f.MaxHot, err = fleetInt(d, sub)
+	case "interval":
+		f.Interval, err = fleetDuration(d, sub)
+	case "timeout":
+		f.Timeout, err = fleetDuration(d, sub)
+	case "promote_fraction":
+		var v string
+		if v, err = fleetArg(d, sub, fleetExample(sub)); err == nil {
+			if f.PromoteFraction, err = strconv.ParseFloat(v, 64); err != nil {
+				return d.Errf("fleet: promote_fraction %q: want a fraction, e.g. %s", v, fleetExample(sub))
+			}
+		}
+	default:
+		return d.Errf("fleet: unrecognized setting %q: want redis, cluster, sentinel, username, password, password_env, password_file, db, tls, secret, secret_file, replicas, min_replicas, id, interval, timeout, promote_fraction, max_hot or prefix", sub)
+	}
+	return err
+}
+
+// fleetChecked checks f as SketchProxy checks a fleet section, and
+// points an error at the line of the setting it names (lines), or at the
+// block (at).
+func fleetChecked(f *Fleet, at *caddyfile.Dispenser, lines map[string]*caddyfile.Dispenser) error {
 	if err := f.check(); err != nil {
 		var ce *spconfig.Error
 		if !errors.As(err, &ce) {
-			return nil, at.Errf("%v", err)
+			return at.Errf("%v", err)
 		}
 		// "fleet.cluster[1]" is the cluster line; "fleet" the block's.
 		field, _, _ := strings.Cut(strings.TrimPrefix(ce.Field, "fleet."), "[")
@@ -351,9 +375,9 @@ func unmarshalFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 		if line == nil {
 			line = at
 		}
-		return nil, line.Errf("%v", ce)
+		return line.Errf("%v", ce)
 	}
-	return f, nil
+	return nil
 }
 
 // fleetArg reads a fleet setting's one value, or says what to write.
