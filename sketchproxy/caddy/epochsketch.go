@@ -28,7 +28,6 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -378,24 +377,6 @@ func (h *Handler) setFields(hd http.Header, r *http.Request, f *engine.Fields, r
 	default:
 		join(rateLimitKey, string(f.RateLimit))
 	}
-}
-
-// limitName is a zone's limit's name in its RateLimit policy ("per_ip-per-10s"),
-// as SketchProxy names a rule's limit that has no name of its own.
-func limitName(per time.Duration) string {
-	var s string
-	if day := 24 * time.Hour; per >= day && per%day == 0 {
-		s = strconv.FormatInt(int64(per/day), 10) + "d"
-	} else {
-		s = per.String()
-		if strings.HasSuffix(s, "m0s") {
-			s = strings.TrimSuffix(s, "0s")
-		}
-		if strings.HasSuffix(s, "h0m") {
-			s = strings.TrimSuffix(s, "0m")
-		}
-	}
-	return "per-" + strings.ReplaceAll(s, ".", "_")
 }
 
 // Interface guards.

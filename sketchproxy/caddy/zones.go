@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	spconfig "github.com/epochsketch/epochsketch/sketchproxy/config"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -289,7 +291,7 @@ func (h *Handler) takeZones(ctx caddy.Context) error {
 			sp := spec(h.buckets(), h.NewKeysOff)
 			// The policy keeps the zone's name where a fleet's rule
 			// has a hash after it.
-			lim := limitName(time.Duration(z.Window))
+			lim := spconfig.LimitName(time.Duration(z.Window))
 			sp.Rules = []engine.RuleSpec{{Name: rule, Limits: []engine.LimitSpec{{Name: lim, Policy: name + "-" + lim, Rate: z.rate()}}}}
 			set, err := h.eng.Compile(sp, zside.set)
 			if err != nil {

@@ -52,10 +52,10 @@ func (r *Rule) prepareLimits(at ruleAt) error {
 	return nil
 }
 
-// defaultLimitName names a limit by its period, as it is written: per-10s,
-// per-1m, per-1h30m, per-1d, per-1_5s. A second limit over the same period
-// in the rule gets -2, and so on.
-func defaultLimitName(per time.Duration, taken map[string]bool) string {
+// LimitName names a limit by its period, as it is written: per-10s,
+// per-1m, per-1h30m, per-1d, per-1_5s: the name of a rule's limit that has
+// none of its own, and of a Caddy zone's.
+func LimitName(per time.Duration) string {
 	var s string
 	if per >= 24*time.Hour && per%(24*time.Hour) == 0 {
 		s = fmt.Sprintf("%dd", per/(24*time.Hour))
@@ -68,9 +68,16 @@ func defaultLimitName(per time.Duration, taken map[string]bool) string {
 			s = strings.TrimSuffix(s, "0m")
 		}
 	}
-	name := "per-" + strings.ReplaceAll(s, ".", "_")
+	return "per-" + strings.ReplaceAll(s, ".", "_")
+}
+
+// defaultLimitName is LimitName; a second limit over the same period in
+// the rule gets -2, and so on.
+func defaultLimitName(per time.Duration, taken map[string]bool) string {
+	base := LimitName(per)
+	name := base
 	for n := 2; taken[name]; n++ {
-		name = fmt.Sprintf("per-%s-%d", strings.ReplaceAll(s, ".", "_"), n)
+		name = fmt.Sprintf("%s-%d", base, n)
 	}
 	return name
 }
