@@ -60,7 +60,7 @@ func (m *Middleware) screen(w http.ResponseWriter, r *http.Request, st *state, r
 		rq.path = "/" // OPTIONS *: the server as a whole
 	}
 	rq.loose = httpnorm.LoosePath(rq.path)
-	rq.methods = MethodsOf(r)
+	rq.methods = httpnorm.MethodsOf(r)
 	rq.sc = scratchPool.Get().(*engine.Scratch)
 	for _, ru := range st.rules {
 		if !ru.matches(rq) {
@@ -93,9 +93,9 @@ type request struct {
 	// client is addr grouped by prefix: the key part "ip", and the
 	// per-client cap's key.
 	client  string
-	methods Methods         // what rules with methods match (MethodsOf)
-	claims  jwtauth.Claims  // the verified bearer token's, once a rule needs them
-	sc      *engine.Scratch // from scratchPool; nil once freed
+	methods httpnorm.Methods // what rules with methods match (MethodsOf)
+	claims  jwtauth.Claims   // the verified bearer token's, once a rule needs them
+	sc      *engine.Scratch  // from scratchPool; nil once freed
 	// refusal, if not 0, is the status of every refusal: a forward-auth
 	// check's (ForwardAuthConfig.RefusalStatus).
 	refusal int

@@ -589,7 +589,7 @@ type rotationKey struct{ firstSent, firstDone, lastDone time.Time }
 //   - The proxy sees a key's first request at some instant of
 //     [firstSent, firstDone]. In a whole second it leaves unmarked at most
 //     max(minRate, factor·average) keys, and the average it compares with
-//     (spikeMeter, sketchproxy/internal/engine/spike.go) is at most 1/30 of the new keys
+//     (spikeMeter, sketchproxy/internal/engine/newkeys.go) is at most 1/30 of the new keys
 //     seen before that second. So at most that many of the keys whose first
 //     request may fall in that second are unmarked.
 //   - A marked key gets strict requests, and one more at each tick boundary

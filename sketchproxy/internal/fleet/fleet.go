@@ -98,6 +98,9 @@ type Fleet struct {
 	done    chan struct{}
 	first   chan struct{} // closed once the first round has ended
 	started bool
+	// warnedNeverUp: the warning that Redis was never reached is logged
+	// (sync goroutine only).
+	warnedNeverUp bool
 }
 
 // heardMax bounds the claims kept for keys not hot here.

@@ -101,7 +101,9 @@ func (f *Fleet) send(es []*hotEntry, beat bool) bool {
 	peers := f.apply(es, calls, replies, err == nil)
 	if err != nil {
 		f.roundErrors.Add(1)
-		if f.up.Swap(false) || f.lastOK.Load() == 0 {
+		// Once when Redis goes, and once if it never came: not every round.
+		if wasUp := f.up.Swap(false); wasUp || f.lastOK.Load() == 0 && !f.warnedNeverUp {
+			f.warnedNeverUp = true
 			f.log.Warn("fleet: Redis unreachable: enforcing limits locally at 1/N", "err", err.Error(), "replicas", f.replicas())
 			f.warnSizeUnknown()
 		}

@@ -44,7 +44,7 @@ func run(most int) error {
 	cfg, err := sketchproxy.ParseConfig("reqfiles", []byte(`rules:
   - name: api
     key: ["header:X-Key"]
-    limits: [{requests: 2, per: 1m}]
+    limits: [{requests: 2, per: 24h}]
 `))
 	if err != nil {
 		return err
