@@ -163,6 +163,9 @@ func (c *Config) validateFleet(fb *FleetBuilt) error {
 	default:
 		fb.secret = []byte(f.Secret)
 	}
+	if len(fb.secret) < 16 && f.SecretFile != "" && !fb.offline {
+		return c.errAt(fmt.Sprintf("%s holds %d bytes (spaces and newlines at its ends trimmed): the fleet's secret needs at least 16, e.g. openssl rand -hex 32 > %s", f.SecretFile, len(fb.secret), f.SecretFile), "fleet", "secret_file")
+	}
 	if len(fb.secret) < 16 {
 		return c.errAt("a per-deployment secret of at least 16 bytes is required (secret or secret_file): keys are hashed with it before they reach Redis", "fleet", "secret")
 	}

@@ -137,3 +137,27 @@ func TestCheckRefusesUnwritableStateFile(t *testing.T) {
 		t.Errorf("-check left %v", left)
 	}
 }
+
+// -check says what is wrong with a fleet's secret file (its path and how
+// many bytes it holds, at its line) and warns when min_replicas is set
+// beside replicas, which fixes N.
+func TestCheckFleetSecretAndReplicas(t *testing.T) {
+	dir := t.TempDir()
+	short, good := filepath.Join(dir, "short"), filepath.Join(dir, "good")
+	os.WriteFile(short, []byte("short\n"), 0o600)
+	os.WriteFile(good, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+	for _, c := range []struct {
+		name, secret, extra, want string
+		code                      int
+	}{
+		{"short secret file", short, "  min_replicas: 2\n", "sp.yaml:6: fleet.secret_file: " + short + " holds 5 bytes", 1},
+		{"replicas and min_replicas", good, "  replicas: 2\n  min_replicas: 3\n", "fleet.min_replicas: 3 is ignored: replicas: 2 fixes N", 0},
+	} {
+		cfg := filepath.Join(dir, "sp.yaml")
+		os.WriteFile(cfg, []byte(fmt.Sprintf("upstream: \"http://127.0.0.1:1\"\nrules:\n  - limits: [{requests: 1, per: 1s}]\nfleet:\n  redis: \"127.0.0.1:1\"\n  secret_file: %q\n%s", c.secret, c.extra)), 0o600)
+		var errb bytes.Buffer
+		if code := run([]string{"-config", cfg, "-check"}, io.Discard, &errb); code != c.code || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%s: -check: exit %d, %q; want %d and %q", c.name, code, errb.String(), c.code, c.want)
+		}
+	}
+}
