@@ -24,7 +24,7 @@ func TestEngineFleetChecks(t *testing.T) {
 		{"valid", FleetConfig{Redis: "127.0.0.1:1", Secret: "a-secret-of-16-bytes-at-least", Interval: Duration(100 * time.Millisecond)}, "", ""},
 		{"no redis", FleetConfig{Secret: "a-secret-of-16-bytes-at-least"}, "fleet: say where Redis is", "fleet: say where Redis is"},
 		{"short secret", FleetConfig{Redis: "127.0.0.1:1", Secret: "short"}, "fleet.secret: a per-deployment secret of at least 16 bytes", "fleet.secret: a per-deployment secret"},
-		{"short secret file", FleetConfig{Redis: "127.0.0.1:1", SecretFile: short}, "", "fleet.secret: a per-deployment secret"},
+		{"short secret file", FleetConfig{Redis: "127.0.0.1:1", SecretFile: short}, "", "fleet.secret_file: " + short + " holds 9 bytes"},
 		{"missing secret file", FleetConfig{Redis: "127.0.0.1:1", SecretFile: filepath.Join(dir, "none")}, "", "fleet.secret_file: open "},
 		{"unset variable", FleetConfig{Redis: "127.0.0.1:1", Secret: "a-secret-of-16-bytes-at-least", PasswordEnv: "SKETCHPROXY_TEST_UNSET"}, "", "fleet.password_env: the environment variable SKETCHPROXY_TEST_UNSET is empty or unset"},
 		{"two passwords", FleetConfig{Redis: "127.0.0.1:1", Secret: "a-secret-of-16-bytes-at-least", Password: "a", PasswordEnv: "B"}, "fleet: the password is given more than once", "fleet: the password is given more than once"},
