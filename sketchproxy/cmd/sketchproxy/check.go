@@ -68,9 +68,6 @@ func configWarnings(cfg *sketchproxy.Config) []string {
 	if w := sketchproxy.FleetSizeWarning(cfg); w != "" {
 		ws = append(ws, w)
 	}
-	if f := cfg.Fleet; f != nil && f.Replicas > 0 && f.MinReplicas > 0 {
-		ws = append(ws, fmt.Sprintf("fleet.min_replicas: %d is ignored: replicas: %d fixes N whether Redis answers or not; remove one of them", f.MinReplicas, f.Replicas))
-	}
 	return append(ws, cfg.EnvoyRLS.Warnings()...)
 }
 

@@ -50,11 +50,9 @@ func (e *Engine) checkBudget(s *Set, v *Verdict, now time.Time, sc *Scratch) (re
 // their cost and holds their reservations, into d.Wallets. A wallet whose
 // key the sketch cannot take (its bucket is full of bigger spenders) and
 // that does not fail open refuses the request with BudgetUnknown: the
-// costs charged stay charged, the reservations go.
+// costs charged stay charged, the reservations go. admit calls it only
+// with wallets to charge (ix not empty).
 func (e *Engine) chargeAll(d *Decision, ix []int, sc *Scratch) {
-	if len(ix) == 0 {
-		return
-	}
 	d.Wallets = make([]*Wallet, 0, len(ix))
 	for _, i := range ix {
 		v := &d.Verdicts[i]

@@ -94,10 +94,14 @@ func fleetSizeAdvice(minReplicas, replicas string) string {
 
 // SizeWarning is the warning for a fleet section that gives neither
 // replicas nor min_replicas, where the state file keeps no membership
-// either (a first start, or no state_file): "" for none. cmd/sketchproxy
+// either (a first start, or no state_file), or that gives both (replicas
+// fixes N): "" for none. cmd/sketchproxy
 // logs it at start, and -check prints it.
 func SizeWarning(cfg *config.Config) string {
 	f := cfg.Fleet
+	if f != nil && f.Replicas > 0 && f.MinReplicas > 0 {
+		return fmt.Sprintf("fleet.min_replicas: %d is ignored: replicas: %d fixes N whether Redis answers or not; remove one of them", f.MinReplicas, f.Replicas)
+	}
 	if f == nil || f.Replicas > 0 || f.MinReplicas > 0 {
 		return ""
 	}
