@@ -75,6 +75,12 @@ type Fleet struct {
 	pend []*hotEntry
 	kick chan struct{}
 
+	// sendMu orders the sends: the sync goroutine's and the claims a
+	// request waits for (claim.go). It guards what a send reads and
+	// writes of the entries (gWant, gSent, claimed) and of the fleet
+	// (run, lastTS).
+	sendMu sync.Mutex
+
 	rounds, roundErrors, keySyncs, commands atomic.Uint64
 	promotions, demotions, hotFull, resends atomic.Uint64
 	claims, claimsHeard, rejected           atomic.Uint64
@@ -134,6 +140,19 @@ type hotEntry struct {
 	gWant, gSent uint32
 	// since is when it was promoted (f.now ns).
 	since int64
+	// claimed is the most this replica's count of the key was claimed
+	// to be, at tick claimedTk (claim.go; sendMu): what it sends is never
+	// less, halved, so that its record never reads lower than a claim.
+	claimed   uint32
+	claimedTk int64
+}
+
+// claimedAt is e.claimed halved to tick tk (sendMu held).
+func (e *hotEntry) claimedAt(tk int64) uint32 {
+	if tk < e.claimedTk {
+		return e.claimed
+	}
+	return halve(e.claimed, tk-e.claimedTk)
 }
 
 // New returns a fleet on Redis for cfg as config.BuildFleet (or
@@ -364,6 +383,9 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		return alone(local, theta, n), false
 	}
 	v := e.view.Load()
+	if add > 0 && (v == nil || v.young) && p > 0 {
+		return f.decideYoung(e, v, theta, local, add, n, now), false
+	}
 	if v == nil {
 		// Promoted, not yet answered (a round trip): its fair share, or a
 		// request where that holds none; what it counts is published.
