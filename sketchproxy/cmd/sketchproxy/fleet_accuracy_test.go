@@ -34,7 +34,7 @@ type aloneReplica struct {
 }
 
 func newAloneReplica(t *testing.T, r rate.Rate) *aloneReplica {
-	lim, err := r.Compile()
+	lim, err := r.CompileHalving() // as a fleet counts (docs/fleets.md)
 	if err != nil {
 		t.Fatal(err)
 	}
