@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -327,5 +329,40 @@ func TestFleetProcessBurst(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 		heavy.check(t, l, light, 0)
+	}
+}
+
+// The burst of TestFleetProcessBurst sent all at once: 90 requests of a
+// fresh key started together, 30 on each of 3 replicas at 20 a minute.
+// Requests of one young key on one replica claim one after another, each
+// its count past every claim before it (claim.go): the fleet admits the
+// burst, 20, and refuses the rest.
+func TestFleetProcessBurstConcurrent(t *testing.T) {
+	l := procLimit{requests: 20, per: time.Minute, burst: 20}
+	addr := testkit.RedisServer(t)
+	ls := procReplicas(t, 3, l, FleetConfig{Redis: addr})
+	waitMembers(t, ls, 3)
+	for k := range 3 {
+		procTick(t, l, 500*time.Millisecond)
+		key := fmt.Sprint("together-", k)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 90 {
+			wg.Go(func() {
+				<-start
+				if ls[i%3].Allow(key) {
+					admitted.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		t.Logf("key %d: 90 requests at once over 3 replicas at 20 a minute: the fleet admitted %d", k, admitted.Load())
+		if got := admitted.Load(); got == 0 || got >= 90 {
+			t.Fatalf("the fleet admitted %d of 90: the case measures no limit", got)
+		} else if got > 20 {
+			t.Errorf("the fleet admitted %d of 90 requests sent at once, more than the burst of 20", got)
+		}
 	}
 }

@@ -141,18 +141,15 @@ type hotEntry struct {
 	// since is when it was promoted (f.now ns).
 	since int64
 	// claimed is the most this replica's count of the key was claimed
-	// to be, at tick claimedTk (claim.go; sendMu): what it sends is never
-	// less, halved, so that its record never reads lower than a claim.
-	claimed   uint32
-	claimedTk int64
-}
-
-// claimedAt is e.claimed halved to tick tk (sendMu held).
-func (e *hotEntry) claimedAt(tk int64) uint32 {
-	if tk < e.claimedTk {
-		return e.claimed
-	}
-	return halve(e.claimed, tk-e.claimedTk)
+	// or sent to be, at tick claimedTk, and spare the part of it no
+	// admitted request holds (a claim refused); claim.go, sendMu. What
+	// a send writes is never less, halved, so that the record never
+	// reads lower than a claim the others saw.
+	claimed, spare uint32
+	claimedTk      int64
+	// claimMu orders this replica's requests of the key while it is
+	// young (claim.go).
+	claimMu sync.Mutex
 }
 
 // New returns a fleet on Redis for cfg as config.BuildFleet (or

@@ -130,8 +130,10 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 	calls := make([]shareCall, len(es))
 	for i, e := range es {
 		at := now.UnixNano() / int64(e.tick)
+		e.settle(at)
+		at = max(at, e.claimedTk) // a claim dated a moment later
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
-			c: max(e.sk.EstimateBytes(e.skey), e.claimedAt(at)), d: e.demandAt(now), g: e.gWant,
+			c: e.claimed, d: e.demandAt(now), g: e.gWant,
 			at: at, publish: e.loud.Swap(false)}
 		if calls[i].publish {
 			f.claims.Add(1)
@@ -214,8 +216,8 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	// hash was deleted under a key long hot): the others' quiet shares
 	// are held (allowance).
 	v.young = young && f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
-	if v.young {
-		// No guarantee while young: every count past what Redis holds
+	if v.young && point > 0 {
+		// No guarantee while young (where requests claim: claim.go): every count past what Redis holds
 		// for this replica is claimed (claim.go), and a guarantee would
 		// hold room its replica may not use (2 replicas at 9 counts of
 		// guarantees of 10 each, θ 20, leave the last request to no
