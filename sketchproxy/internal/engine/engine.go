@@ -60,8 +60,12 @@ type Options struct {
 type Fleet interface {
 	// Estimate returns the estimate of the sketch key k to decide and
 	// report against, whose count in this replica's sketch local is est
-	// (read just now); tick and theta are its limit's, add what the request
-	// would add (0: the engine only reads, for a wait or a report). The
+	// (read just now, before the request's hits: where refused requests
+	// count, the engine counted them first and passes the count less
+	// them, and adds them to the answer); tick and theta are its
+	// limit's, add what the request would add (0: the engine only reads,
+	// for a wait or a report). An estimate that with add passes theta
+	// refuses the request. The
 	// fleet may keep local, to read k again at its next round (it must
 	// copy k). tell asks the engine to call Counted once the request is
 	// counted in k: the fleet then tells the other replicas at once.

@@ -75,11 +75,12 @@ type Fleet struct {
 	pend []*hotEntry
 	kick chan struct{}
 
-	// sendMu orders the sends: the sync goroutine's and the claims a
-	// request waits for (claim.go). It guards what a send reads and
-	// writes of the entries (gWant, gSent, claimed) and of the fleet
-	// (run, lastTS).
-	sendMu sync.Mutex
+	// sending orders the sends (a semaphore of one: a claim waits for it
+	// only until its deadline): the sync goroutine's and the claims a
+	// request waits for (claim.go). Its holder alone reads and writes
+	// what a send does of the entries (gWant, gSent, claimed, spare,
+	// own) and of the fleet (run, lastTS, warnedNeverUp).
+	sending chan struct{}
 
 	rounds, roundErrors, keySyncs, commands atomic.Uint64
 	promotions, demotions, hotFull, resends atomic.Uint64
@@ -90,12 +91,12 @@ type Fleet struct {
 	redisAt, redisSeen atomic.Int64
 	roundTime          prometheus.Histogram
 
-	run   map[string]string // each hash tag's run marker as last seen, by marker key (sync goroutine only)
+	run   map[string]string // each hash tag's run marker as last seen, by marker key (sending)
 	runID string            // this replica's candidate marker
 
 	// recKey keys the records' MACs (sign), derived from the secret
 	// apart from the keys' hashes; macs pools its HMACs. lastTS is the
-	// time the last send signed (sync goroutine only).
+	// time the last send signed (sending).
 	recKey []byte
 	macs   sync.Pool
 	lastTS int64
@@ -105,7 +106,7 @@ type Fleet struct {
 	first   chan struct{} // closed once the first round has ended
 	started bool
 	// warnedNeverUp: the warning that Redis was never reached is logged
-	// (sync goroutine only).
+	// (sending).
 	warnedNeverUp bool
 }
 
@@ -136,17 +137,19 @@ type hotEntry struct {
 	loud     atomic.Bool // the next send publishes: a claim on the pool
 
 	// gWant is the guarantee to store at the next send; gSent, the one
-	// the last send stored (sync goroutine only).
+	// the last send stored (sending).
 	gWant, gSent uint32
 	// since is when it was promoted (f.now ns).
 	since int64
 	// claimed is the most this replica's count of the key was claimed
 	// or sent to be, at tick claimedTk, and spare the part of it no
-	// admitted request holds (a claim refused); claim.go, sendMu. What
+	// admitted request holds (a claim refused); claim.go, sending. What
 	// a send writes is never less, halved, so that the record never
-	// reads lower than a claim the others saw.
+	// reads lower than a claim the others saw. own is the view the last
+	// reply to this replica's own send built (sending).
 	claimed, spare uint32
 	claimedTk      int64
+	own            *shareView
 	// claimMu orders this replica's requests of the key while it is
 	// young (claim.go).
 	claimMu sync.Mutex
@@ -176,9 +179,10 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 			Help:    "Time of each sync round with Redis (one pipeline per node), failed rounds included.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 0.1 ms to 0.8 s
 		}),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
-		first: make(chan struct{}),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		first:   make(chan struct{}),
+		sending: make(chan struct{}, 1),
 	}
 	for i := range f.shards {
 		f.shards[i].m = map[string]*hotEntry{}
@@ -380,8 +384,8 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		return alone(local, theta, n), false
 	}
 	v := e.view.Load()
-	if add > 0 && (v == nil || v.young) && p > 0 {
-		return f.decideYoung(e, v, theta, local, add, n, now), false
+	if add > 0 && v != nil && v.young && p > 0 {
+		return f.decideYoung(e, theta, local, add, n, now), false
 	}
 	if v == nil {
 		// Promoted, not yet answered (a round trip): its fair share, or a

@@ -495,10 +495,16 @@ func TestFleetReloadChangesLimit(t *testing.T) {
 // held it to 20 but refused 1 to 6 of a burst of 16 or 20 that one
 // replica alone admits. A young key's requests past what Redis holds for
 // their replica wait for Redis's answer (claim.go): 20, and none refused.
-// The test holds both sides.
+// The test holds both sides, where refused requests count too (the
+// engine then asks the fleet with the count before the request's hits).
 func TestFleetSimBurstAtBirth(t *testing.T) {
-	for _, calls := range []int{16, 20, 30} {
-		s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 0)
+	for _, c := range []struct {
+		calls        int
+		countRefused bool
+	}{{16, false}, {20, false}, {30, false}, {20, true}, {30, true}} {
+		calls := c.calls
+		rs := engine.RuleSpec{Name: "api", CountRefused: c.countRefused, Limits: []engine.LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: 20, Per: time.Minute}}}}
+		s := newFleetSimRule(t, 3, rs, 0)
 		rng := rand.New(rand.NewPCG(47, uint64(calls)))
 		t0 := s.clk.Now().Add(2 * time.Second) // each heartbeat has counted the 3
 		var tallies [5]tally
@@ -509,7 +515,7 @@ func TestFleetSimBurstAtBirth(t *testing.T) {
 		}
 		s.run(t0.Add(10 * time.Second))
 		for k, tl := range tallies {
-			t.Logf("%d calls in 100 ms, key %d: the fleet admitted %d of %d, one replica alone %d; %d refused where one alone admits", calls, k, tl.fleetFirst, tl.sent, tl.aloneFirst, tl.wrong)
+			t.Logf("%d calls in 100 ms (refused ones counted: %v), key %d: the fleet admitted %d of %d, one replica alone %d; %d refused where one alone admits", calls, c.countRefused, k, tl.fleetFirst, tl.sent, tl.aloneFirst, tl.wrong)
 			if tl.aloneFirst != min(tl.sent, 20) {
 				t.Fatalf("one replica alone admitted %d of %d, want %d: the case measures no burst", tl.aloneFirst, tl.sent, min(tl.sent, 20))
 			}

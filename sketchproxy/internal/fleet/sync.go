@@ -80,9 +80,16 @@ func (f *Fleet) sendPending() {
 // send sends es (with beat, the heartbeat too) and applies the replies,
 // one send at a time (a round, the queued entries, a claim: claim.go).
 func (f *Fleet) send(es []*hotEntry, beat bool) bool {
-	f.sendMu.Lock()
-	defer f.sendMu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
+	f.sending <- struct{}{}
+	defer func() { <-f.sending }()
+	return f.sendHeld(es, beat, time.Duration(f.cfg.Timeout), false)
+}
+
+// sendHeld is send, f.sending held, within timeout. A claim's send
+// (claim) that fails says nothing of Redis: a request waited too long, and
+// the next round tells whether Redis answers.
+func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim bool) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start := time.Now()
 	now := f.now()
@@ -104,6 +111,9 @@ func (f *Fleet) send(es []*hotEntry, beat bool) bool {
 	peers := f.apply(es, calls, replies, err == nil)
 	if err != nil {
 		f.roundErrors.Add(1)
+		if claim {
+			return false
+		}
 		// Once when Redis goes, and once if it never came: not every round.
 		if wasUp := f.up.Swap(false); wasUp || f.lastOK.Load() == 0 && !f.warnedNeverUp {
 			f.warnedNeverUp = true
@@ -130,8 +140,14 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 	calls := make([]shareCall, len(es))
 	for i, e := range es {
 		at := now.UnixNano() / int64(e.tick)
-		e.settle(at)
+		e.rebase(at)
 		at = max(at, e.claimedTk) // a claim dated a moment later
+		if c := e.sk.EstimateBytes(e.skey); c > e.claimed-e.spare {
+			// Counted past its claims (decided without one): those
+			// counts take the spare first.
+			e.spare -= min(e.spare, c-(e.claimed-e.spare))
+			e.claimed = max(e.claimed, c)
+		}
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
 			c: e.claimed, d: e.demandAt(now), g: e.gWant,
 			at: at, publish: e.loud.Swap(false)}
@@ -175,6 +191,7 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
 		peers = max(peers, int64(len(rp.peers)))
+		e.own = v
 		f.store1(e, v)
 		e.gWant = g // stored at the next round: until then the pool holds its room
 	}
