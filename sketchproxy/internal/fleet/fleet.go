@@ -142,17 +142,16 @@ type hotEntry struct {
 	// since is when it was promoted (f.now ns).
 	since int64
 	// claimed is the most this replica's count of the key was claimed
-	// or sent to be, at tick claimedTk, and spare the part of it no
-	// admitted request holds (a claim refused); claim.go, sending. What
-	// a send writes is never less, halved, so that the record never
-	// reads lower than a claim the others saw. own is the view the last
-	// reply to this replica's own send built (sending).
-	claimed, spare uint32
-	claimedTk      int64
-	own            *shareView
-	// claimMu orders this replica's requests of the key while it is
-	// young (claim.go).
-	claimMu sync.Mutex
+	// or sent to be, at tick claimedTk (claim.go, sending): what a send
+	// writes is never less, halved, so that the record never reads lower
+	// than a claim the others saw. own is the view the last reply to this
+	// replica's own send built (sending).
+	claimed   uint32
+	claimedTk int64
+	own       *shareView
+	// claiming orders this replica's requests of the key while it is
+	// young (a semaphore of one: claim.go).
+	claiming chan struct{}
 }
 
 // New returns a fleet on Redis for cfg as config.BuildFleet (or
@@ -318,6 +317,19 @@ func (f *Fleet) noteMembers(card, peers int64) {
 // it, and the key is sent to Redis at once: shared before it can pass its
 // fair share.
 func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
+	return f.estimate(skey, sk, tick, theta, local, add, now, true)
+}
+
+// EstimateWallet is Estimate for a wallet (engine.Fleet): a young key's
+// request does not claim (claim.go), as the engine checks a wallet's
+// count against what requests in flight hold, not with a conditional add
+// that a claim's count could bound.
+func (f *Fleet) EstimateWallet(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
+	return f.estimate(skey, sk, tick, theta, local, add, now, false)
+}
+
+// estimate is Estimate; claims, whether a young key's request may claim.
+func (f *Fleet) estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time, claims bool) (uint32, bool) {
 	n := f.replicas()
 	if !f.up.Load() {
 		// Its fair share, the request included: the local count × N
@@ -356,7 +368,7 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 			f.hotFull.Add(1)
 			return alone(local, theta, n), false
 		}
-		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano()}
+		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano(), claiming: make(chan struct{}, 1)}
 		e.rkey, e.marker = f.redisKeys(skey, tick, theta)
 		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
 		s.m[string(e.skey)] = e
@@ -384,8 +396,14 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		return alone(local, theta, n), false
 	}
 	v := e.view.Load()
-	if add > 0 && v != nil && v.young && p > 0 {
-		return f.decideYoung(e, theta, local, add, n, now), false
+	if claims && add > 0 && v != nil && v.young && p > 0 {
+		if est, ok := f.decideYoung(e, theta, local, add, n, now); ok {
+			return est, false
+		}
+		v = e.view.Load() // no longer young, or Redis went down meanwhile
+		if !f.up.Load() {
+			return alone(local, theta, n), false
+		}
 	}
 	if v == nil {
 		// Promoted, not yet answered (a round trip): its fair share, or a

@@ -528,3 +528,39 @@ func TestFleetSimBurstAtBirth(t *testing.T) {
 		}
 	}
 }
+
+// A young key's claims are what its requests take: where a stricter limit
+// of the rule refuses a request after the fleet's claim on the looser
+// one, the claim stays in the looser limit's record, and the next request
+// takes it without a send, rather than claiming again. 100 calls in
+// 100 ms over 3 replicas under 20 and 5 a minute: the fleet admits the
+// stricter limit's burst, 5, with 5 claims (15 when a claim no request
+// took was not taken again, at 1ac76f7).
+func TestFleetSimClaimsTakenOnce(t *testing.T) {
+	rs := engine.RuleSpec{Name: "api", Limits: []engine.LimitSpec{
+		{Name: "loose", Rate: rate.Rate{Requests: 20, Per: time.Minute}},
+		{Name: "strict", Rate: rate.Rate{Requests: 5, Per: time.Minute}},
+	}}
+	s := newFleetSimRule(t, 3, rs, 0)
+	rng := rand.New(rand.NewPCG(47, 5))
+	t0 := s.clk.Now().Add(2 * time.Second)
+	var tl tally
+	s.client("two-limits", t0, t0.Add(100*time.Millisecond), time.Millisecond, rng, func(j int) int { return j % 3 }, &tl)
+	before := uint64(0)
+	for _, f := range s.fleets {
+		before += f.claims.Load()
+	}
+	s.run(t0.Add(time.Second))
+	var claims uint64
+	for _, f := range s.fleets {
+		claims += f.claims.Load()
+	}
+	claims -= before
+	t.Logf("%d calls: the fleet admitted %d, one replica alone %d; %d claims sent", tl.sent, tl.fleetFirst, tl.aloneFirst, claims)
+	if tl.fleetFirst == 0 || tl.fleetFirst != tl.aloneFirst {
+		t.Errorf("the fleet admitted %d of %d, one replica alone %d", tl.fleetFirst, tl.sent, tl.aloneFirst)
+	}
+	if claims > uint64(tl.aloneFirst+3) { // 15 before (each refused request claimed again)
+		t.Errorf("%d claims sent for %d admitted requests: the refused ones claimed again", claims, tl.fleetFirst)
+	}
+}

@@ -109,11 +109,15 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	f.rounds.Add(1)
 	f.roundTime.Observe(time.Since(start).Seconds())
 	peers := f.apply(es, calls, replies, err == nil)
+	if claim {
+		// A claim's send says nothing of Redis either way: the rounds do.
+		if err != nil {
+			f.roundErrors.Add(1)
+		}
+		return err == nil
+	}
 	if err != nil {
 		f.roundErrors.Add(1)
-		if claim {
-			return false
-		}
 		// Once when Redis goes, and once if it never came: not every round.
 		if wasUp := f.up.Swap(false); wasUp || f.lastOK.Load() == 0 && !f.warnedNeverUp {
 			f.warnedNeverUp = true
@@ -142,12 +146,7 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 		at := now.UnixNano() / int64(e.tick)
 		e.rebase(at)
 		at = max(at, e.claimedTk) // a claim dated a moment later
-		if c := e.sk.EstimateBytes(e.skey); c > e.claimed-e.spare {
-			// Counted past its claims (decided without one): those
-			// counts take the spare first.
-			e.spare -= min(e.spare, c-(e.claimed-e.spare))
-			e.claimed = max(e.claimed, c)
-		}
+		e.claimed = max(e.claimed, e.sk.EstimateBytes(e.skey))
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
 			c: e.claimed, d: e.demandAt(now), g: e.gWant,
 			at: at, publish: e.loud.Swap(false)}
