@@ -246,10 +246,8 @@ func zeroGuarantees(a *attacker) {
 // tick per case), then checks each in a subtest: the fleet refused
 // something; it admitted the client at 40/s at most the limit × 1.05 plus
 // a burst over the run (20 + 1.05 × 20/min × 20 s = 27; one replica alone
-// admits 20 in a tick; the fleet admitted 20 to 25 at a549b44, its quiet
-// shares' cost at the key's birth, and 20 in every case once a young
-// key's requests past what Redis holds wait for its answer: claim.go in
-// internal/fleet); and no request of the client
+// admits 20 in a tick, and the fleet with no attack 20 to 24, its quiet
+// shares' cost: docs/fleets.md, Worst cases); and no request of the client
 // under its limit was refused. Before signed records (8e1eb9e) the ghost
 // record had 8 of the 16 refused, forged claims 5 to 9; before a record
 // read lower than it halves was kept (e5f29dc), FLUSHALL admitted 30, DEL

@@ -57,10 +57,8 @@ type FleetConfig struct {
 	// suffix of its own to it, so that two limiters in one process, or a
 	// replica and its restart, never write each other's record.
 	ID string `yaml:"id" example:"proxy-a"`
-	// Interval between sync rounds (default 500ms); Timeout bounds a round,
-	// and the wait of a request that claims a count of a key just shared,
-	// from its arrival (default 250ms; past it the request is decided
-	// alone at θ/N).
+	// Interval between sync rounds (default 500ms); Timeout bounds a round
+	// (default 250ms).
 	Interval Duration `yaml:"interval" example:"500ms"`
 	Timeout  Duration `yaml:"timeout" example:"250ms"`
 	// PromoteFraction: a key whose local count would pass this fraction of

@@ -15,10 +15,7 @@ import (
 func (e *Engine) budgetEstimate(s *Set, ru *Rule, key string, newKey bool, add uint32, now time.Time, sc *Scratch) (est, theta uint32, tell bool) {
 	b := ru.Budget
 	sc.buf = skey2(sc.buf, ru.Name, b.Spec.Name, key)
-	est = b.sk.EstimateBytes(sc.buf)
-	if e.opts.Fleet != nil {
-		est, tell = e.opts.Fleet.EstimateWallet(sc.buf, b.sk, b.Lim.Tick, b.Lim.Threshold, est, add, now)
-	}
+	est, tell = e.shared(sc.buf, b.sk, b.Lim.Tick, b.Lim.Threshold, b.sk.EstimateBytes(sc.buf), add, now)
 	theta = b.Lim.Threshold
 	if newKey {
 		theta = max(b.Reserve, uint32(float64(theta)*s.nk.BudgetFactor))

@@ -75,13 +75,6 @@ type Fleet struct {
 	pend []*hotEntry
 	kick chan struct{}
 
-	// sending orders the sends (a semaphore of one: a claim waits for it
-	// only until its deadline): the sync goroutine's and the claims a
-	// request waits for (claim.go). Its holder alone reads and writes
-	// what a send does of the entries (gWant, gSent, claimed, spare,
-	// own) and of the fleet (run, lastTS, warnedNeverUp).
-	sending chan struct{}
-
 	rounds, roundErrors, keySyncs, commands atomic.Uint64
 	promotions, demotions, hotFull, resends atomic.Uint64
 	claims, claimsHeard, rejected           atomic.Uint64
@@ -91,12 +84,12 @@ type Fleet struct {
 	redisAt, redisSeen atomic.Int64
 	roundTime          prometheus.Histogram
 
-	run   map[string]string // each hash tag's run marker as last seen, by marker key (sending)
+	run   map[string]string // each hash tag's run marker as last seen, by marker key (sync goroutine only)
 	runID string            // this replica's candidate marker
 
 	// recKey keys the records' MACs (sign), derived from the secret
 	// apart from the keys' hashes; macs pools its HMACs. lastTS is the
-	// time the last send signed (sending).
+	// time the last send signed (sync goroutine only).
 	recKey []byte
 	macs   sync.Pool
 	lastTS int64
@@ -106,7 +99,7 @@ type Fleet struct {
 	first   chan struct{} // closed once the first round has ended
 	started bool
 	// warnedNeverUp: the warning that Redis was never reached is logged
-	// (sending).
+	// (sync goroutine only).
 	warnedNeverUp bool
 }
 
@@ -137,21 +130,10 @@ type hotEntry struct {
 	loud     atomic.Bool // the next send publishes: a claim on the pool
 
 	// gWant is the guarantee to store at the next send; gSent, the one
-	// the last send stored (sending).
+	// the last send stored (sync goroutine only).
 	gWant, gSent uint32
 	// since is when it was promoted (f.now ns).
 	since int64
-	// claimed is the most this replica's count of the key was claimed
-	// or sent to be, at tick claimedTk (claim.go, sending): what a send
-	// writes is never less, halved, so that the record never reads lower
-	// than a claim the others saw. own is the view the last reply to this
-	// replica's own send built (sending).
-	claimed   uint32
-	claimedTk int64
-	own       *shareView
-	// claiming orders this replica's requests of the key while it is
-	// young (a semaphore of one: claim.go).
-	claiming chan struct{}
 }
 
 // New returns a fleet on Redis for cfg as config.BuildFleet (or
@@ -178,10 +160,9 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 			Help:    "Time of each sync round with Redis (one pipeline per node), failed rounds included.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 0.1 ms to 0.8 s
 		}),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		first:   make(chan struct{}),
-		sending: make(chan struct{}, 1),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+		first: make(chan struct{}),
 	}
 	for i := range f.shards {
 		f.shards[i].m = map[string]*hotEntry{}
@@ -317,19 +298,6 @@ func (f *Fleet) noteMembers(card, peers int64) {
 // it, and the key is sent to Redis at once: shared before it can pass its
 // fair share.
 func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
-	return f.estimate(skey, sk, tick, theta, local, add, now, true)
-}
-
-// EstimateWallet is Estimate for a wallet (engine.Fleet): a young key's
-// request does not claim (claim.go), as the engine checks a wallet's
-// count against what requests in flight hold, not with a conditional add
-// that a claim's count could bound.
-func (f *Fleet) EstimateWallet(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
-	return f.estimate(skey, sk, tick, theta, local, add, now, false)
-}
-
-// estimate is Estimate; claims, whether a young key's request may claim.
-func (f *Fleet) estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time, claims bool) (uint32, bool) {
 	n := f.replicas()
 	if !f.up.Load() {
 		// Its fair share, the request included: the local count × N
@@ -368,7 +336,7 @@ func (f *Fleet) estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 			f.hotFull.Add(1)
 			return alone(local, theta, n), false
 		}
-		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano(), claiming: make(chan struct{}, 1)}
+		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano()}
 		e.rkey, e.marker = f.redisKeys(skey, tick, theta)
 		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
 		s.m[string(e.skey)] = e
@@ -396,15 +364,6 @@ func (f *Fleet) estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		return alone(local, theta, n), false
 	}
 	v := e.view.Load()
-	if claims && add > 0 && v != nil && v.young && p > 0 {
-		if est, ok := f.decideYoung(e, theta, local, add, n, now); ok {
-			return est, false
-		}
-		v = e.view.Load() // no longer young, or Redis went down meanwhile
-		if !f.up.Load() {
-			return alone(local, theta, n), false
-		}
-	}
 	if v == nil {
 		// Promoted, not yet answered (a round trip): its fair share, or a
 		// request where that holds none; what it counts is published.

@@ -30,7 +30,7 @@ func hostileFleet(t testing.TB, store fleetStore, now func() time.Time, replicas
 // hostileEntry puts key k (threshold theta, tick 1 s, local count c) in
 // f's hot set, as a promotion does.
 func hostileEntry(f *Fleet, k string, theta, c uint32) *hotEntry {
-	e := &hotEntry{skey: []byte(k), sk: fixedLocal(c), tick: time.Second, theta: theta, claiming: make(chan struct{}, 1)}
+	e := &hotEntry{skey: []byte(k), sk: fixedLocal(c), tick: time.Second, theta: theta}
 	e.rkey, e.marker = f.redisKeys(e.skey, e.tick, e.theta)
 	s := f.shard(e.skey)
 	s.mu.Lock()

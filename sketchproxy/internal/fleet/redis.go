@@ -222,8 +222,7 @@ func parseSigned(id string, w []string) (r signedRec, ok bool) {
 }
 
 // fleetStore is where the replicas' records meet: Redis, or a test's
-// memory. Its callers call sync one at a time (Fleet.sending); listen runs
-// on its own.
+// memory. One sync goroutine calls sync; listen runs on its own.
 type fleetStore interface {
 	// sync sends calls (with beat, this replica's heartbeat too, and
 	// then returns the replicas counted), reporting the commands sent. A

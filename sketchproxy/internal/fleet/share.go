@@ -99,14 +99,6 @@ func overBy(c, g uint32) int64 {
 // the most its count may reach, and quiet, the most it may reach without
 // telling the other replicas at once. theta is the key's threshold.
 func (v *shareView) allowance(theta uint32, now int64) (top, quiet uint32) {
-	top, quiet, _ = v.bounds(theta, now)
-	return top, quiet
-}
-
-// bounds is allowance, and within: the most this replica's count may reach
-// within what Redis holds for it (its guarantee, or its record's count),
-// its quiet share of the pool apart (claim.go).
-func (v *shareView) bounds(theta uint32, now int64) (top, quiet, within uint32) {
 	age := now - v.tick
 	th, reserve := int64(theta), int64(v.reserve)
 	pool := max(0, th-int64(v.g)-int64(v.sumGo)-reserve)
@@ -142,7 +134,7 @@ func (v *shareView) bounds(theta uint32, now int64) (top, quiet, within uint32) 
 	q := g + mine + share
 	t := min(int64(v.g)+max(0, pool-over), max(g, th-reserve-held), th-others)
 	t = max(0, t)
-	return uint32(t), uint32(min(q, t)), uint32(min(g+mine, t))
+	return uint32(t), uint32(min(q, t))
 }
 
 // sharePoint is the local count past which a key joins the hot set: a

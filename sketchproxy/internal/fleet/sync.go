@@ -77,19 +77,9 @@ func (f *Fleet) sendPending() {
 	}
 }
 
-// send sends es (with beat, the heartbeat too) and applies the replies,
-// one send at a time (a round, the queued entries, a claim: claim.go).
+// send sends es (with beat, the heartbeat too) and applies the replies.
 func (f *Fleet) send(es []*hotEntry, beat bool) bool {
-	f.sending <- struct{}{}
-	defer func() { <-f.sending }()
-	return f.sendHeld(es, beat, time.Duration(f.cfg.Timeout), false)
-}
-
-// sendHeld is send, f.sending held, within timeout. A claim's send
-// (claim) that fails says nothing of Redis: a request waited too long, and
-// the next round tells whether Redis answers.
-func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim bool) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
 	defer cancel()
 	start := time.Now()
 	now := f.now()
@@ -109,13 +99,6 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	f.rounds.Add(1)
 	f.roundTime.Observe(time.Since(start).Seconds())
 	peers := f.apply(es, calls, replies, err == nil)
-	if claim {
-		// A claim's send says nothing of Redis either way: the rounds do.
-		if err != nil {
-			f.roundErrors.Add(1)
-		}
-		return err == nil
-	}
 	if err != nil {
 		f.roundErrors.Add(1)
 		// Once when Redis goes, and once if it never came: not every round.
@@ -143,13 +126,9 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 	calls := make([]shareCall, len(es))
 	for i, e := range es {
-		at := now.UnixNano() / int64(e.tick)
-		e.rebase(at)
-		at = max(at, e.claimedTk) // a claim dated a moment later
-		e.claimed = max(e.claimed, e.sk.EstimateBytes(e.skey))
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
-			c: e.claimed, d: e.demandAt(now), g: e.gWant,
-			at: at, publish: e.loud.Swap(false)}
+			c: e.sk.EstimateBytes(e.skey), d: e.demandAt(now), g: e.gWant,
+			at: now.UnixNano() / int64(e.tick), publish: e.loud.Swap(false)}
 		if calls[i].publish {
 			f.claims.Add(1)
 		}
@@ -190,7 +169,6 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
 		peers = max(peers, int64(len(rp.peers)))
-		e.own = v
 		f.store1(e, v)
 		e.gWant = g // stored at the next round: until then the pool holds its room
 	}
@@ -232,16 +210,6 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	// hash was deleted under a key long hot): the others' quiet shares
 	// are held (allowance).
 	v.young = young && f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
-	if v.young && point > 0 {
-		// No guarantee while young (where requests claim: claim.go): every count past what Redis holds
-		// for this replica is claimed (claim.go), and a guarantee would
-		// hold room its replica may not use (2 replicas at 9 counts of
-		// guarantees of 10 each, θ 20, leave the last request to no
-		// one: 2 Caddys admitted 0.945 to 0.997 of one alone with
-		// guarantees while young, 0.964 to 0.994 without, in
-		// TestCaddyFleet's 10 s from the keys' birth).
-		g = 0
-	}
 	if v.young && len(rp.peers) < int(n) {
 		v.virtual = uint32(int(n) - len(rp.peers))
 	}
