@@ -25,7 +25,11 @@ func TestTopMatchesExactOnKingJames(t *testing.T) {
 	const perTick, every, k = 10_000, 100_000, 20
 	var out bytes.Buffer
 	in := strings.NewReader(strings.Join(words, "\n") + "\n")
-	args := []string{"top", "-json", "-k", fmt.Sprint(k), "-lines-per-tick", fmt.Sprint(perTick), "-every", fmt.Sprint(every), "-buckets", "4096"}
+	// A fixed seed: with a random one, a word of the top 20 now and then
+	// shared a bucket with another's fingerprint (the=990 against 987 in
+	// a CI run of 2026-12-04), which the sketch allows and this test,
+	// exact at every checkpoint, does not.
+	args := []string{"top", "-json", "-k", fmt.Sprint(k), "-lines-per-tick", fmt.Sprint(perTick), "-every", fmt.Sprint(every), "-buckets", "4096", "-seed", "1"}
 	if code := run(args, in, &out, &out); code != 0 {
 		t.Fatalf("exit %d: %s", code, out.String())
 	}
