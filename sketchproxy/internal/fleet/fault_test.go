@@ -193,3 +193,31 @@ func TestFleetSelfIsPerFleet(t *testing.T) {
 		t.Errorf("two fleets of id %q in one process are named %q and %q, want two names of their own", fc.ID, a.self, b.self)
 	}
 }
+
+// Replicas started together: the first heartbeat counts the replicas that
+// beat before it, so the first of them counted itself alone (N = 1) for an
+// interval, each deciding at the whole limit. Until its second heartbeat
+// a replica counts at least min_replicas, or UnknownReplicas.
+func TestFleetFirstBeatAssumesMore(t *testing.T) {
+	clk := time.Unix(1_700_000_000, 0)
+	now := func() time.Time { return clk }
+	store := newMemStore(now)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := &config.FleetConfig{ID: "alone", Interval: config.Duration(500 * time.Millisecond), Timeout: config.Duration(250 * time.Millisecond),
+		PromoteFraction: 0.5, MaxHot: 100, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+	f := newFleetOn(cfg, []byte("0123456789abcdef"), store, log, now)
+	f.round()
+	if got := f.replicas(); got != UnknownReplicas {
+		t.Errorf("after its first heartbeat, alone in the members' set: N = %d, want %d", got, UnknownReplicas)
+	}
+	cfg.MinReplicas = 3
+	if got := f.replicas(); got != 3 {
+		t.Errorf("after its first heartbeat, with min_replicas 3: N = %d, want 3", got)
+	}
+	cfg.MinReplicas = 0
+	clk = clk.Add(500 * time.Millisecond)
+	f.round()
+	if got := f.replicas(); got != 1 {
+		t.Errorf("after its second heartbeat, still alone: N = %d, want 1", got)
+	}
+}

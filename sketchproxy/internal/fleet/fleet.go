@@ -51,6 +51,8 @@ type Fleet struct {
 	// most seen within fleetPeakKept, and peakAt, when it was last seen
 	// (f.now ns): what the state file keeps (members.go).
 	seen, seenAt, seenCur, seenPrev atomic.Int64
+	// beats counts the heartbeats Redis answered (replicas).
+	beats atomic.Int64
 	seenMu                          sync.Mutex
 	peak, peakAt                    int64
 	sizeWarned                      atomic.Bool
@@ -245,7 +247,15 @@ func (f *Fleet) replicas() int64 {
 	}
 	seen := f.seen.Load()
 	if f.up.Load() {
-		return max(1, f.n.Load(), seen)
+		n := max(1, f.n.Load(), seen)
+		if f.beats.Load() < 2 {
+			// The first heartbeat counts the replicas that beat before
+			// it: of replicas started together, the first counts itself
+			// alone. Until the second, one interval later, when every
+			// one of them has beaten, it assumes more, not fewer.
+			n = max(n, int64(f.cfg.MinReplicas), UnknownReplicas)
+		}
+		return n
 	}
 	n := max(seen, int64(f.cfg.MinReplicas))
 	if n == 0 {
@@ -275,6 +285,7 @@ func fleetSelf(id string) string {
 func (f *Fleet) noteMembers(card, peers int64) {
 	f.seenMu.Lock()
 	defer f.seenMu.Unlock()
+	f.beats.Add(1)
 	now := f.now().UnixNano()
 	card = max(1, card)
 	f.notePeak(max(card, peers), now)
