@@ -52,10 +52,10 @@ type Fleet struct {
 	// (f.now ns): what the state file keeps (members.go).
 	seen, seenAt, seenCur, seenPrev atomic.Int64
 	// beats counts the heartbeats Redis answered (replicas).
-	beats atomic.Int64
-	seenMu                          sync.Mutex
-	peak, peakAt                    int64
-	sizeWarned                      atomic.Bool
+	beats        atomic.Int64
+	seenMu       sync.Mutex
+	peak, peakAt int64
+	sizeWarned   atomic.Bool
 	// warmUntil ends the warm-up that follows this replica's first answer
 	// from Redis (f.now ns): until then a key joins the hot set at its
 	// third request (fleetWarmPoint).
