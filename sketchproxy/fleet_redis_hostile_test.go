@@ -390,8 +390,9 @@ func (r *hostileRun) check(t *testing.T) {
 		// No attack here makes a round fail: a round that passed the
 		// timeout is the machine starving the run (all the cases at once,
 		// under -race, beside other packages' tests), and the replicas
-		// then decided alone at θ/N, which is not what the case measures
-		// (30 of 27 in one CI run of "zero"; 20 to 21 in every other).
+		// then decided alone at θ/N, which is not what the case measures.
+		// (The CI runs that read 28 and 30 had no failed round: that is
+		// the birth burst the bound below allows.)
 		t.Skipf("%d rounds failed or passed the timeout during the run (the machine starved it): the replicas decided alone at θ/N, not under the attack", r.failed)
 	}
 	w := r.last.Sub(r.start)

@@ -582,12 +582,9 @@ func (e *Engine) readCounts(v *Verdict, now time.Time, sc *Scratch) (active bool
 			// The fleet is asked with the count before this request's
 			// hits, as when they count once admitted, so that it claims
 			// them once (Fleet.Estimate); its answer is then after them.
-			shared := after
-			if e.opts.Fleet != nil {
-				var est uint32
-				est, tell = e.opts.Fleet.Estimate(sc.buf, l.sk, l.Tick, l.Threshold, after-min(after, v.add), v.add, now)
-				shared = uint32(min(uint64(est)+uint64(v.add), math.MaxUint32))
-			}
+			var est uint32
+			est, tell = e.shared(sc.buf, l.sk, l.Tick, l.Threshold, after-min(after, v.add), v.add, now)
+			shared := uint32(min(uint64(est)+uint64(v.add), math.MaxUint32))
 			v.ests[i], v.others[i] = shared, shared-min(shared, after)
 			v.first = v.first || i == 0 && first
 		} else {

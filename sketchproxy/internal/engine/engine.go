@@ -65,10 +65,10 @@ type Fleet interface {
 	// them, and adds them to the answer); tick and theta are its
 	// limit's, add what the request would add (0: the engine only reads,
 	// for a wait or a report). An estimate that with add passes theta
-	// refuses the request. The
-	// fleet may keep local, to read k again at its next round (it must
-	// copy k). tell asks the engine to call Counted once the request is
-	// counted in k: the fleet then tells the other replicas at once.
+	// refuses the request. The fleet may keep local, to read k again at
+	// its next round (it must copy k). tell asks the engine to call
+	// Counted once the request is counted in k: the fleet then tells the
+	// other replicas at once.
 	Estimate(k []byte, local Local, tick time.Duration, theta, est, add uint32, now time.Time) (shared uint32, tell bool)
 	// Counted reports that an admitted request was counted in k's count
 	// of this replica's sketch, after an Estimate that asked to be told.

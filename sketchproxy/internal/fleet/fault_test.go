@@ -203,8 +203,7 @@ func TestFleetFirstBeatAssumesMore(t *testing.T) {
 	now := func() time.Time { return clk }
 	store := newMemStore(now)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg := &config.FleetConfig{ID: "alone", Interval: config.Duration(500 * time.Millisecond), Timeout: config.Duration(250 * time.Millisecond),
-		PromoteFraction: 0.5, MaxHot: 100, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+	cfg := simFleetConfig("alone", 0)
 	f := newFleetOn(cfg, []byte("0123456789abcdef"), store, log, now)
 	f.round()
 	if got := f.replicas(); got != UnknownReplicas {

@@ -51,11 +51,12 @@ type Fleet struct {
 	// most seen within fleetPeakKept, and peakAt, when it was last seen
 	// (f.now ns): what the state file keeps (members.go).
 	seen, seenAt, seenCur, seenPrev atomic.Int64
-	// beats counts the heartbeats Redis answered (replicas).
-	beats        atomic.Int64
-	seenMu       sync.Mutex
-	peak, peakAt int64
-	sizeWarned   atomic.Bool
+	seenMu                          sync.Mutex
+	peak, peakAt                    int64
+	sizeWarned                      atomic.Bool
+	// beats counts the heartbeats Redis answered: until the second, N is
+	// at least min_replicas and UnknownReplicas (replicas).
+	beats atomic.Int64
 	// warmUntil ends the warm-up that follows this replica's first answer
 	// from Redis (f.now ns): until then a key joins the hot set at its
 	// third request (fleetWarmPoint).

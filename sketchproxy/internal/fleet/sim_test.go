@@ -74,6 +74,13 @@ func newFleetSim(t testing.TB, n int, r rate.Rate, replicas int) *fleetSim {
 	return newFleetSimRule(t, n, engine.RuleSpec{Name: "api", Limits: []engine.LimitSpec{{Name: "rate", Rate: r}}}, replicas)
 }
 
+// simFleetConfig is the fleet section of the sim's replica id: its
+// defaults, replicas set.
+func simFleetConfig(id string, replicas int) *config.FleetConfig {
+	return &config.FleetConfig{Replicas: replicas, ID: id, Interval: config.Duration(500 * time.Millisecond),
+		Timeout: config.Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+}
+
 // newFleetSimRule is newFleetSim with the rule rs.
 func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fleetSim {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
@@ -94,8 +101,7 @@ func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fle
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i := range n {
-		cfg := &config.FleetConfig{Replicas: replicas, ID: fmt.Sprint("r", i), Interval: config.Duration(500 * time.Millisecond),
-			Timeout: config.Duration(250 * time.Millisecond), PromoteFraction: 0.5, MaxHot: 10000, Prefix: "sketchproxy:", WalletOnFailure: "closed"}
+		cfg := simFleetConfig(fmt.Sprint("r", i), replicas)
 		f := newFleetOn(cfg, []byte("0123456789abcdef"), s.store, log, clk.Now)
 		s.store.listen("", f.hear, func() {}, nil)
 		e := engine.New(engine.Options{Clock: clk, Seed: uint64(i + 1), Fleet: f})
