@@ -11,11 +11,11 @@ import (
 )
 
 // 3 Caddys sharing a fleet through a real redis-server, 100 calls in 100
-// ms round robin at 20 a minute, each of 3 fresh keys. Each Caddy spends
-// its quiet share of a key just shared unseen while the others take it
-// again: 22 at 8e1eb9e (the issue measured 20, 21 and 23), 21 to 24 now
-// (docs/fleets.md, A key just shared: not solved). The test holds them to
-// the burst plus 5 and a client under its limit to all of its requests.
+// ms round robin at 20 a minute, each of 3 fresh keys. Each Caddy spent
+// its quiet share of a key just shared unseen while the others took it
+// again: 22 at 8e1eb9e (the issue measured 20, 21 and 23), 21 to 24
+// before claims (docs/fleets.md, A key just shared). The test holds them
+// to the burst and a client under its limit to all of its requests.
 // On the wall clock, by which Redis's TIME dates the records, inside one
 // tick (30 s).
 func TestFleetBurstThroughRedis(t *testing.T) {
@@ -55,8 +55,8 @@ func TestFleetBurstThroughRedis(t *testing.T) {
 		if light != 5 {
 			t.Errorf("a client under its limit got %d of 5 through", light)
 		}
-		if admitted > 25 {
-			t.Errorf("3 Caddys admitted %d of a burst of 20 in 100 ms, want at most 25", admitted)
+		if admitted > 20 {
+			t.Errorf("3 Caddys admitted %d of a burst of 20 in 100 ms, want at most 20", admitted)
 		}
 	}
 }

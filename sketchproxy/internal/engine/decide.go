@@ -162,6 +162,9 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 		d.client, d.held = own, true
 	}
 	d.Verdicts = sc.takeVerdicts(len(rq.Facts))
+	if e.opts.Fleet != nil {
+		sc.start = time.Now() // what the fleet may wait on the network is from here
+	}
 	e.evaluateAll(s, now, rq, sc, &d)
 	if d.Admitted && d.Worst.Out == Delay {
 		e.holdDelayed(ctx, s, &d)
@@ -170,6 +173,9 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 		e.admit(s, now, sc, &d)
 	}
 	for i := range d.Verdicts {
+		if v := &d.Verdicts[i]; v.held != 0 {
+			e.unhold(v, sc) // not counted: refused, or gone while held
+		}
 		e.afterCount(s, &d.Verdicts[i], sc)
 	}
 	if d.Gone {
@@ -421,21 +427,33 @@ const (
 // estimate is a sketch key's count in l's sketch: this replica's, or the
 // fleet's where the key is heavy enough to share; the part of it this
 // replica may not use (other replicas hold it, or it is their share); and
-// whether the fleet asks to be told once the request's add counts (tell).
-func (e *Engine) estimate(k []byte, l *Limit, add uint32, now time.Time) (est, others uint32, tell bool) {
+// what the engine owes the fleet once the request is decided (Answer).
+// start is when the request's decision began (Query.Start).
+func (e *Engine) estimate(k []byte, l *Limit, add uint32, now, start time.Time) (est, others uint32, a Answer) {
 	local := l.sk.EstimateBytes(k)
-	est, tell = e.shared(k, l.sk, l.Tick, l.Threshold, local, add, now)
-	return est, est - min(est, local), tell
+	a = e.shared(Query{Key: k, Local: l.sk, Tick: l.Tick, Theta: l.Threshold, Count: local, Add: add, Now: now, Start: start})
+	return a.Est, a.Est - min(a.Est, local), a
 }
 
-// shared is the fleet's estimate of the sketch key k whose count in this
-// replica's sketch sk is local (just read), for a request that adds add
-// (Fleet.Estimate), or local without a fleet.
-func (e *Engine) shared(k []byte, sk Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
+// shared is the fleet's answer to q (Fleet.Estimate), or q's count without
+// a fleet.
+func (e *Engine) shared(q Query) Answer {
 	if e.opts.Fleet == nil {
-		return local, false
+		return Answer{Est: q.Count}
 	}
-	return e.opts.Fleet.Estimate(k, sk, tick, theta, local, add, now)
+	return e.opts.Fleet.Estimate(q)
+}
+
+// unhold tells the fleet of each limit of v it holds room in (v.held) that
+// the request was not counted there: refused, by that limit or another.
+func (e *Engine) unhold(v *Verdict, sc *Scratch) {
+	for i, l := range v.Rule.Limits {
+		if v.held&(1<<i) != 0 {
+			sc.buf = skey(sc.buf, v.Rule.Name, l.Name, v.Key)
+			e.opts.Fleet.Settle(sc.buf, v.add, false)
+		}
+	}
+	v.held = 0
 }
 
 // told tells the fleet of each of v's limits that asked (v.tell) that the
@@ -475,6 +493,10 @@ func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 		// The library's conditional add: check and count in one
 		// compare-and-swap.
 		est, first, ok := l.sk.ObserveBytesNWithin(time.Time{}, sc.buf, v.add, top)
+		if ok && v.held&(1<<i) != 0 {
+			e.opts.Fleet.Settle(sc.buf, v.add, true)
+			v.held &^= 1 << i
+		}
 		if !ok {
 			// The count that refused it, for Retry-After and the fields.
 			v.ests[i] = est + v.others[i]
@@ -576,22 +598,27 @@ func (e *Engine) readCounts(v *Verdict, now time.Time, sc *Scratch) (active bool
 	v.counted = ru.CountRefused && !v.banned && !v.noCount
 	for i, l := range ru.Limits {
 		sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
-		var tell bool
+		var a Answer
 		if v.counted {
 			after, first := l.sk.ObserveBytesN(time.Time{}, sc.buf, v.add)
 			// The fleet is asked with the count before this request's
 			// hits, as when they count once admitted, so that it claims
 			// them once (Fleet.Estimate); its answer is then after them.
-			var est uint32
-			est, tell = e.shared(sc.buf, l.sk, l.Tick, l.Threshold, after-min(after, v.add), v.add, now)
-			shared := uint32(min(uint64(est)+uint64(v.add), math.MaxUint32))
+			a = e.shared(Query{Key: sc.buf, Local: l.sk, Tick: l.Tick, Theta: l.Threshold,
+				Count: after - min(after, v.add), Add: v.add, Counted: true, Now: now, Start: sc.start})
+			shared := uint32(min(uint64(a.Est)+uint64(v.add), math.MaxUint32))
 			v.ests[i], v.others[i] = shared, shared-min(shared, after)
 			v.first = v.first || i == 0 && first
 		} else {
-			v.ests[i], v.others[i], tell = e.estimate(sc.buf, l, v.add, now)
+			v.ests[i], v.others[i], a = e.estimate(sc.buf, l, v.add, now, sc.start)
 		}
-		if tell && i < 64 {
-			v.tell |= 1 << i
+		if i < 64 {
+			if a.Tell {
+				v.tell |= 1 << i
+			}
+			if a.Held {
+				v.held |= 1 << i
+			}
 		}
 		active = active || v.before(i) > 0
 	}

@@ -58,24 +58,62 @@ type Options struct {
 // this replica's share of the limit, and the estimate gives the levels,
 // the fields and Retry-After.
 type Fleet interface {
-	// Estimate returns the estimate of the sketch key k to decide and
-	// report against, whose count in this replica's sketch local is est
-	// (read just now, before the request's hits: where refused requests
-	// count, the engine counted them first and passes the count less
-	// them, and adds them to the answer); tick and theta are its
-	// limit's, add what the request would add (0: the engine only reads,
-	// for a wait or a report). An estimate that with add passes theta
-	// refuses the request. The fleet may keep local, to read k again at
-	// its next round (it must copy k). tell asks the engine to call
-	// Counted once the request is counted in k: the fleet then tells the
-	// other replicas at once.
-	Estimate(k []byte, local Local, tick time.Duration, theta, est, add uint32, now time.Time) (shared uint32, tell bool)
+	// Estimate answers q: the estimate of its sketch key to decide and
+	// report against, and what the engine owes the fleet once the
+	// request is decided (Answer). The fleet may keep q.Local, to read
+	// the key again at its next round (it must copy q.Key). It may wait
+	// on the network (a claim on a key just shared), at most the
+	// fleet's timeout.
+	Estimate(q Query) Answer
 	// Counted reports that an admitted request was counted in k's count
-	// of this replica's sketch, after an Estimate that asked to be told.
+	// of this replica's sketch, after an answer that asked to be told.
 	Counted(k []byte)
+	// Settle reports what became of a request the fleet held room for
+	// (Answer.Held) in k: counted (add in k's count now) or not (refused
+	// after all: the room is free again). Once per held answer.
+	Settle(k []byte, add uint32, counted bool)
 	// WalletsClosed reports whether wallets fail closed right now (their
 	// counts cannot be shared), and how long a refused client should wait.
 	WalletsClosed() (bool, time.Duration)
+}
+
+// Query is what the engine asks a Fleet of one sketch key.
+type Query struct {
+	Key   []byte
+	Local Local // this replica's sketch of Key
+	Tick  time.Duration
+	Theta uint32 // its limit's threshold
+	// Count is Key's count in Local, read just now, before the request's
+	// hits; Add is what the request adds (0: the engine only reads, for
+	// a wait or a report).
+	Count, Add uint32
+	// Counted: the request's hits are in Local already (its rule counts
+	// refused requests, so it counted them first); the answer is then
+	// before them, and the engine adds them.
+	Counted bool
+	// Wallet: a wallet's spend, which the engine checks against what
+	// requests in flight reserve, not with a conditional add: the fleet
+	// answers from what it knows and holds nothing.
+	Wallet bool
+	Now    time.Time
+	// Start is when the request's decision began, on the wall clock: the
+	// fleet waits on the network until its timeout from then, over all
+	// of the request's queries (zero: from now).
+	Start time.Time
+}
+
+// Answer is a Fleet's answer to a Query.
+type Answer struct {
+	// Est is the estimate: the request is refused if Est plus Add passes
+	// its threshold, and admitted only if the local count plus Add stays
+	// within the threshold less Est's part past Count.
+	Est uint32
+	// Tell asks the engine to call Counted once the request is counted:
+	// the fleet then tells the other replicas at once.
+	Tell bool
+	// Held: the fleet holds room for this request (a claim that Redis
+	// granted): the engine calls Settle once it is counted or refused.
+	Held bool
 }
 
 // Local is one of this replica's sketches, as a Fleet reads it.

@@ -71,7 +71,9 @@ type Verdict struct {
 	ests, thetas, others []uint32
 	// tell: bit i asks that the fleet be told once limit i counts the
 	// request (Fleet.Counted); tellBudget, once its wallet is charged.
-	tell       uint64
+	// held: bit i, the fleet holds room for the request in limit i, to
+	// settle once it is counted or refused (Fleet.Settle).
+	tell, held uint64
 	tellBudget bool
 	add        uint32 // the counts the request's hits add to each limit
 	hits       uint32 // the hits its decision counts (Fact.hits)
@@ -341,7 +343,7 @@ func (e *Engine) waitFor(s *Set, v *Verdict, now time.Time, sc *Scratch) time.Du
 // Estimate is key's count in ru's limit l now, in requests (rounded
 // down): this replica's, or the fleet's for a key heavy enough to share.
 func (e *Engine) Estimate(ru *Rule, l *Limit, key string) uint32 {
-	est, _, _ := e.estimate(skey(nil, ru.Name, l.Name, key), l, 0, e.Now())
+	est, _, _ := e.estimate(skey(nil, ru.Name, l.Name, key), l, 0, e.Now(), time.Time{})
 	return est / rate.Unit
 }
 
@@ -355,6 +357,9 @@ type Scratch struct {
 	verdicts []Verdict
 	places   []place
 	field    []byte
+	// start is when the request's decision began, on the wall clock, where
+	// a fleet may wait on the network (Query.Start).
+	start time.Time
 }
 
 // Reset empties sc for the next request.
@@ -366,6 +371,7 @@ func (sc *Scratch) Reset() {
 	clear(sc.places)
 	sc.places = sc.places[:0]
 	sc.field = sc.field[:0]
+	sc.start = time.Time{}
 }
 
 // take returns n zeroed numbers of sc's.

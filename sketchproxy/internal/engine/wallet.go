@@ -15,7 +15,9 @@ import (
 func (e *Engine) budgetEstimate(s *Set, ru *Rule, key string, newKey bool, add uint32, now time.Time, sc *Scratch) (est, theta uint32, tell bool) {
 	b := ru.Budget
 	sc.buf = skey2(sc.buf, ru.Name, b.Spec.Name, key)
-	est, tell = e.shared(sc.buf, b.sk, b.Lim.Tick, b.Lim.Threshold, b.sk.EstimateBytes(sc.buf), add, now)
+	a := e.shared(Query{Key: sc.buf, Local: b.sk, Tick: b.Lim.Tick, Theta: b.Lim.Threshold,
+		Count: b.sk.EstimateBytes(sc.buf), Add: add, Wallet: true, Now: now})
+	est, tell = a.Est, a.Tell
 	theta = b.Lim.Threshold
 	if newKey {
 		theta = max(b.Reserve, uint32(float64(theta)*s.nk.BudgetFactor))

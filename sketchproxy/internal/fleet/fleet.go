@@ -78,6 +78,13 @@ type Fleet struct {
 	pend []*hotEntry
 	kick chan struct{}
 
+	// sending orders the sends (a semaphore of one, which a claim waits
+	// for only until its deadline): the sync goroutine's and the claims
+	// requests wait for (claim.go). Its holder alone reads and writes what
+	// a send does of the entries (gWant, gSent, own) and of the fleet
+	// (run, lastTS, warnedNeverUp).
+	sending chan struct{}
+
 	rounds, roundErrors, keySyncs, commands atomic.Uint64
 	promotions, demotions, hotFull, resends atomic.Uint64
 	claims, claimsHeard, rejected           atomic.Uint64
@@ -87,12 +94,12 @@ type Fleet struct {
 	redisAt, redisSeen atomic.Int64
 	roundTime          prometheus.Histogram
 
-	run   map[string]string // each hash tag's run marker as last seen, by marker key (sync goroutine only)
+	run   map[string]string // each hash tag's run marker as last seen, by marker key (sending)
 	runID string            // this replica's candidate marker
 
 	// recKey keys the records' MACs (sign), derived from the secret
 	// apart from the keys' hashes; macs pools its HMACs. lastTS is the
-	// time the last send signed (sync goroutine only).
+	// time the last send signed (sending).
 	recKey []byte
 	macs   sync.Pool
 	lastTS int64
@@ -102,7 +109,7 @@ type Fleet struct {
 	first   chan struct{} // closed once the first round has ended
 	started bool
 	// warnedNeverUp: the warning that Redis was never reached is logged
-	// (sync goroutine only).
+	// (sending).
 	warnedNeverUp bool
 }
 
@@ -131,12 +138,26 @@ type hotEntry struct {
 	// its fair share until a round syncs it.
 	unsynced atomic.Bool
 	loud     atomic.Bool // the next send publishes: a claim on the pool
+	answered atomic.Bool // a reply to this replica's own send built its view
 
 	// gWant is the guarantee to store at the next send; gSent, the one
-	// the last send stored (sync goroutine only).
+	// the last send stored; own, the view the last reply to this
+	// replica's own send built (sending).
 	gWant, gSent uint32
+	own          *shareView
 	// since is when it was promoted (f.now ns).
 	since int64
+
+	// A young key's claims (claim.go): claiming orders this replica's
+	// (a semaphore of one); cmu guards granted, the count Redis holds for
+	// this replica by its claims at tick grantedTk (halving: what a send
+	// writes is never less), and handed, the counts held for requests not
+	// yet settled.
+	claiming  chan struct{}
+	cmu       sync.Mutex
+	granted   uint32
+	grantedTk int64
+	handed    uint32
 }
 
 // New returns a fleet on Redis for cfg as config.BuildFleet (or
@@ -163,9 +184,10 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 			Help:    "Time of each sync round with Redis (one pipeline per node), failed rounds included.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 0.1 ms to 0.8 s
 		}),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
-		first: make(chan struct{}),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		first:   make(chan struct{}),
+		sending: make(chan struct{}, 1),
 	}
 	for i := range f.shards {
 		f.shards[i].m = map[string]*hotEntry{}
@@ -300,16 +322,18 @@ func (f *Fleet) noteMembers(card, peers int64) {
 	f.n.Store(card)
 }
 
-// Estimate is what the engine decides k against (engine.Fleet): the local
+// Estimate is what the engine decides q against (engine.Fleet): the local
 // count, plus the part of θ this replica may not use. A hot key's part is
 // θ less its allowance (share.go); a key below its promotion point
 // is decided alone, as it cannot hold more than that point; while Redis is
 // down every key is decided at θ/N (the local count × N). Mice below a
 // quarter of the promotion point cost one comparison: no map, no Redis.
 // A request that adds to a key on its first sight past the point promotes
-// it, and the key is sent to Redis at once: shared before it can pass its
-// fair share.
-func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta, local, add uint32, now time.Time) (uint32, bool) {
+// it; while the key is young its requests claim their counts and wait for
+// Redis's answer (claim.go), and the promotion is sent with the first
+// claim.
+func (f *Fleet) Estimate(q engine.Query) engine.Answer {
+	skey, sk, tick, theta, local, add, now := q.Key, q.Local, q.Tick, q.Theta, q.Count, q.Add, q.Now
 	n := f.replicas()
 	if !f.up.Load() {
 		// Its fair share, the request included: the local count × N
@@ -317,7 +341,7 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		// more than the room the others left at the last word from
 		// Redis: a replica whose count was under θ/N while another's
 		// was over it would otherwise add to a key already at θ.
-		return max(alone(local, theta, n), f.othersKnown(skey, sk, tick, theta, local, now)), false
+		return engine.Answer{Est: max(alone(local, theta, n), f.othersKnown(skey, sk, tick, theta, local, now))}
 	}
 	p := sharePoint(theta, n, f.cfg.PromoteFraction)
 	if now.UnixNano() < f.warmUntil.Load() {
@@ -325,8 +349,9 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 	}
 	below := uint64(local)+uint64(add) <= uint64(p)
 	if below && local < p/4 {
-		return local, false
+		return engine.Answer{Est: local}
 	}
+	claims := add > 0 && !q.Wallet
 	s := f.shard(skey)
 	s.mu.Lock()
 	e := s.m[string(skey)]
@@ -341,14 +366,15 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 	if e == nil {
 		if below || add == 0 {
 			s.mu.Unlock()
-			return local, false
+			return engine.Answer{Est: local}
 		}
 		if f.count.Load() >= int64(f.cfg.MaxHot) {
 			s.mu.Unlock()
 			f.hotFull.Add(1)
-			return alone(local, theta, n), false
+			return engine.Answer{Est: alone(local, theta, n)}
 		}
-		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano()}
+		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano(),
+			claiming: make(chan struct{}, 1)}
 		e.rkey, e.marker = f.redisKeys(skey, tick, theta)
 		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
 		s.m[string(e.skey)] = e
@@ -365,7 +391,9 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 			v, _ := f.viewOf(e, &r, 0, nil)
 			e.view.Store(v)
 		}
-		f.sendSoon(e, false)
+		if !claims {
+			f.sendSoon(e, false)
+		}
 	} else {
 		s.mu.Unlock()
 		if add > 0 {
@@ -373,20 +401,30 @@ func (f *Fleet) Estimate(skey []byte, sk engine.Local, tick time.Duration, theta
 		}
 	}
 	if e.unsynced.Load() {
-		return alone(local, theta, n), false
+		return engine.Answer{Est: alone(local, theta, n)}
 	}
 	v := e.view.Load()
+	if claims && (v == nil || v.young) {
+		if a, ok := f.claim(e, &q, n); ok {
+			return a
+		}
+		// No longer young, or Redis went down, once its turn came.
+		if !f.up.Load() || e.unsynced.Load() {
+			return engine.Answer{Est: alone(local, theta, n)}
+		}
+		v = e.view.Load()
+	}
 	if v == nil {
 		// Promoted, not yet answered (a round trip): its fair share, or a
 		// request where that holds none; what it counts is published.
-		return alone(local, theta, n), true
+		return engine.Answer{Est: alone(local, theta, n), Tell: true}
 	}
 	top, quiet := v.allowance(theta, now.UnixNano()/int64(tick))
 	est := uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32))
 	if v.suspect {
 		est = max(est, alone(local, theta, n))
 	}
-	return est, uint64(local)+uint64(add) > uint64(quiet)
+	return engine.Answer{Est: est, Tell: uint64(local)+uint64(add) > uint64(quiet)}
 }
 
 // alone is the estimate of a key this replica decides by itself at its

@@ -77,9 +77,19 @@ func (f *Fleet) sendPending() {
 	}
 }
 
-// send sends es (with beat, the heartbeat too) and applies the replies.
+// send sends es (with beat, the heartbeat too) and applies the replies,
+// one send at a time (a round, the queued entries, a claim: claim.go).
 func (f *Fleet) send(es []*hotEntry, beat bool) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
+	f.sending <- struct{}{}
+	defer func() { <-f.sending }()
+	return f.sendHeld(es, beat, time.Duration(f.cfg.Timeout), false)
+}
+
+// sendHeld is send, f.sending held, within timeout. A claim's send
+// (claim.go) that fails says nothing of Redis: a request waited too long
+// for it, and the next round tells whether Redis answers.
+func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim bool) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start := time.Now()
 	now := f.now()
@@ -99,6 +109,12 @@ func (f *Fleet) send(es []*hotEntry, beat bool) bool {
 	f.rounds.Add(1)
 	f.roundTime.Observe(time.Since(start).Seconds())
 	peers := f.apply(es, calls, replies, err == nil)
+	if claim {
+		if err != nil {
+			f.roundErrors.Add(1)
+		}
+		return err == nil
+	}
 	if err != nil {
 		f.roundErrors.Add(1)
 		// Once when Redis goes, and once if it never came: not every round.
@@ -126,9 +142,16 @@ func (f *Fleet) send(es []*hotEntry, beat bool) bool {
 func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 	calls := make([]shareCall, len(es))
 	for i, e := range es {
+		// Never less than its claims: the others decided on them.
+		at := now.UnixNano() / int64(e.tick)
+		e.cmu.Lock()
+		e.rebase(at)
+		c := max(e.granted, e.sk.EstimateBytes(e.skey))
+		at = max(at, e.grantedTk) // a claim dated a moment later
+		e.cmu.Unlock()
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
-			c: e.sk.EstimateBytes(e.skey), d: e.demandAt(now), g: e.gWant,
-			at: now.UnixNano() / int64(e.tick), publish: e.loud.Swap(false)}
+			c: c, d: e.demandAt(now), g: e.gWant,
+			at: at, publish: e.loud.Swap(false)}
 		if calls[i].publish {
 			f.claims.Add(1)
 		}
@@ -169,6 +192,8 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
 		peers = max(peers, int64(len(rp.peers)))
+		e.own = v
+		e.answered.Store(true)
 		f.store1(e, v)
 		e.gWant = g // stored at the next round: until then the pool holds its room
 	}
@@ -200,16 +225,27 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	rp.peers, kept = keepPeers(rp.peers, prev, rp.tick)
 	young := time.Duration(rp.now-rp.born)*time.Microsecond < 2*time.Duration(f.cfg.Interval)
 	point := sharePoint(e.theta, n, f.cfg.PromoteFraction)
-	rp.peers = othersApportioned(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
+	// The key is young here too (promoted lately, not a record whose
+	// hash was deleted under a key long hot): its requests claim
+	// (claim.go), and no guarantee is given here (below), so none of the
+	// others' is raised to the apportionment either.
+	vyoung := young && f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
+	if !vyoung {
+		rp.peers = othersApportioned(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
+	}
 	g, reserve, split := guarantee(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
 	// A claim carries only the records that verify: it never clears a
 	// suspect view, which only a round that reads every record whole does.
 	suspect = suspect || kept || rp.claim && prev != nil && prev.suspect
 	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect}
-	// The key is young here too (promoted lately, not a record whose
-	// hash was deleted under a key long hot): the others' quiet shares
-	// are held (allowance).
-	v.young = young && f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
+	v.young = vyoung
+	if v.young {
+		// No guarantee while young: every count past what Redis holds
+		// for this replica is claimed, and a guarantee would hold room
+		// its replica may not use (2 replicas at 9 counts of guarantees
+		// of 10 each, θ 20, leave the last request to no one).
+		g = 0
+	}
 	if v.young && len(rp.peers) < int(n) {
 		v.virtual = uint32(int(n) - len(rp.peers))
 	}
