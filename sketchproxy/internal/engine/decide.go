@@ -284,7 +284,7 @@ func (e *Engine) admit(s *Set, now time.Time, sc *Scratch, d *Decision) {
 		e.chargeAll(d, toCharge, sc)
 	}
 	for i := 0; d.Admitted && i < len(d.Verdicts); i++ {
-		if v := &d.Verdicts[i]; !e.count(s, v, sc) {
+		if v := &d.Verdicts[i]; !e.count(s, v, now, sc) {
 			d.Worst, d.worst, d.Admitted = *v, i, false
 			for _, w := range d.Wallets {
 				w.Release()
@@ -474,8 +474,9 @@ func (e *Engine) told(v *Verdict, sc *Scratch) {
 // envoyproxy/ratelimit counts every hit); any other adds them only if
 // they still fit (one compare-and-swap: check and count in one step), and
 // reports false if a limit no longer has room for them (racing requests
-// took it).
-func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
+// took it). Where racing requests took a count past the fleet's ceiling
+// (Answer.Ceiling), the fleet is asked again, at most twice.
+func (e *Engine) count(s *Set, v *Verdict, now time.Time, sc *Scratch) bool {
 	ru := v.Rule
 	if ru == nil || v.Out == Allowlisted || len(v.ests) == 0 || v.banned || v.counted || v.noCount {
 		if v.counted && v.tell != 0 {
@@ -486,13 +487,24 @@ func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 	strict := !v.Shadow && !v.Quota
 	for i, l := range ru.Limits {
 		sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
-		top := uint32(math.MaxUint32) // unconditional
-		if strict {
-			top = v.thetas[i] - min(v.thetas[i], v.others[i])
+		var est uint32
+		var first, ok bool
+		for try := 0; ; try++ {
+			top := uint32(math.MaxUint32) // unconditional
+			ceiling := false
+			if strict {
+				top = v.thetas[i] - min(v.thetas[i], v.others[i])
+				if c := v.ceils[i]; c > 0 && c < top {
+					top, ceiling = c, true
+				}
+			}
+			// The library's conditional add: check and count in one
+			// compare-and-swap.
+			est, first, ok = l.sk.ObserveBytesNWithin(time.Time{}, sc.buf, v.add, top)
+			if ok || !ceiling || try == 2 || !e.askAgain(v, i, l, est, now, sc) {
+				break
+			}
 		}
-		// The library's conditional add: check and count in one
-		// compare-and-swap.
-		est, first, ok := l.sk.ObserveBytesNWithin(time.Time{}, sc.buf, v.add, top)
 		if ok && v.held&(1<<i) != 0 {
 			e.opts.Fleet.Settle(sc.buf, v.add, true)
 			v.held &^= 1 << i
@@ -513,6 +525,31 @@ func (e *Engine) count(s *Set, v *Verdict, sc *Scratch) bool {
 	v.tell = 0
 	v.counted = true
 	return true
+}
+
+// askAgain asks the fleet of limit i of v (sc.buf its sketch key) again,
+// its local count now local, after racing requests took it past the
+// fleet's ceiling: it reports whether the request still fits.
+func (e *Engine) askAgain(v *Verdict, i int, l *Limit, local uint32, now time.Time, sc *Scratch) bool {
+	a := e.shared(Query{Key: sc.buf, Local: l.sk, Tick: l.Tick, Theta: l.Threshold, Count: local, Add: v.add, Now: now, Start: sc.start})
+	v.others[i] = a.Est - min(a.Est, local)
+	v.ceils[i] = a.Ceiling
+	v.owe(i, a)
+	return uint64(a.Est)+uint64(v.add) <= uint64(v.thetas[i])
+}
+
+// owe notes what the engine owes the fleet for limit i of v once the
+// request is decided (Answer.Tell, Answer.Held).
+func (v *Verdict) owe(i int, a Answer) {
+	if i >= 64 {
+		return
+	}
+	if a.Tell {
+		v.tell |= 1 << i
+	}
+	if a.Held {
+		v.held |= 1 << i
+	}
 }
 
 // afterCount does what follows a counted verdict: once per tick a key is
@@ -594,7 +631,7 @@ func (e *Engine) readCounts(v *Verdict, now time.Time, sc *Scratch) (active bool
 		return false
 	}
 	n := len(ru.Limits)
-	v.ests, v.thetas, v.others = sc.take(n), sc.take(n), sc.take(n)
+	v.ests, v.thetas, v.others, v.ceils = sc.take(n), sc.take(n), sc.take(n), sc.take(n)
 	v.counted = ru.CountRefused && !v.banned && !v.noCount
 	for i, l := range ru.Limits {
 		sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
@@ -612,14 +649,8 @@ func (e *Engine) readCounts(v *Verdict, now time.Time, sc *Scratch) (active bool
 		} else {
 			v.ests[i], v.others[i], a = e.estimate(sc.buf, l, v.add, now, sc.start)
 		}
-		if i < 64 {
-			if a.Tell {
-				v.tell |= 1 << i
-			}
-			if a.Held {
-				v.held |= 1 << i
-			}
-		}
+		v.ceils[i] = a.Ceiling
+		v.owe(i, a)
 		active = active || v.before(i) > 0
 	}
 	return active

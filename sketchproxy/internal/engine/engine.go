@@ -114,6 +114,11 @@ type Answer struct {
 	// Held: the fleet holds room for this request (a claim that Redis
 	// granted): the engine calls Settle once it is counted or refused.
 	Held bool
+	// Ceiling, where not 0, is the most the local count may reach under
+	// this answer (a key's promotion point: past it the key is shared,
+	// and the fleet answers anew). A conditional add that racing requests
+	// made fail against it asks the fleet again, with the count then.
+	Ceiling uint32
 }
 
 // Local is one of this replica's sketches, as a Fleet reads it.

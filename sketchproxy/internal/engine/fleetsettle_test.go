@@ -168,3 +168,66 @@ func TestFleetCountedQueries(t *testing.T) {
 		t.Errorf("settled %v, open %d: nothing is held where requests count first", f.settled, f.open())
 	}
 }
+
+// raceFleet answers below a promotion point of 4 counts with that point
+// as the ceiling; past it, a full fleet. The first query of request "A"
+// waits until request "B" was decided: B counts between A's answer and
+// A's conditional add.
+type raceFleet struct {
+	mu      sync.Mutex
+	asked   []uint32 // the counts queried, in order
+	wait    chan struct{}
+	waiting chan struct{}
+}
+
+func (f *raceFleet) Estimate(q Query) Answer {
+	f.mu.Lock()
+	f.asked = append(f.asked, q.Count)
+	first := len(f.asked) == 2 // A's: the priming request was the first
+	f.mu.Unlock()
+	if first {
+		close(f.waiting)
+		<-f.wait
+	}
+	if q.Count+q.Add <= 4 {
+		return Answer{Est: q.Count, Ceiling: 4}
+	}
+	return Answer{Est: q.Theta}
+}
+func (f *raceFleet) Counted([]byte)                       {}
+func (f *raceFleet) Settle([]byte, uint32, bool)          {}
+func (f *raceFleet) WalletsClosed() (bool, time.Duration) { return false, 0 }
+
+// Requests in flight together that each read a count below the fleet's
+// promotion point would pass it unseen (each replica's conditional add
+// held the count only to θ: 90 requests started together over 3
+// replicas admitted up to 30 of 20). The ceiling holds the add to the
+// point, and a request that racing ones pushed past it asks the fleet
+// again, with the count then.
+func TestFleetCeilingAsksAgain(t *testing.T) {
+	f := &raceFleet{wait: make(chan struct{}), waiting: make(chan struct{})}
+	e, s := fleetEngine(t, f, nil, RuleSpec{Name: "api", Limits: []LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: 10, Per: time.Minute}}}})
+	var sc Scratch
+	if !decide(e, s, "k", &sc) {
+		t.Fatal("the first request was refused")
+	}
+	done := make(chan bool)
+	go func() {
+		var sc Scratch
+		done <- decide(e, s, "k", &sc) // A: waits in its first query
+	}()
+	<-f.waiting
+	var scB Scratch
+	if !decide(e, s, "k", &scB) { // B: takes the count to the point
+		t.Fatal("B was refused below the promotion point")
+	}
+	close(f.wait)
+	if <-done {
+		t.Errorf("A was admitted past the fleet's ceiling: its count passed the promotion point unseen")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(f.asked); n < 4 || f.asked[n-1] != 4 {
+		t.Errorf("queries %v: A was not asked again with the count B left (4)", f.asked)
+	}
+}

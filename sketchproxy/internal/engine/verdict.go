@@ -69,6 +69,9 @@ type Verdict struct {
 	// (the new keys' share applied), and the part of the count that other
 	// replicas hold (a fleet's).
 	ests, thetas, others []uint32
+	// ceils: per limit, the fleet's ceiling on the local count (0: none;
+	// Answer.Ceiling).
+	ceils []uint32
 	// tell: bit i asks that the fleet be told once limit i counts the
 	// request (Fleet.Counted); tellBudget, once its wallet is charged.
 	// held: bit i, the fleet holds room for the request in limit i, to

@@ -347,9 +347,12 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 	if now.UnixNano() < f.warmUntil.Load() {
 		p = min(p, fleetWarmPoint)
 	}
+	// A key decided alone below its promotion point is held to it:
+	// requests in flight together that each read the count below it
+	// would otherwise pass it unseen (Answer.Ceiling asks again past it).
 	below := uint64(local)+uint64(add) <= uint64(p)
 	if below && local < p/4 {
-		return engine.Answer{Est: local}
+		return engine.Answer{Est: local, Ceiling: p}
 	}
 	claims := add > 0 && !q.Wallet
 	s := f.shard(skey)
@@ -366,7 +369,11 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 	if e == nil {
 		if below || add == 0 {
 			s.mu.Unlock()
-			return engine.Answer{Est: local}
+			a := engine.Answer{Est: local}
+			if below {
+				a.Ceiling = p
+			}
+			return a
 		}
 		if f.count.Load() >= int64(f.cfg.MaxHot) {
 			s.mu.Unlock()
