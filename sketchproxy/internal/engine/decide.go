@@ -162,9 +162,6 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 		d.client, d.held = own, true
 	}
 	d.Verdicts = sc.takeVerdicts(len(rq.Facts))
-	if e.opts.Fleet != nil {
-		sc.start = time.Now() // what the fleet may wait on the network is from here
-	}
 	e.evaluateAll(s, now, rq, sc, &d)
 	if d.Admitted && d.Worst.Out == Delay {
 		e.holdDelayed(ctx, s, &d)
@@ -173,7 +170,7 @@ func (e *Engine) Decide(ctx context.Context, s *Set, now time.Time, rq *Request,
 		e.admit(s, now, sc, &d)
 	}
 	for i := range d.Verdicts {
-		if v := &d.Verdicts[i]; v.held != 0 {
+		if v := &d.Verdicts[i]; v.held {
 			e.unhold(v, sc) // not counted: refused, or gone while held
 		}
 		e.afterCount(s, &d.Verdicts[i], sc)
@@ -428,10 +425,11 @@ const (
 // fleet's where the key is heavy enough to share; the part of it this
 // replica may not use (other replicas hold it, or it is their share); and
 // what the engine owes the fleet once the request is decided (Answer).
-// start is when the request's decision began (Query.Start).
-func (e *Engine) estimate(k []byte, l *Limit, add uint32, now, start time.Time) (est, others uint32, a Answer) {
+// uncond: the request counts whatever the answer (Query.Unconditional);
+// start is the request's (Query.Start).
+func (e *Engine) estimate(k []byte, l *Limit, add uint32, uncond bool, now time.Time, start *time.Time) (est, others uint32, a Answer) {
 	local := l.sk.EstimateBytes(k)
-	a = e.shared(Query{Key: k, Local: l.sk, Tick: l.Tick, Theta: l.Threshold, Count: local, Add: add, Now: now, Start: start})
+	a = e.shared(Query{Key: k, Local: l.sk, Tick: l.Tick, Theta: l.Threshold, Count: local, Add: add, Unconditional: uncond, Now: now, Start: start})
 	return a.Est, a.Est - min(a.Est, local), a
 }
 
@@ -444,16 +442,18 @@ func (e *Engine) shared(q Query) Answer {
 	return e.opts.Fleet.Estimate(q)
 }
 
-// unhold tells the fleet of each limit of v it holds room in (v.held) that
-// the request was not counted there: refused, by that limit or another.
+// unhold tells the fleet of each limit of v it holds room in (v.holds)
+// that the request was not counted there: refused, by that limit or
+// another.
 func (e *Engine) unhold(v *Verdict, sc *Scratch) {
 	for i, l := range v.Rule.Limits {
-		if v.held&(1<<i) != 0 {
+		if h := v.holds[i]; h != 0 {
 			sc.buf = skey(sc.buf, v.Rule.Name, l.Name, v.Key)
-			e.opts.Fleet.Settle(sc.buf, v.add, false)
+			e.opts.Fleet.Settle(sc.buf, h, v.add, false)
+			v.holds[i] = 0
 		}
 	}
-	v.held = 0
+	v.held = false
 }
 
 // told tells the fleet of each of v's limits that asked (v.tell) that the
@@ -505,9 +505,9 @@ func (e *Engine) count(s *Set, v *Verdict, now time.Time, sc *Scratch) bool {
 				break
 			}
 		}
-		if ok && v.held&(1<<i) != 0 {
-			e.opts.Fleet.Settle(sc.buf, v.add, true)
-			v.held &^= 1 << i
+		if h := v.holds[i]; ok && h != 0 {
+			e.opts.Fleet.Settle(sc.buf, h, v.add, true)
+			v.holds[i] = 0
 		}
 		if !ok {
 			// The count that refused it, for Retry-After and the fields.
@@ -523,6 +523,7 @@ func (e *Engine) count(s *Set, v *Verdict, now time.Time, sc *Scratch) bool {
 		}
 	}
 	v.tell = 0
+	v.held = false
 	v.counted = true
 	return true
 }
@@ -531,7 +532,7 @@ func (e *Engine) count(s *Set, v *Verdict, now time.Time, sc *Scratch) bool {
 // its local count now local, after racing requests took it past the
 // fleet's ceiling: it reports whether the request still fits.
 func (e *Engine) askAgain(v *Verdict, i int, l *Limit, local uint32, now time.Time, sc *Scratch) bool {
-	a := e.shared(Query{Key: sc.buf, Local: l.sk, Tick: l.Tick, Theta: l.Threshold, Count: local, Add: v.add, Now: now, Start: sc.start})
+	a := e.shared(Query{Key: sc.buf, Local: l.sk, Tick: l.Tick, Theta: l.Threshold, Count: local, Add: v.add, Now: now, Start: &sc.start})
 	v.others[i] = a.Est - min(a.Est, local)
 	v.ceils[i] = a.Ceiling
 	v.owe(i, a)
@@ -539,17 +540,13 @@ func (e *Engine) askAgain(v *Verdict, i int, l *Limit, local uint32, now time.Ti
 }
 
 // owe notes what the engine owes the fleet for limit i of v once the
-// request is decided (Answer.Tell, Answer.Held).
+// request is decided (Answer.Tell, Answer.Hold).
 func (v *Verdict) owe(i int, a Answer) {
-	if i >= 64 {
-		return
-	}
-	if a.Tell {
+	if a.Tell && i < 64 {
 		v.tell |= 1 << i
 	}
-	if a.Held {
-		v.held |= 1 << i
-	}
+	v.holds[i] = a.Hold
+	v.held = v.held || a.Hold != 0
 }
 
 // afterCount does what follows a counted verdict: once per tick a key is
@@ -631,7 +628,7 @@ func (e *Engine) readCounts(v *Verdict, now time.Time, sc *Scratch) (active bool
 		return false
 	}
 	n := len(ru.Limits)
-	v.ests, v.thetas, v.others, v.ceils = sc.take(n), sc.take(n), sc.take(n), sc.take(n)
+	v.ests, v.thetas, v.others, v.ceils, v.holds = sc.take(n), sc.take(n), sc.take(n), sc.take(n), sc.take(n)
 	v.counted = ru.CountRefused && !v.banned && !v.noCount
 	for i, l := range ru.Limits {
 		sc.buf = skey(sc.buf, ru.Name, l.Name, v.Key)
@@ -642,12 +639,17 @@ func (e *Engine) readCounts(v *Verdict, now time.Time, sc *Scratch) (active bool
 			// hits, as when they count once admitted, so that it claims
 			// them once (Fleet.Estimate); its answer is then after them.
 			a = e.shared(Query{Key: sc.buf, Local: l.sk, Tick: l.Tick, Theta: l.Threshold,
-				Count: after - min(after, v.add), Add: v.add, Counted: true, Now: now, Start: sc.start})
+				Count: after - min(after, v.add), Add: v.add, Counted: true, Unconditional: v.Shadow || v.Quota, Now: now, Start: &sc.start})
 			shared := uint32(min(uint64(a.Est)+uint64(v.add), math.MaxUint32))
 			v.ests[i], v.others[i] = shared, shared-min(shared, after)
 			v.first = v.first || i == 0 && first
 		} else {
-			v.ests[i], v.others[i], a = e.estimate(sc.buf, l, v.add, now, sc.start)
+			// A fact that counts nothing (negative hits) asks as a read.
+			add := v.add
+			if v.noCount {
+				add = 0
+			}
+			v.ests[i], v.others[i], a = e.estimate(sc.buf, l, add, v.Shadow || v.Quota, now, &sc.start)
 		}
 		v.ceils[i] = a.Ceiling
 		v.owe(i, a)

@@ -69,9 +69,9 @@ type Fleet interface {
 	// of this replica's sketch, after an answer that asked to be told.
 	Counted(k []byte)
 	// Settle reports what became of a request the fleet held room for
-	// (Answer.Held) in k: counted (add in k's count now) or not (refused
-	// after all: the room is free again). Once per held answer.
-	Settle(k []byte, add uint32, counted bool)
+	// in k (Answer.Hold, hold): counted (add in k's count now) or not
+	// (refused after all: the room is free again). Once per hold.
+	Settle(k []byte, hold, add uint32, counted bool)
 	// WalletsClosed reports whether wallets fail closed right now (their
 	// counts cannot be shared), and how long a refused client should wait.
 	WalletsClosed() (bool, time.Duration)
@@ -95,11 +95,15 @@ type Query struct {
 	// requests in flight reserve, not with a conditional add: the fleet
 	// answers from what it knows and holds nothing.
 	Wallet bool
-	Now    time.Time
-	// Start is when the request's decision began, on the wall clock: the
-	// fleet waits on the network until its timeout from then, over all
-	// of the request's queries (zero: from now).
-	Start time.Time
+	// Unconditional: the engine counts the request whatever the answer
+	// (a shadow rule, a quota): the fleet holds nothing for it.
+	Unconditional bool
+	Now           time.Time
+	// Start is the request's: when it first waited on the network, on
+	// the wall clock (zero until then; the fleet sets it). The fleet
+	// waits until its timeout from then, over all of the request's
+	// queries. nil: from now.
+	Start *time.Time
 }
 
 // Answer is a Fleet's answer to a Query.
@@ -111,9 +115,10 @@ type Answer struct {
 	// Tell asks the engine to call Counted once the request is counted:
 	// the fleet then tells the other replicas at once.
 	Tell bool
-	// Held: the fleet holds room for this request (a claim that Redis
-	// granted): the engine calls Settle once it is counted or refused.
-	Held bool
+	// Hold, where not 0, names room the fleet holds for this request (a
+	// claim that Redis granted): the engine calls Settle with it once
+	// the request is counted or refused.
+	Hold uint32
 	// Ceiling, where not 0, is the most the local count may reach under
 	// this answer (a key's promotion point: past it the key is shared,
 	// and the fleet answers anew). A conditional add that racing requests

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -30,15 +31,21 @@ func (f *holdingFleet) Estimate(q Query) Answer {
 	if q.Add == 0 || q.Counted || q.Wallet {
 		return Answer{Est: q.Count}
 	}
+	if q.Unconditional {
+		return Answer{Est: q.Count}
+	}
 	f.held[string(q.Key)]++
-	return Answer{Est: q.Count, Held: true}
+	return Answer{Est: q.Count, Hold: 7}
 }
 
 func (f *holdingFleet) Counted([]byte) {}
 
-func (f *holdingFleet) Settle(k []byte, add uint32, counted bool) {
+func (f *holdingFleet) Settle(k []byte, hold, add uint32, counted bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if hold != 7 {
+		panic("a hold the fleet never gave")
+	}
 	f.held[string(k)]--
 	what := " refused"
 	if counted {
@@ -121,7 +128,7 @@ func TestFleetHeldRoomSettled(t *testing.T) {
 		t.Errorf("settled %d counted and %d refused, want %d and %d: %v", counted, refused, 2*4, 3*4, f.settled)
 	}
 	for _, q := range f.queries {
-		if q.Add > 0 && q.Start.IsZero() {
+		if q.Add > 0 && q.Start == nil {
 			t.Fatalf("a query that adds has no Start: the fleet cannot bound the request's wait")
 		}
 	}
@@ -195,7 +202,7 @@ func (f *raceFleet) Estimate(q Query) Answer {
 	return Answer{Est: q.Theta}
 }
 func (f *raceFleet) Counted([]byte)                       {}
-func (f *raceFleet) Settle([]byte, uint32, bool)          {}
+func (f *raceFleet) Settle([]byte, uint32, uint32, bool)  {}
 func (f *raceFleet) WalletsClosed() (bool, time.Duration) { return false, 0 }
 
 // Requests in flight together that each read a count below the fleet's
@@ -229,5 +236,52 @@ func TestFleetCeilingAsksAgain(t *testing.T) {
 	defer f.mu.Unlock()
 	if n := len(f.asked); n < 4 || f.asked[n-1] != 4 {
 		t.Errorf("queries %v: A was not asked again with the count B left (4)", f.asked)
+	}
+}
+
+// A rule of more limits than a word has bits settles every hold.
+func TestFleetHeldRoomSettledPast64Limits(t *testing.T) {
+	var ls []LimitSpec
+	for i := range 65 {
+		ls = append(ls, LimitSpec{Name: "l" + strconv.Itoa(i), Rate: rate.Rate{Requests: float64(100 + i), Per: time.Minute}})
+	}
+	f := newHoldingFleet()
+	e, s := fleetEngine(t, f, nil, RuleSpec{Name: "many", Limits: ls})
+	var sc Scratch
+	if !decide(e, s, "k", &sc) {
+		t.Fatal("refused under 65 limits of 100 a minute and more")
+	}
+	if n := f.open(); n != 0 || len(f.settled) != 65 {
+		t.Errorf("%d holds never settled, %d settled, want 0 and 65", n, len(f.settled))
+	}
+}
+
+// Facts that count nothing ask as reads (Add 0), and rules that count
+// whatever the answer say so (Unconditional): the fleet holds nothing for
+// either.
+func TestFleetQueriesOfUncountedFacts(t *testing.T) {
+	f := newHoldingFleet()
+	e, s := fleetEngine(t, f, nil,
+		RuleSpec{Name: "shadow", Shadow: true, Limits: []LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: 10, Per: time.Minute}}}},
+		RuleSpec{Name: "plain", Limits: []LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: 10, Per: time.Minute}}}})
+	var sc Scratch
+	sc.Reset()
+	facts := []Fact{{Rule: s.Rules[0], Key: "k"}, {Rule: s.Rules[1], Key: "k", Negative: true, Hits: 3}}
+	d := e.Decide(context.Background(), s, e.Now(), &Request{Facts: facts}, &sc)
+	d.Done()
+	for _, q := range f.queries {
+		switch string(q.Key[:5]) {
+		case "shado":
+			if !q.Unconditional {
+				t.Errorf("a shadow rule's query is not Unconditional")
+			}
+		case "plain":
+			if q.Add != 0 {
+				t.Errorf("a fact of negative hits asked with Add %d, want 0", q.Add)
+			}
+		}
+	}
+	if f.open() != 0 || len(f.settled) != 0 {
+		t.Errorf("held %d, settled %v: nothing is held for facts that count nothing or whatever the answer", f.open(), f.settled)
 	}
 }

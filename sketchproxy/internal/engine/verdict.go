@@ -69,14 +69,15 @@ type Verdict struct {
 	// (the new keys' share applied), and the part of the count that other
 	// replicas hold (a fleet's).
 	ests, thetas, others []uint32
-	// ceils: per limit, the fleet's ceiling on the local count (0: none;
-	// Answer.Ceiling).
-	ceils []uint32
+	// ceils and holds: per limit, the fleet's ceiling on the local count
+	// (0: none; Answer.Ceiling), and the room it holds for the request,
+	// to settle once it is counted or refused (0: none; Answer.Hold,
+	// Fleet.Settle). held: some hold is not settled yet.
+	ceils, holds []uint32
+	held         bool
 	// tell: bit i asks that the fleet be told once limit i counts the
 	// request (Fleet.Counted); tellBudget, once its wallet is charged.
-	// held: bit i, the fleet holds room for the request in limit i, to
-	// settle once it is counted or refused (Fleet.Settle).
-	tell, held uint64
+	tell       uint64
 	tellBudget bool
 	add        uint32 // the counts the request's hits add to each limit
 	hits       uint32 // the hits its decision counts (Fact.hits)
@@ -346,7 +347,7 @@ func (e *Engine) waitFor(s *Set, v *Verdict, now time.Time, sc *Scratch) time.Du
 // Estimate is key's count in ru's limit l now, in requests (rounded
 // down): this replica's, or the fleet's for a key heavy enough to share.
 func (e *Engine) Estimate(ru *Rule, l *Limit, key string) uint32 {
-	est, _, _ := e.estimate(skey(nil, ru.Name, l.Name, key), l, 0, e.Now(), time.Time{})
+	est, _, _ := e.estimate(skey(nil, ru.Name, l.Name, key), l, 0, false, e.Now(), nil)
 	return est / rate.Unit
 }
 
@@ -360,8 +361,8 @@ type Scratch struct {
 	verdicts []Verdict
 	places   []place
 	field    []byte
-	// start is when the request's decision began, on the wall clock, where
-	// a fleet may wait on the network (Query.Start).
+	// start is when the request first waited on the network, for a
+	// fleet's claim (Query.Start).
 	start time.Time
 }
 

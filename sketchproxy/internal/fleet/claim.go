@@ -15,54 +15,57 @@ import (
 // over 3 replicas, before claims).
 //
 // So while a key is young, a request that would take this replica's
-// count past what Redis holds for it (granted: its record's count, as its
-// claims wrote it) claims: it sends the count, itself included, and
-// decides from that send's reply. Redis runs each replica's script whole,
-// one after another, so each reply holds every claim made before it: two
-// replicas never take the same room. One replica's claims on a key go
-// one at a time; a request it admits holds its room (handed) until the
-// engine settles it (Settle: counted, or refused after all), so two
-// requests in flight never take one claim, and a claim that no request
-// took (a request refused by another limit after its claim) is taken by
-// the next request without a send. A claim Redis refused (another
-// replica's came first) stays in the record until it halves: the others
-// may have read it, and a record never reads lower (keepPeers). A key
-// promoted here reads its records before it claims, so that no claim
-// is made blind.
+// count past what Redis holds for it (confirmed: what a reply showed its
+// record holds) claims: it sends the count, itself included, and decides
+// from that send's reply. Redis runs each replica's script whole, one
+// after another, so each reply holds every claim made before it: two
+// replicas never take the same room. A replica's claims on one key go one
+// at a time, each for the requests waiting behind it too (up to the room
+// the view shows), and the claims of all its keys that wait at once go in
+// one send. A request it admits holds its room (promised) until the engine
+// settles it (Settle: counted, or refused after all), so two requests in
+// flight never take one claim, and a count claimed that no request took
+// (a request refused by another limit after its claim, a waiter that gave
+// up) is taken by the next request without a send. A claim Redis refused
+// (another replica's came first) stays in the record until it halves:
+// the others may have read it, and a record never reads lower
+// (keepPeers). A key promoted here reads its records before it claims, so
+// that no claim is made blind.
 //
-// A request waits at most the fleet's timeout from the start of its
-// decision (engine.Query.Start), over all of its keys, for the key's
-// claims before it and the sends ahead of it (a round, other keys'
-// claims); past it, it is decided as while Redis is down: at θ/N, and
-// within the room the others left at the last word from Redis.
-// Wallets do not claim (engine.Query.Wallet): the engine checks them
-// against what requests in flight reserve, not with a conditional add.
+// A request waits at most the fleet's timeout from its first wait
+// (engine.Query.Start), over all of its keys, for the key's claims
+// before it and the sends ahead of it; past it, a young key's request is
+// admitted only within what Redis holds for this replica or the
+// promotion point (what a replica counts unseen before it shares a key),
+// and within θ/N and the room the others left, as while Redis is down,
+// its count published at once. Wallets (the engine checks them against
+// what requests in flight reserve) and rules that count whatever the
+// answer (shadow, quota) do not claim.
 
 // claim decides q for e, young or not yet answered, with n replicas. ok is
 // false where, once the request's turn came, the key was no longer young
 // or Redis was down: Estimate then decides it as any other.
 func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, ok bool) {
-	start := q.Start
-	if start.IsZero() {
-		start = time.Now()
-	}
-	deadline := start.Add(time.Duration(f.cfg.Timeout))
+	deadline := f.deadline(q)
+	tk := q.Now.UnixNano() / int64(e.tick)
 	if time.Until(deadline) < time.Millisecond {
-		return f.slow(e, q, n), true // the request waited its time on other keys
+		return f.late(e, q, n, tk), true // the request waited its time on other keys
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
+	e.waiting.Add(1)
 	select {
 	case e.claiming <- struct{}{}:
+		e.waiting.Add(-1)
 	case <-t.C:
-		return f.slow(e, q, n), true
+		e.waiting.Add(-1)
+		return f.late(e, q, n, tk), true
 	}
 	defer func() { <-e.claiming }()
 	v := e.view.Load()
 	if v != nil && !v.young || !f.up.Load() {
 		return engine.Answer{}, false
 	}
-	tk := q.Now.UnixNano() / int64(e.tick)
 	if v == nil || !e.answered.Load() {
 		// Promoted here, not yet answered: the key's records first (a
 		// send of what this replica counted, no claim), so that a claim
@@ -72,98 +75,121 @@ func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, o
 		// refused, until it halves (keepPeers never lets a record read
 		// lower).
 		if v, ok = f.sendClaim(e, deadline); !ok || v == nil || e.unsynced.Load() {
-			return f.slow(e, q, n), true
+			return f.late(e, q, n, tk), true
 		}
 		if !v.young {
 			return engine.Answer{}, false // a key long shared elsewhere
 		}
 	}
 	need := e.need(q, tk)
-	if v != nil {
-		top, _ := v.allowance(q.Theta, tk)
-		switch {
-		case need > uint64(top):
-			// Refused by what this replica knows: no word needed.
-			return engine.Answer{Est: refusedAt(need, q, top)}, true
-		case need <= uint64(e.grantedAt(tk)):
-			// Redis holds this count already: a claim no request took.
-			return f.admit(e, v, q, top, n), true
-		}
+	top, _ := v.allowance(q.Theta, tk)
+	switch {
+	case need > uint64(top):
+		// Refused by what this replica knows: no word needed.
+		return engine.Answer{Est: refusedAt(need, q, top)}, true
+	case need <= uint64(e.confirmedAt(tk)):
+		// Redis holds this count already: a claim no request took.
+		return f.admit(e, v, q, top, need, n), true
+	case time.Until(deadline) < time.Millisecond:
+		return f.late(e, q, n, tk), true
 	}
-	if time.Until(deadline) < time.Millisecond {
-		return f.slow(e, q, n), true
-	}
-	e.grant(uint32(min(need, math.MaxUint32)), tk)
+	// The requests waiting behind this one are claimed for too, within
+	// this replica's share of the room this view shows (what a race
+	// with the others' claims may leave unused in the record): each then
+	// finds its count held.
+	extra := min(uint64(e.waiting.Load())*uint64(q.Add), (uint64(top)-need)/uint64(max(1, n)))
+	c := need + extra
+	e.grant(uint32(min(c, math.MaxUint32)), tk)
 	e.loud.Store(true)
 	v, sent := f.sendClaim(e, deadline)
 	if !sent || v == nil || e.unsynced.Load() {
-		// Redis slow (or not answering with the key's records): as
-		// while it is down. The count stays granted: the send may have
-		// written it.
-		return f.slow(e, q, n), true
+		// Redis slow (or not answering with the key's records). The
+		// count stays granted: the send may have written it.
+		return f.late(e, q, n, tk), true
 	}
 	if !v.young {
 		// A key long shared elsewhere: its view is installed (apply).
 		return engine.Answer{}, false
 	}
-	top, _ := v.allowance(q.Theta, tk)
+	top, _ = v.allowance(q.Theta, tk)
 	if need > uint64(top) {
 		// Another replica's claim came first. The record holds this
-		// one until it halves (a record never reads lower: keepPeers),
-		// and the next request here takes it without a send.
+		// one until it halves, and the next request here takes it
+		// without a send.
 		return engine.Answer{Est: refusedAt(need, q, top)}, true
 	}
-	return f.admit(e, v, q, top, n), true
+	return f.admit(e, v, q, top, need, n), true
 }
 
-// slow is the answer to q where Redis did not answer in time: as while
-// it is down (Estimate), its fair share θ/N, and no more than the room
-// the others left at the last word from Redis.
-func (f *Fleet) slow(e *hotEntry, q *engine.Query, n int64) engine.Answer {
+// deadline is when q's waits on the network end: the fleet's timeout
+// from the request's first wait.
+func (f *Fleet) deadline(q *engine.Query) time.Time {
+	if q.Start == nil {
+		return time.Now().Add(time.Duration(f.cfg.Timeout))
+	}
+	if q.Start.IsZero() {
+		*q.Start = time.Now()
+	}
+	return q.Start.Add(time.Duration(f.cfg.Timeout))
+}
+
+// late is the answer to q, of e at tick tk, where Redis did not answer in
+// time: as while it is down (Estimate), θ/N and no more than the room
+// the others left at the last word from Redis; and, the key young, no
+// more than what Redis holds for this replica or the promotion point: the
+// others, whose claims Redis still answers, count on nothing more of it.
+// Its count is published at once.
+func (f *Fleet) late(e *hotEntry, q *engine.Query, n int64, tk int64) engine.Answer {
 	est := uint64(alone(q.Count, q.Theta, n))
 	if v := e.view.Load(); v != nil {
-		age := q.Now.UnixNano()/int64(e.tick) - v.tick
+		age := tk - v.tick
 		sum := uint64(q.Count)
 		for _, p := range v.others {
 			sum += uint64(halve(p.c, age))
 		}
 		est = max(est, sum)
 	}
-	return engine.Answer{Est: uint32(min(est, math.MaxUint32))}
+	if v := e.view.Load(); v == nil || v.young {
+		top := max(e.confirmedAt(tk), sharePoint(q.Theta, n, f.cfg.PromoteFraction))
+		est = max(est, uint64(q.Count)+uint64(q.Theta-min(q.Theta, top)))
+	}
+	return engine.Answer{Est: uint32(min(est, math.MaxUint32)), Tell: true}
 }
 
-// need is what e's count here reaches with q: the count now (read again:
-// requests admitted before this one's turn may have counted), the
-// requests in flight that hold room, and q's hits unless they are counted
-// already.
+// need is what e's count here reaches with q: the count the requests in
+// flight that hold room take it to (promised), or the count now, read
+// after it (requests admitted before this one's turn may have counted),
+// if more, and q's hits unless they are counted already. A request
+// counted and settled in between is in one or the other, never missed
+// nor counted twice.
 func (e *hotEntry) need(q *engine.Query, tk int64) uint64 {
-	cur := uint64(max(q.Count, e.sk.EstimateBytes(e.skey)))
-	if q.Counted {
-		cur = max(uint64(q.Count)+uint64(q.Add), cur)
-	} else {
-		cur += uint64(q.Add)
-	}
 	e.cmu.Lock()
-	defer e.cmu.Unlock()
 	e.rebase(tk)
-	return cur + uint64(e.handed)
+	promised := uint64(e.promised)
+	e.cmu.Unlock()
+	cur := uint64(max(q.Count, e.sk.EstimateBytes(e.skey))) // after: see above
+	if q.Counted {
+		return max(uint64(q.Count)+uint64(q.Add), cur, promised)
+	}
+	return max(cur, promised) + uint64(q.Add)
 }
 
 // admit answers q admitted from view v (top, the most this replica's
-// count may reach): its room is held until the engine settles it, where
-// it is not counted already. The estimate is the view's: the engine's
-// conditional add holds the count to top (requests admitted before it
-// hold room below it), and a suspect view to θ/N.
-func (f *Fleet) admit(e *hotEntry, v *shareView, q *engine.Query, top uint32, n int64) engine.Answer {
+// count may reach) at a count of need: its room is held until the engine
+// settles it, where it is not counted already. The estimate is the
+// view's: the engine's conditional add holds the count to top (requests
+// admitted before it hold room below it), and a suspect view to θ/N.
+func (f *Fleet) admit(e *hotEntry, v *shareView, q *engine.Query, top uint32, need uint64, n int64) engine.Answer {
 	a := engine.Answer{Est: uint32(min(uint64(q.Count)+uint64(q.Theta-min(q.Theta, top)), math.MaxUint32))}
 	if v.suspect {
 		a.Est = max(a.Est, alone(q.Count, q.Theta, n))
 	}
 	if !q.Counted {
 		e.cmu.Lock()
-		e.handed = uint32(min(uint64(e.handed)+uint64(q.Add), math.MaxUint32))
+		e.promised = max(e.promised, uint32(min(need, math.MaxUint32)))
+		e.holds++
 		e.cmu.Unlock()
-		a.Held = true
+		a.Hold = e.id
 	}
 	return a
 }
@@ -174,16 +200,17 @@ func refusedAt(need uint64, q *engine.Query, top uint32) uint32 {
 	return uint32(min(need-min(need, uint64(q.Add))+uint64(q.Theta)-uint64(min(q.Theta, top)), math.MaxUint32))
 }
 
-// grantedAt is the count Redis holds for this replica by its claims,
+// confirmedAt is the count a reply showed Redis holds for this replica,
 // halved to tick tk.
-func (e *hotEntry) grantedAt(tk int64) uint32 {
+func (e *hotEntry) confirmedAt(tk int64) uint32 {
 	e.cmu.Lock()
 	defer e.cmu.Unlock()
 	e.rebase(tk)
-	return e.granted
+	return e.confirmed
 }
 
-// grant raises the count claimed to c, at tick tk.
+// grant raises the count claimed (what the next send writes, at least)
+// to c, at tick tk.
 func (e *hotEntry) grant(c uint32, tk int64) {
 	e.cmu.Lock()
 	e.rebase(tk)
@@ -191,45 +218,115 @@ func (e *hotEntry) grant(c uint32, tk int64) {
 	e.cmu.Unlock()
 }
 
-// rebase brings the claimed count to tick tk, halved (e.cmu held). A
-// later tick than tk (a send dated a moment later) stays.
+// confirm records that a send Redis answered wrote c at tick tk.
+func (e *hotEntry) confirm(c uint32, tk int64) {
+	e.cmu.Lock()
+	e.rebase(tk)
+	if tk >= e.claimTk {
+		e.confirmed = max(e.confirmed, c)
+	}
+	e.cmu.Unlock()
+}
+
+// rebase brings the claimed, confirmed and promised counts to tick tk,
+// halved as the local count is (e.cmu held). A later tick than tk (a send
+// dated a moment later) stays.
 func (e *hotEntry) rebase(tk int64) {
-	if tk > e.grantedTk {
-		e.granted = halve(e.granted, tk-e.grantedTk)
-		e.grantedTk = tk
+	if tk > e.claimTk {
+		e.granted = halve(e.granted, tk-e.claimTk)
+		e.confirmed = halve(e.confirmed, tk-e.claimTk)
+		e.promised = halve(e.promised, tk-e.claimTk)
+		e.claimTk = tk
 	}
 }
 
 // Settle is told what became of a request whose room a claim held
-// (engine.Answer.Held): counted in the local count, or not (its room is
-// free for the next request).
-func (f *Fleet) Settle(skey []byte, add uint32, counted bool) {
+// (engine.Answer.Hold): counted in the local count, or not (its room is
+// free for the next request). A hold of an entry since dropped (a reload,
+// a demotion) is no longer anyone's.
+func (f *Fleet) Settle(skey []byte, hold uint32, add uint32, counted bool) {
 	s := f.shard(skey)
 	s.mu.Lock()
 	e := s.m[string(skey)]
 	s.mu.Unlock()
-	if e == nil {
+	if e == nil || e.id != hold {
 		return
 	}
 	e.cmu.Lock()
-	e.handed -= min(e.handed, add)
+	if e.holds > 0 {
+		e.holds--
+	}
+	if e.holds == 0 {
+		e.promised = 0 // every request it held for counted, or never will
+	}
 	e.cmu.Unlock()
 }
 
-// sendClaim sends e alone, its claim published, and returns the view its
-// reply built; it waits for the sends ahead of it until deadline.
+// claimBatch is the entries whose claims (or first reads) wait for a send
+// together: the first of their requests to hold f.sending sends them all
+// in one pipeline.
+type claimBatch struct {
+	es    []*hotEntry
+	views []*shareView // each entry's view from the reply
+	ok    bool
+	done  chan struct{}
+}
+
+// sendClaim sends e with the other claims waiting, and returns the view
+// the reply built for it; it waits for the sends ahead of it until
+// deadline.
 func (f *Fleet) sendClaim(e *hotEntry, deadline time.Time) (*shareView, bool) {
+	f.cqMu.Lock()
+	b := f.cq
+	if b == nil {
+		b = &claimBatch{done: make(chan struct{})}
+		f.cq = b
+	}
+	i := len(b.es)
+	b.es = append(b.es, e)
+	f.cqMu.Unlock()
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
 	case f.sending <- struct{}{}:
+		f.cqMu.Lock()
+		if f.cq == b {
+			f.cq = nil // this batch is sent now: later claims start another
+		}
+		f.cqMu.Unlock()
+		select {
+		case <-b.done: // sent by the holder before this one
+		default:
+			f.sendBatch(b, deadline)
+		}
+		<-f.sending
+	case <-b.done:
 	case <-t.C:
+		// The batch may still go (its holder's deadline): this
+		// request's count is granted, and a send writes it.
 		return nil, false
 	}
-	defer func() { <-f.sending }()
-	e.pending.Store(false) // sent now
-	if !f.sendHeld([]*hotEntry{e}, false, time.Until(deadline), true) {
+	if !b.ok {
 		return nil, false
 	}
-	return e.own, true
+	return b.views[i], true
+}
+
+// sendBatch sends b's entries (f.sending held) within deadline, and
+// closes b.done once b.views and b.ok hold the outcome.
+func (f *Fleet) sendBatch(b *claimBatch, deadline time.Time) {
+	defer close(b.done)
+	for _, e := range b.es {
+		e.pending.Store(false) // sent now
+	}
+	b.views = make([]*shareView, len(b.es))
+	f.batches.Add(1)
+	f.batched.Add(uint64(len(b.es)))
+	if !f.sendHeld(b.es, false, time.Until(deadline), true) {
+		return
+	}
+	b.ok = true
+	for i, e := range b.es {
+		b.views[i] = e.own
+	}
 }

@@ -84,6 +84,14 @@ type Fleet struct {
 	// a send does of the entries (gWant, gSent, own) and of the fleet
 	// (run, lastTS, warnedNeverUp).
 	sending chan struct{}
+	// cq is the batch of claims waiting for a send (claim.go), cqMu its
+	// guard; ids names the hot entries.
+	cqMu sync.Mutex
+	cq   *claimBatch
+	ids  atomic.Uint32
+	// batches and batched count the claims' sends and the entries they
+	// carried.
+	batches, batched atomic.Uint64
 
 	rounds, roundErrors, keySyncs, commands atomic.Uint64
 	promotions, demotions, hotFull, resends atomic.Uint64
@@ -148,16 +156,21 @@ type hotEntry struct {
 	// since is when it was promoted (f.now ns).
 	since int64
 
-	// A young key's claims (claim.go): claiming orders this replica's
-	// (a semaphore of one); cmu guards granted, the count Redis holds for
-	// this replica by its claims at tick grantedTk (halving: what a send
-	// writes is never less), and handed, the counts held for requests not
-	// yet settled.
-	claiming  chan struct{}
-	cmu       sync.Mutex
-	granted   uint32
-	grantedTk int64
-	handed    uint32
+	// A young key's claims (claim.go): id names the entry in the holds
+	// the engine settles; claiming orders this replica's claims on it (a
+	// semaphore of one), and waiting counts the requests waiting for it.
+	// cmu guards, at tick claimTk (halving): granted, the most this
+	// replica's record may hold by its claims (what a send writes is
+	// never less); confirmed, what a reply showed it holds; promised,
+	// the count the requests admitted and not yet settled take the local
+	// count to; and holds, how many they are.
+	id                 uint32
+	claiming           chan struct{}
+	waiting            atomic.Int32
+	cmu                sync.Mutex
+	granted, confirmed uint32
+	claimTk            int64
+	promised, holds    uint32
 }
 
 // New returns a fleet on Redis for cfg as config.BuildFleet (or
@@ -354,7 +367,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 	if below && local < p/4 {
 		return engine.Answer{Est: local, Ceiling: p}
 	}
-	claims := add > 0 && !q.Wallet
+	claims := add > 0 && !q.Wallet && !q.Unconditional
 	s := f.shard(skey)
 	s.mu.Lock()
 	e := s.m[string(skey)]
@@ -381,7 +394,10 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 			return engine.Answer{Est: alone(local, theta, n)}
 		}
 		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano(),
-			claiming: make(chan struct{}, 1)}
+			claiming: make(chan struct{}, 1), id: f.ids.Add(1)}
+		if e.id == 0 {
+			e.id = f.ids.Add(1) // 0 is no hold
+		}
 		e.rkey, e.marker = f.redisKeys(skey, tick, theta)
 		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
 		s.m[string(e.skey)] = e
@@ -398,9 +414,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 			v, _ := f.viewOf(e, &r, 0, nil)
 			e.view.Store(v)
 		}
-		if !claims {
-			f.sendSoon(e, false)
-		}
+		f.sendSoon(e, false) // a claim that sends first takes it (sendBatch)
 	} else {
 		s.mu.Unlock()
 		if add > 0 {

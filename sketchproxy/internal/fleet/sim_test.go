@@ -35,7 +35,9 @@ type fleetSim struct {
 	events simEvents
 	seq    int
 	queued []bool // a fleet's send of queued entries is scheduled
-	gone   []bool // a replica that stopped: no rounds, no requests
+	// delivering: a delivery of the claims published is scheduled.
+	delivering bool
+	gone       []bool // a replica that stopped: no rounds, no requests
 	// restart replaces replica i by a new process named id: a new
 	// engine (nothing counted, no state_file) and a new fleet.
 	restart func(i int, id string)
@@ -158,6 +160,15 @@ func (s *fleetSim) decide(i int, key string) bool {
 	facts := [1]engine.Fact{{Rule: set.Rules[0], Key: key}}
 	d := e.Decide(context.Background(), set, s.clk.Now(), &engine.Request{Facts: facts[:], NoDrip: true}, &s.sc)
 	d.Done()
+	if i >= 0 && len(s.store.queued) > 0 && !s.delivering {
+		// A claim's send published it: it reaches the others a round
+		// trip later.
+		s.delivering = true
+		s.at(s.clk.Now().Add(s.rtt), func() {
+			s.delivering = false
+			s.store.deliver()
+		})
+	}
 	if i >= 0 && len(s.fleets[i].pend) > 0 && !s.queued[i] {
 		// The sync goroutine wakes and sends them: a round trip later,
 		// the reply is in; as much again, a claim reaches the others.

@@ -106,15 +106,14 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	}
 	replies, card, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
-	f.rounds.Add(1)
-	f.roundTime.Observe(time.Since(start).Seconds())
 	peers := f.apply(es, calls, replies, err == nil)
 	if claim {
-		if err != nil {
-			f.roundErrors.Add(1)
-		}
+		// A request's claims, not a round: a failure is a request that
+		// waited too long, and says nothing of Redis.
 		return err == nil
 	}
+	f.rounds.Add(1)
+	f.roundTime.Observe(time.Since(start).Seconds())
 	if err != nil {
 		f.roundErrors.Add(1)
 		// Once when Redis goes, and once if it never came: not every round.
@@ -146,8 +145,9 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 		at := now.UnixNano() / int64(e.tick)
 		e.cmu.Lock()
 		e.rebase(at)
-		c := max(e.granted, e.sk.EstimateBytes(e.skey))
-		at = max(at, e.grantedTk) // a claim dated a moment later
+		// The requests in flight that hold room count too.
+		c := max(e.granted, e.promised, e.sk.EstimateBytes(e.skey))
+		at = max(at, e.claimTk) // a claim dated a moment later
 		e.cmu.Unlock()
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
 			c: c, d: e.demandAt(now), g: e.gWant,
@@ -194,6 +194,7 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 		peers = max(peers, int64(len(rp.peers)))
 		e.own = v
 		e.answered.Store(true)
+		e.confirm(calls[i].c, calls[i].at)
 		f.store1(e, v)
 		e.gWant = g // stored at the next round: until then the pool holds its room
 	}
