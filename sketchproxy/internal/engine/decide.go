@@ -501,7 +501,7 @@ func (e *Engine) count(s *Set, v *Verdict, now time.Time, sc *Scratch) bool {
 			// The library's conditional add: check and count in one
 			// compare-and-swap.
 			est, first, ok = l.sk.ObserveBytesNWithin(time.Time{}, sc.buf, v.add, top)
-			if ok || !ceiling || try == 2 || !e.askAgain(v, i, l, est, now, sc) {
+			if ok || !ceiling || try == 2 || !e.askAgain(v, i, l, est, s.wallets, now, sc) {
 				break
 			}
 		}
@@ -530,9 +530,10 @@ func (e *Engine) count(s *Set, v *Verdict, now time.Time, sc *Scratch) bool {
 
 // askAgain asks the fleet of limit i of v (sc.buf its sketch key) again,
 // its local count now local, after racing requests took it past the
-// fleet's ceiling: it reports whether the request still fits.
-func (e *Engine) askAgain(v *Verdict, i int, l *Limit, local uint32, now time.Time, sc *Scratch) bool {
-	a := e.shared(Query{Key: sc.buf, Local: l.sk, Tick: l.Tick, Theta: l.Threshold, Count: local, Add: v.add, Now: now, Start: &sc.start})
+// fleet's ceiling: it reports whether the request still fits. locked:
+// the request holds wallets' locks (admit), so the fleet may not wait.
+func (e *Engine) askAgain(v *Verdict, i int, l *Limit, local uint32, locked bool, now time.Time, sc *Scratch) bool {
+	a := e.shared(Query{Key: sc.buf, Local: l.sk, Tick: l.Tick, Theta: l.Threshold, Count: local, Add: v.add, NoWait: locked, Now: now, Start: &sc.start})
 	v.others[i] = a.Est - min(a.Est, local)
 	v.ceils[i] = a.Ceiling
 	v.owe(i, a)

@@ -98,7 +98,11 @@ type Query struct {
 	// Unconditional: the engine counts the request whatever the answer
 	// (a shadow rule, a quota): the fleet holds nothing for it.
 	Unconditional bool
-	Now           time.Time
+	// NoWait: the engine holds locks other requests wait for (a
+	// wallet's): the fleet answers from what it knows, without waiting
+	// on the network.
+	NoWait bool
+	Now    time.Time
 	// Start is the request's: when it first waited on the network, on
 	// the wall clock (zero until then; the fleet sets it). The fleet
 	// waits until its timeout from then, over all of the request's

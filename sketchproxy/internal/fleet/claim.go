@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
@@ -20,9 +21,10 @@ import (
 // from that send's reply. Redis runs each replica's script whole, one
 // after another, so each reply holds every claim made before it: two
 // replicas never take the same room. A replica's claims on one key go one
-// at a time, each for the requests waiting behind it too (up to the room
-// the view shows), and the claims of all its keys that wait at once go in
-// one send. A request it admits holds its room (promised) until the engine
+// at a time, each for the requests waiting behind it too (within this
+// replica's share of the room its view shows), and the claims of all its
+// keys that wait at once go in
+// one send. A request it admits holds its room (handed) until the engine
 // settles it (Settle: counted, or refused after all), so two requests in
 // flight never take one claim, and a count claimed that no request took
 // (a request refused by another limit after its claim, a waiter that gave
@@ -34,13 +36,16 @@ import (
 //
 // A request waits at most the fleet's timeout from its first wait
 // (engine.Query.Start), over all of its keys, for the key's claims
-// before it and the sends ahead of it; past it, a young key's request is
-// admitted only within what Redis holds for this replica or the
-// promotion point (what a replica counts unseen before it shares a key),
-// and within θ/N and the room the others left, as while Redis is down,
-// its count published at once. Wallets (the engine checks them against
-// what requests in flight reserve) and rules that count whatever the
-// answer (shadow, quota) do not claim.
+// before it and the sends ahead of it (a request that sends a batch
+// waits for it, to the latest deadline in the batch); past it, it is
+// decided as while Redis is down (late), its count published at once.
+// Wallets (the engine checks them against what requests in flight
+// reserve), rules that count whatever the answer (shadow, quota) and
+// queries that may not wait (engine.Query.NoWait) do not claim; nor do
+// keys whose fair share θ/N holds no whole request: every key of such a
+// limit is shared from its first request, and a claim Redis refused
+// there would hold the whole limit in its record until it halves (1 a
+// second over 3 replicas at 10x: 0.93 of one replica alone with claims).
 
 // claim decides q for e, young or not yet answered, with n replicas. ok is
 // false where, once the request's turn came, the key was no longer young
@@ -89,7 +94,7 @@ func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, o
 		return engine.Answer{Est: refusedAt(need, q, top)}, true
 	case need <= uint64(e.confirmedAt(tk)):
 		// Redis holds this count already: a claim no request took.
-		return f.admit(e, v, q, top, need, n), true
+		return f.admit(e, v, q, top, n), true
 	case time.Until(deadline) < time.Millisecond:
 		return f.late(e, q, n, tk), true
 	}
@@ -118,7 +123,7 @@ func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, o
 		// without a send.
 		return engine.Answer{Est: refusedAt(need, q, top)}, true
 	}
-	return f.admit(e, v, q, top, need, n), true
+	return f.admit(e, v, q, top, n), true
 }
 
 // deadline is when q's waits on the network end: the fleet's timeout
@@ -134,11 +139,11 @@ func (f *Fleet) deadline(q *engine.Query) time.Time {
 }
 
 // late is the answer to q, of e at tick tk, where Redis did not answer in
-// time: as while it is down (Estimate), θ/N and no more than the room
-// the others left at the last word from Redis; and, the key young, no
-// more than what Redis holds for this replica or the promotion point: the
-// others, whose claims Redis still answers, count on nothing more of it.
-// Its count is published at once.
+// time: as while it is down (Estimate), θ/N and no more than the room the
+// others left at the last word from Redis, its count published at once.
+// Redis slow for every replica, each holds to θ/N, and the fleet to θ; a
+// replica cut off while Redis answers the others may count its θ/N of a
+// young key unseen, as during any outage of its own.
 func (f *Fleet) late(e *hotEntry, q *engine.Query, n int64, tk int64) engine.Answer {
 	est := uint64(alone(q.Count, q.Theta, n))
 	if v := e.view.Load(); v != nil {
@@ -149,45 +154,39 @@ func (f *Fleet) late(e *hotEntry, q *engine.Query, n int64, tk int64) engine.Ans
 		}
 		est = max(est, sum)
 	}
-	if v := e.view.Load(); v == nil || v.young {
-		top := max(e.confirmedAt(tk), sharePoint(q.Theta, n, f.cfg.PromoteFraction))
-		est = max(est, uint64(q.Count)+uint64(q.Theta-min(q.Theta, top)))
-	}
 	return engine.Answer{Est: uint32(min(est, math.MaxUint32)), Tell: true}
 }
 
-// need is what e's count here reaches with q: the count the requests in
-// flight that hold room take it to (promised), or the count now, read
-// after it (requests admitted before this one's turn may have counted),
-// if more, and q's hits unless they are counted already. A request
-// counted and settled in between is in one or the other, never missed
-// nor counted twice.
+// need is what e's count here reaches with q: the counts the requests in
+// flight hold room for (handed), the count now (read after them: requests
+// admitted before this one's turn may have counted, and one counted and
+// settled in between is then counted twice for a moment, never missed),
+// and q's hits unless they are counted already.
 func (e *hotEntry) need(q *engine.Query, tk int64) uint64 {
 	e.cmu.Lock()
 	e.rebase(tk)
-	promised := uint64(e.promised)
+	handed := uint64(e.handed)
 	e.cmu.Unlock()
-	cur := uint64(max(q.Count, e.sk.EstimateBytes(e.skey))) // after: see above
+	cur := uint64(max(q.Count, e.sk.EstimateBytes(e.skey)))
 	if q.Counted {
-		return max(uint64(q.Count)+uint64(q.Add), cur, promised)
+		return max(uint64(q.Count)+uint64(q.Add), cur) + handed
 	}
-	return max(cur, promised) + uint64(q.Add)
+	return cur + handed + uint64(q.Add)
 }
 
 // admit answers q admitted from view v (top, the most this replica's
-// count may reach) at a count of need: its room is held until the engine
-// settles it, where it is not counted already. The estimate is the
-// view's: the engine's conditional add holds the count to top (requests
-// admitted before it hold room below it), and a suspect view to θ/N.
-func (f *Fleet) admit(e *hotEntry, v *shareView, q *engine.Query, top uint32, need uint64, n int64) engine.Answer {
+// count may reach): its room is held until the engine settles it, where
+// it is not counted already. The estimate is the view's: the engine's
+// conditional add holds the count to top (requests admitted before it
+// hold room below it), and a suspect view to θ/N.
+func (f *Fleet) admit(e *hotEntry, v *shareView, q *engine.Query, top uint32, n int64) engine.Answer {
 	a := engine.Answer{Est: uint32(min(uint64(q.Count)+uint64(q.Theta-min(q.Theta, top)), math.MaxUint32))}
 	if v.suspect {
 		a.Est = max(a.Est, alone(q.Count, q.Theta, n))
 	}
 	if !q.Counted {
 		e.cmu.Lock()
-		e.promised = max(e.promised, uint32(min(need, math.MaxUint32)))
-		e.holds++
+		e.handed = uint32(min(uint64(e.handed)+uint64(q.Add), math.MaxUint32))
 		e.cmu.Unlock()
 		a.Hold = e.id
 	}
@@ -228,14 +227,14 @@ func (e *hotEntry) confirm(c uint32, tk int64) {
 	e.cmu.Unlock()
 }
 
-// rebase brings the claimed, confirmed and promised counts to tick tk,
-// halved as the local count is (e.cmu held). A later tick than tk (a send
-// dated a moment later) stays.
+// rebase brings the claimed and confirmed counts to tick tk, halved as
+// the local count is (e.cmu held); the counts requests in flight hold
+// room for are added whole, and do not halve. A later tick than tk (a
+// send dated a moment later) stays.
 func (e *hotEntry) rebase(tk int64) {
 	if tk > e.claimTk {
 		e.granted = halve(e.granted, tk-e.claimTk)
 		e.confirmed = halve(e.confirmed, tk-e.claimTk)
-		e.promised = halve(e.promised, tk-e.claimTk)
 		e.claimTk = tk
 	}
 }
@@ -253,28 +252,24 @@ func (f *Fleet) Settle(skey []byte, hold uint32, add uint32, counted bool) {
 		return
 	}
 	e.cmu.Lock()
-	if e.holds > 0 {
-		e.holds--
-	}
-	if e.holds == 0 {
-		e.promised = 0 // every request it held for counted, or never will
-	}
+	e.handed -= min(e.handed, add)
 	e.cmu.Unlock()
 }
 
 // claimBatch is the entries whose claims (or first reads) wait for a send
 // together: the first of their requests to hold f.sending sends them all
-// in one pipeline.
+// in one pipeline, until the latest of their deadlines.
 type claimBatch struct {
-	es    []*hotEntry
-	views []*shareView // each entry's view from the reply
-	ok    bool
-	done  chan struct{}
+	es       []*hotEntry
+	deadline time.Time
+	views    []*shareView // each entry's view from the reply
+	ok       bool
+	done     chan struct{}
 }
 
 // sendClaim sends e with the other claims waiting, and returns the view
 // the reply built for it; it waits for the sends ahead of it until
-// deadline.
+// deadline (and for the batch it sends, until the batch's).
 func (f *Fleet) sendClaim(e *hotEntry, deadline time.Time) (*shareView, bool) {
 	f.cqMu.Lock()
 	b := f.cq
@@ -282,8 +277,14 @@ func (f *Fleet) sendClaim(e *hotEntry, deadline time.Time) (*shareView, bool) {
 		b = &claimBatch{done: make(chan struct{})}
 		f.cq = b
 	}
-	i := len(b.es)
-	b.es = append(b.es, e)
+	i := slices.Index(b.es, e)
+	if i < 0 {
+		i = len(b.es)
+		b.es = append(b.es, e)
+	}
+	if deadline.After(b.deadline) {
+		b.deadline = deadline
+	}
 	f.cqMu.Unlock()
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
@@ -297,13 +298,13 @@ func (f *Fleet) sendClaim(e *hotEntry, deadline time.Time) (*shareView, bool) {
 		select {
 		case <-b.done: // sent by the holder before this one
 		default:
-			f.sendBatch(b, deadline)
+			f.sendBatch(b)
 		}
 		<-f.sending
 	case <-b.done:
 	case <-t.C:
-		// The batch may still go (its holder's deadline): this
-		// request's count is granted, and a send writes it.
+		// The batch may still go (another's deadline): this request's
+		// count is granted, and a send writes it.
 		return nil, false
 	}
 	if !b.ok {
@@ -312,17 +313,33 @@ func (f *Fleet) sendClaim(e *hotEntry, deadline time.Time) (*shareView, bool) {
 	return b.views[i], true
 }
 
-// sendBatch sends b's entries (f.sending held) within deadline, and
-// closes b.done once b.views and b.ok hold the outcome.
-func (f *Fleet) sendBatch(b *claimBatch, deadline time.Time) {
+// sendBatch sends b's entries (f.sending held) until b's deadline, and
+// closes b.done once b.views and b.ok hold the outcome. Entries whose
+// claims it could not send publish them at their next send.
+func (f *Fleet) sendBatch(b *claimBatch) {
 	defer close(b.done)
+	f.cqMu.Lock()
+	deadline := b.deadline // no waiter joins once the batch left f.cq
+	f.cqMu.Unlock()
+	b.views = make([]*shareView, len(b.es))
+	if time.Until(deadline) <= 0 {
+		return
+	}
 	for _, e := range b.es {
 		e.pending.Store(false) // sent now
 	}
-	b.views = make([]*shareView, len(b.es))
 	f.batches.Add(1)
 	f.batched.Add(uint64(len(b.es)))
+	loud := make([]bool, len(b.es))
+	for i, e := range b.es {
+		loud[i] = e.loud.Load()
+	}
 	if !f.sendHeld(b.es, false, time.Until(deadline), true) {
+		for i, e := range b.es {
+			if loud[i] {
+				e.loud.Store(true)
+			}
+		}
 		return
 	}
 	b.ok = true

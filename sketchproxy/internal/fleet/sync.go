@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -145,8 +146,9 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 		at := now.UnixNano() / int64(e.tick)
 		e.cmu.Lock()
 		e.rebase(at)
-		// The requests in flight that hold room count too.
-		c := max(e.granted, e.promised, e.sk.EstimateBytes(e.skey))
+		// The requests in flight that hold room count too (read
+		// before the count, as need does).
+		c := uint32(min(max(uint64(e.granted), uint64(e.handed)+uint64(e.sk.EstimateBytes(e.skey))), math.MaxUint32))
 		at = max(at, e.claimTk) // a claim dated a moment later
 		e.cmu.Unlock()
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
