@@ -230,10 +230,12 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	point := sharePoint(e.theta, n, f.cfg.PromoteFraction)
 	// The key is young here too (promoted lately, not a record whose
 	// hash was deleted under a key long hot): its requests claim
-	// (claim.go), and no guarantee is given here (below), so none of the
-	// others' is raised to the apportionment either.
+	// (claim.go) where θ/N holds a whole request, and no guarantee is
+	// given then (below), so none of the others' is raised to the
+	// apportionment either.
 	vyoung := young && f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
-	if !vyoung {
+	claims := vyoung && point > 0 // where θ/N holds no whole request, nothing is claimed
+	if !claims {
 		rp.peers = othersApportioned(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
 	}
 	g, reserve, split := guarantee(f.self, rp.peers, int(n), young, e.theta, point, e.rkey)
@@ -242,7 +244,7 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	suspect = suspect || kept || rp.claim && prev != nil && prev.suspect
 	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect}
 	v.young = vyoung
-	if v.young {
+	if claims {
 		// No guarantee while young: every count past what Redis holds
 		// for this replica is claimed, and a guarantee would hold room
 		// its replica may not use (2 replicas at 9 counts of guarantees
