@@ -126,7 +126,9 @@ type SentinelConfig struct {
 	Addrs []string `yaml:"addrs" example:"[10.0.0.21:26379, 10.0.0.22:26379]"`
 	// Password of the sentinels themselves, if they require one (or
 	// PasswordEnv).
-	Password    string `yaml:"password" example:"s3cret"`
+	Password string `yaml:"password" example:"s3cret"`
+	// PasswordEnv names the environment variable that holds the
+	// sentinels' password, rather than writing it in the file.
 	PasswordEnv string `yaml:"password_env" example:"SENTINEL_PASSWORD"`
 }
 

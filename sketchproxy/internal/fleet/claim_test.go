@@ -397,3 +397,38 @@ func TestFleetClaimBatchDeadline(t *testing.T) {
 		t.Errorf("B, with 2 s left and Redis 40 ms away, failed with A's deadline")
 	}
 }
+
+// A replica gone (restarted under a new name) leaves a record that lives
+// as long as its count: it is not a replica N's floor counts once it is
+// unwritten past stale (a review: N read 4 of 3 for hours under an
+// hourly limit after one restart, and clients under their limit were
+// refused).
+func TestFleetLivePeers(t *testing.T) {
+	now := int64(1_000_000_000)
+	stale := 3 * time.Second
+	peers := []peerShare{{id: "a", ts: now}, {id: "b", ts: now - 2_000_000}, {id: "gone", c: 40, ts: now - 4_000_000}}
+	if n := livePeers(peers, now, stale); n != 2 {
+		t.Errorf("livePeers = %d, want 2: a record unwritten past stale counted as a replica", n)
+	}
+}
+
+// After a replica restarts under a new name, its predecessor's record of
+// a hot key lives on until its count halves away; the replicas count 3,
+// not 4, once it is unwritten past stale.
+func TestFleetRestartNoPhantomReplica(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 0)
+	t0 := s.clk.Now().Add(2 * time.Second)
+	for j := range 60 {
+		s.at(t0.Add(time.Duration(j)*100*time.Millisecond), func() { s.decide(j%3, "k") })
+	}
+	s.at(t0.Add(3*time.Second), func() { s.restart(2, "r2.1") })
+	for j := range 60 {
+		s.at(t0.Add(4*time.Second+time.Duration(j)*100*time.Millisecond), func() { s.decide(j%3, "k") })
+	}
+	s.run(t0.Add(15 * time.Second))
+	for i, f := range s.fleets {
+		if n := f.replicas(); n != 3 {
+			t.Errorf("replica %d counts %d replicas, want 3: the restarted one's predecessor still counts", i, n)
+		}
+	}
+}

@@ -72,7 +72,7 @@ var (
 		{newDesc("fleet_demotions_total", prometheus.CounterValue, "Keys demoted from the hot set."), func(s *Stats) uint64 { return s.Demotions }},
 		{newDesc("fleet_hot_set_full_total", prometheus.CounterValue, "Promotions refused because the hot set was full."), func(s *Stats) uint64 { return s.HotFull }},
 		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty); every replica writes its own again at its next round."), func(s *Stats) uint64 { return s.Resends }},
-		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its quiet share of a key's pool, or claimed a count of a key just shared: published to the other replicas."), func(s *Stats) uint64 { return s.Claims }},
+		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its quiet share of a key's pool, or claimed a count of a key just shared (its request waits for the answer): published to the other replicas."), func(s *Stats) uint64 { return s.Claims }},
 		{newDesc("fleet_claims_heard_total", prometheus.CounterValue, "Claims on a key's pool published by any replica and heard by this one."), func(s *Stats) uint64 { return s.ClaimsHeard }},
 		{newDesc("fleet_records_rejected_total", prometheus.CounterValue, "Other replicas' records and claims not believed: no valid MAC (written without the fleet's secret, or by a replica older than signed records)."), func(s *Stats) uint64 { return s.Rejected }},
 	}

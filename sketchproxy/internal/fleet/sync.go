@@ -193,7 +193,7 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 		}
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
-		peers = max(peers, int64(len(rp.peers)))
+		peers = max(peers, livePeers(rp.peers, rp.now, f.stale()))
 		e.own = v
 		e.answered.Store(true)
 		e.confirm(calls[i].c, calls[i].at)
@@ -206,6 +206,21 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 	}
 	f.keySyncs.Add(uint64(synced))
 	return peers
+}
+
+// livePeers is how many of peers wrote their records within stale of
+// now (Redis's time, µs): the replicas a key's records name, N's floor.
+// A record unwritten longer is a replica gone (its count stays until it
+// halves away, and a replica restarted under a new name has a record of
+// its predecessor's for as long): it is not counted.
+func livePeers(peers []peerShare, now int64, stale time.Duration) int64 {
+	var n int64
+	for _, p := range peers {
+		if p.ts >= now-int64(stale/time.Microsecond) {
+			n++
+		}
+	}
+	return n
 }
 
 // stale is how long a replica's record outlives its last write: a
