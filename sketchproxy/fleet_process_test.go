@@ -328,7 +328,24 @@ func TestFleetProcessBurst(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
+		skipIfLate(t, ls)
 		heavy.check(t, l, light, 0)
+	}
+}
+
+// skipIfLate skips a burst test whose replicas had claims that Redis did
+// not answer within the timeout: on a machine that starved the run (a
+// CI run beside the other packages' tests, under -race), the replicas
+// then decided at θ/N, as while Redis is down, which is not the case the
+// test measures.
+func skipIfLate(t *testing.T, ls []*Limiter) {
+	t.Helper()
+	var late uint64
+	for _, l := range ls {
+		late += l.mw.fleet.Stats().Late
+	}
+	if late > 0 {
+		t.Skipf("%d requests' claims passed the fleet's timeout (the machine starved the run): decided at θ/N, not the case measured", late)
 	}
 }
 
@@ -360,6 +377,7 @@ func TestFleetProcessBurstConcurrent(t *testing.T) {
 		}
 		close(start)
 		wg.Wait()
+		skipIfLate(t, ls)
 		t.Logf("key %d: 90 requests at once over 3 replicas at 20 a minute: the fleet admitted %d", k, admitted.Load())
 		if got := admitted.Load(); got == 0 || got >= 90 {
 			t.Fatalf("the fleet admitted %d of 90: the case measures no limit", got)

@@ -145,6 +145,7 @@ func (f *Fleet) deadline(q *engine.Query) time.Time {
 // replica cut off while Redis answers the others may count its θ/N of a
 // young key unseen, as during any outage of its own.
 func (f *Fleet) late(e *hotEntry, q *engine.Query, n int64, tk int64) engine.Answer {
+	f.lates.Add(1)
 	est := uint64(alone(q.Count, q.Theta, n))
 	if v := e.view.Load(); v != nil {
 		age := tk - v.tick

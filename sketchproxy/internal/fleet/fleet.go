@@ -95,7 +95,7 @@ type Fleet struct {
 
 	rounds, roundErrors, keySyncs, commands atomic.Uint64
 	promotions, demotions, hotFull, resends atomic.Uint64
-	claims, claimsHeard, rejected           atomic.Uint64
+	claims, claimsHeard, rejected, lates    atomic.Uint64
 	rttNs, lastOK, rejectLogged             atomic.Int64
 	// redisAt is the latest Redis time (µs) a reply to this replica
 	// carried; redisSeen, f.now (ns) when it came.

@@ -23,6 +23,9 @@ type Stats struct {
 	Rounds, RoundErrors, KeySyncs, Commands uint64
 	Promotions, Demotions, HotFull, Resends uint64
 	Claims, ClaimsHeard, Rejected           uint64
+	// Late counts the requests of keys just shared whose claims Redis
+	// did not answer in time: decided as during an outage (claim.go).
+	Late uint64
 }
 
 // Stats returns the fleet's figures now.
@@ -34,6 +37,7 @@ func (f *Fleet) Stats() Stats {
 		Rounds: f.rounds.Load(), RoundErrors: f.roundErrors.Load(), KeySyncs: f.keySyncs.Load(), Commands: f.commands.Load(),
 		Promotions: f.promotions.Load(), Demotions: f.demotions.Load(), HotFull: f.hotFull.Load(), Resends: f.resends.Load(),
 		Claims: f.claims.Load(), ClaimsHeard: f.claimsHeard.Load(), Rejected: f.rejected.Load(),
+		Late: f.lates.Load(),
 	}
 	if ok := f.lastOK.Load(); ok > 0 {
 		s.LastOK = time.Unix(0, ok)
@@ -74,6 +78,7 @@ var (
 		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty); every replica writes its own again at its next round."), func(s *Stats) uint64 { return s.Resends }},
 		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its quiet share of a key's pool, or claimed a count of a key just shared (its request waits for the answer): published to the other replicas."), func(s *Stats) uint64 { return s.Claims }},
 		{newDesc("fleet_claims_heard_total", prometheus.CounterValue, "Claims on a key's pool published by any replica and heard by this one."), func(s *Stats) uint64 { return s.ClaimsHeard }},
+		{newDesc("fleet_claims_late_total", prometheus.CounterValue, "Requests of keys just shared whose claims Redis did not answer within the fleet's timeout: decided as while Redis is down, at 1/N."), func(s *Stats) uint64 { return s.Late }},
 		{newDesc("fleet_records_rejected_total", prometheus.CounterValue, "Other replicas' records and claims not believed: no valid MAC (written without the fleet's secret, or by a replica older than signed records)."), func(s *Stats) uint64 { return s.Rejected }},
 	}
 )
