@@ -146,16 +146,11 @@ func (f *Fleet) deadline(q *engine.Query) time.Time {
 // young key unseen, as during any outage of its own.
 func (f *Fleet) late(e *hotEntry, q *engine.Query, n int64, tk int64) engine.Answer {
 	f.lates.Add(1)
-	est := uint64(alone(q.Count, q.Theta, n))
+	est := alone(q.Count, q.Theta, n)
 	if v := e.view.Load(); v != nil {
-		age := tk - v.tick
-		sum := uint64(q.Count)
-		for _, p := range v.others {
-			sum += uint64(halve(p.c, age))
-		}
-		est = max(est, sum)
+		est = max(est, v.withOthers(q.Count, tk))
 	}
-	return engine.Answer{Est: uint32(min(est, math.MaxUint32)), Tell: true}
+	return engine.Answer{Est: est, Tell: true}
 }
 
 // need is what e's count here reaches with q: the counts the requests in
@@ -181,7 +176,7 @@ func (e *hotEntry) need(q *engine.Query, tk int64) uint64 {
 // conditional add holds the count to top (requests admitted before it
 // hold room below it), and a suspect view to θ/N.
 func (f *Fleet) admit(e *hotEntry, v *shareView, q *engine.Query, top uint32, n int64) engine.Answer {
-	a := engine.Answer{Est: uint32(min(uint64(q.Count)+uint64(q.Theta-min(q.Theta, top)), math.MaxUint32))}
+	a := engine.Answer{Est: estimateAt(q.Count, q.Theta, top)}
 	if v.suspect {
 		a.Est = max(a.Est, alone(q.Count, q.Theta, n))
 	}

@@ -447,7 +447,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		return engine.Answer{Est: alone(local, theta, n), Tell: true}
 	}
 	top, quiet := v.allowance(theta, now.UnixNano()/int64(tick))
-	est := uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32))
+	est := estimateAt(local, theta, top)
 	if v.suspect {
 		est = max(est, alone(local, theta, n))
 	}
@@ -458,6 +458,12 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 // fair share θ/N (at least one request).
 func alone(local, theta uint32, n int64) uint32 {
 	top := max(fairShare(theta, n), shareUnit)
+	return estimateAt(local, theta, top)
+}
+
+// estimateAt is the estimate of a key whose count here is local and may
+// reach top of θ: local plus the part of θ this replica may not use.
+func estimateAt(local, theta, top uint32) uint32 {
 	return uint32(min(uint64(local)+uint64(theta-min(theta, top)), math.MaxUint32))
 }
 

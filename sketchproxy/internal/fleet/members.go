@@ -148,10 +148,15 @@ func (f *Fleet) othersKnown(skey []byte, sk engine.Local, tick time.Duration, th
 	if v == nil {
 		return 0
 	}
-	age := now.UnixNano()/int64(tick) - v.tick
+	return v.withOthers(local, now.UnixNano()/int64(tick))
+}
+
+// withOthers is local plus the other replicas' counts in v, halved to
+// tick tk: what a key's count is at least, fleet-wide.
+func (v *shareView) withOthers(local uint32, tk int64) uint32 {
 	sum := uint64(local)
 	for _, p := range v.others {
-		sum += uint64(halve(p.c, age))
+		sum += uint64(halve(p.c, tk-v.tick))
 	}
 	return uint32(min(sum, math.MaxUint32))
 }
