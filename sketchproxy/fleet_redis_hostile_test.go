@@ -244,6 +244,20 @@ var hostileCases = []hostileCase{
 	// count) and genuine ones altered (dated on the next tick, counts
 	// zeroed, a ghost added).
 	{name: "forged-claims", attack: (*attacker).forgeClaims},
+	// (g) Every hot key's born (unsigned) rewritten to long ago: Redis
+	// then calls a key just shared old. Before a key's youth was its
+	// replica's own word, its requests stopped claiming and the birth
+	// burst came back (22 to 24 of 20).
+	{name: "born-old", attack: func(a *attacker) {
+		for _, k := range a.hashes() {
+			a.rdb.HSet(a.ctx, k, "born", "0")
+		}
+	}},
+	{name: "born-old-3", attack: func(a *attacker) {
+		for _, k := range a.hashes() {
+			a.rdb.HSet(a.ctx, k, "born", "0")
+		}
+	}, n: 3, replicas: 3},
 }
 
 func zeroGuarantees(a *attacker) {

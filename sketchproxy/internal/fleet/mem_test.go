@@ -28,6 +28,9 @@ type memStore struct {
 	// resume, late, as Redis stopped (SIGSTOP) runs what it has queued.
 	paused bool
 	late   []func()
+	// oldBorn: every key's born reads as of long ago, as a writer without
+	// the secret rewrites it (HSET key born 0): the field is unsigned.
+	oldBorn bool
 
 	listeners []func(string)
 	queued    []string // published, not yet delivered
@@ -63,6 +66,9 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 		if k == nil {
 			k = &memKey{born: us, recs: map[string]signedRec{}}
 			m.keys[c.rkey] = k
+		}
+		if m.oldBorn {
+			k.born = 0
 		}
 		rp := shareReply{ok: true, tick: tick, born: k.born, now: us}
 		var ids []string

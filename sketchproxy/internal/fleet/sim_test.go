@@ -513,15 +513,19 @@ func TestFleetReloadChangesLimit(t *testing.T) {
 // alone admits: the wrong direction. The test pins both sides: a burst
 // within the limit is never refused, and one past it is held to the
 // burst; where refused requests count too (the engine asks the fleet with
-// the count before the request's hits).
+// the count before the request's hits); and where a writer without the
+// secret rewrites every key's born (unsigned) to long ago, so that Redis
+// calls a key just shared old: a key's youth is this replica's own word
+// (22 to 24 of 30 before it was).
 func TestFleetSimBurstAtBirth(t *testing.T) {
 	for _, c := range []struct {
-		calls        int
-		countRefused bool
-	}{{16, false}, {20, false}, {30, false}, {20, true}, {30, true}} {
+		calls               int
+		countRefused, forge bool
+	}{{16, false, false}, {20, false, false}, {30, false, false}, {20, true, false}, {30, true, false}, {20, false, true}, {30, false, true}, {30, true, true}} {
 		calls := c.calls
 		rs := engine.RuleSpec{Name: "api", CountRefused: c.countRefused, Limits: []engine.LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: 20, Per: time.Minute}}}}
 		s := newFleetSimRule(t, 3, rs, 0)
+		s.store.oldBorn = c.forge
 		rng := rand.New(rand.NewPCG(47, uint64(calls)))
 		t0 := s.clk.Now().Add(2 * time.Second) // each heartbeat has counted the 3
 		var tallies [5]tally
@@ -532,7 +536,7 @@ func TestFleetSimBurstAtBirth(t *testing.T) {
 		}
 		s.run(t0.Add(10 * time.Second))
 		for k, tl := range tallies {
-			t.Logf("%d calls in 100 ms (refused ones counted: %v), key %d: the fleet admitted %d of %d, one replica alone %d; %d refused where one alone admits", calls, c.countRefused, k, tl.fleetFirst, tl.sent, tl.aloneFirst, tl.wrong)
+			t.Logf("%d calls in 100 ms (refused ones counted: %v, born forged: %v), key %d: the fleet admitted %d of %d, one replica alone %d; %d refused where one alone admits", calls, c.countRefused, c.forge, k, tl.fleetFirst, tl.sent, tl.aloneFirst, tl.wrong)
 			if tl.aloneFirst != min(tl.sent, 20) {
 				t.Fatalf("one replica alone admitted %d of %d, want %d: the case measures no burst", tl.aloneFirst, tl.sent, min(tl.sent, 20))
 			}
