@@ -253,11 +253,27 @@ var hostileCases = []hostileCase{
 			a.rdb.HSet(a.ctx, k, "born", "0")
 		}
 	}},
+	// (h) Made-up members, in the sorted set and in the signed hash (a
+	// fresh time, any MAC), 50 of each every 200 ms: counted, each
+	// replica took a share of 52 and refused more.
+	{name: "members", attack: forgeMembers},
 	{name: "born-old-3", attack: func(a *attacker) {
 		for _, k := range a.hashes() {
 			a.rdb.HSet(a.ctx, k, "born", "0")
 		}
 	}, n: 3, replicas: 3},
+}
+
+func forgeMembers(a *attacker) {
+	tm, err := a.rdb.Time(a.ctx).Result()
+	if err != nil {
+		return
+	}
+	for i := range 50 {
+		id := fmt.Sprint("ghost-", i)
+		a.rdb.ZAdd(a.ctx, hostilePrefix+"members", redis.Z{Score: float64(tm.UnixMilli()), Member: id})
+		a.rdb.HSet(a.ctx, hostilePrefix+"{"+hostilePrefix+"members}:signed", id, fmt.Sprintf("%d %s", tm.UnixMicro(), strings.Repeat("0", 32)))
+	}
 }
 
 func zeroGuarantees(a *attacker) {
@@ -423,5 +439,10 @@ func (r *hostileRun) check(t *testing.T) {
 	}
 	if r.calmRefused > 0 {
 		t.Errorf("%s: %d of %d requests of a client under its limit (one replica alone admits them all) refused", r.name, r.calmRefused, r.calm)
+	}
+	for i, l := range r.ls {
+		if n := l.mw.fleet.Stats().Replicas; n != int64(len(r.ls)) {
+			t.Errorf("%s: replica %d counts %d replicas at the end, want %d", r.name, i, n, len(r.ls))
+		}
 	}
 }

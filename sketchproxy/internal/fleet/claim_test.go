@@ -186,9 +186,9 @@ type slowStore struct {
 	slow bool
 }
 
-func (s *slowStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
+func (s *slowStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, *beatReply, int, error) {
 	if s.slow {
-		return make([]shareReply, len(calls)), 0, len(calls), context.DeadlineExceeded
+		return make([]shareReply, len(calls)), nil, len(calls), context.DeadlineExceeded
 	}
 	return s.memStore.sync(ctx, r, calls, beat)
 }
@@ -280,7 +280,7 @@ type rttStore struct {
 	rtt time.Duration
 }
 
-func (s *rttStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
+func (s *rttStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, *beatReply, int, error) {
 	time.Sleep(s.rtt)
 	return s.memStore.sync(ctx, r, calls, beat)
 }
@@ -354,11 +354,11 @@ type ctxStore struct {
 	d time.Duration
 }
 
-func (s *ctxStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
+func (s *ctxStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, *beatReply, int, error) {
 	select {
 	case <-time.After(s.d):
 	case <-ctx.Done():
-		return make([]shareReply, len(calls)), 0, len(calls), ctx.Err()
+		return make([]shareReply, len(calls)), nil, len(calls), ctx.Err()
 	}
 	return s.memStore.sync(ctx, r, calls, beat)
 }

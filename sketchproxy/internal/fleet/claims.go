@@ -190,16 +190,61 @@ func knownPeer(v *shareView, id string, tick int64) (peerShare, bool) {
 // last send's; the MAC, over the key's name and everything the record
 // says.
 func (f *Fleet) sign(calls []shareCall) {
-	ts := f.now().UnixMicro()
-	if at := f.redisAt.Load(); at != 0 {
-		ts = at + max(0, f.now().UnixNano()-f.redisSeen.Load())/int64(time.Microsecond)
-	}
-	f.lastTS = max(ts, f.lastTS+1)
+	f.lastTS = max(f.redisClock(), f.lastTS+1)
 	for i := range calls {
 		c := &calls[i]
 		c.ts = f.lastTS
 		c.mac = f.macOf(c.rkey, &signedRec{id: f.self, c: c.c, d: c.d, g: c.g, at: c.at, ts: c.ts})
 	}
+}
+
+// redisClock is this replica's reckoning of Redis's time (µs): the latest
+// a reply carried, plus the time since; before any, its own clock.
+func (f *Fleet) redisClock() int64 {
+	if at := f.redisAt.Load(); at != 0 {
+		return at + max(0, f.now().UnixNano()-f.redisSeen.Load())/int64(time.Microsecond)
+	}
+	return f.now().UnixMicro()
+}
+
+// noteRedisTime records Redis's time now (µs), from a reply.
+func (f *Fleet) noteRedisTime(now int64) {
+	if now > f.redisAt.Load() {
+		f.redisSeen.Store(f.now().UnixNano())
+		f.redisAt.Store(now)
+	}
+}
+
+// signBeat dates and signs this replica's heartbeat: its entry in the
+// members' hash is the MAC of a record of its id with no counts, dated
+// ts, under the hash's name (no key's record has that name).
+func (f *Fleet) signBeat(hb *heartbeat) {
+	hb.ts = f.redisClock()
+	hb.mac = f.macOf(hb.signedKey, &signedRec{id: hb.id, ts: hb.ts})
+}
+
+// countMembers is how many replicas the heartbeat's reply br names with
+// entries that verify and that were signed within window of Redis's
+// time (a timeout past it at most: a reckoning of it is never ahead by
+// more), this replica at least. Entries that do not verify are counted
+// as rejected records: written without the secret, or replayed from
+// before the window.
+func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
+	n := int64(1) // this replica, whose entry the script wrote before it read
+	rejected := 0
+	for _, m := range br.members {
+		if m.id == hb.id {
+			continue
+		}
+		if m.ts < br.now-hb.window.Microseconds() || m.ts > br.now+time.Duration(f.cfg.Timeout).Microseconds() ||
+			!hmac.Equal([]byte(f.macOf(hb.signedKey, &signedRec{id: m.id, ts: m.ts})), []byte(m.mac)) {
+			rejected++
+			continue
+		}
+		n++
+	}
+	f.reject(rejected)
+	return n
 }
 
 // recMACSize is a record's MAC, truncated HMAC-SHA256 (bytes).

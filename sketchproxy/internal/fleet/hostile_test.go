@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -165,33 +166,108 @@ func TestFleetPoisonedKeyDoesNotDownTheFleet(t *testing.T) {
 // clock: the replica ahead dropped the other's entry at each of its beats
 // and counted itself alone (N = 1: its fair share was the whole θ), and
 // an entry written with a score in the future (a clock ahead, or anyone
-// writing to the set) was never dropped, and counted for ever.
+// writing to the set) was never dropped, and counted for ever. A
+// replica's first beat is dated by its own clock (it has no word from
+// Redis yet), and one 10 s off is out of the window: it counts from its
+// second, dated by Redis's time its first reply carried.
 func TestFleetHeartbeatOnRedisClock(t *testing.T) {
 	addr := testkit.RedisServer(t)
 	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
 	defer rs.close()
-	ctx := context.Background()
-	window := 3*500*time.Millisecond + time.Second
-	beat := func(id string, skew time.Duration) int64 {
-		r := &shareRound{id: id, candidate: id, channel: "sketchproxy:claims", stale: 3 * time.Second, ttl: time.Second}
-		_, n, _, err := rs.sync(ctx, r, nil, &heartbeat{key: "sketchproxy:members", id: id, now: time.Now().Add(skew), window: window})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
+	replica := func(id string, skew time.Duration) *Fleet {
+		f := hostileFleet(t, rs, func() time.Time { return time.Now().Add(skew) }, 0)
+		f.self = id
+		return f
 	}
-	beat("behind", -10*time.Second)
-	if n := beat("ahead", 10*time.Second); n != 2 {
+	beat := func(f *Fleet) int64 {
+		if !f.send(nil, true) {
+			t.Fatal("the heartbeat failed")
+		}
+		return f.n.Load()
+	}
+	behind, ahead := replica("behind", -10*time.Second), replica("ahead", 10*time.Second)
+	beat(behind)
+	beat(ahead)
+	beat(behind)
+	if n := beat(ahead); n != 2 {
 		t.Errorf("the replica 10 s ahead counts %d replicas, want 2", n)
 	}
-	if n := beat("behind", -10*time.Second); n != 2 {
+	if n := beat(behind); n != 2 {
 		t.Errorf("the replica 10 s behind counts %d replicas, want 2", n)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	rdb.ZAdd(ctx, "sketchproxy:members", redis.Z{Score: 1e15, Member: "forged"})
-	if n := beat("ahead", 10*time.Second); n != 2 {
+	rdb.ZAdd(context.Background(), "sketchproxy:members", redis.Z{Score: 1e15, Member: "forged"})
+	if n := beat(ahead); n != 2 {
 		t.Errorf("an entry dated in the future is counted: %d replicas, want 2", n)
+	}
+}
+
+// Anyone who may write to Redis may add to the members: replicas that
+// counted the members' sorted set (ZCARD) counted every entry added to
+// it, so a writer without the secret made each replica count 50 peers
+// more, take a fiftieth of its share and refuse clients under their
+// limit (and share every key from its first request, a Redis command a
+// request). The members are signed: entries made up (in the sorted set or
+// in the signed hash, with a fresh time and any MAC), an entry copied
+// under another id, and a genuine entry replayed past the window are not
+// counted, and say so in sketchproxy_fleet_records_rejected_total.
+func TestFleetMembersForged(t *testing.T) {
+	addr := testkit.RedisServer(t)
+	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+	defer rs.close()
+	a, b := hostileFleet(t, rs, time.Now, 0), hostileFleet(t, rs, time.Now, 0)
+	a.self, b.self = "a", "b"
+	for range 2 {
+		for _, f := range []*Fleet{a, b} {
+			if !f.send(nil, true) {
+				t.Fatal("the heartbeat failed")
+			}
+		}
+	}
+	if n := a.n.Load(); n != 2 {
+		t.Fatalf("2 replicas count %d, want 2", n)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	signed := "sketchproxy:{sketchproxy:members}:signed"
+	old, err := rdb.HGet(ctx, signed, b.self).Result()
+	if err != nil {
+		t.Fatalf("b's signed entry: %v", err)
+	}
+	tm, _ := rdb.Time(ctx).Result()
+	now := tm.UnixMicro()
+	for i := range 50 {
+		rdb.ZAdd(ctx, "sketchproxy:members", redis.Z{Score: float64(tm.UnixMilli()), Member: fmt.Sprint("ghost-", i)})
+		rdb.HSet(ctx, signed, fmt.Sprint("ghost-", i), fmt.Sprintf("%d %s", now, strings.Repeat("0", 32)))
+	}
+	rdb.HSet(ctx, signed, "copy-of-b", old) // b's genuine entry under another id
+	before := a.rejected.Load()
+	if !a.send(nil, true) {
+		t.Fatal("the heartbeat failed")
+	}
+	if n := a.n.Load(); n != 2 {
+		t.Errorf("with 50 made-up members and a copied entry, a replica counts %d replicas, want 2", n)
+	}
+	if got := a.rejected.Load() - before; got != 51 {
+		t.Errorf("%d members rejected, want 51", got)
+	}
+	// b's genuine entry, replayed once it is out of the window, is not
+	// b alive: b has stopped, and a counts itself alone once the floor of
+	// the most seen lately has passed.
+	hb := a.heartbeat(time.Now(), 3*500*time.Millisecond+time.Second)
+	rdb.HSet(ctx, signed, b.self, old)
+	br := &beatReply{now: now + (hb.window + time.Second).Microseconds()}
+	w := strings.Fields(old)
+	ts, _ := strconv.ParseInt(w[0], 10, 64)
+	br.members = []memberEntry{{id: b.self, ts: ts, mac: w[1]}, {id: a.self, ts: hb.ts, mac: hb.mac}}
+	if n := a.countMembers(hb, br); n != 1 {
+		t.Errorf("b's entry replayed past the window counts: %d replicas, want 1", n)
+	}
+	br.now = now
+	if n := a.countMembers(hb, br); n != 2 {
+		t.Errorf("b's entry within the window counts %d replicas, want 2", n)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -22,7 +23,7 @@ type memStore struct {
 	now     func() time.Time
 	keys    map[string]*memKey
 	markers map[string]string
-	members map[string]time.Time
+	members map[string]memberEntry // the members' hash (its entries' ts: µs)
 	down    bool // every sync fails, as with Redis unreachable
 	// paused: every sync fails (a timeout), but its commands run at
 	// resume, late, as Redis stopped (SIGSTOP) runs what it has queued.
@@ -42,21 +43,21 @@ type memKey struct {
 }
 
 func newMemStore(now func() time.Time) *memStore {
-	return &memStore{now: now, keys: map[string]*memKey{}, markers: map[string]string{}, members: map[string]time.Time{}}
+	return &memStore{now: now, keys: map[string]*memKey{}, markers: map[string]string{}, members: map[string]memberEntry{}}
 }
 
 var errMemDown = errors.New("memStore: down")
 
-func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
+func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, *beatReply, int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	replies := make([]shareReply, len(calls))
 	if m.down {
-		return replies, 0, len(calls), errMemDown
+		return replies, nil, len(calls), errMemDown
 	}
 	if m.paused {
 		m.late = append(m.late, func() { m.sync(context.Background(), r, calls, beat) })
-		return replies, 0, len(calls), errMemDown
+		return replies, nil, len(calls), errMemDown
 	}
 	now := m.now()
 	us := now.UnixMicro()
@@ -108,17 +109,23 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 			m.queued = append(m.queued, b.String())
 		}
 	}
-	var n int64
+	var br *beatReply
 	if beat != nil {
-		m.members[beat.id] = beat.now
-		for id, t := range m.members {
-			if beat.now.Sub(t) > beat.window {
+		// As beatScript: the entry written, those out of the window of
+		// now dropped, the rest returned.
+		m.members[beat.id] = memberEntry{id: beat.id, ts: beat.ts, mac: beat.mac}
+		br = &beatReply{now: us}
+		ids := slices.Sorted(maps.Keys(m.members))
+		for _, id := range ids {
+			e := m.members[id]
+			if e.ts < us-beat.window.Microseconds() || e.ts > us+beat.window.Microseconds() {
 				delete(m.members, id)
+				continue
 			}
+			br.members = append(br.members, e)
 		}
-		n = int64(len(m.members))
 	}
-	return replies, n, len(calls), nil
+	return replies, br, len(calls), nil
 }
 
 // deliver hands every queued claim to every listener.
@@ -137,7 +144,7 @@ func (m *memStore) deliver() {
 // flush loses everything, as a Redis restarted empty.
 func (m *memStore) flush() {
 	m.mu.Lock()
-	m.keys, m.markers, m.members = map[string]*memKey{}, map[string]string{}, map[string]time.Time{}
+	m.keys, m.markers, m.members = map[string]*memKey{}, map[string]string{}, map[string]memberEntry{}
 	m.mu.Unlock()
 }
 

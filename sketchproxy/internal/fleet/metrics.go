@@ -79,7 +79,7 @@ var (
 		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its quiet share of a key's pool, or claimed a count of a key just shared (its request waits for the answer): published to the other replicas."), func(s *Stats) uint64 { return s.Claims }},
 		{newDesc("fleet_claims_heard_total", prometheus.CounterValue, "Claims on a key's pool published by any replica and heard by this one."), func(s *Stats) uint64 { return s.ClaimsHeard }},
 		{newDesc("fleet_claims_late_total", prometheus.CounterValue, "Requests of keys just shared whose claims Redis did not answer within the fleet's timeout: decided as while Redis is down, at 1/N."), func(s *Stats) uint64 { return s.Late }},
-		{newDesc("fleet_records_rejected_total", prometheus.CounterValue, "Other replicas' records and claims not believed: no valid MAC (written without the fleet's secret, or by a replica older than signed records)."), func(s *Stats) uint64 { return s.Rejected }},
+		{newDesc("fleet_records_rejected_total", prometheus.CounterValue, "Other replicas' records, claims and heartbeats not believed: no valid MAC (written without the fleet's secret, or by a replica older than signed records or members), or a heartbeat replayed past its window."), func(s *Stats) uint64 { return s.Rejected }},
 	}
 )
 

@@ -132,22 +132,43 @@ for i = 1, #out do res[#res + 1] = out[i] end
 return res
 `
 
-// beatScript is the heartbeat in one command: this replica's entry in the
-// members' sorted set, the entries older than the window dropped, and the
-// members counted, all on Redis's clock, as the records are: on the
-// replicas' own clocks, one ahead by more than the window dropped the
-// others' entries and counted itself alone, and an entry dated in the
-// future (a clock ahead, or anyone writing to the set) was never dropped.
-// Entries later than now are dropped too. KEYS[1] the set; ARGV: the id,
-// the window in ms.
+// beatScript is the heartbeat in one command, on Redis's clock, as the
+// records are (on the replicas' own clocks, one ahead by more than the
+// window dropped the others' entries and counted itself alone). Its
+// members are signed: KEYS[2], a hash in KEYS[1]'s slot, holds each
+// replica's entry "ts mac" (the time it sent it, its reckoning of Redis's
+// clock in µs, and a MAC over the hash's name, its id and ts), and the
+// script returns Redis's time (µs) and every entry within the window of
+// now, dropping the others; the replica counts those that verify
+// (Fleet.countMembers). Anyone may write to the hash, but no entry it
+// makes up verifies, and one replayed is out of the window by its signed
+// time: a members' set anyone could add to made every replica count more
+// peers and refuse more. KEYS[1], the sorted set that replicas before
+// signed members count (ZCARD), gets this replica's entry too, so that
+// they still count it. ARGV: the id, the window in ms, the entry.
 const beatScript = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local w = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now - tonumber(ARGV[2])))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now - w))
 redis.call('ZREMRANGEBYSCORE', KEYS[1], string.format('(%d', now), '+inf')
 redis.call('PEXPIRE', KEYS[1], 60000)
-return redis.call('ZCARD', KEYS[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {string.format('%d', us)}
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  local ts = tonumber(string.match(all[i + 1], '^(%d+) ') or '')
+  if not ts or ts < us - w * 1000 or ts > us + w * 1000 then
+    redis.call('HDEL', KEYS[2], all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+redis.call('PEXPIRE', KEYS[2], 60000)
+return out
 `
 
 // shareRound is what every call of one round shares.
@@ -227,18 +248,64 @@ type fleetStore interface {
 	// sync sends calls (with beat, this replica's heartbeat too, and
 	// then returns the replicas counted), reporting the commands sent. A
 	// reply whose node did not answer has ok false.
-	sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) (replies []shareReply, replicas int64, commands int, err error)
+	sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) (replies []shareReply, members *beatReply, commands int, err error)
 	// listen delivers each claim published on channel until close; ready
 	// is called each time it (re)subscribes.
 	listen(channel string, deliver func(payload string), ready func(), failed func(error))
 	close()
 }
 
-// heartbeat is this replica's entry in the members' sorted set.
+// heartbeat is this replica's entry in the members' sorted set (key)
+// and its signed entry in the members' hash (signedKey): ts, its
+// reckoning of Redis's time (µs), and mac (Fleet.signBeat).
 type heartbeat struct {
-	key, id string
-	now     time.Time     // the test store's clock; Redis counts on its own
-	window  time.Duration // members older than this are gone
+	key, signedKey, id string
+	now                time.Time     // the test store's clock; Redis counts on its own
+	window             time.Duration // members older than this are gone
+	ts                 int64
+	mac                string
+}
+
+// entry is the heartbeat's value in the members' hash.
+func (h *heartbeat) entry() string { return strconv.FormatInt(h.ts, 10) + " " + h.mac }
+
+// beatReply is what the heartbeat read: Redis's time (µs) and the
+// entries of the members' hash within the window, not yet verified.
+type beatReply struct {
+	now     int64
+	members []memberEntry
+}
+
+// memberEntry is one replica's entry in the members' hash.
+type memberEntry struct {
+	id, mac string
+	ts      int64
+}
+
+// parseBeatReply reads beatScript's reply: Redis's time, then the
+// entries' ids and values. ok is false if it is not one.
+func parseBeatReply(v []any) (br beatReply, ok bool) {
+	if len(v) == 0 || len(v)%2 != 1 {
+		return br, false
+	}
+	s, _ := v[0].(string)
+	now, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return br, false
+	}
+	br.now = now
+	for i := 1; i+1 < len(v); i += 2 {
+		id, _ := v[i].(string)
+		val, _ := v[i+1].(string)
+		tsWord, mac, found := strings.Cut(val, " ")
+		ts, err := strconv.ParseInt(tsWord, 10, 64)
+		if !found || err != nil || id == "" {
+			br.members = append(br.members, memberEntry{id: id}) // rejected when counted
+			continue
+		}
+		br.members = append(br.members, memberEntry{id: id, mac: mac, ts: ts})
+	}
+	return br, true
 }
 
 // redisStore is the fleet's Redis: one script call per hot key, pipelined
@@ -256,7 +323,7 @@ func newRedisStore(o *redis.UniversalOptions) *redisStore {
 	return &redisStore{rdb: redis.NewUniversalClient(o), script: redis.NewScript(shareScript), beat: redis.NewScript(beatScript)}
 }
 
-func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, int64, int, error) {
+func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, *beatReply, int, error) {
 	sent := 0
 	var all []redis.Cmder // every command of the last pipeline
 	// exec sends the round; with eval, as EVAL (which also caches the
@@ -284,7 +351,7 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		}
 		var card *redis.Cmd
 		if beat != nil {
-			card = run(s.beat, pipe, []string{beat.key}, beat.id, beat.window.Milliseconds())
+			card = run(s.beat, pipe, []string{beat.key, beat.signedKey}, beat.id, beat.window.Milliseconds(), beat.entry())
 		}
 		sent += pipe.Len()
 		var err error
@@ -313,11 +380,15 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 			replies[i] = parseShareReply(v)
 		}
 	}
-	var n int64
+	var members *beatReply
 	if card != nil && err == nil {
-		n, _ = card.Int64()
+		if v, cerr := card.Slice(); cerr == nil {
+			if br, ok := parseBeatReply(v); ok {
+				members = &br
+			}
+		}
 	}
-	return replies, n, sent, err
+	return replies, members, sent, err
 }
 
 // keysOnly reports whether every command that failed, failed because of

@@ -131,13 +131,13 @@ func TestSyncWithoutScriptsCached(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		hb := &heartbeat{key: "sketchproxy:replicas", id: "r0", now: time.Now(), window: time.Minute}
-		got, replicas, sent, err := rs.sync(ctx, round, []shareCall{call}, hb)
+		hb := &heartbeat{key: "sketchproxy:replicas", signedKey: "sketchproxy:{sketchproxy:replicas}:signed", id: "r0", now: time.Now(), window: time.Minute, ts: time.Now().UnixMicro(), mac: "m"}
+		got, members, sent, err := rs.sync(ctx, round, []shareCall{call}, hb)
 		if err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}
-		if !got[0].ok || replicas != 1 {
-			t.Fatalf("round %d: reply %s, %d replicas: want a record and 1 replica", i, describe(got[0]), replicas)
+		if !got[0].ok || members == nil || len(members.members) != 1 || members.members[0].id != "r0" {
+			t.Fatalf("round %d: reply %s, members %+v: want a record and r0's entry", i, describe(got[0]), members)
 		}
 		// EVALSHA twice, then EVAL twice where the scripts were flushed.
 		if want := map[bool]int{true: 4, false: 2}[i < 2]; sent != want {

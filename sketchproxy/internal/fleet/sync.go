@@ -103,9 +103,9 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	f.sign(calls)
 	var hb *heartbeat
 	if beat && f.cfg.Replicas == 0 {
-		hb = &heartbeat{key: f.cfg.Prefix + "members", id: f.self, now: now, window: 3*interval + time.Second}
+		hb = f.heartbeat(now, 3*interval+time.Second)
 	}
-	replies, card, sent, err := f.store.sync(ctx, r, calls, hb)
+	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
 	peers := f.apply(es, calls, replies, err == nil)
 	if claim {
@@ -128,13 +128,27 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	f.warmUntil.CompareAndSwap(0, f.now().UnixNano()+int64(f.stale()))
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
-	if hb != nil {
-		f.noteMembers(card, peers)
+	if hb != nil && members != nil {
+		f.noteRedisTime(members.now)
+		f.noteMembers(f.countMembers(hb, members), peers)
 	}
 	if !f.up.Swap(true) {
 		f.log.Info("fleet: Redis reachable: enforcing fleet-wide limits", "replicas", f.replicas(), "hot_keys", f.count.Load())
 	}
 	return true
+}
+
+// heartbeat is this replica's heartbeat of a round at now (the test
+// store's clock), signed: members not heard from within window are gone.
+// The members' hash is named under the prefix (an ACL's key pattern) and
+// is in the sorted set's slot (its hash tag is the set's name, which has
+// none: the prefix has no braces), so that one script writes both on a
+// Redis Cluster.
+func (f *Fleet) heartbeat(now time.Time, window time.Duration) *heartbeat {
+	set := f.cfg.Prefix + "members"
+	hb := &heartbeat{key: set, signedKey: f.cfg.Prefix + "{" + set + "}:signed", id: f.self, now: now, window: window}
+	f.signBeat(hb)
+	return hb
 }
 
 // callsOf is what a send writes of each of es at now: its count, its
@@ -187,10 +201,7 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 		}
 		f.run[e.marker] = rp.run
 		synced++
-		if rp.now > f.redisAt.Load() {
-			f.redisSeen.Store(f.now().UnixNano())
-			f.redisAt.Store(rp.now)
-		}
+		f.noteRedisTime(rp.now)
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
 		peers = max(peers, livePeers(rp.peers, rp.now, f.stale()))
