@@ -24,7 +24,7 @@ type memStore struct {
 	keys    map[string]*memKey
 	markers map[string]string
 	members map[string]memberEntry // the members' hash (its entries' ts: µs)
-	down    bool // every sync fails, as with Redis unreachable
+	down    bool                   // every sync fails, as with Redis unreachable
 	// paused: every sync fails (a timeout), but its commands run at
 	// resume, late, as Redis stopped (SIGSTOP) runs what it has queued.
 	paused bool
