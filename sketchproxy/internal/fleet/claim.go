@@ -28,11 +28,15 @@ import (
 // settles it (Settle: counted, or refused after all), so two requests in
 // flight never take one claim, and a count claimed that no request took
 // (a request refused by another limit after its claim, a waiter that gave
-// up) is taken by the next request without a send. A claim Redis refused
-// (another replica's came first) stays in the record until it halves:
-// the others may have read it, and a record never reads lower
-// (keepPeers). A key promoted here reads its records before it claims, so
-// that no claim is made blind.
+// up) is taken by the next request without a send. A claim is
+// conditional (shareScript): written only where it fits beside what the
+// others' records hold, so one that does not is never in the record (one
+// that stayed there, refused, held its room until it halved: a record
+// never reads lower, keepPeers). A key promoted here claims at once,
+// within θ less each other replica's promotion point (claimLimit), and a
+// claim not written where the reply shows room is sent again from the
+// reply's view (claimTries); one not written beside a record that does
+// not verify is decided as while Redis is down (unsure).
 //
 // A request waits at most the fleet's timeout from its first wait
 // (engine.Query.Start), over all of its keys, for the key's claims
@@ -41,11 +45,10 @@ import (
 // decided as while Redis is down (late), its count published at once.
 // Wallets (the engine checks them against what requests in flight
 // reserve), rules that count whatever the answer (shadow, quota) and
-// queries that may not wait (engine.Query.NoWait) do not claim; nor do
-// keys whose fair share θ/N holds no whole request: every key of such a
-// limit is shared from its first request, and a claim Redis refused
-// there would hold the whole limit in its record until it halves (1 a
-// second over 3 replicas at 10x: 0.93 of one replica alone with claims).
+// queries that may not wait (engine.Query.NoWait) do not claim. Keys
+// whose fair share θ/N holds no whole request are shared from their
+// first request, which claims: each replica admitted one alone before
+// (3 of a burst of 1 over 3 replicas).
 
 // claim decides q for e, young or not yet answered, with n replicas. ok is
 // false where, once the request's turn came, the key was no longer young
@@ -67,64 +70,76 @@ func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, o
 		return f.late(e, q, n, tk), true
 	}
 	defer func() { <-e.claiming }()
-	v := e.view.Load()
-	if v != nil && !v.young || !f.up.Load() {
-		return engine.Answer{}, false
-	}
-	if v == nil || !e.answered.Load() {
-		// Promoted here, not yet answered: the key's records first (a
-		// send of what this replica counted, no claim), so that a claim
-		// is made from a view of now: one made blind, or from a claim
-		// heard before the promotion (the key may have aged since), on
-		// a key others filled would hold its count in the record,
-		// refused, until it halves (keepPeers never lets a record read
-		// lower).
-		if v, ok = f.sendClaim(e, deadline); !ok || v == nil || e.unsynced.Load() {
+	for try := 0; ; try++ {
+		v := e.view.Load()
+		if v != nil && !v.young || !f.up.Load() {
+			return engine.Answer{}, false
+		}
+		need := e.need(q, tk)
+		var extra uint64
+		if v != nil && e.answered.Load() {
+			top, _ := v.allowance(q.Theta, tk)
+			switch {
+			case need > uint64(top):
+				// Refused by what this replica knows: no word needed.
+				return engine.Answer{Est: refusedAt(need, q, top)}, true
+			case need <= uint64(e.confirmedAt(tk)):
+				// Redis holds this count already: a claim no request took.
+				return f.admit(e, v, q, top, n), true
+			}
+			// The requests waiting behind this one are claimed for too,
+			// within this replica's share of the room this view shows
+			// (what a race with the others' claims may leave unused):
+			// each then finds its count held.
+			extra = min(uint64(e.waiting.Load())*uint64(q.Add), (uint64(top)-need)/uint64(max(1, n)))
+		}
+		// Promoted here and not yet answered, the claim goes blind: the
+		// script writes it only if the key's records leave room for it
+		// (shareScript), so a key others filled does not hold it.
+		if time.Until(deadline) < time.Millisecond {
+			return f.late(e, q, n, tk), true
+		}
+		e.claimFor(uint32(min(need+extra, math.MaxUint32)), tk)
+		e.loud.Store(true)
+		v, sent := f.sendClaim(e, deadline)
+		if !sent || v == nil || e.unsynced.Load() {
+			// Redis slow (or not answering with the key's records). The
+			// count is granted: the send may have written it.
 			return f.late(e, q, n, tk), true
 		}
 		if !v.young {
-			return engine.Answer{}, false // a key long shared elsewhere
+			// A key long shared elsewhere: its view is installed (apply).
+			return engine.Answer{}, false
 		}
+		top, _ := v.allowance(q.Theta, tk)
+		switch {
+		case need > uint64(top):
+			// Another replica's claim came first.
+			return engine.Answer{Est: refusedAt(need, q, top)}, true
+		case need <= uint64(e.confirmedAt(tk)):
+			return f.admit(e, v, q, top, n), true
+		case v.forged:
+			// A record this replica does not believe (made up by a
+			// writer without the secret, or of a replica before signed
+			// records) filled the key for the script: it is decided as
+			// while Redis is down.
+			return f.unsure(e, q, n, tk), true
+		case try < claimTries-1:
+			// The script found no room that this view shows: the others
+			// claimed between the view it was sized from and the send (or
+			// it went blind). Again from the view of the reply.
+			continue
+		}
+		// The others' claims took the room at every try.
+		return engine.Answer{Est: max(q.Theta, refusedAt(need, q, top))}, true
 	}
-	need := e.need(q, tk)
-	top, _ := v.allowance(q.Theta, tk)
-	switch {
-	case need > uint64(top):
-		// Refused by what this replica knows: no word needed.
-		return engine.Answer{Est: refusedAt(need, q, top)}, true
-	case need <= uint64(e.confirmedAt(tk)):
-		// Redis holds this count already: a claim no request took.
-		return f.admit(e, v, q, top, n), true
-	case time.Until(deadline) < time.Millisecond:
-		return f.late(e, q, n, tk), true
-	}
-	// The requests waiting behind this one are claimed for too, within
-	// this replica's share of the room this view shows (what a race
-	// with the others' claims may leave unused in the record): each then
-	// finds its count held.
-	extra := min(uint64(e.waiting.Load())*uint64(q.Add), (uint64(top)-need)/uint64(max(1, n)))
-	c := need + extra
-	e.grant(uint32(min(c, math.MaxUint32)), tk)
-	e.loud.Store(true)
-	v, sent := f.sendClaim(e, deadline)
-	if !sent || v == nil || e.unsynced.Load() {
-		// Redis slow (or not answering with the key's records). The
-		// count stays granted: the send may have written it.
-		return f.late(e, q, n, tk), true
-	}
-	if !v.young {
-		// A key long shared elsewhere: its view is installed (apply).
-		return engine.Answer{}, false
-	}
-	top, _ = v.allowance(q.Theta, tk)
-	if need > uint64(top) {
-		// Another replica's claim came first. The record holds this
-		// one until it halves, and the next request here takes it
-		// without a send.
-		return engine.Answer{Est: refusedAt(need, q, top)}, true
-	}
-	return f.admit(e, v, q, top, n), true
 }
+
+// claimTries is how many claims a request sends at most: each refused
+// by the script where the view of its reply showed room (the others
+// claimed in between) tries again from that view, within the request's
+// wait.
+const claimTries = 3
 
 // deadline is when q's waits on the network end: the fleet's timeout
 // from the request's first wait.
@@ -138,6 +153,17 @@ func (f *Fleet) deadline(q *engine.Query) time.Time {
 	return q.Start.Add(time.Duration(f.cfg.Timeout))
 }
 
+// unsure is the answer to q, of e at tick tk, where Redis answered but
+// the records this replica believes do not say why its claim was not
+// written: as late, but not counted as late.
+func (f *Fleet) unsure(e *hotEntry, q *engine.Query, n int64, tk int64) engine.Answer {
+	est := alone(q.Count, q.Theta, n)
+	if v := e.view.Load(); v != nil {
+		est = max(est, v.withOthers(q.Count, tk))
+	}
+	return engine.Answer{Est: est, Tell: true}
+}
+
 // late is the answer to q, of e at tick tk, where Redis did not answer in
 // time: as while it is down (Estimate), θ/N and no more than the room the
 // others left at the last word from Redis, its count published at once.
@@ -146,11 +172,7 @@ func (f *Fleet) deadline(q *engine.Query) time.Time {
 // young key unseen, as during any outage of its own.
 func (f *Fleet) late(e *hotEntry, q *engine.Query, n int64, tk int64) engine.Answer {
 	f.lates.Add(1)
-	est := alone(q.Count, q.Theta, n)
-	if v := e.view.Load(); v != nil {
-		est = max(est, v.withOthers(q.Count, tk))
-	}
-	return engine.Answer{Est: est, Tell: true}
+	return f.unsure(e, q, n, tk)
 }
 
 // need is what e's count here reaches with q: the counts the requests in
@@ -204,6 +226,17 @@ func (e *hotEntry) confirmedAt(tk int64) uint32 {
 	return e.confirmed
 }
 
+// claimFor makes c, at tick tk, the count the next send claims: written
+// only if it fits (shareScript), and granted (written by every send
+// after) once a reply shows it written, or where a send failed and may
+// have written it.
+func (e *hotEntry) claimFor(c uint32, tk int64) {
+	e.cmu.Lock()
+	e.rebase(tk)
+	e.claim = max(e.claim, c)
+	e.cmu.Unlock()
+}
+
 // grant raises the count claimed (what the next send writes, at least)
 // to c, at tick tk.
 func (e *hotEntry) grant(c uint32, tk int64) {
@@ -231,6 +264,7 @@ func (e *hotEntry) rebase(tk int64) {
 	if tk > e.claimTk {
 		e.granted = halve(e.granted, tk-e.claimTk)
 		e.confirmed = halve(e.confirmed, tk-e.claimTk)
+		e.claim = halve(e.claim, tk-e.claimTk)
 		e.claimTk = tk
 	}
 }

@@ -432,3 +432,47 @@ func TestFleetRestartNoPhantomReplica(t *testing.T) {
 		}
 	}
 }
+
+// A claim is written only where it fits beside what the others' records
+// hold (shareScript), and the script cannot tell a made-up record from a
+// genuine one: a writer without the secret that adds a replica with a
+// huge count has every claim refused there. The replica believes only
+// the records that verify; where they left room, it decides as while
+// Redis is down (θ/N), so a client of a key just shared is not refused
+// because of the record: 2 replicas at 20 a minute, a made-up record of
+// 1,000 requests, each replica admits its half of the burst (8 of 20 in
+// all when the replicas refused where the script did).
+func TestFleetClaimBesideForgedRecord(t *testing.T) {
+	s := newFleetSim(t, 2, rate.Rate{Requests: 20, Per: time.Minute}, 2)
+	s.run(s.clk.Now().Add(2 * time.Second))
+	for range 6 { // past the promotion point on replica 0: shared
+		s.decide(0, "k")
+	}
+	e := s.hotOf(0)
+	if e == nil {
+		t.Fatal("the key is not shared after 6 requests")
+	}
+	s.store.mu.Lock()
+	k := s.store.keys[e.rkey]
+	if k == nil {
+		s.store.mu.Unlock()
+		t.Fatal("the key has no records")
+	}
+	tk := s.clk.Now().UnixNano() / int64(e.tick)
+	k.recs["ghost"] = signedRec{id: "ghost", c: 2000, d: 2000, at: tk, ts: s.clk.Now().UnixMicro(), mac: "00000000000000000000000000000000"}
+	s.store.mu.Unlock()
+	var admitted [2]int
+	for range 30 {
+		for i := range 2 {
+			if s.decide(i, "k") {
+				admitted[i]++
+			}
+		}
+	}
+	t.Logf("beside a made-up record of 1,000 requests: replica 0 admitted %d more, replica 1 %d", admitted[0], admitted[1])
+	// Each replica at θ/N, 10 requests: the burst of 20 (8 when every
+	// claim beside the record was refused).
+	if got := admitted[0] + admitted[1] + 6; got > 20 || got < 18 {
+		t.Errorf("2 replicas admitted %d of a burst of 20 beside a made-up record, want 18 to 20", got)
+	}
+}

@@ -138,6 +138,7 @@ func (f *Fleet) peersOf(rkey string, rp *shareReply, prev *shareView) (_ []peerS
 		own := r.id == f.self && !rp.claim
 		if !own && !rp.verified && !f.verify(rkey, &r) {
 			rejected++
+			rp.rejected++
 			suspect = suspect || !rp.claim
 			continue
 		}
@@ -195,6 +196,9 @@ func (f *Fleet) sign(calls []shareCall) {
 		c := &calls[i]
 		c.ts = f.lastTS
 		c.mac = f.macOf(c.rkey, &signedRec{id: f.self, c: c.c, d: c.d, g: c.g, at: c.at, ts: c.ts})
+		if c.c1 > 0 {
+			c.mac1 = f.macOf(c.rkey, &signedRec{id: f.self, c: c.c1, d: c.d, g: c.g, at: c.at, ts: c.ts})
+		}
 	}
 }
 

@@ -161,8 +161,10 @@ type hotEntry struct {
 	// semaphore of one), and waiting counts the requests waiting for it.
 	// cmu guards, at tick claimTk (halving): granted, the most this
 	// replica's record may hold by its claims (what a send writes is
-	// never less); confirmed, what a reply showed it holds; and handed,
-	// the counts held for requests admitted and not yet settled.
+	// never less); confirmed, what a reply showed it holds; handed,
+	// the counts held for requests admitted and not yet settled; and
+	// claim, the count the next send claims, written only if it fits
+	// (shareScript's conditional claim).
 	id                 uint32
 	claiming           chan struct{}
 	waiting            atomic.Int32
@@ -170,6 +172,7 @@ type hotEntry struct {
 	granted, confirmed uint32
 	claimTk            int64
 	handed             uint32
+	claim              uint32
 }
 
 // New returns a fleet on Redis for cfg as config.BuildFleet (or
@@ -366,9 +369,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 	if below && local < p/4 {
 		return engine.Answer{Est: local, Ceiling: p}
 	}
-	// Where θ/N holds no whole request (p 0), nothing is claimed
-	// (claim.go).
-	claims := add > 0 && p > 0 && !q.Wallet && !q.Unconditional && !q.NoWait
+	claims := add > 0 && !q.Wallet && !q.Unconditional && !q.NoWait
 	s := f.shard(skey)
 	s.mu.Lock()
 	e := s.m[string(skey)]
@@ -426,7 +427,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		return engine.Answer{Est: alone(local, theta, n)}
 	}
 	v := e.view.Load()
-	if q.NoWait && add > 0 && p > 0 && (v == nil || v.young) {
+	if q.NoWait && add > 0 && (v == nil || v.young) {
 		// A young key that may not wait for its claim: as if Redis were
 		// slow (claim.go).
 		return f.late(e, &q, n, now.UnixNano()/int64(tick))

@@ -77,6 +77,7 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 			ids = append(ids, id)
 		}
 		sort.Strings(ids)
+		var others uint64
 		for _, id := range ids {
 			if id == r.id {
 				continue
@@ -91,8 +92,16 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 				continue
 			}
 			rp.recs = append(rp.recs, x)
+			gg := x.g
+			if x.ts < us-r.stale.Microseconds() {
+				gg = 0
+			}
+			others += uint64(max(cc, gg))
 		}
 		me := signedRec{id: r.id, c: c.c, d: c.d, g: c.g, at: c.at, ts: c.ts, mac: c.mac}
+		if c.c1 > 0 && others+uint64(halve(c.c1, tick-c.at)) <= uint64(c.limit) {
+			me.c, me.mac = c.c1, c.mac1 // shareScript's conditional claim
+		}
 		k.recs[r.id] = me
 		rp.recs = append(rp.recs, me)
 		if _, ok := m.markers[c.marker]; !ok {

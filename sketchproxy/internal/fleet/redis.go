@@ -49,10 +49,23 @@ import (
 // (pcall: an ACL without the channel loses the claims' speed, not the
 // round).
 //
+// A claim is conditional (ARGV[13] not empty): the count with the claim,
+// its MAC and a limit. The script writes it only if it and what the other
+// records hold (each its count, halved to now, or its guarantee if more;
+// a replica gone quiet holds no guarantee) add up to at most the limit, and else
+// the count without it (ARGV[3], as always). A claim that does not fit
+// is then never in the record: before, it stayed there, refused, until it
+// halved, and held room no request used (a claim of 1 a second over 3
+// replicas held the whole limit). The script cannot tell a made-up record
+// from a genuine one, so a made-up one can have a claim refused: the
+// replica, which believes only the records that verify, sees that they
+// left room, and decides as while Redis is down (claim.go).
+//
 // KEYS[1] the hashed key, KEYS[2] its tag's marker; ARGV: the tick in µs,
 // the replica's id, its count, demand and guarantee, the tick they are at,
 // the TTL in ms, stale in µs, the candidate marker, the channel or "",
-// the replica's time and the MAC.
+// the replica's time and the MAC; then the claim's count, its MAC and the
+// limit, or "", "", "".
 // No unpack of a list that fields written by someone else could make
 // long: Lua unpacks at most 8,000 values, and a key past that would fail
 // at every round.
@@ -84,17 +97,17 @@ for i = 1, #h, 2 do
     if kind == 'r:' then old[r] = v else signed[r] = v end
   end
 end
-local out, gone = {}, {}
+local out, gone, others = {}, {}, 0
 for _, r in ipairs(who) do
-  local s, c, d, w, tk = signed[r] or ''
-  c, d, tk, w = string.match(s, '^(%d+) (%d+) %d+ (%d+) (%d+) %x+$')
+  local s, c, d, g, w, tk = signed[r] or ''
+  c, d, g, tk, w = string.match(s, '^(%d+) (%d+) (%d+) (%d+) (%d+) %x+$')
   if not c then
     s = ''
-    c, d, w, tk = string.match(old[r] or '', '^(%d+) (%d+) %d+ (%d+) (%d+)$')
+    c, d, g, w, tk = string.match(old[r] or '', '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
   end
   if c then
-    c, d = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk))
-    if tonumber(w) < stale then d = 0 end
+    c, d, g = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk)), tonumber(g)
+    if tonumber(w) < stale then d, g = 0, 0 end
   end
   if not c or (c == 0 and d == 0) then
     gone[#gone + 1] = 'r:' .. r
@@ -102,14 +115,19 @@ for _, r in ipairs(who) do
   else
     out[#out + 1] = r
     out[#out + 1] = s
+    others = others + math.max(c, g)
   end
 end
 for i = 1, #gone, 1000 do
   redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
 end
-local c = halve(tonumber(ARGV[3]), tonumber(ARGV[6]))
+local cw, mac = ARGV[3], ARGV[12]
+if ARGV[13] and ARGV[13] ~= '' and others + halve(tonumber(ARGV[13]), tonumber(ARGV[6])) <= tonumber(ARGV[15]) then
+  cw, mac = ARGV[13], ARGV[14]
+end
+local c = halve(tonumber(cw), tonumber(ARGV[6]))
 local d = slow(tonumber(ARGV[4]), tonumber(ARGV[6]))
-local mine = table.concat({ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[11], ARGV[12]}, ' ')
+local mine = table.concat({cw, ARGV[4], ARGV[5], ARGV[6], ARGV[11], mac}, ' ')
 redis.call('HSET', KEYS[1], 'r:' .. id, string.format('%d %d %d %d %d', c, d, tonumber(ARGV[5]), now, tick), 's:' .. id, mine)
 if not born then
   born = now
@@ -189,6 +207,29 @@ type shareCall struct {
 	ts           int64 // this replica's reckoning of Redis's time (µs)
 	mac          string
 	publish      bool // a claim on the pool: the others hear of it at once
+	// A conditional claim (c1 > 0): c1 is written, signed mac1, only if
+	// it and the others' counts add up to at most limit; else c.
+	c1, limit uint32
+	mac1      string
+}
+
+// wrote reports whether reply rp shows replica id's record holding c:
+// its conditional claim written.
+func (rp *shareReply) wrote(id string, c uint32) bool {
+	for i := len(rp.recs) - 1; i >= 0; i-- {
+		if rp.recs[i].id == id {
+			return rp.recs[i].c == c
+		}
+	}
+	return false
+}
+
+// claimArgs are c's conditional claim's arguments to shareScript.
+func (c *shareCall) claimArgs() (c1, mac1, limit string) {
+	if c.c1 == 0 {
+		return "", "", ""
+	}
+	return strconv.FormatUint(uint64(c.c1), 10), c.mac1, strconv.FormatUint(uint64(c.limit), 10)
 }
 
 // shareReply is Redis's answer to one call, or a claim another replica
@@ -202,6 +243,7 @@ type shareReply struct {
 	run       string
 	recs      []signedRec
 	peers     []peerShare
+	rejected  int // records peersOf did not believe
 	// claim: published, read from the channel; verified: recs holds
 	// only records whose MAC verified (hear checks a claim's at once).
 	claim, verified bool
@@ -342,9 +384,11 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 			if c.publish {
 				channel = r.channel
 			}
+			c1, mac1, limit := c.claimArgs()
 			cmds[i] = run(s.script, pipe, []string{c.rkey, c.marker},
 				strconv.FormatFloat(float64(c.tick)/float64(time.Microsecond), 'f', -1, 64),
-				r.id, c.c, c.d, c.g, c.at, max(4*c.tick, r.ttl).Milliseconds(), r.stale.Microseconds(), r.candidate, channel, c.ts, c.mac)
+				r.id, c.c, c.d, c.g, c.at, max(4*c.tick, r.ttl).Milliseconds(), r.stale.Microseconds(), r.candidate, channel, c.ts, c.mac,
+				c1, mac1, limit)
 		}
 		if len(calls) == 0 {
 			pipe.Ping(ctx) // no hot keys: still learn whether Redis answers

@@ -18,6 +18,9 @@ import (
 // from the tick after, a demand unwritten for stale given back), the run
 // marker, and the claim published, read back through the subscription.
 // What a reader believes of them (fleet.peersOf) is the same for both.
+// A conditional claim is written where it fits beside what the others
+// hold (their counts, or guarantees where more), and else the count
+// without it.
 func TestShareScriptMatchesMemory(t *testing.T) {
 	addr := testkit.RedisServer(t)
 	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
@@ -33,6 +36,10 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 	call := func(c, d, g uint32, at int64, publish bool) shareCall {
 		return shareCall{rkey: "sketchproxy:{t1}k:abc", marker: "sketchproxy:{t1}run", tick: tick, c: c, d: d, g: g, at: at, publish: publish}
 	}
+	claimed := func(c shareCall, c1, limit uint32) shareCall {
+		c.c1, c.limit = c1, limit
+		return c
+	}
 	round := func(id string, stale time.Duration) *shareRound {
 		return &shareRound{id: id, candidate: "run-1", channel: "sketchproxy:claims", stale: stale, ttl: time.Minute}
 	}
@@ -46,6 +53,16 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 		{"r2", time.Hour, call(0, 0, 0, tk, false)},       // nothing: dropped by the next call
 		{"r0", time.Hour, call(42, 90, 14, tk, true)},
 		{"r3", time.Microsecond, call(6, 6, 2, tk, false)}, // the others unwritten for more than stale: counts only
+		// r1 claims 20 beside r0's 42 (guarantee 14) and r3's 6: 68 of a
+		// limit of 80 fits; 33 (81) does not, and 8 is written.
+		{"r1", time.Hour, claimed(call(8, 100, 10, tk, true), 20, 80)},
+		{"r1", time.Hour, claimed(call(8, 100, 10, tk, true), 33, 80)},
+		// r2's guarantee of 40 holds room its count (0) does not: 42 +
+		// 10 (r1's guarantee) + 40 + 10 = 102 of a limit of 102 fits, 12
+		// does not.
+		{"r2", time.Hour, call(0, 1, 40, tk, false)},
+		{"r3", time.Hour, claimed(call(6, 6, 2, tk, true), 10, 102)},
+		{"r3", time.Hour, claimed(call(6, 6, 2, tk, true), 12, 102)},
 	}
 	for i, st := range steps {
 		// The subscription is up before the first claim is published.
@@ -70,6 +87,12 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 		want, _, _, _ := mem.sync(context.Background(), round(st.id, st.stale), calls, nil)
 		if g, w := describe(got[0]), describe(want[0]); g != w {
 			t.Errorf("step %d (%s): Redis answered %s, memory %s", i, st.id, g, w)
+		}
+		if c1 := st.call.c1; c1 > 0 {
+			t.Logf("step %d: %s claims %d of a limit of %d: written %v", i, st.id, c1, st.call.limit, got[0].wrote(st.id, c1))
+			if fits := c1 != 33 && c1 != 12; got[0].wrote(st.id, c1) != fits {
+				t.Errorf("step %d: %s's claim of %d written: %v, want %v (%s)", i, st.id, c1, got[0].wrote(st.id, c1), fits, describe(got[0]))
+			}
 		}
 		for _, r := range got[0].recs {
 			if !f.verify(st.call.rkey, &r) {

@@ -75,6 +75,10 @@ type shareView struct {
 	// ago (allowance).
 	reserve, n, virtual uint32
 	young               bool
+	// forged: the reply held a record that did not verify (made up, or
+	// of a replica before signed records), which shareScript counts
+	// when it decides a conditional claim and this view does not.
+	forged bool
 }
 
 func halve(v uint32, ticks int64) uint32 {

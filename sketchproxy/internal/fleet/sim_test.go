@@ -550,6 +550,47 @@ func TestFleetSimBurstAtBirth(t *testing.T) {
 	}
 }
 
+// Bursts at the birth of keys of a limit whose fair share θ/N holds no
+// whole request: 1 a second over 3 replicas (θ one request), where every
+// key is shared from its first request. Such limits did not claim (a
+// claim Redis refused stayed in its record, and held the whole limit
+// until it halved), and each replica admitted a new key's first request
+// alone: 2 to 3 of a burst of 1 where the calls come within a round trip
+// to Redis (5 ms here: 3 and 10 calls in 10 ms). Claims are conditional
+// now (the script writes one only where it fits): the burst, and a
+// client under its limit (one request every 1.2 s, spread) is never
+// refused.
+func TestFleetSimBurstAtBirthSmallLimit(t *testing.T) {
+	for _, calls := range []int{3, 10} {
+		rs := engine.RuleSpec{Name: "api", Limits: []engine.LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: 1, Per: time.Second}}}}
+		s := newFleetSimRule(t, 3, rs, 0)
+		s.rtt = 5 * time.Millisecond
+		rng := rand.New(rand.NewPCG(47, uint64(calls)))
+		t0 := s.clk.Now().Add(2 * time.Second)
+		var tallies [5]tally
+		for k := range tallies {
+			start := t0.Add(time.Duration(k) * 3 * time.Second)
+			s.client(fmt.Sprint("small-", k), start, start.Add(10*time.Millisecond), 10*time.Millisecond/time.Duration(calls), rng, func(j int) int { return j % 3 }, &tallies[k])
+		}
+		var calm tally
+		s.client("calm", t0, t0.Add(20*time.Second), 1200*time.Millisecond, rng, func(j int) int { return j % 3 }, &calm)
+		s.run(t0.Add(25 * time.Second))
+		for k, tl := range tallies {
+			t.Logf("%d calls in 10 ms at 1 a second over 3 replicas, key %d: the fleet admitted %d of %d, one replica alone %d", calls, k, tl.fleetFirst, tl.sent, tl.aloneFirst)
+			if tl.aloneFirst != 1 {
+				t.Fatalf("one replica alone admitted %d, want the burst of 1: the case measures no burst", tl.aloneFirst)
+			}
+			if tl.fleetFirst > tl.aloneFirst {
+				t.Errorf("%d calls, key %d: 3 replicas admitted %d of a burst of %d", calls, k, tl.fleetFirst, tl.aloneFirst)
+			}
+		}
+		t.Logf("a client under its limit: %d of %d refused where one replica alone admits", calm.wrong, calm.sent)
+		if calm.wrong > 0 {
+			t.Errorf("%d of %d requests of a client under its limit refused where one replica alone admits them", calm.wrong, calm.sent)
+		}
+	}
+}
+
 // A request another limit refuses after its claim leaves the count it
 // claimed in the record, and the next request of the key on that replica
 // takes it without a send: claims do not pile up past what was admitted
@@ -580,5 +621,43 @@ func TestFleetSimClaimsDoNotPileUp(t *testing.T) {
 	// the next request's.
 	if most := uint64(2*tl.fleetFirst + 2*3); claims > most {
 		t.Errorf("%d claims for %d admissions over 3 replicas, want at most %d: claims pile up", claims, tl.fleetFirst, most)
+	}
+}
+
+// What a one-off key of a limit whose θ/N holds no whole request costs
+// Redis (every key of such a limit is shared from its first request):
+// 60 keys of 1 a second, each sent once, one every 100 ms round robin
+// over 3 replicas. Each is claimed at its request (the script writes it,
+// and publishes it) and then sent at each round until it cools.
+func TestFleetSimOneOffSmallLimitCost(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 1, Per: time.Second}, 0)
+	t0 := s.clk.Now().Add(2 * time.Second)
+	s.run(t0)
+	var before, claims [3]uint64
+	for i, f := range s.fleets {
+		before[i], claims[i] = f.commands.Load(), f.claims.Load()
+	}
+	const keys = 60
+	admitted := 0
+	for k := range keys {
+		at := t0.Add(time.Duration(k) * 100 * time.Millisecond)
+		s.at(at, func() {
+			if s.decide(k%3, fmt.Sprint("once-", k)) {
+				admitted++
+			}
+		})
+	}
+	s.run(t0.Add(keys*100*time.Millisecond + 10*time.Second))
+	var cmds, published uint64
+	for i, f := range s.fleets {
+		cmds += f.commands.Load() - before[i]
+		published += f.claims.Load() - claims[i]
+	}
+	t.Logf("%d one-off keys of 1 a second over 3 replicas: %d admitted, %.1f script calls and %.1f claims published a key", keys, admitted, float64(cmds)/keys, float64(published)/keys)
+	if admitted != keys {
+		t.Errorf("%d of %d one-off keys admitted: each is under its limit", admitted, keys)
+	}
+	if cmds > 5*keys {
+		t.Errorf("%d script calls for %d one-off keys, more than 5 a key", cmds, keys)
 	}
 }

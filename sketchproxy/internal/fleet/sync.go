@@ -151,6 +151,30 @@ func (f *Fleet) heartbeat(now time.Time, window time.Duration) *heartbeat {
 	return hb
 }
 
+// claimLimit is the most e's record and what the others' hold may add up
+// to, at tick tk, for a claim to be written (shareScript): as e's view
+// reckons it, the most this replica's count may reach plus what the
+// others hold (so that the script writes a claim where the view would
+// admit it, the others' records as they are when it runs). Before any
+// view, θ less the promotion point for each other replica: one that has
+// not shared the key yet may hold that much of it unseen (the view's
+// reserve), and one that has is in the records besides (a claim refused
+// so is sent again from the reply's view: claim.go).
+func (f *Fleet) claimLimit(e *hotEntry, tk int64) uint32 {
+	v := e.view.Load()
+	if v == nil || v.tick > tk {
+		n := f.replicas()
+		held := uint64(max(0, n-1)) * uint64(sharePoint(e.theta, n, f.cfg.PromoteFraction))
+		return e.theta - uint32(min(held, uint64(e.theta)))
+	}
+	top, _ := v.allowance(e.theta, tk)
+	held := uint64(top)
+	for _, p := range v.others {
+		held += uint64(max(halve(p.c, tk-v.tick), p.g))
+	}
+	return uint32(min(held, math.MaxUint32))
+}
+
 // callsOf is what a send writes of each of es at now: its count, its
 // demand, the guarantee to store, and whether it publishes a claim.
 func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
@@ -164,10 +188,18 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 		// before the count, as need does).
 		c := uint32(min(max(uint64(e.granted), uint64(e.handed)+uint64(e.sk.EstimateBytes(e.skey))), math.MaxUint32))
 		at = max(at, e.claimTk) // a claim dated a moment later
+		var c1 uint32
+		if e.claim > c {
+			c1 = e.claim
+		}
+		e.claim = 0
 		e.cmu.Unlock()
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
 			c: c, d: e.demandAt(now), g: e.gWant,
-			at: at, publish: e.loud.Swap(false)}
+			at: at, publish: e.loud.Swap(false), c1: c1}
+		if c1 > 0 {
+			calls[i].limit = f.claimLimit(e, at)
+		}
 		if calls[i].publish {
 			f.claims.Add(1)
 		}
@@ -190,6 +222,9 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 	for i, e := range es {
 		rp := &replies[i]
 		if !rp.ok {
+			if c1 := calls[i].c1; c1 > 0 {
+				e.grant(c1, calls[i].at) // the send may have written it
+			}
 			if answered && !e.unsynced.Swap(true) {
 				f.log.Warn("fleet: Redis answered, but not with a hot key's records (a key of another type under the prefix?): the key is decided here at its fair share until it syncs", "key", e.rkey)
 			}
@@ -207,7 +242,12 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 		peers = max(peers, livePeers(rp.peers, rp.now, f.stale()))
 		e.own = v
 		e.answered.Store(true)
-		e.confirm(calls[i].c, calls[i].at)
+		written := calls[i].c
+		if c1 := calls[i].c1; c1 > 0 && rp.wrote(f.self, c1) {
+			written = c1
+			e.grant(c1, calls[i].at)
+		}
+		e.confirm(written, calls[i].at)
 		f.store1(e, v)
 		e.gWant = g // stored at the next round: until then the pool holds its room
 	}
@@ -266,7 +306,7 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	vyoung := f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
 	young := bornYoung || vyoung
 	point := sharePoint(e.theta, n, f.cfg.PromoteFraction)
-	claims := vyoung && point > 0 // where θ/N holds no whole request, nothing is claimed
+	claims := vyoung
 	if !claims || !bornYoung {
 		// No guarantee is given while a key is young (below), so none
 		// of the others' is raised to the apportionment then; but a key
@@ -278,7 +318,7 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	// A claim carries only the records that verify: it never clears a
 	// suspect view, which only a round that reads every record whole does.
 	suspect = suspect || kept || rp.claim && prev != nil && prev.suspect
-	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect}
+	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect, forged: rp.rejected > 0 && !rp.claim}
 	v.young = vyoung
 	if claims {
 		// No guarantee while young: every count past what Redis holds
