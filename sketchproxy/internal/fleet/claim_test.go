@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/config"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
@@ -474,5 +475,34 @@ func TestFleetClaimBesideForgedRecord(t *testing.T) {
 	// claim beside the record was refused).
 	if got := admitted[0] + admitted[1] + 6; got > 20 || got < 18 {
 		t.Errorf("2 replicas admitted %d of a burst of 20 beside a made-up record, want 18 to 20", got)
+	}
+}
+
+// sketchproxy_fleet_claims_total counts the claims the script published:
+// a batch of claims whose send failed publishes them again at the next
+// send, and each counted once (it counted at each try before).
+func TestFleetClaimsCountedWhenPublished(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	st := newMemStore(clk.Now)
+	f := hostileFleet(t, st, clk.Now, 2)
+	e := hostileEntry(f, "k", 20, 2)
+	e.loud.Store(true)
+	st.down = true
+	b := &claimBatch{es: []*hotEntry{e}, deadline: time.Now().Add(time.Second), done: make(chan struct{})}
+	f.sending <- struct{}{}
+	f.sendBatch(b)
+	<-f.sending
+	if b.ok || !e.loud.Load() {
+		t.Fatalf("a batch sent while Redis is down: ok %v, its claim to publish again %v; want false, true", b.ok, e.loud.Load())
+	}
+	st.down = false
+	if !f.send([]*hotEntry{e}, false) {
+		t.Fatal("the send failed")
+	}
+	if n := len(st.queued); n != 1 {
+		t.Fatalf("%d claims published, want 1", n)
+	}
+	if got := f.Stats().Claims; got != 1 {
+		t.Errorf("claims_total %d for one claim published (its first send failed), want 1", got)
 	}
 }

@@ -200,9 +200,6 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 		if c1 > 0 {
 			calls[i].limit = f.claimLimit(e, at)
 		}
-		if calls[i].publish {
-			f.claims.Add(1)
-		}
 	}
 	return calls
 }
@@ -231,6 +228,11 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 			continue
 		}
 		e.unsynced.Store(false)
+		if calls[i].publish {
+			// Published by the script: a send that failed publishes its
+			// claim again at the next, and counts it then.
+			f.claims.Add(1)
+		}
 		if old, seen := f.run[e.marker]; seen && old != rp.run {
 			lost++
 		}
