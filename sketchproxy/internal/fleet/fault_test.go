@@ -220,3 +220,40 @@ func TestFleetFirstBeatAssumesMore(t *testing.T) {
 		t.Errorf("after its second heartbeat, still alone: N = %d, want 1", got)
 	}
 }
+
+// A replica restarted without a state file has counted nothing of a key
+// the others hold at its limit, and until it shares the key it decides
+// alone. During its warm-up a key joins its hot set at its third request
+// (fleetWarmPoint), and the request that shares it claims and waits for
+// Redis's answer (claim.go), so a restart adds the two requests decided
+// before the key is shared. Before claims at a key's birth it added 3:
+// the third request, not yet answered, was decided at θ/N.
+func TestFleetSimRestartAddsTwo(t *testing.T) {
+	for _, replicas := range []int{0, 3} {
+		s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, replicas)
+		s.run(s.clk.Now().Add(2 * time.Second))
+		held := 0
+		for j := range 40 {
+			if s.decide(j%3, "k") {
+				held++
+			}
+		}
+		s.run(s.clk.Now().Add(time.Second))
+		s.restart(2, "r2.1")
+		s.run(s.clk.Now().Add(100 * time.Millisecond))
+		more := 0
+		for range 10 {
+			if s.decide(2, "k") {
+				more++
+			}
+			s.run(s.clk.Now().Add(10 * time.Millisecond))
+		}
+		t.Logf("replicas %d: the fleet held the key at %d of a burst of 20; the restarted replica admitted %d more of 10", replicas, held, more)
+		if held != 20 {
+			t.Fatalf("the fleet admitted %d of 40 before the restart, want the burst of 20", held)
+		}
+		if more > 2 {
+			t.Errorf("replicas %d: a restart added %d requests of a key held at its limit, want 2 at most", replicas, more)
+		}
+	}
+}
