@@ -506,3 +506,40 @@ func TestFleetClaimsCountedWhenPublished(t *testing.T) {
 		t.Errorf("claims_total %d for one claim published (its first send failed), want 1", got)
 	}
 }
+
+// The same beside a limit whose θ/N holds no whole request (1 a second
+// over 3 replicas): a made-up record has every conditional claim of a
+// key refused by the script, and deciding at θ/N there let each replica
+// admit one request: 3 of a burst of 1 (a review's test through Redis).
+// The claim goes again unconditionally and is decided from the records
+// that verify: 1.
+func TestFleetClaimBesideForgedRecordSmallLimit(t *testing.T) {
+	limit := rate.Rate{Requests: 1, Per: time.Second}
+	// The key's name in Redis, as a writer learns it from the claims
+	// channel (the same secret names it alike in every fleet).
+	first := newFleetSim(t, 3, limit, 3)
+	first.run(first.clk.Now().Add(2 * time.Second))
+	first.decide(0, "k")
+	e := first.hotOf(0)
+	if e == nil {
+		t.Fatal("the key is not shared at its first request")
+	}
+	s := newFleetSim(t, 3, limit, 3)
+	s.run(s.clk.Now().Add(2 * time.Second))
+	tk := s.clk.Now().UnixNano() / int64(e.tick)
+	s.store.mu.Lock()
+	s.store.keys[e.rkey] = &memKey{born: s.clk.Now().UnixMicro(), recs: map[string]signedRec{
+		"ghost": {id: "ghost", c: 2000, d: 2000, at: tk + 1000, ts: s.clk.Now().UnixMicro(), mac: "00000000000000000000000000000000"},
+	}}
+	s.store.mu.Unlock()
+	admitted := 0
+	for i := range 3 {
+		if s.decide(i, "k") {
+			admitted++
+		}
+	}
+	t.Logf("beside a made-up record, 3 replicas admitted %d of a key's first 3 requests at 1 a second (one on each)", admitted)
+	if admitted != 1 {
+		t.Errorf("3 replicas admitted %d of a burst of 1 beside a made-up record", admitted)
+	}
+}

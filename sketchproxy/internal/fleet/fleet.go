@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -54,6 +55,8 @@ type Fleet struct {
 	seenMu                          sync.Mutex
 	peak, peakAt                    int64
 	sizeWarned                      atomic.Bool
+	// beatBroken: the last round's heartbeat had no answer (warned once).
+	beatBroken atomic.Bool
 	// beats counts the heartbeats Redis answered: until the second, N is
 	// at least min_replicas and UnknownReplicas (replicas).
 	beats atomic.Int64
@@ -255,6 +258,17 @@ func (f *Fleet) Close() {
 	if f.started {
 		<-f.done
 	}
+	if f.cfg.Replicas == 0 && f.up.Load() {
+		// Leave the members, so that the others stop counting this
+		// replica (and holding room for it) now, not once its heartbeat
+		// leaves the window: a replica restarted under a new name was
+		// counted twice until then.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
+		if err := f.store.leave(ctx, f.heartbeat(f.now(), 0)); err != nil {
+			f.log.Warn("fleet: could not leave the members at close: the others count this replica until its heartbeat is out of their window", "err", err.Error())
+		}
+		cancel()
+	}
 	f.store.close()
 }
 
@@ -285,7 +299,12 @@ func (f *Fleet) replicas() int64 {
 	}
 	seen := f.seen.Load()
 	if f.up.Load() {
-		n := max(1, f.n.Load(), seen)
+		// min_replicas is a floor whether Redis answers or not: a writer
+		// without the secret that deletes the members (the signed hash
+		// and the set) as fast as they beat makes each replica count
+		// itself alone once the most seen lately has passed (31 of a
+		// burst of 20 in a review's test, min_replicas 3 set).
+		n := max(1, f.n.Load(), seen, int64(f.cfg.MinReplicas))
 		if f.beats.Load() < 2 {
 			// The first heartbeat counts the replicas that beat before
 			// it: of replicas started together, the first counts itself
@@ -432,11 +451,11 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		// slow (claim.go).
 		return f.late(e, &q, n, now.UnixNano()/int64(tick))
 	}
-	if claims && (v == nil || v.young) {
+	if claims && (v == nil || v.young || p > 0 && f.pastQuiet(v, local, add, theta, now.UnixNano()/int64(tick))) {
 		if a, ok := f.claim(e, &q, n); ok {
 			return a
 		}
-		// No longer young, or Redis went down, once its turn came.
+		// Within its quiet share once its turn came, or Redis went down.
 		if !f.up.Load() || e.unsynced.Load() {
 			return engine.Answer{Est: alone(local, theta, n)}
 		}
@@ -453,6 +472,26 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		est = max(est, alone(local, theta, n))
 	}
 	return engine.Answer{Est: est, Tell: uint64(local)+uint64(add) > uint64(quiet)}
+}
+
+// pastQuiet reports whether a request adding add to local takes this
+// replica's count of a key past its quiet share in view v at tick tk, and
+// not past what it may reach: a claim on the pool's last room, which it
+// waits for (claim.go). Deciding it from the view and publishing it after
+// let every replica's requests in flight together take the whole room
+// each had last seen (36 of a burst of 20 for 90 requests at once over 3
+// replicas, a key past its first two intervals, no fault). Not where
+// θ/N holds no whole request (p 0): there the pool is a request or two,
+// and a guarantee of the whole limit held by one replica refused the
+// others' claims until it moved (0.85 of one replica alone at 10x in the
+// first 10 s on the sim, TestFleetSimTable).
+func (f *Fleet) pastQuiet(v *shareView, local, add, theta uint32, tk int64) bool {
+	if v == nil || v.young {
+		return false
+	}
+	top, quiet := v.allowance(theta, tk)
+	c := uint64(local) + uint64(add)
+	return c > uint64(quiet) && c <= uint64(top)
 }
 
 // alone is the estimate of a key this replica decides by itself at its

@@ -166,6 +166,13 @@ func (m *memStore) listen(_ string, deliver func(string), ready func(), _ func(e
 
 func (m *memStore) close() {}
 
+func (m *memStore) leave(_ context.Context, hb *heartbeat) error {
+	m.mu.Lock()
+	delete(m.members, hb.id)
+	m.mu.Unlock()
+	return nil
+}
+
 // resume runs what was sent while paused, now, then answers again.
 func (m *memStore) resume() {
 	m.mu.Lock()

@@ -295,6 +295,9 @@ type fleetStore interface {
 	// is called each time it (re)subscribes.
 	listen(channel string, deliver func(payload string), ready func(), failed func(error))
 	close()
+	// leave removes hb's replica from the members: a replica that stops
+	// is not counted until its heartbeat leaves the window.
+	leave(ctx context.Context, hb *heartbeat) error
 }
 
 // heartbeat is this replica's entry in the members' sorted set (key)
@@ -553,6 +556,16 @@ func (s *redisStore) listen(channel string, deliver func(string), ready func(), 
 			}
 		}
 	}
+}
+
+func (s *redisStore) leave(ctx context.Context, hb *heartbeat) error {
+	pipe := s.rdb.Pipeline()
+	pipe.HDel(ctx, hb.signedKey, hb.id)
+	// Replicas before signed members prune an entry dated 0 at their
+	// next heartbeat (ZREM is not in the documented ACL).
+	pipe.ZAdd(ctx, hb.key, redis.Z{Score: 0, Member: hb.id})
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 func (s *redisStore) close() {

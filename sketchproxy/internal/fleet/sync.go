@@ -128,9 +128,20 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	f.warmUntil.CompareAndSwap(0, f.now().UnixNano()+int64(f.stale()))
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
-	if hb != nil && members != nil {
+	switch {
+	case hb != nil && members != nil:
 		f.noteRedisTime(members.now)
 		f.noteMembers(f.countMembers(hb, members), peers)
+		f.beatBroken.Store(false)
+	case hb != nil:
+		// Redis answered the round, but not the heartbeat (a key of
+		// another type where the members are): N is the replicas the hot
+		// keys' records name, and min_replicas. Before, the records were
+		// skipped too, and N stayed at the first heartbeat's floor.
+		f.noteMembers(1, peers)
+		if !f.beatBroken.Swap(true) {
+			f.log.Warn("fleet: Redis did not answer the heartbeat with the members (a key of another type under the prefix?): N is counted from the hot keys' records and min_replicas alone", "members", hb.key, "signed_members", hb.signedKey)
+		}
 	}
 	if !f.up.Swap(true) {
 		f.log.Info("fleet: Redis reachable: enforcing fleet-wide limits", "replicas", f.replicas(), "hot_keys", f.count.Load())
@@ -276,6 +287,21 @@ func livePeers(peers []peerShare, now int64, stale time.Duration) int64 {
 	return n
 }
 
+// liveReplicas is how many of n replicas a key just shared holds room
+// for (shareView.virtual): those the last heartbeat counted (and
+// min_replicas), not the most seen lately, which is N's floor. A replica
+// restarted under a new name is counted twice until its predecessor's
+// heartbeat leaves the window, and N keeps that count for two periods
+// more: room held that long for a replica that does not exist refused a
+// client under its limit (16 of 19 requests of a burst of 20, in a
+// review's test).
+func (f *Fleet) liveReplicas(n int64) int64 {
+	if f.cfg.Replicas > 0 || !f.up.Load() {
+		return n
+	}
+	return min(n, max(1, f.n.Load(), int64(f.cfg.MinReplicas)))
+}
+
 // stale is how long a replica's record outlives its last write: a
 // replica gone (or one whose key cooled) gives its guarantee back then.
 func (f *Fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) + time.Second }
@@ -287,6 +313,7 @@ func (f *Fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) +
 // the guarantees Redis holds always cover the ones in use.
 func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView) (*shareView, uint32) {
 	n := f.replicas()
+	live := f.liveReplicas(n) // held room for while a key is young (virtual)
 	prev := cur
 	if prev == nil {
 		prev = e.view.Load()
@@ -329,8 +356,8 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 		// of 10 each, θ 20, leave the last request to no one).
 		g = 0
 	}
-	if vyoung && len(rp.peers) < int(n) {
-		v.virtual = uint32(int(n) - len(rp.peers))
+	if vyoung && len(rp.peers) < int(live) {
+		v.virtual = uint32(int(live) - len(rp.peers))
 	}
 	for _, p := range rp.peers {
 		if p.id == f.self {
