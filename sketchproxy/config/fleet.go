@@ -47,10 +47,12 @@ type FleetConfig struct {
 	SecretFile string `yaml:"secret_file" example:"/etc/sketchproxy/fleet-secret"`
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
 	Replicas int `yaml:"replicas" example:"3"`
-	// MinReplicas is the fewest replicas assumed while Redis is
-	// unreachable, when replicas is 0 (default: the most seen at once
-	// lately, and 2 before any was seen; docs/fleets.md, Failure): a
-	// replica that never heard from Redis must not count itself alone.
+	// MinReplicas is the fewest replicas N counts, when replicas is 0,
+	// whether Redis answers or not (default: the most seen at once
+	// lately, and 2 before any was seen; docs/fleets.md, How a replica
+	// counts its peers): a replica that never heard from Redis, or whose
+	// members a writer without the secret deletes, must not count itself
+	// alone.
 	MinReplicas int `yaml:"min_replicas" example:"3"`
 	// ID names this replica in the heartbeat and in its record of each
 	// hot key (default host-pid; no spaces). Each fleet started adds a
