@@ -72,8 +72,9 @@ type Fleet struct {
 	SecretFile string `json:"secret_file,omitempty"`
 	// Replicas is N; 0 counts the replicas that heartbeat to Redis.
 	Replicas int `json:"replicas,omitempty"`
-	// MinReplicas is the fewest Caddys assumed while Redis is unreachable
-	// and replicas is 0 (default: the most seen lately; 2 before any).
+	// MinReplicas is the fewest Caddys N counts when replicas is 0,
+	// whether Redis answers or not (default: the most seen lately; 2
+	// before any).
 	MinReplicas int `json:"min_replicas,omitempty"`
 	// ID names this replica in Redis (default host-pid).
 	ID string `json:"id,omitempty"`

@@ -54,7 +54,7 @@ client_ip:
 #   tls: {ca_file: /etc/sketchproxy/redis-ca.pem}         # cert_file and key_file for a client certificate
 #   secret_file: /etc/sketchproxy/fleet-secret            # HMAC key for keys sent to Redis, the same everywhere
 #   replicas: 0                    # N; 0 counts the replicas that heartbeat
-#   min_replicas: 3                # with replicas 0: the replicas you run, assumed while Redis is unreachable
+#   min_replicas: 3                # with replicas 0: the replicas you run, N's floor whether Redis answers or not
 #   interval: 500ms
 #   wallet_on_failure: closed      # budget routes while Redis is away: closed (503) or local (θ/N)
 
