@@ -211,13 +211,21 @@ func (f *Fleet) redisClock() int64 {
 	return f.now().UnixMicro()
 }
 
-// noteRedisTime records Redis's time now (µs), from a reply.
+// noteRedisTime records Redis's time now (µs), from a reply. It moves
+// forward, but for a jump back of more than redisClockBack: another
+// node's clock (a failover), by which every heartbeat dated on the old
+// one would read as from the future, and be dropped by the others'.
 func (f *Fleet) noteRedisTime(now int64) {
-	if now > f.redisAt.Load() {
+	if at := f.redisAt.Load(); now > at || now < f.redisClock()-redisClockBack.Microseconds() {
 		f.redisSeen.Store(f.now().UnixNano())
 		f.redisAt.Store(now)
 	}
 }
+
+// redisClockBack is how far Redis's time may read behind this replica's
+// reckoning of it before the reckoning follows it back: more than a
+// reply's time in flight and the replicas' rounds apart.
+const redisClockBack = time.Second
 
 // signBeat dates and signs this replica's heartbeat: its entry in the
 // members' hash is the MAC of a record of its id with no counts, dated

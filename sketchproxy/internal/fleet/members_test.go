@@ -35,3 +35,23 @@ func TestFleetMembersPeakKept(t *testing.T) {
 		t.Errorf("an hour after 3 were last seen: %d, want 1", n)
 	}
 }
+
+// A failover to a node whose clock is behind the old one's: a replica's
+// reckoning of Redis's time followed only later replies, so it stayed
+// ahead, and its heartbeat, dated by it, read as from the future and was
+// dropped by the script (a review's reading). Its reckoning follows
+// Redis's clock back past a second.
+func TestFleetRedisClockBack(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	f := hostileFleet(t, newMemStore(clk.Now), clk.Now, 0)
+	ahead := clk.Now().Add(10 * time.Second).UnixMicro()
+	f.noteRedisTime(ahead)
+	f.noteRedisTime(clk.Now().Add(-time.Millisecond).UnixMicro() + 10*time.Second.Microseconds()) // a reply a moment late: kept
+	if got := f.redisClock(); got != ahead {
+		t.Fatalf("a reply a moment older moved the reckoning to %d, want %d", got, ahead)
+	}
+	f.noteRedisTime(clk.Now().UnixMicro()) // the new node, 10 s behind
+	if got, want := f.redisClock(), clk.Now().UnixMicro(); got != want {
+		t.Errorf("after a failover to a clock 10 s behind, the reckoning is %d, want %d", got, want)
+	}
+}
