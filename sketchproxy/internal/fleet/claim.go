@@ -80,14 +80,12 @@ func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, o
 		var extra uint64
 		if v != nil && e.answered.Load() {
 			top, quiet := v.allowance(q.Theta, tk)
-			switch {
-			case need > uint64(top):
-				// Refused by what this replica knows: no word needed.
-				return engine.Answer{Est: refusedAt(need, q, top)}, true
-			case need <= uint64(e.confirmedAt(tk)):
-				// Redis holds this count already: a claim no request took.
-				return f.admit(e, v, q, top, n), true
-			case !v.young && need <= uint64(quiet):
+			// Refused by what this replica knows, or held by Redis
+			// already (a claim no request took): no word needed.
+			if a, ok := f.decided(e, v, q, need, top, n, tk); ok {
+				return a, true
+			}
+			if !v.young && need <= uint64(quiet) {
 				// A key past its first two intervals, within this
 				// replica's quiet share: no word needed (Estimate).
 				return engine.Answer{}, false
@@ -116,13 +114,13 @@ func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, o
 			// count is granted: the send may have written it.
 			return f.late(e, q, n, tk), true
 		}
+		// Refused where another replica's claim came first; admitted
+		// where the record holds the claim.
 		top, _ := v.allowance(q.Theta, tk)
+		if a, ok := f.decided(e, v, q, need, top, n, tk); ok {
+			return a, true
+		}
 		switch {
-		case need > uint64(top):
-			// Another replica's claim came first.
-			return engine.Answer{Est: refusedAt(need, q, top)}, true
-		case need <= uint64(e.confirmedAt(tk)):
-			return f.admit(e, v, q, top, n), true
 		case v.forged && !force && time.Until(deadline) >= time.Millisecond:
 			// A record this replica does not believe (made up by a
 			// writer without the secret, or of a replica before signed
@@ -146,6 +144,20 @@ func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, o
 		// The others' claims took the room at every try.
 		return engine.Answer{Est: max(q.Theta, refusedAt(need, q, top))}, true
 	}
+}
+
+// decided is q's answer where view v settles it without a claim: refused
+// where need, this replica's count with q, passes top, what the view
+// lets it reach; admitted where Redis holds need already. ok is false
+// where a claim must be sent.
+func (f *Fleet) decided(e *hotEntry, v *shareView, q *engine.Query, need uint64, top uint32, n, tk int64) (_ engine.Answer, ok bool) {
+	switch {
+	case need > uint64(top):
+		return engine.Answer{Est: refusedAt(need, q, top)}, true
+	case need <= uint64(e.confirmedAt(tk)):
+		return f.admit(e, v, q, top, n), true
+	}
+	return engine.Answer{}, false
 }
 
 // claimTries is how many claims a request sends at most: each refused

@@ -445,13 +445,19 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 	if e.unsynced.Load() {
 		return engine.Answer{Est: alone(local, theta, n)}
 	}
+	tk := now.UnixNano() / int64(tick)
 	v := e.view.Load()
 	if q.NoWait && add > 0 && (v == nil || v.young) {
 		// A young key that may not wait for its claim: as if Redis were
 		// slow (claim.go).
-		return f.late(e, &q, n, now.UnixNano()/int64(tick))
+		return f.late(e, &q, n, tk)
 	}
-	if claims && (v == nil || v.young || p > 0 && f.pastQuiet(v, local, add, theta, now.UnixNano()/int64(tick))) {
+	// A young key's requests claim (claim.go) whatever its allowance.
+	var top, quiet uint32
+	if v != nil && !v.young {
+		top, quiet = v.allowance(theta, tk)
+	}
+	if claims && (v == nil || v.young || p > 0 && pastQuiet(local, add, top, quiet)) {
 		if a, ok := f.claim(e, &q, n); ok {
 			return a
 		}
@@ -459,14 +465,17 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		if !f.up.Load() || e.unsynced.Load() {
 			return engine.Answer{Est: alone(local, theta, n)}
 		}
-		v = e.view.Load()
+		if v = e.view.Load(); v != nil {
+			top, quiet = v.allowance(theta, tk) // the view of its turn
+		}
+	} else if v != nil && v.young {
+		top, quiet = v.allowance(theta, tk)
 	}
 	if v == nil {
 		// Promoted, not yet answered (a round trip): its fair share, or a
 		// request where that holds none; what it counts is published.
 		return engine.Answer{Est: alone(local, theta, n), Tell: true}
 	}
-	top, quiet := v.allowance(theta, now.UnixNano()/int64(tick))
 	est := estimateAt(local, theta, top)
 	if v.suspect {
 		est = max(est, alone(local, theta, n))
@@ -484,8 +493,8 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 }
 
 // pastQuiet reports whether a request adding add to local takes this
-// replica's count of a key past its quiet share in view v at tick tk, and
-// not past what it may reach: a claim on the pool's last room, which it
+// replica's count of a key past its quiet share, and not past top, what
+// it may reach (a key past its first two intervals): a claim on the pool's last room, which it
 // waits for (claim.go). Deciding it from the view and publishing it after
 // let every replica's requests in flight together take the whole room
 // each had last seen (36 of a burst of 20 for 90 requests at once over 3
@@ -494,11 +503,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 // and a guarantee of the whole limit held by one replica refused the
 // others' claims until it moved (0.85 of one replica alone at 10x in the
 // first 10 s on the sim, TestFleetSimTable).
-func (f *Fleet) pastQuiet(v *shareView, local, add, theta uint32, tk int64) bool {
-	if v == nil || v.young {
-		return false
-	}
-	top, quiet := v.allowance(theta, tk)
+func pastQuiet(local, add, top, quiet uint32) bool {
 	c := uint64(local) + uint64(add)
 	return c > uint64(quiet) && c <= uint64(top)
 }
