@@ -3,7 +3,6 @@ package sketchproxy
 import (
 	"context"
 	"fmt"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,19 +25,10 @@ func TestFleetMembersDeletedMinReplicas(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	ctx := context.Background()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	var deletes int
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-			if n, err := rdb.Del(ctx, hostilePrefix+"{"+hostilePrefix+"members}:signed", hostilePrefix+"members").Result(); err == nil && n > 0 {
-				deletes++
-			}
+	stop := everyMillisecond(func() {
+		if n, err := rdb.Del(ctx, hostilePrefix+"{"+hostilePrefix+"members}:signed", hostilePrefix+"members").Result(); err == nil && n > 0 {
+			deletes++
 		}
 	})
 	time.Sleep(8 * time.Second) // past the most seen lately (two windows)
@@ -49,15 +39,8 @@ func TestFleetMembersDeletedMinReplicas(t *testing.T) {
 	}
 	procTick(t, l, 500*time.Millisecond)
 	var heavy, light procRun
-	for i := range 100 {
-		heavy.send(ls[i%3], "heavy")
-		if i%20 == 0 {
-			light.send(ls[i/20%3], "light")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	close(stop)
-	wg.Wait()
+	sendBurst(ls, &heavy, &light, "heavy", "light")
+	stop()
 	if deletes == 0 {
 		t.Fatal("nothing was deleted: the case measures nothing")
 	}

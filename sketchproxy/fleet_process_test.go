@@ -323,13 +323,7 @@ func TestFleetProcessBurst(t *testing.T) {
 	for k := range 3 {
 		procTick(t, l, 500*time.Millisecond)
 		var heavy, light procRun
-		for i := range 100 {
-			heavy.send(ls[i%3], fmt.Sprint("heavy-", k))
-			if i%20 == 0 {
-				light.send(ls[i/20%3], fmt.Sprint("light-", k))
-			}
-			time.Sleep(time.Millisecond)
-		}
+		sendBurst(ls, &heavy, &light, fmt.Sprint("heavy-", k), fmt.Sprint("light-", k))
 		skipIfLate(t, ls)
 		heavy.check(t, l, light, 0)
 	}
@@ -348,36 +342,20 @@ func TestFleetProcessBurstBornForged(t *testing.T) {
 	waitMembers(t, ls, 3)
 	a := &attacker{t: t, ctx: context.Background(), rdb: redis.NewClient(&redis.Options{Addr: addr})}
 	defer a.rdb.Close()
-	stop := make(chan struct{})
 	var forged atomic.Int64
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-			for _, k := range a.hashes() {
-				if a.rdb.HSet(a.ctx, k, "born", "0").Err() == nil {
-					forged.Add(1)
-				}
+	stop := everyMillisecond(func() {
+		for _, k := range a.hashes() {
+			if a.rdb.HSet(a.ctx, k, "born", "0").Err() == nil {
+				forged.Add(1)
 			}
 		}
 	})
 	for k := range 3 {
 		procTick(t, l, 500*time.Millisecond)
 		var heavy, light procRun
-		for i := range 100 {
-			heavy.send(ls[i%3], fmt.Sprint("heavy-", k))
-			if i%20 == 0 {
-				light.send(ls[i/20%3], fmt.Sprint("light-", k))
-			}
-			time.Sleep(time.Millisecond)
-		}
+		sendBurst(ls, &heavy, &light, fmt.Sprint("heavy-", k), fmt.Sprint("light-", k))
 		if k == 2 {
-			close(stop)
-			wg.Wait()
+			stop()
 		}
 		skipIfLate(t, ls)
 		heavy.check(t, l, light, 0)
@@ -416,27 +394,11 @@ func TestFleetProcessBurstPastYoung(t *testing.T) {
 		}
 		time.Sleep(time.Second) // past its first two intervals everywhere
 		if k%2 == 0 {
-			var admitted atomic.Int64
-			var wg sync.WaitGroup
-			start := make(chan struct{})
-			for i := range 90 {
-				wg.Go(func() {
-					<-start
-					if ls[i%3].Allow(key) {
-						admitted.Add(1)
-					}
-				})
-			}
-			close(start)
-			wg.Wait()
-			heavy.admitted += int(admitted.Load())
+			heavy.admitted += int(allAtOnce(ls, key, 90))
 			heavy.sent += 90
 			heavy.last = time.Now()
 		} else {
-			for i := range 100 {
-				heavy.send(ls[i%3], key)
-				time.Sleep(time.Millisecond)
-			}
+			sendBurst(ls, &heavy, &light, key, "")
 		}
 		skipIfLate(t, ls)
 		heavy.check(t, l, light, 2)
@@ -459,6 +421,56 @@ func skipIfLate(t *testing.T, ls []*Limiter) {
 	}
 }
 
+// sendBurst sends 100 requests of heavyKey in 100 ms round robin over
+// ls (3 replicas) into heavy, and with lightKey, 5 of a client under its
+// limit into light.
+func sendBurst(ls []*Limiter, heavy, light *procRun, heavyKey, lightKey string) {
+	for i := range 100 {
+		heavy.send(ls[i%3], heavyKey)
+		if lightKey != "" && i%20 == 0 {
+			light.send(ls[i/20%3], lightKey)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allAtOnce starts n requests of key together, round robin over ls (3
+// replicas), and returns how many were admitted.
+func allAtOnce(ls []*Limiter, key string, n int) int64 {
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			if ls[i%3].Allow(key) {
+				admitted.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return admitted.Load()
+}
+
+// everyMillisecond runs do every millisecond on a goroutine of its own
+// until the returned stop, which waits for it.
+func everyMillisecond(do func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			do()
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
 // The burst of TestFleetProcessBurst sent all at once: 90 requests of a
 // fresh key started together, 30 on each of 3 replicas at 20 a minute.
 // Requests that reach one replica together each read its count before
@@ -473,23 +485,10 @@ func TestFleetProcessBurstConcurrent(t *testing.T) {
 	waitMembers(t, ls, 3)
 	for k := range 3 {
 		procTick(t, l, 500*time.Millisecond)
-		key := fmt.Sprint("together-", k)
-		var admitted atomic.Int64
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range 90 {
-			wg.Go(func() {
-				<-start
-				if ls[i%3].Allow(key) {
-					admitted.Add(1)
-				}
-			})
-		}
-		close(start)
-		wg.Wait()
+		got := allAtOnce(ls, fmt.Sprint("together-", k), 90)
 		skipIfLate(t, ls)
-		t.Logf("key %d: 90 requests at once over 3 replicas at 20 a minute: the fleet admitted %d", k, admitted.Load())
-		if got := admitted.Load(); got == 0 || got >= 90 {
+		t.Logf("key %d: 90 requests at once over 3 replicas at 20 a minute: the fleet admitted %d", k, got)
+		if got == 0 || got >= 90 {
 			t.Fatalf("the fleet admitted %d of 90: the case measures no limit", got)
 		} else if got > int64(l.bound(0)) {
 			t.Errorf("the fleet admitted %d of 90 requests sent at once, more than the burst of %d", got, l.bound(0))
