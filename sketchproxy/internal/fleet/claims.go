@@ -249,7 +249,7 @@ func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
 			continue
 		}
 		if m.ts < br.now-hb.window.Microseconds() || m.ts > br.now+time.Duration(f.cfg.Timeout).Microseconds() ||
-			!hmac.Equal([]byte(f.macOf(hb.signedKey, &signedRec{id: m.id, ts: m.ts})), []byte(m.mac)) {
+			!f.verify(hb.signedKey, &signedRec{id: m.id, ts: m.ts, mac: m.mac}) {
 			rejected++
 			continue
 		}

@@ -59,7 +59,7 @@ import (
 // replicas held the whole limit). The script cannot tell a made-up record
 // from a genuine one, so a made-up one can have a claim refused: the
 // replica, which believes only the records that verify, sees that they
-// left room, and decides as while Redis is down (claim.go).
+// left room, and claims again unconditionally (claim.go).
 //
 // KEYS[1] the hashed key, KEYS[2] its tag's marker; ARGV: the tick in µs,
 // the replica's id, its count, demand and guarantee, the tick they are at,
@@ -208,7 +208,8 @@ type shareCall struct {
 	mac          string
 	publish      bool // a claim on the pool: the others hear of it at once
 	// A conditional claim (c1 > 0): c1 is written, signed mac1, only if
-	// it and the others' counts add up to at most limit; else c.
+	// it and what the others' records hold add up to at most limit; else
+	// c.
 	c1, limit uint32
 	mac1      string
 }
@@ -288,8 +289,9 @@ func parseSigned(id string, w []string) (r signedRec, ok bool) {
 // memory. One sync goroutine calls sync; listen runs on its own.
 type fleetStore interface {
 	// sync sends calls (with beat, this replica's heartbeat too, and
-	// then returns the replicas counted), reporting the commands sent. A
-	// reply whose node did not answer has ok false.
+	// then returns the members' entries it read, nil where Redis did not
+	// answer it), reporting the commands sent. A reply whose node did not
+	// answer has ok false.
 	sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) (replies []shareReply, members *beatReply, commands int, err error)
 	// listen delivers each claim published on channel until close; ready
 	// is called each time it (re)subscribes.

@@ -335,8 +335,7 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	vyoung := f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
 	young := bornYoung || vyoung
 	point := sharePoint(e.theta, n, f.cfg.PromoteFraction)
-	claims := vyoung
-	if !claims || !bornYoung {
+	if !vyoung || !bornYoung {
 		// No guarantee is given while a key is young (below), so none
 		// of the others' is raised to the apportionment then; but a key
 		// Redis calls old may be long shared elsewhere, its guarantees
@@ -349,7 +348,7 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	suspect = suspect || kept || rp.claim && prev != nil && prev.suspect
 	v := &shareView{tick: rp.tick, at: rp.now, reserve: reserve, n: split, suspect: suspect, forged: rp.rejected > 0 && !rp.claim}
 	v.young = vyoung
-	if claims {
+	if vyoung {
 		// No guarantee while young: every count past what Redis holds
 		// for this replica is claimed, and a guarantee would hold room
 		// its replica may not use (2 replicas at 9 counts of guarantees
