@@ -180,6 +180,26 @@ func TestGuaranteeYoungKeyHoldsRoomForTheOthers(t *testing.T) {
 	}
 }
 
+// A young key's reserve is held for the replicas not yet present, never
+// for the replica that reckons it: a view of a claim heard just after the
+// records were flushed names only the replicas that wrote since, not this
+// one, which had held a reserve for itself and refused its own room.
+func TestGuaranteeReserveNotForMe(t *testing.T) {
+	ps := peersOf([]uint32{20, 20, 20}, nil) // r0, r1, r2
+	_, reserve, split := guarantee("r0", ps, 3, true, 60, 10, "k")
+	if reserve != 0 || split != 3 {
+		t.Errorf("all 3 in the records: reserve %d, split %d; want 0, 3", reserve, split)
+	}
+	_, reserve, _ = guarantee("r0", ps[1:], 3, true, 60, 10, "k")
+	if reserve != 0 {
+		t.Errorf("r0 absent from the records of the 2 others: reserve %d, want 0 (every replica present)", reserve)
+	}
+	_, reserve, _ = guarantee("r0", ps[2:], 3, true, 60, 10, "k")
+	if reserve != 10 {
+		t.Errorf("r0 absent from the records of 1 other: reserve %d, want 10 (one replica not yet present)", reserve)
+	}
+}
+
 // allowance: a replica counts to its guarantee quietly, to its share of
 // the pool's room quietly, and to the pool's whole room only with a claim;
 // what others took of the pool and what they hold over their guarantees
