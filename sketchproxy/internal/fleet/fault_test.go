@@ -11,6 +11,7 @@ import (
 
 	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/config"
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/engine"
 )
 
 // Issue 47: whatever Redis does (down from the start, flushed, records
@@ -156,6 +157,46 @@ func TestFleetSimRedisPaused(t *testing.T) {
 		s.at(t0.Add(14*time.Second), s.store.resume)
 	})
 	checkFault(t, heavy, steady, 1)
+}
+
+// Redis paused (SIGSTOP, then SIGCONT) in the middle of a key's birth
+// burst, for longer than the key's first two intervals: 3 replicas at
+// 20 a minute, 100 calls 15 ms apart, round robin, Redis paused 1.2 s
+// from 5 to 300 ms into the burst (the sim's interval is 500 ms). While
+// paused, each replica decides alone at its θ/N, and the records hold
+// that only from its next round once Redis answers: a replica that
+// claimed at once, from views of the records as they were, took the
+// room the others had admitted alone (21 and 22 of 20 with the pause 5
+// ms in). Until each replica has written its record whole, one that saw
+// Redis not answer holds its views suspect (viewOf, recovering).
+func TestFleetSimPausedAtBirth(t *testing.T) {
+	for _, pauseAt := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 60 * time.Millisecond, 300 * time.Millisecond} {
+		rs := engine.RuleSpec{Name: "api", Limits: []engine.LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: 20, Per: time.Minute}}}}
+		s := newFleetSimRule(t, 3, rs, 0)
+		rng := rand.New(rand.NewPCG(47, uint64(pauseAt)))
+		t0 := s.clk.Now().Add(2 * time.Second) // each heartbeat has counted the 3
+		var tallies [4]tally
+		for k := range tallies {
+			start := t0.Add(time.Duration(k) * 5 * time.Second)
+			s.client(fmt.Sprint("burst-", k), start, start.Add(1500*time.Millisecond), 15*time.Millisecond, rng, func(j int) int { return j % 3 }, &tallies[k])
+			s.at(start.Add(pauseAt), func() { s.store.paused = true })
+			s.at(start.Add(pauseAt+1200*time.Millisecond), s.store.resume)
+		}
+		s.run(t0.Add(25 * time.Second))
+		for k, tl := range tallies {
+			t.Logf("Redis paused %v into the burst, key %d: the fleet admitted %d of %d, one replica alone %d", pauseAt, k, tl.fleetFirst, tl.sent, tl.aloneFirst)
+			if tl.aloneFirst != 20 {
+				t.Fatalf("one replica alone admitted %d of %d, want 20: the case measures no burst", tl.aloneFirst, tl.sent)
+			}
+			if tl.fleetFirst > tl.aloneFirst {
+				t.Errorf("Redis paused %v into the burst, key %d: 3 replicas admitted %d of a burst of %d", pauseAt, k, tl.fleetFirst, tl.aloneFirst)
+			}
+			// Each replica holds at least its θ/N, as during any outage.
+			if tl.fleetFirst < 18 {
+				t.Errorf("Redis paused %v into the burst, key %d: 3 replicas admitted %d of a burst of %d, less than 3 × θ/N (18)", pauseAt, k, tl.fleetFirst, tl.aloneFirst)
+			}
+		}
+	}
 }
 
 // A replica restarts 3 times without a state_file, at 20 a minute (a
