@@ -10,8 +10,8 @@ import (
 
 // A key just shared (young: its first two intervals, shareView.young, or
 // promoted here and not yet answered) is where every replica reaches for
-// the pool at once: a quiet share reckoned from a view of another moment
-// is taken again by the others, and a loud claim on the last room reaches
+// the pool at once: room reckoned from a view of another moment is taken
+// again by the others, and a loud claim on the last room reaches
 // them a publish later, after they took it too (22 to 24 of a burst of 20
 // over 3 replicas, before claims).
 //
@@ -86,8 +86,9 @@ func (f *Fleet) claim(e *hotEntry, q *engine.Query, n int64) (_ engine.Answer, o
 				return a, true
 			}
 			if !v.young && need <= uint64(quiet) {
-				// A key past its first two intervals, within this
-				// replica's quiet share: no word needed (Estimate).
+				// A key past its first two intervals, within its
+				// guarantee or what Redis holds for it: no word needed
+				// (Estimate).
 				return engine.Answer{}, false
 			}
 			// The requests waiting behind this one are claimed for too,

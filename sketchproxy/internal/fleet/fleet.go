@@ -472,7 +472,8 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		if a, ok := f.claim(e, &q, n); ok {
 			return a
 		}
-		// Within its quiet share once its turn came, or Redis went down.
+		// Within what it may count without a word once its turn came,
+		// or Redis went down.
 		if !f.up.Load() || e.unsynced.Load() {
 			return engine.Answer{Est: alone(local, theta, n)}
 		}
@@ -494,7 +495,8 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 	a := engine.Answer{Est: est, Tell: uint64(local)+uint64(add) > uint64(quiet)}
 	if claims && p > 0 && !v.young && quiet < top {
 		// Requests in flight together that each read the count within
-		// the quiet share would pass it together unclaimed: the engine's
+		// what it may count without a word would pass it together
+		// unclaimed: the engine's
 		// conditional add holds them to it, and one the others pushed
 		// past it asks again, and claims (21 of 20 for 900 requests at
 		// once over 3 replicas in a review's test, without).
@@ -504,9 +506,10 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 }
 
 // pastQuiet reports whether a request adding add to local takes this
-// replica's count of a key past its quiet share, and not past top, what
-// it may reach (a key past its first two intervals): a claim on the pool's last room, which it
-// waits for (claim.go). Deciding it from the view and publishing it after
+// replica's count of a key past quiet, what it may count without a word
+// (its guarantee, and what Redis holds for it past that), and not past
+// top, what it may reach (a key past its first two intervals): a claim on
+// the pool's room, which it waits for (claim.go). Deciding it from the view and publishing it after
 // let every replica's requests in flight together take the whole room
 // each had last seen (36 of a burst of 20 for 90 requests at once over 3
 // replicas, a key past its first two intervals, no fault). Not where

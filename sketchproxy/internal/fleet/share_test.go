@@ -200,28 +200,35 @@ func TestGuaranteeReserveNotForMe(t *testing.T) {
 	}
 }
 
-// allowance: a replica counts to its guarantee quietly, to its share of
-// the pool's room quietly, and to the pool's whole room only with a claim;
+// allowance: a replica counts to its guarantee quietly (and to what Redis
+// holds of its count past it), and to the pool's room only with a claim;
 // what others took of the pool and what they hold over their guarantees
-// comes off, and halves with the ticks.
+// comes off, and halves with the ticks. A quiet share of the pool (4 here)
+// was taken again by the others' claims before they saw it.
 func TestAllowance(t *testing.T) {
 	v := &shareView{tick: 100, g: 6, sumGo: 12, n: 3,
 		others: []peerShare{{id: "a", c: 6, g: 6}, {id: "b", c: 4, g: 6}}}
-	// θ 30: the guarantees hold 18, the pool 12; quiet share 4.
+	// θ 30: the guarantees hold 18, the pool 12.
 	top, quiet := v.allowance(30, 100)
-	if top != 18 || quiet != 10 {
-		t.Errorf("pool untouched: top %d quiet %d, want 18 and 10", top, quiet)
+	if top != 18 || quiet != 6 {
+		t.Errorf("pool untouched: top %d quiet %d, want 18 and 6", top, quiet)
 	}
+	// Redis holds 4 counts of this replica's past its guarantee: quiet.
+	v.meC = 10
+	if top, quiet = v.allowance(30, 100); top != 18 || quiet != 10 {
+		t.Errorf("4 past the guarantee held: top %d quiet %d, want 18 and 10", top, quiet)
+	}
+	v.meC = 0
 	// b took 5 counts past its guarantee (3 requests' worth, rounded up).
 	v.others[1].c = 11
 	top, quiet = v.allowance(30, 100)
-	if top != 12 || quiet != 8 {
-		t.Errorf("b over by 5: top %d quiet %d, want 12 and 8", top, quiet)
+	if top != 12 || quiet != 6 {
+		t.Errorf("b over by 5: top %d quiet %d, want 12 and 6", top, quiet)
 	}
 	// A tick later b's count halved to 5: within its guarantee again.
 	top, quiet = v.allowance(30, 101)
-	if top != 18 || quiet != 10 {
-		t.Errorf("a tick later: top %d quiet %d, want 18 and 10", top, quiet)
+	if top != 18 || quiet != 6 {
+		t.Errorf("a tick later: top %d quiet %d, want 18 and 6", top, quiet)
 	}
 	// A share that moved: another replica holds more than its guarantee
 	// allows and the pool is gone; this one waits for that count to halve.

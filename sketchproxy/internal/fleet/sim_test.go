@@ -436,6 +436,42 @@ func TestFleetSimWallet(t *testing.T) {
 	}
 }
 
+// A wallet's burst at a key's birth: 20 units a minute, a unit a call, 20,
+// 30 and 100 calls in 100 ms round robin over 3 replicas. Wallets do not
+// claim (the engine checks them against what requests in flight
+// reserve): each replica decides from its view and tells the others at
+// once past what Redis holds for it. A quiet share of the pool spent
+// first, without a word, admitted 21 to 24 of 20; now every count past
+// the guarantee is told, and the others hear it a publish later (the
+// sim's round trip, 1 ms, as far apart as the 100 calls): 20 to 21.
+func TestFleetSimWalletBurstAtBirth(t *testing.T) {
+	for _, calls := range []int{20, 30, 100} {
+		rs := engine.RuleSpec{Name: "llm", Budget: &engine.BudgetSpec{Name: "b", Units: 20, Per: time.Minute, Unit: 1, Cost: 1, Reserve: 1}}
+		s := newFleetSimRule(t, 3, rs, 0)
+		rng := rand.New(rand.NewPCG(47, uint64(calls)))
+		t0 := s.clk.Now().Add(2 * time.Second) // each heartbeat has counted the 3
+		var tallies [5]tally
+		for k := range tallies {
+			start := t0.Add(time.Duration(k) * time.Second)
+			gap := 100 * time.Millisecond / time.Duration(calls)
+			s.client(fmt.Sprint("tenant-", k), start, start.Add(100*time.Millisecond), gap, rng, func(j int) int { return j % 3 }, &tallies[k])
+		}
+		s.run(t0.Add(10 * time.Second))
+		for k, tl := range tallies {
+			t.Logf("%d calls in 100 ms, wallet %d: the fleet admitted %d of %d, one replica alone %d; %d refused where one alone admits", calls, k, tl.fleetFirst, tl.sent, tl.aloneFirst, tl.wrong)
+			if tl.aloneFirst != 20 {
+				t.Fatalf("one replica alone admitted %d of %d, want 20: the case measures no burst", tl.aloneFirst, tl.sent)
+			}
+			if tl.wrong > 0 {
+				t.Errorf("%d calls, wallet %d: %d requests refused that one replica alone admits", calls, k, tl.wrong)
+			}
+			if float64(tl.fleetFirst) > 1.05*float64(tl.aloneFirst) {
+				t.Errorf("%d calls, wallet %d: 3 replicas admitted %d of a burst of %d, more than 5%% over", calls, k, tl.fleetFirst, tl.aloneFirst)
+			}
+		}
+	}
+}
+
 // A reload that changes a limit but keeps its rule's and limit's names
 // (20 a second becomes 5) decides a key the fleet already shares by the
 // new limit at once: its hot entry counted the old sketch's key, and kept

@@ -360,7 +360,7 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 	// the secret would stop the claims of a key just shared (23 to 26 of
 	// a burst of 20, TestFleetSimBurstAtBirth). Room is held for the
 	// replicas not yet present while either says the key is young, and
-	// they are held at their quiet share while this replica's word does
+	// they are held at their share of the pool while this replica's word does
 	// (a key long hot here whose records were flushed is not held so).
 	bornYoung := time.Duration(rp.now-rp.born)*time.Microsecond < 2*time.Duration(f.cfg.Interval)
 	vyoung := f.now().UnixNano()-e.since < int64(2*f.cfg.Interval)
