@@ -697,3 +697,38 @@ func TestFleetSimOneOffSmallLimitCost(t *testing.T) {
 		t.Errorf("%d script calls for %d one-off keys, more than 5 a key", cmds, keys)
 	}
 }
+
+// What a heavy key's claims cost: 2 clients each at 2x and 10x limits of
+// short and long ticks, round robin over 3 replicas, for 60 s. A request
+// past its replica's guarantee claims and waits (no quiet share of the
+// pool: share.go), and the guarantees follow the replicas' demand, which
+// is known a tick late: through a long tick's first (30 s at a limit a
+// minute) about one admitted request in two claims (0.46 and 0.50 at
+// 1,000 a minute, 0.56 at 20; 0.06, 0.12 and 0.22 with a quiet share of
+// the pool), against 0.05 and less at 10 and 50 a second. Never more than
+// one claim a request admitted.
+func TestFleetSimHeavyClaimCost(t *testing.T) {
+	for _, c := range []fleetCase{{20, time.Minute, 3, 2}, {1000, time.Minute, 3, 2}, {1000, time.Minute, 3, 10}, {10, time.Second, 3, 2}, {50, time.Second, 3, 10}} {
+		s := newFleetSim(t, c.n, rate.Rate{Requests: c.requests, Per: c.per}, c.n)
+		rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.x*1000)))
+		gap := time.Duration(float64(c.per) / (c.x * c.requests))
+		var tl tally
+		t0 := s.clk.Now().Add(time.Second)
+		for k := range 2 {
+			s.client(fmt.Sprint("heavy-", k), t0, t0.Add(60*time.Second), gap, rng, func(j int) int { return (j + k) % c.n }, &tl)
+		}
+		s.run(t0.Add(61 * time.Second))
+		var claims uint64
+		for _, f := range s.fleets {
+			claims += f.Stats().Claims
+		}
+		admitted := tl.fleetFirst + tl.fleetAfter
+		t.Logf("%v: %d of %d admitted, %d claims published (%.3f a request admitted)", c, admitted, tl.sent, claims, float64(claims)/float64(admitted))
+		if admitted >= tl.sent {
+			t.Fatalf("%v: the fleet refused none of %d requests: the limit never ran", c, tl.sent)
+		}
+		if claims > uint64(admitted) {
+			t.Errorf("%v: %d claims for %d requests admitted: more than one a request", c, claims, admitted)
+		}
+	}
+}
