@@ -2,9 +2,11 @@ package fleet
 
 import (
 	"fmt"
+	"github.com/epochsketch/epochsketch"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 )
 
 // peersOf builds n peers with the demands ds and stored guarantees gs.
@@ -197,6 +199,34 @@ func TestGuaranteeReserveNotForMe(t *testing.T) {
 	_, reserve, _ = guarantee("r0", ps[2:], 3, true, 60, 10, "k")
 	if reserve != 10 {
 		t.Errorf("r0 absent from the records of 1 other: reserve %d, want 10 (one replica not yet present)", reserve)
+	}
+}
+
+// Nor is the replica that reckons a young key's view one of its virtual
+// replicas (those held at their share of the pool: allowance): a claim
+// heard just after a FLUSHALL that names r1 and r2, not r0, leaves r0 the
+// room a view that names all three does.
+func TestViewVirtualNotMe(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	f := hostileFleet(t, newMemStore(clk.Now), clk.Now, 3)
+	f.up.Store(true)
+	e := hostileEntry(f, "k", 40, 0)
+	e.since = clk.Now().UnixNano() // promoted here just now: young
+	tk := clk.Now().UnixNano() / int64(e.tick)
+	us := clk.Now().UnixMicro()
+	rec := func(id string, c uint32) signedRec { return signedRec{id: id, c: c, d: 20, at: tk, ts: us} }
+	var tops []uint32
+	for _, recs := range [][]signedRec{{rec("r1", 10), rec("r2", 10)}, {rec("r0", 0), rec("r1", 10), rec("r2", 10)}} {
+		rp := shareReply{ok: true, claim: true, verified: true, tick: tk, born: us, now: us, recs: recs}
+		v, _ := f.viewOf(e, &rp, 0, nil)
+		top, _ := v.allowance(40, tk)
+		if v.virtual != 0 || v.reserve != 0 {
+			t.Errorf("%d records of 3 replicas: virtual %d, reserve %d; want 0 and 0 (all present)", len(recs), v.virtual, v.reserve)
+		}
+		tops = append(tops, top)
+	}
+	if tops[0] != tops[1] {
+		t.Errorf("r0 may reach %d where the records do not name it, %d where they do: want the same", tops[0], tops[1])
 	}
 }
 
