@@ -198,7 +198,6 @@ func (f *Fleet) unsure(e *hotEntry, q *engine.Query, n int64, tk int64) engine.A
 // young key unseen, as during any outage of its own.
 func (f *Fleet) late(e *hotEntry, q *engine.Query, n int64, tk int64) engine.Answer {
 	f.lates.Add(1)
-	f.outageAt.Store(f.now().UnixNano())
 	return f.unsure(e, q, n, tk)
 }
 

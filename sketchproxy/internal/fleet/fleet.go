@@ -65,9 +65,10 @@ type Fleet struct {
 	// third request (fleetWarmPoint).
 	warmUntil atomic.Int64
 	// outageAt is when this replica last saw Redis not answer (f.now
-	// ns): a round that failed, or a claim that waited past the timeout
-	// (recovering).
-	outageAt atomic.Int64
+	// ns): a round that failed, or a claim's send that waited half the
+	// timeout or more and failed; recoveredAt, when a send was answered
+	// after it (recovering).
+	outageAt, recoveredAt atomic.Int64
 
 	shards [16]hotShard
 	count  atomic.Int64
@@ -379,14 +380,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		// more than the room the others left at the last word from
 		// Redis: a replica whose count was under θ/N while another's
 		// was over it would otherwise add to a key already at θ.
-		a := engine.Answer{Est: max(alone(local, theta, n), f.othersKnown(skey, sk, tick, theta, local, now))}
-		if add > 0 {
-			s := f.shard(skey)
-			s.mu.Lock()
-			a.Tell = s.m[string(skey)] != nil // sent at once when Redis answers (loop)
-			s.mu.Unlock()
-		}
-		return a
+		return engine.Answer{Est: max(alone(local, theta, n), f.othersKnown(skey, sk, tick, theta, local, now))}
 	}
 	p := sharePoint(theta, n, f.cfg.PromoteFraction)
 	if now.UnixNano() < f.warmUntil.Load() {

@@ -21,7 +21,6 @@ func (f *Fleet) loop() {
 	close(f.first)
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	last := time.Now()
 	for {
 		select {
 		case <-f.stop:
@@ -29,37 +28,16 @@ func (f *Fleet) loop() {
 		case <-f.kick:
 			if f.up.Load() {
 				f.sendPending()
-				continue
 			}
-			// Down, and a hot key counted alone: Redis may be back
-			// already (a pause's end), and until this replica's round
-			// writes what it admitted alone, the others claim beside a
-			// record without it (TestFleetProcessPausedAtBirth). A round
-			// at once, no sooner than probeGap after the last.
-			if time.Since(last) < f.probeGap() {
-				continue
-			}
-			if f.round() {
-				wait = time.Duration(f.cfg.Interval)
-			}
-			last = time.Now()
-			t.Reset(wait)
 		case <-t.C:
 			if f.round() {
 				wait = time.Duration(f.cfg.Interval)
 			} else {
 				wait = min(2*wait, max(time.Second, 2*time.Duration(f.cfg.Interval)))
 			}
-			last = time.Now()
 			t.Reset(wait)
 		}
 	}
-}
-
-// probeGap is the least time between rounds that a hot key counted
-// while Redis is down sends early (loop).
-func (f *Fleet) probeGap() time.Duration {
-	return max(10*time.Millisecond, time.Duration(f.cfg.Interval)/10)
 }
 
 // round sends every hot key, with the heartbeat, and demotes the keys
@@ -130,6 +108,14 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	}
 	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
+	switch now := f.now().UnixNano(); {
+	case err != nil && (!claim || time.Since(start) >= timeout/2):
+		// Redis did not answer: not a claim sent with little of its
+		// request's wait left, which says nothing of Redis.
+		f.outageAt.Store(now)
+	case err == nil && f.outageAt.Load() > f.recoveredAt.Load():
+		f.recoveredAt.Store(now)
+	}
 	peers := f.apply(es, calls, replies, err == nil)
 	if claim {
 		// A request's claims, not a round: a failure is a request that
@@ -140,7 +126,6 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	f.roundTime.Observe(time.Since(start).Seconds())
 	if err != nil {
 		f.roundErrors.Add(1)
-		f.outageAt.Store(f.now().UnixNano())
 		// Once when Redis goes, and once if it never came: not every round.
 		if wasUp := f.up.Swap(false); wasUp || f.lastOK.Load() == 0 && !f.warnedNeverUp {
 			f.warnedNeverUp = true
@@ -326,12 +311,21 @@ func (f *Fleet) liveReplicas(n int64) int64 {
 	return min(n, max(1, f.n.Load(), int64(f.cfg.MinReplicas)))
 }
 
-// recovering reports whether this replica saw Redis not answer lately:
-// within two intervals and a timeout, the time every other replica's
-// round takes to write its record whole once Redis answers again.
+// recovering reports whether this replica saw Redis not answer and has
+// not had its answers for long since: for the longest backoff of a
+// replica whose rounds failed (loop), a round and a timeout after the
+// first send Redis answered, the time every replica's round takes to
+// write its record whole once Redis answers it again.
 func (f *Fleet) recovering() bool {
-	at := f.outageAt.Load()
-	return at != 0 && f.now().UnixNano()-at < int64(2*time.Duration(f.cfg.Interval)+time.Duration(f.cfg.Timeout))
+	at, rec := f.outageAt.Load(), f.recoveredAt.Load()
+	if at == 0 {
+		return false
+	}
+	if rec < at {
+		return true
+	}
+	i := time.Duration(f.cfg.Interval)
+	return f.now().UnixNano()-rec < int64(max(time.Second, 2*i)+i+time.Duration(f.cfg.Timeout))
 }
 
 // stale is how long a replica's record outlives its last write: a
