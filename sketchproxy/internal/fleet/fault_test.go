@@ -298,3 +298,63 @@ func TestFleetSimRestartAddsTwo(t *testing.T) {
 		}
 	}
 }
+
+// Only Redis not answering makes a replica's views suspect after it
+// (recovering), and for a bounded time: a sticky client at 0.9x its limit
+// of 10 a second (every request on replica 0, which therefore holds the
+// key's whole count), and at 8 s either nothing, a query that may not wait
+// of a key just shared on replica 0 (late at once, with Redis answering:
+// the engine's askAgain while it holds a wallet's lock), or a round of
+// replica 0 that fails (Redis down 60 ms). The query changes nothing (it
+// had held the whole replica at θ/N: 10 requests refused); after the
+// failed round the client is held at θ/N until the window ends, and not
+// after.
+func TestFleetSimSuspectOnlyWhereRedisFailed(t *testing.T) {
+	refused := map[string][]time.Duration{}
+	for _, c := range []string{"none", "no-wait", "round-fails"} {
+		s := newFleetSim(t, 3, rate.Rate{Requests: 10, Per: time.Second}, 3)
+		t0 := s.clk.Now().Add(time.Second)
+		blip := t0.Add(8*time.Second + 20*time.Millisecond) // between r0's round and r1's
+		var next func(at time.Time)
+		next = func(at time.Time) {
+			if at.After(t0.Add(14 * time.Second)) {
+				return
+			}
+			s.at(at, func() {
+				got, want := s.decide(0, "sticky"), s.decide(-1, "sticky")
+				if want && !got && s.clk.Now().After(blip.Add(-time.Second)) {
+					refused[c] = append(refused[c], s.clk.Now().Sub(blip))
+				}
+				next(at.Add(time.Second / 9))
+			})
+		}
+		next(t0)
+		switch c {
+		case "no-wait":
+			s.at(blip, func() {
+				s.fleets[0].Estimate(engine.Query{Key: []byte("fresh"), Local: fixedLocal(10), Tick: time.Second, Theta: 40,
+					Count: 10, Add: 2, NoWait: true, Now: s.clk.Now()})
+			})
+		case "round-fails":
+			s.at(blip.Add(-40*time.Millisecond), func() { s.store.down = true })
+			s.at(blip.Add(20*time.Millisecond), func() { s.store.down = false })
+		}
+		s.run(t0.Add(15 * time.Second))
+		t.Logf("%s: the sticky client at 0.9x refused %d times where one replica alone admits, from 1 s before the blip: %v", c, len(refused[c]), refused[c])
+	}
+	if len(refused["no-wait"]) != len(refused["none"]) {
+		t.Errorf("a query that may not wait, with Redis answering, had the sticky client refused %d times, %d without it", len(refused["no-wait"]), len(refused["none"]))
+	}
+	if len(refused["round-fails"]) <= len(refused["none"]) {
+		t.Fatal("a failed round changed nothing: the case measures no outage")
+	}
+	// The round that finds Redis again (an interval), the longest backoff
+	// (1 s), an interval and a timeout after it, the round that replaces
+	// the last suspect view, and a request.
+	window := 500*time.Millisecond + time.Second + 500*time.Millisecond + 250*time.Millisecond + 500*time.Millisecond + time.Second/9
+	for _, d := range refused["round-fails"] {
+		if d > window {
+			t.Errorf("the sticky client refused %v after the failed round: past the window (%v)", d, window)
+		}
+	}
+}
