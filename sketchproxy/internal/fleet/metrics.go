@@ -78,7 +78,7 @@ var (
 		{newDesc("fleet_resends_total", prometheus.CounterValue, "Times Redis was found to have lost the shared counts (restarted empty); every replica writes its own again at its next round."), func(s *Stats) uint64 { return s.Resends }},
 		{newDesc("fleet_claims_total", prometheus.CounterValue, "Hot keys sent at once because this replica counted past its guarantee and what Redis held for it (a claim on a key's pool), or claimed a count of a key just shared (its request waits for the answer): published to the other replicas."), func(s *Stats) uint64 { return s.Claims }},
 		{newDesc("fleet_claims_heard_total", prometheus.CounterValue, "Claims on a key's pool published by any replica and heard by this one."), func(s *Stats) uint64 { return s.ClaimsHeard }},
-		{newDesc("fleet_claims_late_total", prometheus.CounterValue, "Requests of keys just shared whose claims Redis did not answer within the fleet's timeout: decided as while Redis is down, at 1/N."), func(s *Stats) uint64 { return s.Late }},
+		{newDesc("fleet_claims_late_total", prometheus.CounterValue, "Requests whose claims (a key just shared, or a count past the replica's guarantee) Redis did not answer within the fleet's timeout, or that could not wait for one: decided as while Redis is down, at 1/N."), func(s *Stats) uint64 { return s.Late }},
 		{newDesc("fleet_records_rejected_total", prometheus.CounterValue, "Other replicas' records, claims and heartbeats not believed: no valid MAC (written without the fleet's secret, or by a replica older than signed records or members), or a heartbeat replayed past its window."), func(s *Stats) uint64 { return s.Rejected }},
 	}
 )
