@@ -447,17 +447,7 @@ func TestFleetSimWallet(t *testing.T) {
 func TestFleetSimWalletBurstAtBirth(t *testing.T) {
 	for _, calls := range []int{20, 30, 100} {
 		rs := engine.RuleSpec{Name: "llm", Budget: &engine.BudgetSpec{Name: "b", Units: 20, Per: time.Minute, Unit: 1, Cost: 1, Reserve: 1}}
-		s := newFleetSimRule(t, 3, rs, 0)
-		rng := rand.New(rand.NewPCG(47, uint64(calls)))
-		t0 := s.clk.Now().Add(2 * time.Second) // each heartbeat has counted the 3
-		var tallies [5]tally
-		for k := range tallies {
-			start := t0.Add(time.Duration(k) * time.Second)
-			gap := 100 * time.Millisecond / time.Duration(calls)
-			s.client(fmt.Sprint("tenant-", k), start, start.Add(100*time.Millisecond), gap, rng, func(j int) int { return j % 3 }, &tallies[k])
-		}
-		s.run(t0.Add(10 * time.Second))
-		for k, tl := range tallies {
+		for k, tl := range burstsAtBirth(t, rs, calls, nil) {
 			t.Logf("%d calls in 100 ms, wallet %d: the fleet admitted %d of %d, one replica alone %d; %d refused where one alone admits", calls, k, tl.fleetFirst, tl.sent, tl.aloneFirst, tl.wrong)
 			if tl.aloneFirst != 20 {
 				t.Fatalf("one replica alone admitted %d of %d, want 20: the case measures no burst", tl.aloneFirst, tl.sent)
@@ -560,18 +550,7 @@ func TestFleetSimBurstAtBirth(t *testing.T) {
 	}{{16, false, false}, {20, false, false}, {30, false, false}, {20, true, false}, {30, true, false}, {20, false, true}, {30, false, true}, {30, true, true}} {
 		calls := c.calls
 		rs := engine.RuleSpec{Name: "api", CountRefused: c.countRefused, Limits: []engine.LimitSpec{{Name: "rate", Rate: rate.Rate{Requests: 20, Per: time.Minute}}}}
-		s := newFleetSimRule(t, 3, rs, 0)
-		s.store.oldBorn = c.forge
-		rng := rand.New(rand.NewPCG(47, uint64(calls)))
-		t0 := s.clk.Now().Add(2 * time.Second) // each heartbeat has counted the 3
-		var tallies [5]tally
-		for k := range tallies {
-			start := t0.Add(time.Duration(k) * time.Second)
-			gap := 100 * time.Millisecond / time.Duration(calls)
-			s.client(fmt.Sprint("burst-", k), start, start.Add(100*time.Millisecond), gap, rng, func(j int) int { return j % 3 }, &tallies[k])
-		}
-		s.run(t0.Add(10 * time.Second))
-		for k, tl := range tallies {
+		for k, tl := range burstsAtBirth(t, rs, calls, func(s *fleetSim) { s.store.oldBorn = c.forge }) {
 			t.Logf("%d calls in 100 ms (refused ones counted: %v, born forged: %v), key %d: the fleet admitted %d of %d, one replica alone %d; %d refused where one alone admits", calls, c.countRefused, c.forge, k, tl.fleetFirst, tl.sent, tl.aloneFirst, tl.wrong)
 			if tl.aloneFirst != min(tl.sent, 20) {
 				t.Fatalf("one replica alone admitted %d of %d, want %d: the case measures no burst", tl.aloneFirst, tl.sent, min(tl.sent, 20))
@@ -731,4 +710,26 @@ func TestFleetSimHeavyClaimCost(t *testing.T) {
 			t.Errorf("%v: %d claims for %d requests admitted: more than one a request", c, claims, admitted)
 		}
 	}
+}
+
+// burstsAtBirth sends 5 fresh keys of rule rs calls requests each in
+// 100 ms, round robin over 3 replicas that have counted each other
+// (setup, if not nil, sets the fleet sim up first), a second apart, and
+// returns what each got.
+func burstsAtBirth(t *testing.T, rs engine.RuleSpec, calls int, setup func(s *fleetSim)) [5]tally {
+	t.Helper()
+	s := newFleetSimRule(t, 3, rs, 0)
+	if setup != nil {
+		setup(s)
+	}
+	rng := rand.New(rand.NewPCG(47, uint64(calls)))
+	t0 := s.clk.Now().Add(2 * time.Second) // each heartbeat has counted the 3
+	var tallies [5]tally
+	for k := range tallies {
+		start := t0.Add(time.Duration(k) * time.Second)
+		gap := 100 * time.Millisecond / time.Duration(calls)
+		s.client(fmt.Sprint("burst-", k), start, start.Add(100*time.Millisecond), gap, rng, func(j int) int { return j % 3 }, &tallies[k])
+	}
+	s.run(t0.Add(10 * time.Second))
+	return tallies
 }
