@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"hash"
+	"math"
 	"slices"
 	"time"
 )
@@ -244,6 +245,11 @@ func (f *Fleet) signBeat(hb *heartbeat) {
 func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
 	n := int64(1) // this replica, whose entry the script wrote before it read
 	rejected := 0
+	oldest := int64(math.MaxInt64)
+	defer func() {
+		f.beatOthers.Store(n - 1)
+		f.beatOldest.Store(oldest)
+	}()
 	for _, m := range br.members {
 		if m.id == hb.id {
 			continue
@@ -254,6 +260,7 @@ func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
 			continue
 		}
 		n++
+		oldest = min(oldest, m.ts)
 	}
 	f.reject(rejected)
 	return n

@@ -306,13 +306,18 @@ func TestFleetSimRestartAddsTwo(t *testing.T) {
 // of a key just shared on replica 0 (late at once, with Redis answering:
 // the engine's askAgain while it holds a wallet's lock), or a round of
 // replica 0 that fails (Redis down 60 ms). The query changes nothing (it
-// had held the whole replica at θ/N: 10 requests refused); after the
+// had held the whole replica at θ/N: 13 requests refused); after the
 // failed round the client is held at θ/N until the window ends, and not
-// after.
+// after: sooner where N is counted from the heartbeats, once every other
+// replica has beaten since Redis answered again (18 and 15 refused).
 func TestFleetSimSuspectOnlyWhereRedisFailed(t *testing.T) {
 	refused := map[string][]time.Duration{}
-	for _, c := range []string{"none", "no-wait", "round-fails"} {
-		s := newFleetSim(t, 3, rate.Rate{Requests: 10, Per: time.Second}, 3)
+	for _, c := range []string{"none", "no-wait", "round-fails", "round-fails/heartbeats"} {
+		replicas := 3
+		if c == "round-fails/heartbeats" {
+			replicas = 0 // N counted from the heartbeats: the window ends once each other replica has beaten
+		}
+		s := newFleetSim(t, 3, rate.Rate{Requests: 10, Per: time.Second}, replicas)
 		t0 := s.clk.Now().Add(time.Second)
 		blip := t0.Add(8*time.Second + 20*time.Millisecond) // between r0's round and r1's
 		var next func(at time.Time)
@@ -335,7 +340,7 @@ func TestFleetSimSuspectOnlyWhereRedisFailed(t *testing.T) {
 				s.fleets[0].Estimate(engine.Query{Key: []byte("fresh"), Local: fixedLocal(10), Tick: time.Second, Theta: 40,
 					Count: 10, Add: 2, NoWait: true, Now: s.clk.Now()})
 			})
-		case "round-fails":
+		case "round-fails", "round-fails/heartbeats":
 			s.at(blip.Add(-40*time.Millisecond), func() { s.store.down = true })
 			s.at(blip.Add(20*time.Millisecond), func() { s.store.down = false })
 		}
@@ -348,13 +353,55 @@ func TestFleetSimSuspectOnlyWhereRedisFailed(t *testing.T) {
 	if len(refused["round-fails"]) <= len(refused["none"]) {
 		t.Fatal("a failed round changed nothing: the case measures no outage")
 	}
+	if len(refused["round-fails/heartbeats"]) >= len(refused["round-fails"]) {
+		t.Errorf("with heartbeats the sticky client was refused %d times, %d without: the window did not end once every replica had beaten", len(refused["round-fails/heartbeats"]), len(refused["round-fails"]))
+	}
 	// The round that finds Redis again (an interval), the longest backoff
 	// (1 s), an interval and a timeout after it, the round that replaces
 	// the last suspect view, and a request.
 	window := 500*time.Millisecond + time.Second + 500*time.Millisecond + 250*time.Millisecond + 500*time.Millisecond + time.Second/9
-	for _, d := range refused["round-fails"] {
+	for _, d := range append(refused["round-fails"], refused["round-fails/heartbeats"]...) {
 		if d > window {
 			t.Errorf("the sticky client refused %v after the failed round: past the window (%v)", d, window)
 		}
+	}
+}
+
+// A replica that is down shares a key past its promotion point without a
+// word (promoteDown): no send, nothing queued, and its first round once
+// Redis answers writes what it admitted alone, which a key it had not
+// shared before never had written.
+func TestFleetSimPromotesWhileDown(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
+	s.run(s.clk.Now().Add(2 * time.Second))
+	s.store.down = true
+	s.run(s.clk.Now().Add(time.Second)) // every replica's round failed
+	f := s.fleets[0]
+	if f.up.Load() {
+		t.Fatal("replica 0 is up with Redis down: the case measures nothing")
+	}
+	admitted := 0
+	for range 10 {
+		if s.decide(0, "k") {
+			admitted++
+		}
+	}
+	if got := f.count.Load(); got != 1 {
+		t.Errorf("%d hot keys after 10 requests of one key while down, want 1", got)
+	}
+	if len(f.pend) != 0 {
+		t.Errorf("%d entries queued while down, want none (the next round sends every hot key)", len(f.pend))
+	}
+	s.store.down = false
+	s.run(s.clk.Now().Add(time.Second))
+	var c uint32
+	for _, k := range s.store.keys {
+		if r, ok := k.recs["r0"]; ok {
+			c = max(c, r.c)
+		}
+	}
+	t.Logf("while down, replica 0 admitted %d of 10 alone; its record once Redis answered: %d counts", admitted, c)
+	if c < uint32(2*admitted) {
+		t.Errorf("replica 0's record holds %d counts once Redis answered, want the %d it admitted alone", c, 2*admitted)
 	}
 }

@@ -69,6 +69,12 @@ type Fleet struct {
 	// timeout or more and failed; recoveredAt, when a send was answered
 	// after it (recovering).
 	outageAt, recoveredAt atomic.Int64
+	// recoveredTS is recoveredAt by Redis's clock (µs, redisClock); and
+	// of the other replicas the last heartbeat counted, how many
+	// (beatOthers) and the oldest of their entries (beatOldest, µs): once
+	// every other replica has beaten since this one recovered, each has
+	// written its records whole since (recovering).
+	recoveredTS, beatOthers, beatOldest atomic.Int64
 
 	shards [16]hotShard
 	count  atomic.Int64
@@ -375,6 +381,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 	skey, sk, tick, theta, local, add, now := q.Key, q.Local, q.Tick, q.Theta, q.Count, q.Add, q.Now
 	n := f.replicas()
 	if !f.up.Load() {
+		f.promoteDown(&q, n)
 		// Its fair share, the request included: the local count × N
 		// against θ let each replica count a request past θ/N. Nor
 		// more than the room the others left at the last word from
@@ -419,23 +426,9 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 			f.hotFull.Add(1)
 			return engine.Answer{Est: alone(local, theta, n)}
 		}
-		e = &hotEntry{skey: append([]byte(nil), skey...), sk: sk, tick: tick, theta: theta, since: now.UnixNano(),
-			claiming: make(chan struct{}, 1), id: f.ids.Add(1)}
-		if e.id == 0 {
-			e.id = f.ids.Add(1) // 0 is no hold
-		}
-		e.rkey, e.marker = f.redisKeys(skey, tick, theta)
-		e.demand.start(uint32(min(uint64(local)+uint64(add), math.MaxUint32)), now.UnixNano()/int64(tick))
-		s.m[string(e.skey)] = e
-		f.count.Add(1)
-		f.promotions.Add(1)
+		e = f.newEntry(s, &q)
 		s.mu.Unlock()
-		f.rmu.Lock()
-		f.rkeys[e.rkey] = e
-		r, ok := f.heard[e.rkey]
-		delete(f.heard, e.rkey)
-		f.rmu.Unlock()
-		if ok && tickFits(e, &r) {
+		if r, ok := f.register(e); ok && tickFits(e, &r) {
 			// Another replica claimed this key lately: start from its word.
 			v, _ := f.viewOf(e, &r, 0, nil)
 			e.view.Store(v)
@@ -497,6 +490,53 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		a.Ceiling = quiet
 	}
 	return a
+}
+
+// promoteDown makes q's key hot while Redis is down, past its promotion
+// point, without a send: what this replica admits of it alone then is in
+// its record from its first round once Redis answers (round sends every
+// hot key), so that the others, once every replica has had that round,
+// may trust the records again (recovering). A key it had not shared
+// before was decided alone past the point and never written.
+func (f *Fleet) promoteDown(q *engine.Query, n int64) {
+	if q.Add == 0 || uint64(q.Count)+uint64(q.Add) <= uint64(sharePoint(q.Theta, n, f.cfg.PromoteFraction)) || f.count.Load() >= int64(f.cfg.MaxHot) {
+		return
+	}
+	s := f.shard(q.Key)
+	s.mu.Lock()
+	if s.m[string(q.Key)] != nil {
+		s.mu.Unlock()
+		return
+	}
+	e := f.newEntry(s, q)
+	s.mu.Unlock()
+	f.register(e)
+}
+
+// newEntry makes q's key a hot entry of shard s (s.mu held).
+func (f *Fleet) newEntry(s *hotShard, q *engine.Query) *hotEntry {
+	e := &hotEntry{skey: append([]byte(nil), q.Key...), sk: q.Local, tick: q.Tick, theta: q.Theta, since: q.Now.UnixNano(),
+		claiming: make(chan struct{}, 1), id: f.ids.Add(1)}
+	if e.id == 0 {
+		e.id = f.ids.Add(1) // 0 is no hold
+	}
+	e.rkey, e.marker = f.redisKeys(q.Key, q.Tick, q.Theta)
+	e.demand.start(uint32(min(uint64(q.Count)+uint64(q.Add), math.MaxUint32)), q.Now.UnixNano()/int64(q.Tick))
+	s.m[string(e.skey)] = e
+	f.count.Add(1)
+	f.promotions.Add(1)
+	return e
+}
+
+// register names e by its key in Redis, for the claims other replicas
+// publish, and returns the latest claim heard of it before, if any.
+func (f *Fleet) register(e *hotEntry) (r shareReply, ok bool) {
+	f.rmu.Lock()
+	defer f.rmu.Unlock()
+	f.rkeys[e.rkey] = e
+	r, ok = f.heard[e.rkey]
+	delete(f.heard, e.rkey)
+	return r, ok
 }
 
 // pastQuiet reports whether a request adding add to local takes this
