@@ -281,7 +281,7 @@ func TestFleetProcessRedisPaused(t *testing.T) {
 // 16 runs of a review's test. Now a replica that saw Redis not answer (a
 // round that failed, or a claim's send that waited half the timeout and
 // failed) holds its views suspect until every replica may have written
-// its record whole since Redis answered it (recovering): 18 to 19 in 18
+// its record whole since Redis answered it (recovering): 18 to 20 in 24
 // keys, under -race with a core kept busy too.
 func TestFleetProcessPausedAtBirth(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
@@ -317,7 +317,8 @@ func TestFleetProcessPausedAtBirth(t *testing.T) {
 // answers again. A suspect window of two intervals and a timeout after
 // this replica's last failure ended before that: 23 to 26 of 20 in 4 of
 // 18 keys in a review's test (and at cde6af9). It now lasts the longest
-// backoff, a round and a timeout after Redis answered (recovering): 18.
+// backoff, a round and a timeout after Redis answered (recovering): 18
+// to 20 in 10 keys.
 func TestFleetProcessLongPauseAtBirth(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
 	addr, redisProc := testkit.RedisProcess(t)
