@@ -246,10 +246,7 @@ func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
 	n := int64(1) // this replica, whose entry the script wrote before it read
 	rejected := 0
 	oldest := int64(math.MaxInt64)
-	defer func() {
-		f.beatOthers.Store(n - 1)
-		f.beatOldest.Store(oldest)
-	}()
+	defer func() { f.beatSeen.Store(&beatSeen{others: n - 1, oldest: oldest}) }()
 	for _, m := range br.members {
 		if m.id == hb.id {
 			continue
@@ -264,6 +261,12 @@ func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
 	}
 	f.reject(rejected)
 	return n
+}
+
+// beatSeen is what a heartbeat's reply showed of the other replicas: how
+// many it counted, and the oldest of their entries (Redis's µs).
+type beatSeen struct {
+	others, oldest int64
 }
 
 // recMACSize is a record's MAC, truncated HMAC-SHA256 (bytes).

@@ -1,7 +1,9 @@
 package fleet
 
 import (
+	"context"
 	"fmt"
+	"github.com/epochsketch/epochsketch"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -403,5 +405,96 @@ func TestFleetSimPromotesWhileDown(t *testing.T) {
 	t.Logf("while down, replica 0 admitted %d of 10 alone; its record once Redis answered: %d counts", admitted, c)
 	if c < uint32(2*admitted) {
 		t.Errorf("replica 0's record holds %d counts once Redis answered, want the %d it admitted alone", c, 2*admitted)
+	}
+}
+
+// lateStore answers after lat (real time), or fails at the send's
+// deadline, as a Redis a round trip of lat away.
+type lateStore struct {
+	*memStore
+	lat time.Duration
+}
+
+func (s *lateStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, *beatReply, int, error) {
+	select {
+	case <-time.After(s.lat):
+		return s.memStore.sync(ctx, r, calls, beat)
+	case <-ctx.Done():
+		return make([]shareReply, len(calls)), nil, len(calls), ctx.Err()
+	}
+}
+
+// The suspect window after an outage (recovering) is started only by
+// Redis not answering: not by a claim sent with 10 ms of its request's
+// wait left (it queued behind other sends) to a Redis 20 ms away, which
+// started it while the test was against half of what was left (a
+// review's test); and a wall clock stepped back an hour, during the
+// outage or after it, does not make it an hour long.
+func TestFleetRecoveringOnlyRedis(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	f := hostileFleet(t, &lateStore{memStore: newMemStore(clk.Now), lat: 20 * time.Millisecond}, clk.Now, 3)
+	if !f.round() {
+		t.Fatal("a round failed with Redis 20 ms away")
+	}
+	if f.sendHeld(nil, false, 10*time.Millisecond, true) {
+		t.Fatal("a claim with 10 ms left was answered by a Redis 20 ms away: the case measures nothing")
+	}
+	if f.recovering() {
+		t.Error("a claim sent with 10 ms of its wait left, Redis answering in 20 ms, started the suspect window")
+	}
+
+	for _, back := range []string{"during", "after"} {
+		clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+		store := newMemStore(clk.Now)
+		f := hostileFleet(t, store, clk.Now, 3)
+		f.round()
+		store.down = true
+		f.round()
+		if !f.recovering() {
+			t.Fatalf("%s: a round failed and the window did not start", back)
+		}
+		if back == "during" {
+			clk.Set(clk.Now().Add(-time.Hour))
+		}
+		store.down = false
+		f.round()
+		if back == "after" {
+			clk.Set(clk.Now().Add(-time.Hour))
+		}
+		f.recovering() // the step seen
+		clk.Set(clk.Now().Add(2 * time.Second))
+		if f.recovering() {
+			t.Errorf("clock stepped back an hour %s the outage: still recovering 2 s after Redis answered (the window is 1.75 s)", back)
+		}
+	}
+}
+
+// A limit reloaded while Redis is down (20 a minute becomes 10 under the
+// same names): the key's entry of the old limit is replaced, as Estimate
+// replaces it, so that the first round back writes what the replica
+// admitted alone under the new one.
+func TestFleetSimPromotesWhileDownReloaded(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	store := newMemStore(clk.Now)
+	f := hostileFleet(t, store, clk.Now, 3)
+	f.round()
+	store.down = true
+	f.round()
+	q := engine.Query{Key: []byte("k"), Local: fixedLocal(20), Tick: 30 * time.Second, Theta: 40, Count: 20, Add: 2, Now: clk.Now()}
+	f.Estimate(q)
+	q.Theta, q.Count = 20, 10
+	f.Estimate(q)
+	s := f.shard(q.Key)
+	s.mu.Lock()
+	e := s.m["k"]
+	s.mu.Unlock()
+	if e == nil || e.theta != 20 || f.count.Load() != 1 {
+		t.Fatalf("after a reload while down: entry %v, %d hot keys; want one entry of θ 20", e, f.count.Load())
+	}
+	rkey, _ := f.redisKeys(q.Key, q.Tick, 20)
+	store.down = false
+	f.round()
+	if k := store.keys[rkey]; k == nil || k.recs["r0"].c == 0 {
+		t.Error("the first round back wrote no record of the key under its new limit")
 	}
 }

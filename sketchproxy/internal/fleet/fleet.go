@@ -70,11 +70,11 @@ type Fleet struct {
 	// after it (recovering).
 	outageAt, recoveredAt atomic.Int64
 	// recoveredTS is recoveredAt by Redis's clock (µs, redisClock); and
-	// of the other replicas the last heartbeat counted, how many
-	// (beatOthers) and the oldest of their entries (beatOldest, µs): once
-	// every other replica has beaten since this one recovered, each has
-	// written its records whole since (recovering).
-	recoveredTS, beatOthers, beatOldest atomic.Int64
+	// beatSeen, the other replicas the last heartbeat counted: once every
+	// other replica has beaten since this one recovered, each has written
+	// its records whole since (recovering).
+	recoveredTS atomic.Int64
+	beatSeen    atomic.Pointer[beatSeen]
 
 	shards [16]hotShard
 	count  atomic.Int64
@@ -497,16 +497,22 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 // its record from its first round once Redis answers (round sends every
 // hot key), so that the others, once every replica has had that round,
 // may trust the records again (recovering). A key it had not shared
-// before was decided alone past the point and never written.
+// before was decided alone past the point and never written. An entry of
+// a limit a reload changed is replaced, as Estimate replaces it. With
+// max_hot entries already, the key is decided alone and not written, as
+// while Redis answers.
 func (f *Fleet) promoteDown(q *engine.Query, n int64) {
 	if q.Add == 0 || uint64(q.Count)+uint64(q.Add) <= uint64(sharePoint(q.Theta, n, f.cfg.PromoteFraction)) || f.count.Load() >= int64(f.cfg.MaxHot) {
 		return
 	}
 	s := f.shard(q.Key)
 	s.mu.Lock()
-	if s.m[string(q.Key)] != nil {
-		s.mu.Unlock()
-		return
+	if e := s.m[string(q.Key)]; e != nil {
+		if e.sk == q.Local && e.tick == q.Tick && e.theta == q.Theta {
+			s.mu.Unlock()
+			return
+		}
+		f.drop(s, e) // a reload changed the limit (Estimate)
 	}
 	e := f.newEntry(s, q)
 	s.mu.Unlock()

@@ -108,14 +108,16 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	}
 	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
-	switch now := f.now().UnixNano(); {
-	case err != nil && (!claim || time.Since(start) >= timeout/2):
-		// Redis did not answer: not a claim sent with little of its
-		// request's wait left, which says nothing of Redis.
+	half := time.Duration(f.cfg.Timeout) / 2
+	switch now, at := f.now().UnixNano(), f.outageAt.Load(); {
+	case err != nil && (!claim || timeout >= half && time.Since(start) >= half):
+		// Redis did not answer: not a claim sent with less than half
+		// the fleet's timeout of its request's wait left (it queued
+		// behind other sends), which says nothing of Redis.
 		f.outageAt.Store(now)
-	case err == nil && f.outageAt.Load() > f.recoveredAt.Load():
+	case err == nil && at > f.recoveredAt.Load():
 		f.recoveredTS.Store(f.redisClock())
-		f.recoveredAt.Store(now)
+		f.recoveredAt.Store(max(now, at)) // not before it, whatever the clock did
 	}
 	peers := f.apply(es, calls, replies, err == nil)
 	if claim {
@@ -323,16 +325,27 @@ func (f *Fleet) liveReplicas(n int64) int64 {
 // paused at a key's birth (TestFleetProcessPausedAtBirth under -race
 // with a core kept busy).
 func (f *Fleet) recovering() bool {
+	now := f.now().UnixNano()
 	at, rec := f.outageAt.Load(), f.recoveredAt.Load()
 	if at == 0 {
 		return false
 	}
+	// A wall clock stepped back: what reads later than now is now, so
+	// that the window is not as long as the step.
+	if at > now {
+		f.outageAt.CompareAndSwap(at, now)
+		at = now
+	}
+	if rec > now {
+		f.recoveredAt.CompareAndSwap(rec, now)
+		rec = now
+	}
 	if rec < at {
 		return true
 	}
-	i, since := time.Duration(f.cfg.Interval), time.Duration(f.now().UnixNano()-rec)
-	if since >= 2*i+time.Duration(f.cfg.Timeout) && f.cfg.Replicas == 0 &&
-		f.beatOthers.Load() >= f.replicas()-1 && f.beatOldest.Load() >= f.recoveredTS.Load() {
+	i, since := time.Duration(f.cfg.Interval), time.Duration(now-rec)
+	if b := f.beatSeen.Load(); since >= 2*i+time.Duration(f.cfg.Timeout) && f.cfg.Replicas == 0 &&
+		b != nil && b.others >= f.replicas()-1 && b.oldest >= f.recoveredTS.Load() {
 		// Every other replica has beaten since: its round wrote its
 		// records whole, what it promoted while Redis was down too
 		// (promoteDown).
