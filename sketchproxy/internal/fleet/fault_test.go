@@ -444,12 +444,7 @@ func TestFleetRecoveringOnlyRedis(t *testing.T) {
 	}
 
 	for _, back := range []string{"during", "after"} {
-		clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
-		store := newMemStore(clk.Now)
-		f := hostileFleet(t, store, clk.Now, 3)
-		f.round()
-		store.down = true
-		f.round()
+		clk, store, f := downFleet(t)
 		if !f.recovering() {
 			t.Fatalf("%s: a round failed and the window did not start", back)
 		}
@@ -474,12 +469,7 @@ func TestFleetRecoveringOnlyRedis(t *testing.T) {
 // replaces it, so that the first round back writes what the replica
 // admitted alone under the new one.
 func TestFleetSimPromotesWhileDownReloaded(t *testing.T) {
-	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
-	store := newMemStore(clk.Now)
-	f := hostileFleet(t, store, clk.Now, 3)
-	f.round()
-	store.down = true
-	f.round()
+	clk, store, f := downFleet(t)
 	q := engine.Query{Key: []byte("k"), Local: fixedLocal(20), Tick: 30 * time.Second, Theta: 40, Count: 20, Add: 2, Now: clk.Now()}
 	f.Estimate(q)
 	q.Theta, q.Count = 20, 10
@@ -497,4 +487,18 @@ func TestFleetSimPromotesWhileDownReloaded(t *testing.T) {
 	if k := store.keys[rkey]; k == nil || k.recs["r0"].c == 0 {
 		t.Error("the first round back wrote no record of the key under its new limit")
 	}
+}
+
+// downFleet is a fleet of 3 replicas (replica r0 of hostileFleet) on a
+// manual clock whose first round was answered and second failed: Redis
+// (its store) is down.
+func downFleet(t *testing.T) (*epochsketch.ManualClock, *memStore, *Fleet) {
+	t.Helper()
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	store := newMemStore(clk.Now)
+	f := hostileFleet(t, store, clk.Now, 3)
+	f.round()
+	store.down = true
+	f.round()
+	return clk, store, f
 }

@@ -404,7 +404,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 	s := f.shard(skey)
 	s.mu.Lock()
 	e := s.m[string(skey)]
-	if e != nil && (e.sk != sk || e.tick != tick || e.theta != theta) {
+	if e != nil && !e.of(&q) {
 		// A reload changed the limit (another tick, threshold or sketch)
 		// under the same rule and limit names: the entry shares another
 		// limit's count, so it goes, and the key is shared anew under a
@@ -508,7 +508,7 @@ func (f *Fleet) promoteDown(q *engine.Query, n int64) {
 	s := f.shard(q.Key)
 	s.mu.Lock()
 	if e := s.m[string(q.Key)]; e != nil {
-		if e.sk == q.Local && e.tick == q.Tick && e.theta == q.Theta {
+		if e.of(q) {
 			s.mu.Unlock()
 			return
 		}
@@ -517,6 +517,13 @@ func (f *Fleet) promoteDown(q *engine.Query, n int64) {
 	e := f.newEntry(s, q)
 	s.mu.Unlock()
 	f.register(e)
+}
+
+// of reports whether e counts q's limit: the same sketch, tick and
+// threshold (a reload may change them under the same rule and limit
+// names).
+func (e *hotEntry) of(q *engine.Query) bool {
+	return e.sk == q.Local && e.tick == q.Tick && e.theta == q.Theta
 }
 
 // newEntry makes q's key a hot entry of shard s (s.mu held).

@@ -226,15 +226,7 @@ func shareClaims(me string, peers []peerShare, n int, young bool, point uint32, 
 		cs = append(cs, shareClaim{d: float64(p.d), order: shareOrder(rkey, p.id), mine: p.id == me, rawD: p.d, stored: p.g})
 		total += float64(p.d)
 	}
-	// me is present whether or not Redis holds its record yet: a view of
-	// a claim heard just after the records were flushed names only the
-	// replicas that wrote since, and a reserve held for me as one not yet
-	// present refused me a client under its limit's room (0.85x keys,
-	// TestFleetSimHostileRedis, with claims past the guarantee).
-	present := len(peers)
-	if !slices.ContainsFunc(peers, func(p peerShare) bool { return p.id == me }) {
-		present++
-	}
+	present := presentWith(peers, me)
 	if young && present < n {
 		avg := 1.0
 		if len(peers) > 0 && total > 0 {
@@ -253,6 +245,20 @@ func shareClaims(me string, peers []peerShare, n int, young bool, point uint32, 
 		total = float64(len(cs))
 	}
 	return cs, total, reserve
+}
+
+// presentWith is how many replicas peers (a key's records) and me make:
+// me is present whether or not Redis holds its record yet. A view of a
+// claim heard just after the records were flushed names only the
+// replicas that wrote since, and room held for me as a replica not yet
+// present (a reserve, a share of the pool) refused me a client under its
+// limit's room (0.85x keys, TestFleetSimHostileRedis, with claims past
+// the guarantee; TestViewVirtualNotMe).
+func presentWith(peers []peerShare, me string) int {
+	if slices.ContainsFunc(peers, func(p peerShare) bool { return p.id == me }) {
+		return len(peers)
+	}
+	return len(peers) + 1
 }
 
 // apportion gives each claim its units of theta's whole requests in

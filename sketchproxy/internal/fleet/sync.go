@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 )
 
@@ -415,14 +414,8 @@ func (f *Fleet) viewOf(e *hotEntry, rp *shareReply, gSent uint32, cur *shareView
 		// of 10 each, θ 20, leave the last request to no one).
 		g = 0
 	}
-	// This replica is present whether or not the records name it yet (a
-	// claim heard just after a flush names only the replicas that wrote
-	// since): it is never one of the virtual replicas (shareClaims).
-	present := len(rp.peers)
-	if !slices.ContainsFunc(rp.peers, func(p peerShare) bool { return p.id == f.self }) {
-		present++
-	}
-	if vyoung && present < int(live) {
+	// This replica is never one of the virtual replicas (presentWith).
+	if present := presentWith(rp.peers, f.self); vyoung && present < int(live) {
 		v.virtual = uint32(int(live) - present)
 	}
 	for _, p := range rp.peers {
