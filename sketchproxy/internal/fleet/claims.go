@@ -8,6 +8,8 @@ import (
 	"hash"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -242,25 +244,107 @@ func (f *Fleet) signBeat(hb *heartbeat) {
 // more), this replica at least. Entries that do not verify are counted
 // as rejected records: written without the secret, or replayed from
 // before the window.
+// The heartbeats heard on the members' channel within the window count
+// too: a members' hash flushed or deleted as often as the replicas beat
+// (every 200 ms, at an interval of 500 ms) showed the replica that beat
+// just before the others only itself (theirs written an interval
+// earlier, a flush since), which then counted itself alone once the most
+// seen lately had passed.
 func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
-	n := int64(1) // this replica, whose entry the script wrote before it read
+	from, to := br.now-hb.window.Microseconds(), br.now+time.Duration(f.cfg.Timeout).Microseconds()
+	in := func(ts int64) bool { return ts >= from && ts <= to }
+	latest := map[string]int64{}
 	rejected := 0
-	oldest := int64(math.MaxInt64)
-	defer func() { f.beatSeen.Store(&beatSeen{others: n - 1, oldest: oldest}) }()
 	for _, m := range br.members {
 		if m.id == hb.id {
 			continue
 		}
-		if m.ts < br.now-hb.window.Microseconds() || m.ts > br.now+time.Duration(f.cfg.Timeout).Microseconds() ||
-			!f.verify(hb.signedKey, &signedRec{id: m.id, ts: m.ts, mac: m.mac}) {
+		if !in(m.ts) || !f.verify(hb.signedKey, &signedRec{id: m.id, ts: m.ts, mac: m.mac}) {
 			rejected++
 			continue
 		}
-		n++
-		oldest = min(oldest, m.ts)
+		latest[m.id] = max(latest[m.id], m.ts)
 	}
 	f.reject(rejected)
+	f.bmu.Lock()
+	for id, b := range f.beatsHeard {
+		switch {
+		case b.ts < from:
+			delete(f.beatsHeard, id) // out of the window: gone, or to be heard again
+		case b.left:
+			delete(latest, id) // its entry in the hash is from before it left
+		case b.ts <= to && id != hb.id:
+			latest[id] = max(latest[id], b.ts)
+		}
+	}
+	f.bmu.Unlock()
+	oldest := int64(math.MaxInt64)
+	for _, ts := range latest {
+		oldest = min(oldest, ts)
+	}
+	n := 1 + int64(len(latest)) // this replica, whose entry the script wrote before it read
+	f.beatSeen.Store(&beatSeen{others: n - 1, oldest: oldest})
 	return n
+}
+
+// beatsHeldMax is the most heartbeats heard that a replica keeps between
+// two of its own: every one verified, so only genuine replicas' (each
+// start of one is a new id), pruned to the window at each count.
+const beatsHeldMax = 4096
+
+// heardBeat is the latest heartbeat heard of a replica (Redis's µs), or
+// its leave (left): a heartbeat no later than its leave is not counted.
+type heardBeat struct {
+	ts   int64
+	left bool
+}
+
+// hearBeat keeps a heartbeat another replica published ("id ts mac"), or
+// its leave at close ("id ts mac left"), if its MAC verifies: anyone
+// allowed to PUBLISH on the channel can send one, but none made up
+// verifies, one replayed is out of the window by its signed time when
+// counted, and a leave is signed apart (signLeave) and only of a replica
+// that stopped (each start is a new id).
+func (f *Fleet) hearBeat(payload string) {
+	w := strings.Fields(payload)
+	left := len(w) == 4 && w[3] == "left"
+	if len(w) != 3 && !left {
+		f.reject(1)
+		return
+	}
+	ts, err := strconv.ParseInt(w[1], 10, 64)
+	if err != nil {
+		f.reject(1)
+		return
+	}
+	if w[0] == f.self {
+		return
+	}
+	r := &signedRec{id: w[0], ts: ts, mac: w[2]}
+	if left {
+		r.c = 1
+	}
+	if !f.verify(f.signedMembers(), r) {
+		f.reject(1)
+		return
+	}
+	f.bmu.Lock()
+	defer f.bmu.Unlock()
+	cur, ok := f.beatsHeard[w[0]]
+	switch {
+	case !ok && len(f.beatsHeard) >= beatsHeldMax:
+		// The next count prunes those out of the window.
+	case !ok, ts > cur.ts, left && ts == cur.ts:
+		f.beatsHeard[w[0]] = heardBeat{ts: ts, left: left}
+	}
+}
+
+// signLeave dates and signs hb as this replica's leave: the record of its
+// id with a count of 1 (a heartbeat's is 0), so that no heartbeat heard
+// reads as a leave.
+func (f *Fleet) signLeave(hb *heartbeat) {
+	hb.ts = f.redisClock()
+	hb.mac = f.macOf(hb.signedKey, &signedRec{id: hb.id, c: 1, ts: hb.ts})
 }
 
 // beatSeen is what a heartbeat's reply showed of the other replicas: how

@@ -6,7 +6,9 @@ import (
 	"github.com/epochsketch/epochsketch"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -501,4 +503,41 @@ func downFleet(t *testing.T) (*epochsketch.ManualClock, *memStore, *Fleet) {
 	store.down = true
 	f.round()
 	return clk, store, f
+}
+
+// The members' hash flushed every 200 ms, faster than the replicas beat
+// (every 500 ms): a replica's heartbeat then reads only the entries
+// written since the last flush, none of the others' where they beat
+// before it, and, with no hot key's records to name them, each counted
+// itself alone once the most seen lately had passed (replica 0 of 2 at 1
+// in CI, TestFleetRedisHostile/flushall). The heartbeats published on the
+// members' channel keep N: every replica counts 3 throughout. Where they
+// are not heard (quiet: a fleet of replicas before they were published),
+// the count falls, which is what the case measures.
+func TestFleetSimMembersFlushed(t *testing.T) {
+	for _, quiet := range []bool{false, true} {
+		s := newFleetSim(t, 3, rate.Rate{Requests: 10, Per: time.Second}, 0)
+		s.store.quiet = quiet
+		t0 := s.clk.Now().Add(3 * time.Second)
+		s.every(t0, 200*time.Millisecond, s.store.flush)
+		low := make([]int64, 3)
+		for i := range low {
+			low[i] = math.MaxInt64
+		}
+		s.every(t0.Add(time.Millisecond), 50*time.Millisecond, func() {
+			for i, f := range s.fleets {
+				low[i] = min(low[i], f.replicas())
+			}
+		})
+		s.run(t0.Add(30 * time.Second))
+		t.Logf("heartbeats published: %v; the fewest replicas each counted over 30 s: %v", !quiet, low)
+		for i, n := range low {
+			if !quiet && n != 3 {
+				t.Errorf("replica %d counted %d replicas at the fewest, want 3", i, n)
+			}
+		}
+		if quiet && slices.Min(low) == 3 {
+			t.Errorf("with no heartbeat heard, every replica still counted 3: the case does not reach what it measures")
+		}
+	}
 }

@@ -75,6 +75,12 @@ type Fleet struct {
 	// its records whole since (recovering).
 	recoveredTS atomic.Int64
 	beatSeen    atomic.Pointer[beatSeen]
+	// beatsHeard is the latest signed time (Redis's µs) of each other
+	// replica's heartbeat heard on the members' channel (at most
+	// beatsHeldMax), beside the members' hash at the next count
+	// (countMembers); bmu guards it.
+	bmu        sync.Mutex
+	beatsHeard map[string]heardBeat
 
 	shards [16]hotShard
 	count  atomic.Int64
@@ -204,10 +210,11 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 	f := &Fleet{
 		cfg: cfg, log: log, now: now, store: store, secret: secret,
 		runID: cfg.ID, self: cfg.ID,
-		run:   map[string]string{},
-		rkeys: map[string]*hotEntry{},
-		heard: map[string]shareReply{},
-		kick:  make(chan struct{}, 1),
+		run:        map[string]string{},
+		rkeys:      map[string]*hotEntry{},
+		heard:      map[string]shareReply{},
+		beatsHeard: map[string]heardBeat{},
+		kick:       make(chan struct{}, 1),
 		roundTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sketchproxy_fleet_round_duration_seconds",
 			Help:    "Time of each sync round with Redis (one pipeline per node), failed rounds included.",
@@ -237,7 +244,7 @@ func (f *Fleet) Start() {
 	f.started = true
 	go f.loop()
 	var warned atomic.Bool
-	go f.store.listen(f.channel(), f.hear, func() {
+	go f.store.listen([]string{f.channel(), f.beatChannel()}, f.deliver, func() {
 		f.commands.Add(1) // SUBSCRIBE
 		f.hearing.Store(true)
 		warned.Store(false)
@@ -273,9 +280,12 @@ func (f *Fleet) Close() {
 		// Leave the members, so that the others stop counting this
 		// replica (and holding room for it) now, not once its heartbeat
 		// leaves the window: a replica restarted under a new name was
-		// counted twice until then.
+		// counted twice until then. The leave is published too, for the
+		// others that heard its heartbeats.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.cfg.Timeout))
-		if err := f.store.leave(ctx, f.heartbeat(f.now(), 0)); err != nil {
+		hb := f.heartbeat(f.now(), 0)
+		f.signLeave(hb)
+		if err := f.store.leave(ctx, hb); err != nil {
 			f.log.Warn("fleet: could not leave the members at close: the others count this replica until its heartbeat is out of their window", "err", err.Error())
 		}
 		cancel()
@@ -289,6 +299,25 @@ func (f *Fleet) Config() *config.FleetConfig { return f.cfg }
 
 // channel is where replicas publish their claims on a pool.
 func (f *Fleet) channel() string { return f.cfg.Prefix + "claims" }
+
+// beatChannel is where the heartbeats are published (named as the
+// members' set is: channels and keys do not meet).
+func (f *Fleet) beatChannel() string { return f.cfg.Prefix + "members" }
+
+// signedMembers is the members' hash: in the set's slot (a hash tag of
+// its name), so that the heartbeat's script reaches both on a Cluster.
+func (f *Fleet) signedMembers() string {
+	return f.cfg.Prefix + "{" + f.cfg.Prefix + "members}:signed"
+}
+
+// deliver hands a message heard to hear (a claim) or hearBeat.
+func (f *Fleet) deliver(channel, payload string) {
+	if channel == f.beatChannel() {
+		f.hearBeat(payload)
+		return
+	}
+	f.hear(payload)
+}
 
 func (f *Fleet) shard(k []byte) *hotShard {
 	var h uint32 = 2166136261

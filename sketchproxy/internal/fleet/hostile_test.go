@@ -289,3 +289,117 @@ func TestFleetClaimRepeatingARecord(t *testing.T) {
 		t.Fatalf("a claim repeating r1's record reads %+v, want r1 once, at its latest count 8", v.others)
 	}
 }
+
+// The heartbeats are published on the members' channel too: a replica
+// whose heartbeat reads a members' hash flushed since the others beat
+// still counts them, from what it heard. Anyone allowed to PUBLISH there
+// can send a heartbeat, but none made up verifies (counted rejected), and
+// a genuine one replayed past the window is not a replica alive.
+func TestFleetBeatsHeardOnRedis(t *testing.T) {
+	addr := testkit.RedisServer(t)
+	var fs [2]*Fleet
+	for i := range fs {
+		rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+		t.Cleanup(rs.close)
+		f := hostileFleet(t, rs, time.Now, 0)
+		f.self = fmt.Sprint("r", i)
+		ready := make(chan struct{}, 1)
+		go rs.listen([]string{f.channel(), f.beatChannel()}, f.deliver, func() { ready <- struct{}{} }, func(error) {})
+		<-ready
+		fs[i] = f
+	}
+	a, b := fs[0], fs[1]
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	heard := func(f *Fleet, id string) bool {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			f.bmu.Lock()
+			_, ok := f.beatsHeard[id]
+			f.bmu.Unlock()
+			if ok {
+				return true
+			}
+		}
+		return false
+	}
+	if !b.send(nil, true) || !a.send(nil, true) {
+		t.Fatal("a heartbeat failed")
+	}
+	if !heard(b, "r0") {
+		t.Fatal("b never heard a's heartbeat on the members' channel")
+	}
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rejected := b.rejected.Load()
+	if !b.send(nil, true) {
+		t.Fatal("the heartbeat failed")
+	}
+	if n := b.n.Load(); n != 2 {
+		t.Errorf("after FLUSHALL, b's heartbeat counts %d replicas, want 2 (a's heartbeat heard)", n)
+	}
+	// Made up: a ghost with any MAC, a line that is not a heartbeat, and a's
+	// genuine entry under another id.
+	b.bmu.Lock()
+	clear(b.beatsHeard)
+	b.bmu.Unlock()
+	hb := a.heartbeat(time.Now(), time.Second)
+	for _, p := range []string{"ghost " + strconv.FormatInt(hb.ts, 10) + " " + strings.Repeat("0", 32), "not a heartbeat at all", "copy-of-a " + hb.entry()} {
+		rdb.Publish(ctx, b.beatChannel(), p)
+	}
+	rdb.Publish(ctx, b.beatChannel(), "r0 "+hb.entry()) // genuine, to know the others arrived
+	if !heard(b, "r0") {
+		t.Fatal("b never heard a's heartbeat published")
+	}
+	b.bmu.Lock()
+	n := len(b.beatsHeard)
+	b.bmu.Unlock()
+	if n != 1 {
+		t.Errorf("b keeps %d heartbeats heard, want 1 (a's): one made up was believed", n)
+	}
+	if got := b.rejected.Load() - rejected; got != 3 {
+		t.Errorf("%d heartbeats rejected, want 3", got)
+	}
+	// a's heartbeat, replayed once out of the window, is not a alive.
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	late := &beatReply{now: hb.ts + (2 * time.Second).Microseconds()}
+	bhb := b.heartbeat(time.Now(), time.Second)
+	if n := b.countMembers(bhb, late); n != 1 {
+		t.Errorf("a's heartbeat heard, replayed past the window, counts: %d replicas, want 1", n)
+	}
+	// a's leave, published at its close, ends its count at once: a
+	// replica restarted under a new name was otherwise counted twice
+	// until the old one's heartbeat left the window. A leave made up (a's
+	// heartbeat's MAC, which signs no leave) is rejected.
+	hb = a.heartbeat(time.Now(), time.Second)
+	rdb.Publish(ctx, b.beatChannel(), "r0 "+hb.entry())
+	rdb.Publish(ctx, b.beatChannel(), "r0 "+hb.entry()+" left")
+	if !a.send(nil, true) || !b.send(nil, true) || b.n.Load() != 2 {
+		t.Fatalf("b counts %d replicas beside a, want 2", b.n.Load())
+	}
+	lhb := a.heartbeat(time.Now(), 0)
+	a.signLeave(lhb)
+	if err := a.store.leave(ctx, lhb); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b.bmu.Lock()
+		left := b.beatsHeard["r0"].left
+		b.bmu.Unlock()
+		if left {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("b never heard a's leave")
+		}
+	}
+	if !b.send(nil, true) {
+		t.Fatal("the heartbeat failed")
+	}
+	if n := b.n.Load(); n != 1 {
+		t.Errorf("after a left, b counts %d replicas, want 1", n)
+	}
+}

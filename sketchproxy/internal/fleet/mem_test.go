@@ -33,9 +33,15 @@ type memStore struct {
 	// the secret rewrites it (HSET key born 0): the field is unsigned.
 	oldBorn bool
 
-	listeners []func(string)
-	queued    []string // published, not yet delivered
+	listeners []func(channel, payload string)
+	queued    []published // not yet delivered
+	// quiet: heartbeats are not published (a fleet of replicas before
+	// they were, or an ACL without PUBLISH on the members' channel).
+	quiet bool
 }
+
+// published is a message on a channel.
+type published struct{ channel, payload string }
 
 type memKey struct {
 	born int64
@@ -115,7 +121,7 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 			for _, p := range rp.recs {
 				fmt.Fprintf(&b, " %s %s", p.id, p.String())
 			}
-			m.queued = append(m.queued, b.String())
+			m.queued = append(m.queued, published{r.channel, b.String()})
 		}
 	}
 	var br *beatReply
@@ -123,6 +129,9 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 		// As beatScript: the entry written, those out of the window of
 		// now dropped, the rest returned.
 		m.members[beat.id] = memberEntry{id: beat.id, ts: beat.ts, mac: beat.mac}
+		if beat.channel != "" && !m.quiet {
+			m.queued = append(m.queued, published{beat.channel, beat.id + " " + beat.entry()})
+		}
 		br = &beatReply{now: us}
 		ids := slices.Sorted(maps.Keys(m.members))
 		for _, id := range ids {
@@ -145,7 +154,7 @@ func (m *memStore) deliver() {
 	m.mu.Unlock()
 	for _, p := range q {
 		for _, l := range ls {
-			l(p)
+			l(p.channel, p.payload)
 		}
 	}
 }
@@ -157,7 +166,7 @@ func (m *memStore) flush() {
 	m.mu.Unlock()
 }
 
-func (m *memStore) listen(_ string, deliver func(string), ready func(), _ func(error)) {
+func (m *memStore) listen(_ []string, deliver func(channel, payload string), ready func(), _ func(error)) {
 	m.mu.Lock()
 	m.listeners = append(m.listeners, deliver)
 	m.mu.Unlock()
@@ -169,6 +178,9 @@ func (m *memStore) close() {}
 func (m *memStore) leave(_ context.Context, hb *heartbeat) error {
 	m.mu.Lock()
 	delete(m.members, hb.id)
+	if hb.channel != "" && !m.quiet {
+		m.queued = append(m.queued, published{hb.channel, hb.id + " " + hb.entry() + " left"})
+	}
 	m.mu.Unlock()
 	return nil
 }

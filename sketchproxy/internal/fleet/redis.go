@@ -163,7 +163,12 @@ return res
 // time: a members' set anyone could add to made every replica count more
 // peers and refuse more. KEYS[1], the sorted set that replicas before
 // signed members count (ZCARD), gets this replica's entry too, so that
-// they still count it. ARGV: the id, the window in ms, the entry.
+// they still count it. Where ARGV[4] names a channel, the entry is
+// published there too ("id ts mac"): the others hear it even when the
+// hash is flushed or deleted as often as the replicas beat, which left
+// the replica that beat just before the others (theirs written an
+// interval earlier, a flush since) seeing only itself.
+// ARGV: the id, the window in ms, the entry, the channel.
 const beatScript = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -186,6 +191,9 @@ for i = 1, #all, 2 do
   end
 end
 redis.call('PEXPIRE', KEYS[2], 60000)
+if ARGV[4] and ARGV[4] ~= '' then
+  pcall(redis.call, 'PUBLISH', ARGV[4], ARGV[1] .. ' ' .. ARGV[3])
+end
 return out
 `
 
@@ -293,24 +301,27 @@ type fleetStore interface {
 	// answer it), reporting the commands sent. A reply whose node did not
 	// answer has ok false.
 	sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) (replies []shareReply, members *beatReply, commands int, err error)
-	// listen delivers each claim published on channel until close; ready
-	// is called each time it (re)subscribes.
-	listen(channel string, deliver func(payload string), ready func(), failed func(error))
+	// listen delivers each message published on the channels (the
+	// claims', then the heartbeats') until close; ready is called each
+	// time it (re)subscribes to the first.
+	listen(channels []string, deliver func(channel, payload string), ready func(), failed func(error))
 	close()
-	// leave removes hb's replica from the members: a replica that stops
-	// is not counted until its heartbeat leaves the window.
+	// leave removes hb's replica (its leave signed: signLeave) from the
+	// members, and publishes its leave on hb.channel: a replica that
+	// stops is not counted until its heartbeat leaves the window.
 	leave(ctx context.Context, hb *heartbeat) error
 }
 
 // heartbeat is this replica's entry in the members' sorted set (key)
 // and its signed entry in the members' hash (signedKey): ts, its
-// reckoning of Redis's time (µs), and mac (Fleet.signBeat).
+// reckoning of Redis's time (µs), and mac (Fleet.signBeat); published on
+// channel too ("" none).
 type heartbeat struct {
-	key, signedKey, id string
-	now                time.Time     // the test store's clock; Redis counts on its own
-	window             time.Duration // members older than this are gone
-	ts                 int64
-	mac                string
+	key, signedKey, id, channel string
+	now                         time.Time     // the test store's clock; Redis counts on its own
+	window                      time.Duration // members older than this are gone
+	ts                          int64
+	mac                         string
 }
 
 // entry is the heartbeat's value in the members' hash.
@@ -400,7 +411,7 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		}
 		var card *redis.Cmd
 		if beat != nil {
-			card = run(s.beat, pipe, []string{beat.key, beat.signedKey}, beat.id, beat.window.Milliseconds(), beat.entry())
+			card = run(s.beat, pipe, []string{beat.key, beat.signedKey}, beat.id, beat.window.Milliseconds(), beat.entry(), beat.channel)
 		}
 		sent += pipe.Len()
 		var err error
@@ -523,17 +534,17 @@ func (r *shareReply) head(s string) bool {
 	return err[0] == nil && err[1] == nil && err[2] == nil
 }
 
-// listen subscribes to channel and delivers each message until close,
-// resubscribing after an error (Redis restarted, a failover) with a wait
-// that doubles up to 5 s.
-func (s *redisStore) listen(channel string, deliver func(string), ready func(), failed func(error)) {
+// listen subscribes to the channels and delivers each message until
+// close, resubscribing after an error (Redis restarted, a failover) with
+// a wait that doubles up to 5 s.
+func (s *redisStore) listen(channels []string, deliver func(channel, payload string), ready func(), failed func(error)) {
 	ctx := context.Background()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return
 	}
-	s.ps = s.rdb.Subscribe(ctx, channel)
+	s.ps = s.rdb.Subscribe(ctx, channels...)
 	ps := s.ps
 	s.mu.Unlock()
 	wait := 100 * time.Millisecond
@@ -551,9 +562,9 @@ func (s *redisStore) listen(channel string, deliver func(string), ready func(), 
 		wait = 100 * time.Millisecond
 		switch m := msg.(type) {
 		case *redis.Message:
-			deliver(m.Payload)
+			deliver(m.Channel, m.Payload)
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
+			if m.Kind == "subscribe" && m.Channel == channels[0] {
 				ready()
 			}
 		}
@@ -566,6 +577,9 @@ func (s *redisStore) leave(ctx context.Context, hb *heartbeat) error {
 	// Replicas before signed members prune an entry dated 0 at their
 	// next heartbeat (ZREM is not in the documented ACL).
 	pipe.ZAdd(ctx, hb.key, redis.Z{Score: 0, Member: hb.id})
+	if hb.channel != "" {
+		pipe.Publish(ctx, hb.channel, hb.id+" "+hb.entry()+" left")
+	}
 	_, err := pipe.Exec(ctx)
 	return err
 }

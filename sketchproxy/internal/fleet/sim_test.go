@@ -105,13 +105,14 @@ func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fle
 	for i := range n {
 		cfg := simFleetConfig(fmt.Sprint("r", i), replicas)
 		f := newFleetOn(cfg, []byte("0123456789abcdef"), s.store, log, clk.Now)
-		s.store.listen("", f.hear, func() {}, nil)
+		s.store.listen(nil, f.deliver, func() {}, nil)
 		e := engine.New(engine.Options{Clock: clk, Seed: uint64(i + 1), Fleet: f})
 		s.fleets, s.engs, s.sets = append(s.fleets, f), append(s.engs, e), append(s.sets, compile(e))
 		phase := time.Duration(i) * 500 * time.Millisecond / time.Duration(n)
 		s.every(clk.Now().Add(phase+7*time.Millisecond), 500*time.Millisecond, func() {
 			if !s.gone[i] {
 				s.fleets[i].round()
+				s.deliverSoon()
 			}
 		})
 	}
@@ -120,7 +121,7 @@ func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fle
 	s.restart = func(i int, id string) {
 		f := newFleetOn(s.fleets[i].cfg, []byte("0123456789abcdef"), s.store, log, clk.Now)
 		f.self = id
-		s.store.listen("", f.hear, func() {}, nil)
+		s.store.listen(nil, f.deliver, func() {}, nil)
 		e := engine.New(engine.Options{Clock: clk, Seed: uint64(100 + len(s.engs)), Fleet: f})
 		s.fleets[i], s.engs[i], s.sets[i] = f, e, compile(e)
 		f.round() // at once, as newFleet's loop does
@@ -160,14 +161,8 @@ func (s *fleetSim) decide(i int, key string) bool {
 	facts := [1]engine.Fact{{Rule: set.Rules[0], Key: key}}
 	d := e.Decide(context.Background(), set, s.clk.Now(), &engine.Request{Facts: facts[:], NoDrip: true}, &s.sc)
 	d.Done()
-	if i >= 0 && len(s.store.queued) > 0 && !s.delivering {
-		// A claim's send published it: it reaches the others a round
-		// trip later.
-		s.delivering = true
-		s.at(s.clk.Now().Add(s.rtt), func() {
-			s.delivering = false
-			s.store.deliver()
-		})
+	if i >= 0 {
+		s.deliverSoon() // a claim's send published it
 	}
 	if i >= 0 && len(s.fleets[i].pend) > 0 && !s.queued[i] {
 		// The sync goroutine wakes and sends them: a round trip later,
@@ -183,6 +178,21 @@ func (s *fleetSim) decide(i int, key string) bool {
 		})
 	}
 	return d.Admitted
+}
+
+// deliverSoon delivers what was published (claims, heartbeats) a round
+// trip later.
+func (s *fleetSim) deliverSoon() {
+	s.store.mu.Lock()
+	n := len(s.store.queued)
+	s.store.mu.Unlock()
+	if n > 0 && !s.delivering {
+		s.delivering = true
+		s.at(s.clk.Now().Add(s.rtt), func() {
+			s.delivering = false
+			s.store.deliver()
+		})
+	}
 }
 
 // tally is what a client's requests got, on the fleet and alone, in its

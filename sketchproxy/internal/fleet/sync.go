@@ -167,8 +167,7 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 // none: the prefix has no braces), so that one script writes both on a
 // Redis Cluster.
 func (f *Fleet) heartbeat(now time.Time, window time.Duration) *heartbeat {
-	set := f.cfg.Prefix + "members"
-	hb := &heartbeat{key: set, signedKey: f.cfg.Prefix + "{" + set + "}:signed", id: f.self, now: now, window: window}
+	hb := &heartbeat{key: f.cfg.Prefix + "members", signedKey: f.signedMembers(), id: f.self, channel: f.beatChannel(), now: now, window: window}
 	f.signBeat(hb)
 	return hb
 }
