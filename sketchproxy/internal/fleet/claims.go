@@ -306,6 +306,9 @@ type heardBeat struct {
 // counted, and a leave is signed apart (signLeave) and only of a replica
 // that stopped (each start is a new id).
 func (f *Fleet) hearBeat(payload string) {
+	if f.cfg.Replicas > 0 {
+		return // N is set: no heartbeat is counted
+	}
 	w := strings.Fields(payload)
 	left := len(w) == 4 && w[3] == "left"
 	if len(w) != 3 && !left {
