@@ -250,8 +250,8 @@ func TestCaddyFlood(t *testing.T) {
 	awayFromTickEdge(30*time.Second, 5*time.Second)
 	codes, last := burst(t, &http.Client{}, 101, s.url("/flood/"), "X-API-Key", "the-limit-runs")
 	if !strings.HasSuffix(codes, " 200 429") || strings.Count(codes, "200") != 100 || !strings.Contains(last.rateLimit, `"flood_keys-per-1m";r=0;t=`) {
-		t.Fatalf("one key, 101 requests at 100 a minute: the last two %q, RateLimit %q; want 100 admitted, then 429 with the field",
-			codes[len(codes)-7:], last.rateLimit)
+		t.Fatalf("one key, 101 requests at 100 a minute: %d admitted, the last two %q, RateLimit %q, at %v; want 100 admitted, then 429 with the field",
+			strings.Count(codes, "200"), codes[len(codes)-7:], last.rateLimit, time.Now().Format(time.RFC3339Nano))
 	}
 	const workers = 4
 	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
