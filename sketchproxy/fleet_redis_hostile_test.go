@@ -192,8 +192,8 @@ type hostileRun struct {
 
 	hot, hotSent, calm, calmRefused int
 	// fewest is the fewest replicas any of them counted during the run.
-	fewest int64
-	start, last                     time.Time
+	fewest      int64
+	start, last time.Time
 	// failed counts the rounds of its replicas that failed or passed the
 	// timeout during the run, and their requests whose claims did.
 	failed uint64

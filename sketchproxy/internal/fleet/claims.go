@@ -271,6 +271,11 @@ func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
 		switch {
 		case b.ts < from:
 			delete(f.beatsHeard, id) // out of the window: gone, or to be heard again
+		case b.ts > to:
+			// Dated ahead of Redis (signed on a clock ahead, before its
+			// replica's first reply): kept, it would hold off every
+			// later heartbeat of that replica for as long as it is ahead.
+			delete(f.beatsHeard, id)
 		case b.left:
 			delete(latest, id) // its entry in the hash is from before it left
 		case b.ts <= to && id != hb.id:
@@ -300,11 +305,16 @@ type heardBeat struct {
 }
 
 // hearBeat keeps a heartbeat another replica published ("id ts mac"), or
-// its leave at close ("id ts mac left"), if its MAC verifies: anyone
-// allowed to PUBLISH on the channel can send one, but none made up
-// verifies, one replayed is out of the window by its signed time when
-// counted, and a leave is signed apart (signLeave) and only of a replica
-// that stopped (each start is a new id).
+// its leave at close ("id ts mac left"), if its MAC verifies and it was
+// signed within the heartbeat's window of this replica's reckoning of
+// Redis's time (a timeout ahead at most): anyone allowed to PUBLISH on
+// the channel can send one, but none made up verifies, one replayed from
+// before the window is rejected (as the members' hash's entries are:
+// kept, old ones filled beatsHeldMax in a review), and a leave is signed
+// apart (signLeave) and only of a replica that stopped (each start is a
+// new id), so a leave heard ends its replica's count whatever its date
+// (a leave dated before its last heartbeat, the reckoning moved back by
+// a failover, was ignored).
 func (f *Fleet) hearBeat(payload string) {
 	if f.cfg.Replicas > 0 {
 		return // N is set: no heartbeat is counted
@@ -331,14 +341,25 @@ func (f *Fleet) hearBeat(payload string) {
 		f.reject(1)
 		return
 	}
+	if f.redisAt.Load() != 0 {
+		// Before this replica's first reply there is nothing to check
+		// against: a count drops what is out of the window.
+		now := f.redisClock()
+		if ts < now-f.beatWindow().Microseconds() || ts > now+time.Duration(f.cfg.Timeout).Microseconds() {
+			f.reject(1)
+			return
+		}
+	}
 	f.bmu.Lock()
 	defer f.bmu.Unlock()
 	cur, ok := f.beatsHeard[w[0]]
 	switch {
 	case !ok && len(f.beatsHeard) >= beatsHeldMax:
 		// The next count prunes those out of the window.
-	case !ok, ts > cur.ts, left && ts == cur.ts:
-		f.beatsHeard[w[0]] = heardBeat{ts: ts, left: left}
+	case left:
+		f.beatsHeard[w[0]] = heardBeat{ts: max(ts, cur.ts), left: true}
+	case !ok, ts > cur.ts:
+		f.beatsHeard[w[0]] = heardBeat{ts: ts}
 	}
 }
 

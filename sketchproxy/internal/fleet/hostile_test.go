@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -403,3 +404,152 @@ func TestFleetBeatsHeardOnRedis(t *testing.T) {
 		t.Errorf("after a left, b counts %d replicas, want 1", n)
 	}
 }
+
+// Heartbeats heard are dated: one signed ahead of Redis's clock (a
+// replica's first, on its own clock ahead, before any reply) held off
+// every later one of its replica for as long as it was ahead, and old
+// genuine ones filled beatsHeldMax (a review's tests). One out of the
+// window of this replica's reckoning is rejected; one kept from before
+// any reply and found ahead at a count is dropped. A leave ends its
+// replica's count whatever its date (one dated before its last
+// heartbeat, the reckoning moved back by a failover, was ignored).
+func TestFleetBeatsHeardDated(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	st := newMemStore(clk.Now)
+	a, b := hostileFleet(t, st, clk.Now, 0), hostileFleet(t, st, clk.Now, 0)
+	a.self, b.self = "a", "b"
+	beat := func(ts int64, left bool) string {
+		r := &signedRec{id: "a", ts: ts}
+		if left {
+			r.c = 1
+		}
+		p := fmt.Sprintf("a %d %s", ts, a.macOf(a.signedMembers(), r))
+		if left {
+			p += " left"
+		}
+		return p
+	}
+	count := func() int64 {
+		hb := b.heartbeat(clk.Now(), b.beatWindow())
+		return b.countMembers(hb, &beatReply{now: clk.Now().UnixMicro()})
+	}
+	now := clk.Now().UnixMicro()
+	// Before b's first reply: a heartbeat 20 s ahead is kept, then dropped
+	// at the count, and the next one, dated right, counts.
+	b.hearBeat(beat(now+20_000_000, false))
+	if n := count(); n != 1 {
+		t.Errorf("a heartbeat 20 s ahead counts: %d replicas, want 1", n)
+	}
+	b.hearBeat(beat(now, false))
+	if n := count(); n != 2 {
+		t.Errorf("after a heartbeat dated ahead, one dated right counts %d replicas, want 2", n)
+	}
+	// Once b has a reply: one ahead, or from before the window, is
+	// rejected and kept nowhere.
+	b.noteRedisTime(now)
+	rejected := b.rejected.Load()
+	b.hearBeat(beat(now+20_000_000, false))
+	b.hearBeat(beat(now-int64(b.beatWindow()/time.Microsecond)-1, false))
+	if got := b.rejected.Load() - rejected; got != 2 {
+		t.Errorf("%d of a heartbeat ahead and one from before the window rejected, want 2", got)
+	}
+	b.bmu.Lock()
+	kept := b.beatsHeard["a"].ts
+	b.bmu.Unlock()
+	if kept != now {
+		t.Errorf("b keeps a's heartbeat of %d, want %d (the one dated right)", kept, now)
+	}
+	// A leave dated before a's last heartbeat ends a's count.
+	b.hearBeat(beat(now-1_000_000, true))
+	if n := count(); n != 1 {
+		t.Errorf("after a's leave, dated before its last heartbeat: %d replicas, want 1", n)
+	}
+	b.hearBeat(beat(now, false)) // its last heartbeat, heard again
+	if n := count(); n != 1 {
+		t.Errorf("a's last heartbeat heard after its leave counts: %d replicas, want 1", n)
+	}
+}
+
+// An ACL that grants the claims' channel alone refuses a SUBSCRIBE of
+// both channels: the heartbeats are heard apart, so the claims still are
+// (and the heartbeats' loss is warned), and a leave whose PUBLISH the ACL
+// refuses still leaves the hash without an error. A members' key of
+// another type fails the heartbeat's script, but after its PUBLISH: the
+// others still hear it and count its replica.
+func TestFleetBeatsChannelRefused(t *testing.T) {
+	addr := testkit.RedisServer(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "claimsonly", "on", ">pw-0123456789", "~sketchproxy:*", "resetchannels", "&sketchproxy:claims", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}, Username: "claimsonly", Password: "pw-0123456789"})
+	f := hostileFleet(t, rs, time.Now, 0)
+	f.self = "c"
+	var logged strings.Builder
+	var mu sync.Mutex
+	f.log = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logged.Write(p)
+	}), nil))
+	f.Start()
+	defer f.Close()
+	for deadline := time.Now().Add(5 * time.Second); !f.hearing.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the claims' channel alone granted: not hearing the claims")
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		warned := strings.Contains(logged.String(), "not hearing the other replicas' heartbeats")
+		mu.Unlock()
+		if warned {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the heartbeats' channel refused: not warned")
+		}
+	}
+	hb := f.heartbeat(time.Now(), 0)
+	f.signLeave(hb)
+	if err := rs.leave(ctx, hb); err != nil {
+		t.Errorf("a leave whose PUBLISH the ACL refuses: %v, want no error", err)
+	}
+
+	// The members' key of another type: a's script fails after its PUBLISH.
+	var fs [2]*Fleet
+	for i := range fs {
+		s := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+		t.Cleanup(s.close)
+		fs[i] = hostileFleet(t, s, time.Now, 0)
+		fs[i].self = fmt.Sprint("w", i)
+		ready := make(chan struct{}, 1)
+		go s.listen([]string{fs[i].beatChannel()}, fs[i].deliver, func() { ready <- struct{}{} }, func(error) {})
+		<-ready
+	}
+	if err := admin.Set(ctx, "sketchproxy:members", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fs[0].send(nil, true)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		fs[1].bmu.Lock()
+		_, ok := fs[1].beatsHeard["w0"]
+		fs[1].bmu.Unlock()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the members' key of another type: w0's heartbeat never heard")
+		}
+	}
+	fs[1].send(nil, true)
+	if n := fs[1].n.Load(); n != 2 {
+		t.Errorf("the members' key of another type: w1 counts %d replicas, want 2 (w0 heard)", n)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (w writerFunc) Write(p []byte) (int, error) { return w(p) }

@@ -32,12 +32,20 @@ type memStore struct {
 	// oldBorn: every key's born reads as of long ago, as a writer without
 	// the secret rewrites it (HSET key born 0): the field is unsigned.
 	oldBorn bool
+	// noScan: the hot keys cannot be listed (an ACL without SCAN).
+	noScan bool
 
-	listeners []func(channel, payload string)
+	listeners []memListener
 	queued    []published // not yet delivered
 	// quiet: heartbeats are not published (a fleet of replicas before
 	// they were, or an ACL without PUBLISH on the members' channel).
 	quiet bool
+}
+
+// memListener is a listen: its channels (nil: all) and where it delivers.
+type memListener struct {
+	channels []string
+	deliver  func(channel, payload string)
 }
 
 // published is a message on a channel.
@@ -154,7 +162,9 @@ func (m *memStore) deliver() {
 	m.mu.Unlock()
 	for _, p := range q {
 		for _, l := range ls {
-			l(p.channel, p.payload)
+			if l.channels == nil || slices.Contains(l.channels, p.channel) {
+				l.deliver(p.channel, p.payload)
+			}
 		}
 	}
 }
@@ -166,14 +176,25 @@ func (m *memStore) flush() {
 	m.mu.Unlock()
 }
 
-func (m *memStore) listen(_ []string, deliver func(channel, payload string), ready func(), _ func(error)) {
+func (m *memStore) listen(channels []string, deliver func(channel, payload string), ready func(), _ func(error)) {
 	m.mu.Lock()
-	m.listeners = append(m.listeners, deliver)
+	m.listeners = append(m.listeners, memListener{channels, deliver})
 	m.mu.Unlock()
 	ready()
 }
 
 func (m *memStore) close() {}
+
+// hotKeys lists every key's records (all of them are hot keys' here).
+func (m *memStore) hotKeys(_ context.Context, _ string, most int) ([]string, int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.down || m.paused || m.noScan {
+		return nil, 1, errMemDown
+	}
+	keys := slices.Sorted(maps.Keys(m.keys))
+	return keys[:min(len(keys), most)], 1, nil
+}
 
 func (m *memStore) leave(_ context.Context, hb *heartbeat) error {
 	m.mu.Lock()

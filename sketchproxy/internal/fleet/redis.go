@@ -164,12 +164,16 @@ return res
 // peers and refuse more. KEYS[1], the sorted set that replicas before
 // signed members count (ZCARD), gets this replica's entry too, so that
 // they still count it. Where ARGV[4] names a channel, the entry is
-// published there too ("id ts mac"): the others hear it even when the
-// hash is flushed or deleted as often as the replicas beat, which left
-// the replica that beat just before the others (theirs written an
-// interval earlier, a flush since) seeing only itself.
+// published there too ("id ts mac"), first, so that a members' key of
+// another type (the script fails at it) does not silence it: the others
+// hear it even when the hash is flushed or deleted as often as the
+// replicas beat, which left the replica that beat just before the others
+// (theirs written an interval earlier, a flush since) seeing only itself.
 // ARGV: the id, the window in ms, the entry, the channel.
 const beatScript = `
+if ARGV[4] and ARGV[4] ~= '' then
+  pcall(redis.call, 'PUBLISH', ARGV[4], ARGV[1] .. ' ' .. ARGV[3])
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local w = tonumber(ARGV[2])
@@ -191,9 +195,6 @@ for i = 1, #all, 2 do
   end
 end
 redis.call('PEXPIRE', KEYS[2], 60000)
-if ARGV[4] and ARGV[4] ~= '' then
-  pcall(redis.call, 'PUBLISH', ARGV[4], ARGV[1] .. ' ' .. ARGV[3])
-end
 return out
 `
 
@@ -306,6 +307,10 @@ type fleetStore interface {
 	// time it (re)subscribes to the first.
 	listen(channels []string, deliver func(channel, payload string), ready func(), failed func(error))
 	close()
+	// hotKeys lists the keys whose name matches pattern (SCAN, on every
+	// master of a Cluster), most at most, with the commands sent: those
+	// listed before an error or ctx's end are returned with it.
+	hotKeys(ctx context.Context, pattern string, most int) (keys []string, commands int, err error)
 	// leave removes hb's replica (its leave signed: signLeave) from the
 	// members, and publishes its leave on hb.channel: a replica that
 	// stops is not counted until its heartbeat leaves the window.
@@ -373,7 +378,7 @@ type redisStore struct {
 	script, beat *redis.Script
 
 	mu     sync.Mutex
-	ps     *redis.PubSub
+	ps     []*redis.PubSub // one a listen
 	closed bool
 }
 
@@ -544,8 +549,8 @@ func (s *redisStore) listen(channels []string, deliver func(channel, payload str
 		s.mu.Unlock()
 		return
 	}
-	s.ps = s.rdb.Subscribe(ctx, channels...)
-	ps := s.ps
+	ps := s.rdb.Subscribe(ctx, channels...)
+	s.ps = append(s.ps, ps)
 	s.mu.Unlock()
 	wait := 100 * time.Millisecond
 	for {
@@ -571,24 +576,66 @@ func (s *redisStore) listen(channels []string, deliver func(channel, payload str
 	}
 }
 
+func (s *redisStore) hotKeys(ctx context.Context, pattern string, most int) ([]string, int, error) {
+	var mu sync.Mutex
+	var keys []string
+	commands := 0
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		var cur uint64
+		for {
+			page, next, err := c.Scan(ctx, cur, pattern, 1000).Result()
+			mu.Lock()
+			commands++
+			keys = append(keys, page...)
+			full := len(keys) >= most
+			mu.Unlock()
+			if err != nil || next == 0 || full {
+				return err
+			}
+			cur = next
+		}
+	}
+	var err error
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, s.rdb)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return keys[:min(len(keys), most)], commands, err
+}
+
 func (s *redisStore) leave(ctx context.Context, hb *heartbeat) error {
 	pipe := s.rdb.Pipeline()
 	pipe.HDel(ctx, hb.signedKey, hb.id)
 	// Replicas before signed members prune an entry dated 0 at their
 	// next heartbeat (ZREM is not in the documented ACL).
 	pipe.ZAdd(ctx, hb.key, redis.Z{Score: 0, Member: hb.id})
+	var pub *redis.IntCmd
 	if hb.channel != "" {
-		pipe.Publish(ctx, hb.channel, hb.id+" "+hb.entry()+" left")
+		pub = pipe.Publish(ctx, hb.channel, hb.id+" "+hb.entry()+" left")
 	}
-	_, err := pipe.Exec(ctx)
+	cmds, err := pipe.Exec(ctx)
+	if err != nil && pub != nil && pub.Err() != nil && redis.HasErrorPrefix(pub.Err(), "NOPERM") {
+		// An ACL without the members' channel: the others do not hear
+		// the heartbeats either, and the entry is gone from the hash.
+		err = nil
+		for _, c := range cmds {
+			if c != pub && c.Err() != nil {
+				err = c.Err()
+				break
+			}
+		}
+	}
 	return err
 }
 
 func (s *redisStore) close() {
 	s.mu.Lock()
 	s.closed = true // a listen that starts late returns at once
-	if s.ps != nil {
-		s.ps.Close()
+	for _, ps := range s.ps {
+		ps.Close()
 	}
 	s.mu.Unlock()
 	s.rdb.Close()

@@ -58,6 +58,7 @@ func (f *Fleet) round() bool {
 	if ok {
 		f.demote(es)
 	}
+	f.scanKnown()
 	return ok
 }
 
@@ -103,7 +104,7 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	f.sign(calls)
 	var hb *heartbeat
 	if beat && f.cfg.Replicas == 0 {
-		hb = f.heartbeat(now, 3*interval+time.Second)
+		hb = f.heartbeat(now, f.beatWindow())
 	}
 	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
@@ -147,9 +148,10 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	case hb != nil:
 		// Redis answered the round, but not the heartbeat (a key of
 		// another type where the members are): N is the replicas the hot
-		// keys' records name, and min_replicas. Before, the records were
+		// keys' records name, those heard on the members' channel (the
+		// script publishes first), and min_replicas. Before, the records were
 		// skipped too, and N stayed at the first heartbeat's floor.
-		f.noteMembers(1, peers)
+		f.noteMembers(f.countMembers(hb, &beatReply{now: f.redisClock()}), peers) // those heard
 		if !f.beatBroken.Swap(true) {
 			f.log.Warn("fleet: Redis did not answer the heartbeat with the members (a key of another type under the prefix?): N is counted from the hot keys' records and min_replicas alone", "members", hb.key, "signed_members", hb.signedKey)
 		}
@@ -354,6 +356,10 @@ func (f *Fleet) recovering() bool {
 
 // stale is how long a replica's record outlives its last write: a
 // replica gone (or one whose key cooled) gives its guarantee back then.
+// beatWindow is how long a heartbeat counts its replica: three
+// intervals and a second.
+func (f *Fleet) beatWindow() time.Duration { return 3*time.Duration(f.cfg.Interval) + time.Second }
+
 func (f *Fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) + time.Second }
 
 // viewOf builds e's view from a reply to this replica's send (own: gSent
