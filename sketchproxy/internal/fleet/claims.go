@@ -305,16 +305,16 @@ type heardBeat struct {
 }
 
 // hearBeat keeps a heartbeat another replica published ("id ts mac"), or
-// its leave at close ("id ts mac left"), if its MAC verifies and it was
-// signed within the heartbeat's window of this replica's reckoning of
-// Redis's time (a timeout ahead at most): anyone allowed to PUBLISH on
-// the channel can send one, but none made up verifies, one replayed from
-// before the window is rejected (as the members' hash's entries are:
-// kept, old ones filled beatsHeldMax in a review), and a leave is signed
-// apart (signLeave) and only of a replica that stopped (each start is a
-// new id), so a leave heard ends its replica's count whatever its date
-// (a leave dated before its last heartbeat, the reckoning moved back by
-// a failover, was ignored).
+// its leave at close ("id ts mac left"), if its MAC verifies and, for a
+// heartbeat, it was signed within the heartbeat's window of this replica's
+// reckoning of Redis's time (a timeout ahead at most): anyone allowed to
+// PUBLISH on the channel can send one, but none made up verifies, one
+// replayed from before the window is rejected (as the members' hash's
+// entries are: kept, old ones filled beatsHeldMax in a review), and a
+// leave is signed apart (signLeave) and only of a replica that stopped
+// (each start is a new id), so a leave heard ends its replica's count
+// whatever its date (a leave dated before its last heartbeat, the
+// reckoning moved back by a failover, was ignored).
 func (f *Fleet) hearBeat(payload string) {
 	if f.cfg.Replicas > 0 {
 		return // N is set: no heartbeat is counted
@@ -341,9 +341,12 @@ func (f *Fleet) hearBeat(payload string) {
 		f.reject(1)
 		return
 	}
-	if f.redisAt.Load() != 0 {
+	if !left && f.redisAt.Load() != 0 {
 		// Before this replica's first reply there is nothing to check
-		// against: a count drops what is out of the window.
+		// against: a count drops what is out of the window. A leave is
+		// not checked: one replayed ends only the count of a replica
+		// that stopped, and one dated out of the window (the leaver's
+		// reckoning apart from this replica's) still ends it.
 		now := f.redisClock()
 		if ts < now-f.beatWindow().Microseconds() || ts > now+time.Duration(f.cfg.Timeout).Microseconds() {
 			f.reject(1)

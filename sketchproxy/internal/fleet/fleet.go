@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,12 +64,6 @@ type Fleet struct {
 	// from Redis (f.now ns): until then a key joins the hot set at its
 	// third request (fleetWarmPoint).
 	warmUntil atomic.Int64
-	// known is the hot keys' records Redis held when this replica first
-	// reached it (scanKnown), by name: during the warm-up a key among
-	// them is shared from its first request. nil outside the warm-up.
-	// scanned: the scan ran (the sync goroutine's).
-	known   atomic.Pointer[map[string]struct{}]
-	scanned bool
 	// outageAt is when this replica last saw Redis not answer (f.now
 	// ns): a round that failed, or a claim's send that waited half the
 	// timeout or more and failed; recoveredAt, when a send was answered
@@ -393,68 +386,6 @@ func (f *Fleet) replicas() int64 {
 // warnSizeUnknown).
 const UnknownReplicas = 2
 
-// knownHot reports whether Redis held the records of skey (of a limit of
-// tick and theta) when this replica first reached it (known).
-func (f *Fleet) knownHot(skey []byte, tick time.Duration, theta uint32) bool {
-	k := f.known.Load()
-	if k == nil || len(*k) == 0 {
-		return false
-	}
-	rkey, _ := f.redisKeys(skey, tick, theta)
-	_, ok := (*k)[rkey]
-	return ok
-}
-
-// knownMax is the most hot keys' names a replica keeps from its scan at
-// start (known): four times max_hot, a few MB at most.
-func knownMax(maxHot int) int { return 4 * max(maxHot, 1) }
-
-// scanKnown lists, once, at the first round Redis answers, the hot keys'
-// records Redis holds (known), for the warm-up; once the warm-up has
-// ended, it lets go of them (sync goroutine only). A replica that starts
-// without a state file has counted nothing, while the others may hold a
-// key at its limit: before, it admitted the warm-up's two requests of each
-// such key unseen before sharing it (2 of 10 at each restart,
-// TestFleetSimRestartKnowsHotKeys). The scan is bounded by twice the
-// timeout and by knownMax; what it listed before either is kept.
-func (f *Fleet) scanKnown() {
-	if f.scanned {
-		if f.known.Load() != nil && f.now().UnixNano() >= f.warmUntil.Load() {
-			f.known.Store(nil)
-		}
-		return
-	}
-	if !f.up.Load() {
-		return
-	}
-	f.scanned = true
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Duration(f.cfg.Timeout))
-	defer cancel()
-	keys, sent, err := f.store.hotKeys(ctx, globEscape(f.cfg.Prefix)+"{t*}k:*", knownMax(f.cfg.MaxHot))
-	f.commands.Add(uint64(sent))
-	if err != nil {
-		f.log.Warn("fleet: could not list the hot keys Redis holds (SCAN: an ACL without it, or Redis slow): until its warm-up ends, a key the others hold at its limit is shared at its third request here, not its first, so this start may admit 2 requests of it more", "listed", len(keys), "err", err.Error())
-	}
-	m := make(map[string]struct{}, len(keys))
-	for _, k := range keys {
-		m[k] = struct{}{}
-	}
-	f.known.Store(&m)
-}
-
-// globEscape escapes the characters SCAN's MATCH reads as a pattern.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, c := range []byte(s) {
-		switch c {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteByte(c)
-	}
-	return b.String()
-}
-
 // fleetSelf is id with a suffix of its own (8 random hex digits).
 func fleetSelf(id string) string {
 	var b [4]byte
@@ -506,20 +437,13 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		return engine.Answer{Est: max(alone(local, theta, n), f.othersKnown(skey, sk, tick, theta, local, now))}
 	}
 	p := sharePoint(theta, n, f.cfg.PromoteFraction)
-	warm := now.UnixNano() < f.warmUntil.Load()
-	if warm {
+	if now.UnixNano() < f.warmUntil.Load() {
 		p = min(p, fleetWarmPoint)
 	}
 	// A key decided alone below its promotion point is held to it:
 	// requests in flight together that each read the count below it
 	// would otherwise pass it unseen (Answer.Ceiling asks again past it).
 	below := uint64(local)+uint64(add) <= uint64(p)
-	if below && warm && add > 0 && f.knownHot(skey, tick, theta) {
-		// Just started: Redis held this key's records when this replica
-		// first reached it, so the others may hold it at θ while this
-		// one has counted nothing: it is shared from its first request.
-		below = false
-	}
 	if below && local < p/4 {
 		return engine.Answer{Est: local, Ceiling: p}
 	}

@@ -412,7 +412,8 @@ func TestFleetBeatsHeardOnRedis(t *testing.T) {
 // window of this replica's reckoning is rejected; one kept from before
 // any reply and found ahead at a count is dropped. A leave ends its
 // replica's count whatever its date (one dated before its last
-// heartbeat, the reckoning moved back by a failover, was ignored).
+// heartbeat, the reckoning moved back by a failover, was ignored; one
+// out of the window was rejected in a review).
 func TestFleetBeatsHeardDated(t *testing.T) {
 	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
 	st := newMemStore(clk.Now)
@@ -459,10 +460,15 @@ func TestFleetBeatsHeardDated(t *testing.T) {
 	if kept != now {
 		t.Errorf("b keeps a's heartbeat of %d, want %d (the one dated right)", kept, now)
 	}
-	// A leave dated before a's last heartbeat ends a's count.
-	b.hearBeat(beat(now-1_000_000, true))
+	// A leave dated before a's last heartbeat, even out of the window,
+	// ends a's count, and is no record rejected.
+	rejected = b.rejected.Load()
+	b.hearBeat(beat(now-3_000_000, true))
 	if n := count(); n != 1 {
-		t.Errorf("after a's leave, dated before its last heartbeat: %d replicas, want 1", n)
+		t.Errorf("after a's leave, dated 3 s before its last heartbeat: %d replicas, want 1", n)
+	}
+	if got := b.rejected.Load() - rejected; got != 0 {
+		t.Errorf("a's genuine leave counted %d rejected", got)
 	}
 	b.hearBeat(beat(now, false)) // its last heartbeat, heard again
 	if n := count(); n != 1 {

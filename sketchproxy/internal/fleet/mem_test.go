@@ -32,8 +32,6 @@ type memStore struct {
 	// oldBorn: every key's born reads as of long ago, as a writer without
 	// the secret rewrites it (HSET key born 0): the field is unsigned.
 	oldBorn bool
-	// noScan: the hot keys cannot be listed (an ACL without SCAN).
-	noScan bool
 
 	listeners []memListener
 	queued    []published // not yet delivered
@@ -184,17 +182,6 @@ func (m *memStore) listen(channels []string, deliver func(channel, payload strin
 }
 
 func (m *memStore) close() {}
-
-// hotKeys lists every key's records (all of them are hot keys' here).
-func (m *memStore) hotKeys(_ context.Context, _ string, most int) ([]string, int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.down || m.paused || m.noScan {
-		return nil, 1, errMemDown
-	}
-	keys := slices.Sorted(maps.Keys(m.keys))
-	return keys[:min(len(keys), most)], 1, nil
-}
 
 func (m *memStore) leave(_ context.Context, hb *heartbeat) error {
 	m.mu.Lock()

@@ -307,10 +307,6 @@ type fleetStore interface {
 	// time it (re)subscribes to the first.
 	listen(channels []string, deliver func(channel, payload string), ready func(), failed func(error))
 	close()
-	// hotKeys lists the keys whose name matches pattern (SCAN, on every
-	// master of a Cluster), most at most, with the commands sent: those
-	// listed before an error or ctx's end are returned with it.
-	hotKeys(ctx context.Context, pattern string, most int) (keys []string, commands int, err error)
 	// leave removes hb's replica (its leave signed: signLeave) from the
 	// members, and publishes its leave on hb.channel: a replica that
 	// stops is not counted until its heartbeat leaves the window.
@@ -574,36 +570,6 @@ func (s *redisStore) listen(channels []string, deliver func(channel, payload str
 			}
 		}
 	}
-}
-
-func (s *redisStore) hotKeys(ctx context.Context, pattern string, most int) ([]string, int, error) {
-	var mu sync.Mutex
-	var keys []string
-	commands := 0
-	scan := func(ctx context.Context, c redis.Cmdable) error {
-		var cur uint64
-		for {
-			page, next, err := c.Scan(ctx, cur, pattern, 1000).Result()
-			mu.Lock()
-			commands++
-			keys = append(keys, page...)
-			full := len(keys) >= most
-			mu.Unlock()
-			if err != nil || next == 0 || full {
-				return err
-			}
-			cur = next
-		}
-	}
-	var err error
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, s.rdb)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	return keys[:min(len(keys), most)], commands, err
 }
 
 func (s *redisStore) leave(ctx context.Context, hb *heartbeat) error {

@@ -168,39 +168,3 @@ func TestSyncWithoutScriptsCached(t *testing.T) {
 		}
 	}
 }
-
-// hotKeys lists the hot keys' records under the prefix, and only those,
-// whatever the prefix holds that SCAN's MATCH reads as a pattern: a
-// prefix of "sk[1]*:" must not list "sk1x:"'s keys.
-func TestHotKeysOnRedis(t *testing.T) {
-	addr := testkit.RedisServer(t)
-	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
-	defer rs.close()
-	ctx := context.Background()
-	prefix := "sk[1]*:"
-	var want []string
-	for i := range 2500 { // more than one SCAN page
-		k := fmt.Sprintf("%s{t%d}k:%04x", prefix, i%16, i)
-		want = append(want, k)
-		rs.rdb.Set(ctx, k, "x", time.Minute)
-	}
-	for _, k := range []string{"sk1x:{t1}k:0001", prefix + "{t1}run", prefix + "members"} {
-		rs.rdb.Set(ctx, k, "x", time.Minute)
-	}
-	got, cmds, err := rs.hotKeys(ctx, globEscape(prefix)+"{t*}k:*", 10_000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.Sort(got)
-	got = slices.Compact(got)
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Errorf("hotKeys listed %d keys, want the %d hot keys' records (first: %q)", len(got), len(want), got[:min(3, len(got))])
-	}
-	if cmds < 2 {
-		t.Errorf("%d SCANs for 2,500 keys, want a page at a time", cmds)
-	}
-	if got, _, _ := rs.hotKeys(ctx, globEscape(prefix)+"{t*}k:*", 100); len(got) != 100 {
-		t.Errorf("hotKeys with most 100 listed %d", len(got))
-	}
-}

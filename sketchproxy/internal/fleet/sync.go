@@ -58,7 +58,6 @@ func (f *Fleet) round() bool {
 	if ok {
 		f.demote(es)
 	}
-	f.scanKnown()
 	return ok
 }
 
@@ -354,12 +353,12 @@ func (f *Fleet) recovering() bool {
 	return since < max(time.Second, 2*i)+i+time.Duration(f.cfg.Timeout)
 }
 
-// stale is how long a replica's record outlives its last write: a
-// replica gone (or one whose key cooled) gives its guarantee back then.
 // beatWindow is how long a heartbeat counts its replica: three
 // intervals and a second.
 func (f *Fleet) beatWindow() time.Duration { return 3*time.Duration(f.cfg.Interval) + time.Second }
 
+// stale is how long a replica's record outlives its last write: a
+// replica gone (or one whose key cooled) gives its guarantee back then.
 func (f *Fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) + time.Second }
 
 // viewOf builds e's view from a reply to this replica's send (own: gSent
