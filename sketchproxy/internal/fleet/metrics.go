@@ -63,7 +63,7 @@ var (
 	dHot      = newDesc("fleet_hot_keys", prometheus.GaugeValue, "Keys in the hot set, synced through Redis.")
 	dRTT      = newDesc("fleet_redis_rtt_seconds", prometheus.GaugeValue, "The last successful round's time.")
 	dLag      = newDesc("fleet_sync_lag_seconds", prometheus.GaugeValue, "Time since the last successful round.")
-	dHearing  = newDesc("fleet_claims_subscribed", prometheus.GaugeValue, "1 while this replica hears the other replicas' claims and heartbeats (subscribed to the claims and members channels).")
+	dHearing  = newDesc("fleet_claims_subscribed", prometheus.GaugeValue, "1 while this replica hears the other replicas' claims (subscribed to the claims channel); the members channel, where heartbeats are heard, is subscribed apart and a refusal of it is logged.")
 	counters  = []struct {
 		d   desc
 		get func(*Stats) uint64
