@@ -444,6 +444,22 @@ func TestFleetRecoveringOnlyRedis(t *testing.T) {
 	if f.recovering() {
 		t.Error("a claim sent with 10 ms of its wait left, Redis answering in 20 ms, started the suspect window")
 	}
+	// Answered, but only after Redis stalled for half the timeout or more
+	// (125 ms of 250): the others' sends in that time may have failed,
+	// and what they admitted alone is not in the records read. Before,
+	// such a replica trusted them: TestFleetProcessPausedAtBirth read 22,
+	// 23 and 26 of 20 in 3 of 20 runs on an idle machine.
+	slow := hostileFleet(t, &rttStore{memStore: newMemStore(clk.Now), rtt: 150 * time.Millisecond}, clk.Now, 3)
+	if !slow.round() {
+		t.Fatal("a round failed with Redis 150 ms away and a timeout of 250 ms")
+	}
+	if !slow.recovering() {
+		t.Error("a round answered after 150 ms (half the timeout is 125) did not start the suspect window")
+	}
+	clk.Set(clk.Now().Add(2 * time.Second))
+	if slow.recovering() {
+		t.Error("still recovering 2 s after a slow answer (the window is 1.75 s)")
+	}
 
 	for _, back := range []string{"during", "after"} {
 		clk, store, f := downFleet(t)

@@ -114,6 +114,15 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 		// the fleet's timeout of its request's wait left (it queued
 		// behind other sends), which says nothing of Redis.
 		f.outageAt.Store(now)
+	case err == nil && time.Since(start) >= half:
+		// Answered, but only after Redis stalled for half the timeout or
+		// more (paused, or a slow command before this one): the others'
+		// sends in that time may have failed, and what they admitted
+		// alone is not in the records this reply read. An outage that
+		// ended now.
+		f.outageAt.Store(now)
+		f.recoveredTS.Store(f.redisClock())
+		f.recoveredAt.Store(now)
 	case err == nil && at > f.recoveredAt.Load():
 		f.recoveredTS.Store(f.redisClock())
 		f.recoveredAt.Store(max(now, at)) // not before it, whatever the clock did
@@ -313,8 +322,9 @@ func (f *Fleet) liveReplicas(n int64) int64 {
 	return min(n, max(1, f.n.Load(), int64(f.cfg.MinReplicas)))
 }
 
-// recovering reports whether this replica saw Redis not answer and has
-// not had its answers for long since: for the longest backoff of a
+// recovering reports whether this replica saw Redis not answer (or
+// answer only after half the timeout: send) and has not had its answers
+// for long since: for the longest backoff of a
 // replica whose rounds failed (loop), a round and a timeout after the
 // first send Redis answered, the time every replica's round takes to
 // write its record whole once Redis answers it again; or, where N is
