@@ -64,7 +64,9 @@ const fleetLogReachable = "fleet: Redis reachable: enforcing fleet-wide limits"
 // module, their zones in one fleet (issue 38, point 7: distributed
 // counts). Clients alternating between the two at 4 times their limit are
 // admitted what one Caddy alone admits of the same requests, sent at the
-// same instants, within 5% (or one request a client); a reload that keeps
+// same instants: never more than 5% (or one request a client) over it,
+// within 5% from the second second on, and at least 0.6 of it in the
+// first (where a key is young and the fleet admits less); a reload that keeps
 // the fleet keeps the fleet and the counts; with Redis killed, each Caddy
 // enforces θ/N alone and no request fails.
 func TestCaddyFleet(t *testing.T) {
@@ -103,9 +105,9 @@ func TestCaddyFleet(t *testing.T) {
 	// The measure: 3 clients, each at 40 requests a second (4 times its
 	// limit) for 10 s, each request sent to the fleet (a and b in turn)
 	// and to one Caddy alone at the same instant. The fleet's error is in
-	// its first second (each Caddy admits up to promote_fraction of θ/N of
-	// a key before it shares it: docs/fleets.md, Worst cases), so the run is as
-	// long as the first 10 s of SketchProxy's own measure.
+	// its first second (a young key's requests claim and wait, and a
+	// guarantee follows demand a round late: docs/fleets.md, Worst cases),
+	// so the run is as long as the first 10 s of SketchProxy's own measure.
 	const clients, every, length = 3, 25 * time.Millisecond, 10 * time.Second
 	type tally struct{ sent, fleet, alone int }
 	var tallies [clients]tally
@@ -163,14 +165,18 @@ func TestCaddyFleet(t *testing.T) {
 	if alone >= sent {
 		t.Fatalf("one Caddy alone refused nothing of %d: the limit never ran", sent)
 	}
-	// Never more than one Caddy alone, over the whole run; within 5% of it
-	// from the second second on (the steady state). In its first second
-	// each key is young: its requests claim and wait, and a guarantee
-	// follows demand a round late, so the fleet admits less there (43 to
-	// 55 against 57, which put the whole run at 0.948 to 0.985 of one
-	// Caddy alone in 9 runs: under 0.95 once, the old test's bound).
+	// Never more than 5% (or a request a client) over one Caddy alone,
+	// over the whole run; within 5% of it from the second second on (the
+	// steady state); at least 0.6 of it in the first second. There each
+	// key is young: its requests claim and wait, and a guarantee follows
+	// demand a round late, so the fleet admits less (43 to 58 against 57,
+	// which put the whole run at 0.948 to 0.994 of one Caddy alone in 12
+	// runs: under 0.95 once, the old test's bound).
 	if fleet > alone+clients && float64(fleet) > 1.05*float64(alone) {
 		t.Errorf("the fleet of 2 admitted %d, one Caddy alone %d: more than 5%% (and more than a request a client) over it", fleet, alone)
+	}
+	if float64(perSec[0][0]) < 0.6*float64(perSec[1][0]) {
+		t.Errorf("in the first second the fleet of 2 admitted %d, one Caddy alone %d: under 0.6 of it", perSec[0][0], perSec[1][0])
 	}
 	fleetAfter, aloneAfter := fleet-perSec[0][0], alone-perSec[1][0]
 	if d := math.Abs(float64(fleetAfter - aloneAfter)); d > 0.05*float64(aloneAfter) && d > clients {

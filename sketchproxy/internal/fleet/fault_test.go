@@ -449,16 +449,27 @@ func TestFleetRecoveringOnlyRedis(t *testing.T) {
 	// and what they admitted alone is not in the records read. Before,
 	// such a replica trusted them: TestFleetProcessPausedAtBirth read 22,
 	// 23 and 26 of 20 in 3 of 20 runs on an idle machine.
-	slow := hostileFleet(t, &rttStore{memStore: newMemStore(clk.Now), rtt: 150 * time.Millisecond}, clk.Now, 3)
+	// Redis's time in the reply says when it ran the send: a round that
+	// took long to run (many hot keys) is not a stall.
+	st := &stallStore{memStore: newMemStore(clk.Now), clk: clk}
+	slow := hostileFleet(t, st, clk.Now, 0) // its heartbeat carries Redis's time
+	if !slow.round() || slow.recovering() {
+		t.Fatal("the first round failed, or started the window")
+	}
+	st.stall = 150 * time.Millisecond
 	if !slow.round() {
-		t.Fatal("a round failed with Redis 150 ms away and a timeout of 250 ms")
+		t.Fatal("a round failed with Redis stalled 150 ms")
 	}
 	if !slow.recovering() {
-		t.Error("a round answered after 150 ms (half the timeout is 125) did not start the suspect window")
+		t.Error("a round that Redis ran 150 ms after it was sent (half the timeout is 125) did not start the suspect window")
 	}
 	clk.Set(clk.Now().Add(2 * time.Second))
 	if slow.recovering() {
 		t.Error("still recovering 2 s after a slow answer (the window is 1.75 s)")
+	}
+	st.stall = 100 * time.Millisecond
+	if !slow.round() || slow.recovering() {
+		t.Error("a round that Redis ran 100 ms after it was sent started the window")
 	}
 
 	for _, back := range []string{"during", "after"} {
@@ -505,6 +516,19 @@ func TestFleetSimPromotesWhileDownReloaded(t *testing.T) {
 	if k := store.keys[rkey]; k == nil || k.recs["r0"].c == 0 {
 		t.Error("the first round back wrote no record of the key under its new limit")
 	}
+}
+
+// stallStore is a memStore that runs each send stall after it was sent,
+// on the test's manual clock.
+type stallStore struct {
+	*memStore
+	clk   *epochsketch.ManualClock
+	stall time.Duration
+}
+
+func (s *stallStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, *beatReply, int, error) {
+	s.clk.Set(s.clk.Now().Add(s.stall))
+	return s.memStore.sync(ctx, r, calls, beat)
 }
 
 // downFleet is a fleet of 3 replicas (replica r0 of hostileFleet) on a

@@ -65,9 +65,10 @@ type Fleet struct {
 	// third request (fleetWarmPoint).
 	warmUntil atomic.Int64
 	// outageAt is when this replica last saw Redis not answer (f.now
-	// ns): a round that failed, or a claim's send that waited half the
-	// timeout or more and failed; recoveredAt, when a send was answered
-	// after it (recovering).
+	// ns): a round that failed, a claim's send that waited half the
+	// timeout or more and failed, or a send Redis ran half the timeout or
+	// more after it was sent (stalled); recoveredAt, when a send was
+	// answered after it (recovering).
 	outageAt, recoveredAt atomic.Int64
 	// recoveredTS is recoveredAt by Redis's clock (µs, redisClock); and
 	// beatSeen, the other replicas the last heartbeat counted: once every

@@ -105,6 +105,7 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	if beat && f.cfg.Replicas == 0 {
 		hb = f.heartbeat(now, f.beatWindow())
 	}
+	sentAt, reckoned := f.redisClock(), f.redisAt.Load() != 0
 	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
 	half := time.Duration(f.cfg.Timeout) / 2
@@ -114,12 +115,12 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 		// the fleet's timeout of its request's wait left (it queued
 		// behind other sends), which says nothing of Redis.
 		f.outageAt.Store(now)
-	case err == nil && time.Since(start) >= half:
-		// Answered, but only after Redis stalled for half the timeout or
-		// more (paused, or a slow command before this one): the others'
-		// sends in that time may have failed, and what they admitted
-		// alone is not in the records this reply read. An outage that
-		// ended now.
+	case err == nil && reckoned && stalled(sentAt, replies, members, half):
+		// Answered, but Redis ran the send's first command half the
+		// timeout or more after it was sent (paused, or a slow command
+		// ahead of it): the others' sends in that time may have failed,
+		// and what they admitted alone is not in the records this reply
+		// read. An outage that ended now.
 		f.outageAt.Store(now)
 		f.recoveredTS.Store(f.redisClock())
 		f.recoveredAt.Store(now)
@@ -361,6 +362,24 @@ func (f *Fleet) recovering() bool {
 		return false
 	}
 	return since < max(time.Second, 2*i)+i+time.Duration(f.cfg.Timeout)
+}
+
+// stalled reports whether Redis ran a send's first command d or more
+// after sentAt (this replica's reckoning of Redis's time when it sent it,
+// µs), by the time the first reply carries: how long Redis held the send
+// before running it, not how long a round of many hot keys takes to run.
+func stalled(sentAt int64, replies []shareReply, members *beatReply, d time.Duration) bool {
+	ran := int64(0)
+	for i := range replies {
+		if replies[i].ok && replies[i].now > 0 {
+			ran = replies[i].now
+			break
+		}
+	}
+	if ran == 0 && members != nil {
+		ran = members.now
+	}
+	return ran > 0 && ran-sentAt >= d.Microseconds()
 }
 
 // beatWindow is how long a heartbeat counts its replica: three
