@@ -251,15 +251,14 @@ func (f *Fleet) signBeat(hb *heartbeat) {
 // earlier, a flush since), which then counted itself alone once the most
 // seen lately had passed.
 func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
-	from, to := br.now-hb.window.Microseconds(), br.now+time.Duration(f.cfg.Timeout).Microseconds()
-	in := func(ts int64) bool { return ts >= from && ts <= to }
+	from, to := f.beatSpan(br.now, hb.window)
 	latest := map[string]int64{}
 	rejected := 0
 	for _, m := range br.members {
 		if m.id == hb.id {
 			continue
 		}
-		if !in(m.ts) || !f.verify(hb.signedKey, &signedRec{id: m.id, ts: m.ts, mac: m.mac}) {
+		if m.ts < from || m.ts > to || !f.verify(hb.signedKey, &signedRec{id: m.id, ts: m.ts, mac: m.mac}) {
 			rejected++
 			continue
 		}
@@ -278,7 +277,7 @@ func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
 			delete(f.beatsHeard, id)
 		case b.left:
 			delete(latest, id) // its entry in the hash is from before it left
-		case b.ts <= to && id != hb.id:
+		case id != hb.id:
 			latest[id] = max(latest[id], b.ts)
 		}
 	}
@@ -290,6 +289,13 @@ func (f *Fleet) countMembers(hb *heartbeat, br *beatReply) int64 {
 	n := 1 + int64(len(latest)) // this replica, whose entry the script wrote before it read
 	f.beatSeen.Store(&beatSeen{others: n - 1, oldest: oldest})
 	return n
+}
+
+// beatSpan is when a heartbeat counted at Redis's time now (µs) was
+// signed: within window before now, and a timeout after it at most (a
+// reckoning of Redis's time is never ahead by more).
+func (f *Fleet) beatSpan(now int64, window time.Duration) (from, to int64) {
+	return now - window.Microseconds(), now + time.Duration(f.cfg.Timeout).Microseconds()
 }
 
 // beatsHeldMax is the most heartbeats heard that a replica keeps between
@@ -347,8 +353,7 @@ func (f *Fleet) hearBeat(payload string) {
 		// not checked: one replayed ends only the count of a replica
 		// that stopped, and one dated out of the window (the leaver's
 		// reckoning apart from this replica's) still ends it.
-		now := f.redisClock()
-		if ts < now-f.beatWindow().Microseconds() || ts > now+time.Duration(f.cfg.Timeout).Microseconds() {
+		if from, to := f.beatSpan(f.redisClock(), f.beatWindow()); ts < from || ts > to {
 			f.reject(1)
 			return
 		}

@@ -244,42 +244,16 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 func (f *Fleet) Start() {
 	f.started = true
 	go f.loop()
-	var warned atomic.Bool
 	if f.cfg.Replicas == 0 {
 		// Apart from the claims: an ACL that grants the claims' channel
 		// alone refuses a SUBSCRIBE of both.
-		var warnedBeats atomic.Bool
-		go f.store.listen([]string{f.beatChannel()}, f.deliver, func() {
-			f.commands.Add(1) // SUBSCRIBE
-			warnedBeats.Store(false)
-		}, func(err error) {
-			select {
-			case <-f.stop:
-				return
-			default:
-			}
-			if !warnedBeats.Swap(true) {
-				f.log.Warn("fleet: not hearing the other replicas' heartbeats: they are counted from the members' hash alone, which a FLUSHALL or DEL as often as they beat empties", "channel", f.beatChannel(), "err", err.Error())
-			}
-		})
+		f.subscribe(f.beatChannel(), f.hearBeat, func(bool) {},
+			"fleet: not hearing the other replicas' heartbeats: they are counted from the members' hash alone, which a FLUSHALL or DEL as often as they beat empties")
 	}
-	go f.store.listen([]string{f.channel()}, f.deliver, func() {
-		f.commands.Add(1) // SUBSCRIBE
-		f.hearing.Store(true)
-		warned.Store(false)
-	}, func(err error) {
-		f.hearing.Store(false)
-		select {
-		case <-f.stop:
-			return // closing: the subscription ends with the client
-		default:
-		}
-		if !warned.Swap(true) {
-			// Rounds go on; a claim is heard at the claimer's next round
-			// instead of at once (an ACL without SUBSCRIBE or the channel).
-			f.log.Warn("fleet: not hearing the other replicas' claims: they reach this replica at its next round", "channel", f.channel(), "err", err.Error())
-		}
-	})
+	// Rounds go on; a claim is heard at the claimer's next round instead
+	// of at once (an ACL without SUBSCRIBE or the channel).
+	f.subscribe(f.channel(), f.hear, f.hearing.Store,
+		"fleet: not hearing the other replicas' claims: they reach this replica at its next round")
 	t := time.NewTimer(2 * time.Duration(f.cfg.Timeout))
 	defer t.Stop()
 	select {
@@ -329,13 +303,27 @@ func (f *Fleet) signedMembers() string {
 	return f.cfg.Prefix + "{" + f.cfg.Prefix + "members}:signed"
 }
 
-// deliver hands a message heard to hear (a claim) or hearBeat.
-func (f *Fleet) deliver(channel, payload string) {
-	if channel == f.beatChannel() {
-		f.hearBeat(payload)
-		return
-	}
-	f.hear(payload)
+// subscribe listens on channel, each message to deliver, and tells
+// subscribed true each time it (re)subscribes and false at each failure;
+// the first failure after a subscription is logged as warning, but while
+// closing (the subscription ends with the client).
+func (f *Fleet) subscribe(channel string, deliver func(string), subscribed func(bool), warning string) {
+	var warned atomic.Bool
+	go f.store.listen(channel, deliver, func() {
+		f.commands.Add(1) // SUBSCRIBE
+		subscribed(true)
+		warned.Store(false)
+	}, func(err error) {
+		subscribed(false)
+		select {
+		case <-f.stop:
+			return
+		default:
+		}
+		if !warned.Swap(true) {
+			f.log.Warn(warning, "channel", channel, "err", err.Error())
+		}
+	})
 }
 
 func (f *Fleet) shard(k []byte) *hotShard {

@@ -304,8 +304,10 @@ func TestFleetBeatsHeardOnRedis(t *testing.T) {
 		t.Cleanup(rs.close)
 		f := hostileFleet(t, rs, time.Now, 0)
 		f.self = fmt.Sprint("r", i)
-		ready := make(chan struct{}, 1)
-		go rs.listen([]string{f.channel(), f.beatChannel()}, f.deliver, func() { ready <- struct{}{} }, func(error) {})
+		ready := make(chan struct{}, 2)
+		go rs.listen(f.channel(), f.hear, func() { ready <- struct{}{} }, func(error) {})
+		go rs.listen(f.beatChannel(), f.hearBeat, func() { ready <- struct{}{} }, func(error) {})
+		<-ready
 		<-ready
 		fs[i] = f
 	}
@@ -532,7 +534,7 @@ func TestFleetBeatsChannelRefused(t *testing.T) {
 		fs[i] = hostileFleet(t, s, time.Now, 0)
 		fs[i].self = fmt.Sprint("w", i)
 		ready := make(chan struct{}, 1)
-		go s.listen([]string{fs[i].beatChannel()}, fs[i].deliver, func() { ready <- struct{}{} }, func(error) {})
+		go s.listen(fs[i].beatChannel(), fs[i].hearBeat, func() { ready <- struct{}{} }, func(error) {})
 		<-ready
 	}
 	if err := admin.Set(ctx, "sketchproxy:members", "x", 0).Err(); err != nil {

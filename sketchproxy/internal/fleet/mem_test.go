@@ -40,10 +40,10 @@ type memStore struct {
 	quiet bool
 }
 
-// memListener is a listen: its channels (nil: all) and where it delivers.
+// memListener is a listen: its channel and where it delivers.
 type memListener struct {
-	channels []string
-	deliver  func(channel, payload string)
+	channel string
+	deliver func(payload string)
 }
 
 // published is a message on a channel.
@@ -160,8 +160,8 @@ func (m *memStore) deliver() {
 	m.mu.Unlock()
 	for _, p := range q {
 		for _, l := range ls {
-			if l.channels == nil || slices.Contains(l.channels, p.channel) {
-				l.deliver(p.channel, p.payload)
+			if l.channel == p.channel {
+				l.deliver(p.payload)
 			}
 		}
 	}
@@ -174,9 +174,9 @@ func (m *memStore) flush() {
 	m.mu.Unlock()
 }
 
-func (m *memStore) listen(channels []string, deliver func(channel, payload string), ready func(), _ func(error)) {
+func (m *memStore) listen(channel string, deliver func(string), ready func(), _ func(error)) {
 	m.mu.Lock()
-	m.listeners = append(m.listeners, memListener{channels, deliver})
+	m.listeners = append(m.listeners, memListener{channel, deliver})
 	m.mu.Unlock()
 	ready()
 }

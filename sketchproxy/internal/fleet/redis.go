@@ -302,10 +302,10 @@ type fleetStore interface {
 	// answer it), reporting the commands sent. A reply whose node did not
 	// answer has ok false.
 	sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) (replies []shareReply, members *beatReply, commands int, err error)
-	// listen delivers each message published on the channels (the
-	// claims', then the heartbeats') until close; ready is called each
-	// time it (re)subscribes to the first.
-	listen(channels []string, deliver func(channel, payload string), ready func(), failed func(error))
+	// listen delivers each message published on channel (the claims',
+	// or the heartbeats') until close; ready is called each time it
+	// (re)subscribes.
+	listen(channel string, deliver func(payload string), ready func(), failed func(error))
 	close()
 	// leave removes hb's replica (its leave signed: signLeave) from the
 	// members, and publishes its leave on hb.channel: a replica that
@@ -535,17 +535,17 @@ func (r *shareReply) head(s string) bool {
 	return err[0] == nil && err[1] == nil && err[2] == nil
 }
 
-// listen subscribes to the channels and delivers each message until
-// close, resubscribing after an error (Redis restarted, a failover) with
-// a wait that doubles up to 5 s.
-func (s *redisStore) listen(channels []string, deliver func(channel, payload string), ready func(), failed func(error)) {
+// listen subscribes to channel and delivers each message until close,
+// resubscribing after an error (Redis restarted, a failover) with a wait
+// that doubles up to 5 s.
+func (s *redisStore) listen(channel string, deliver func(string), ready func(), failed func(error)) {
 	ctx := context.Background()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return
 	}
-	ps := s.rdb.Subscribe(ctx, channels...)
+	ps := s.rdb.Subscribe(ctx, channel)
 	s.ps = append(s.ps, ps)
 	s.mu.Unlock()
 	wait := 100 * time.Millisecond
@@ -563,9 +563,9 @@ func (s *redisStore) listen(channels []string, deliver func(channel, payload str
 		wait = 100 * time.Millisecond
 		switch m := msg.(type) {
 		case *redis.Message:
-			deliver(m.Channel, m.Payload)
+			deliver(m.Payload)
 		case *redis.Subscription:
-			if m.Kind == "subscribe" && m.Channel == channels[0] {
+			if m.Kind == "subscribe" {
 				ready()
 			}
 		}

@@ -27,7 +27,7 @@ func TestShareScriptMatchesMemory(t *testing.T) {
 	defer rs.close()
 	mem := newMemStore(time.Now)
 	heard := make(chan string, 16)
-	go rs.listen([]string{"sketchproxy:claims"}, func(_, p string) { heard <- p }, func() {}, func(error) {})
+	go rs.listen("sketchproxy:claims", func(p string) { heard <- p }, func() {}, func(error) {})
 	const tick = time.Hour // the two clocks agree on the tick
 	tk := time.Now().UnixNano() / int64(tick)
 	f := hostileFleet(t, mem, time.Now, 0)

@@ -105,7 +105,8 @@ func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fle
 	for i := range n {
 		cfg := simFleetConfig(fmt.Sprint("r", i), replicas)
 		f := newFleetOn(cfg, []byte("0123456789abcdef"), s.store, log, clk.Now)
-		s.store.listen(nil, f.deliver, func() {}, nil)
+		s.store.listen(f.channel(), f.hear, func() {}, nil)
+		s.store.listen(f.beatChannel(), f.hearBeat, func() {}, nil)
 		e := engine.New(engine.Options{Clock: clk, Seed: uint64(i + 1), Fleet: f})
 		s.fleets, s.engs, s.sets = append(s.fleets, f), append(s.engs, e), append(s.sets, compile(e))
 		phase := time.Duration(i) * 500 * time.Millisecond / time.Duration(n)
@@ -121,7 +122,8 @@ func newFleetSimRule(t testing.TB, n int, rs engine.RuleSpec, replicas int) *fle
 	s.restart = func(i int, id string) {
 		f := newFleetOn(s.fleets[i].cfg, []byte("0123456789abcdef"), s.store, log, clk.Now)
 		f.self = id
-		s.store.listen(nil, f.deliver, func() {}, nil)
+		s.store.listen(f.channel(), f.hear, func() {}, nil)
+		s.store.listen(f.beatChannel(), f.hearBeat, func() {}, nil)
 		e := engine.New(engine.Options{Clock: clk, Seed: uint64(100 + len(s.engs)), Fleet: f})
 		s.fleets[i], s.engs[i], s.sets[i] = f, e, compile(e)
 		f.round() // at once, as newFleet's loop does
