@@ -355,12 +355,65 @@ func TestFleetProcessLongPauseAtBirth(t *testing.T) {
 	}
 }
 
+// A replica restarted without a state_file (under a new name, as a new
+// process is) has counted nothing of a key the others hold at its limit.
+// In its warm-up a key joined its hot set at its third request, so each
+// restart added two requests of such a key (22 of 20 over 3 replicas).
+// Now each replica writes its heavy keys' tags to an index in Redis, and
+// the restarted one shares those from their first request, which claims:
+// nothing added; and a fresh key of a client under its limit on the
+// restarted replica gets all of its requests through.
+func TestFleetProcessRestartHeldKey(t *testing.T) {
+	l := procLimit{requests: 20, per: time.Minute, burst: 20}
+	addr := testkit.RedisServer(t)
+	fc := FleetConfig{Redis: addr}
+	ls := procReplicas(t, 3, l, fc)
+	waitMembers(t, ls, 3)
+	time.Sleep(1500 * time.Millisecond) // past each replica's warm-up
+	for k := range 3 {
+		if k > 0 {
+			time.Sleep(3 * time.Second) // past the last restart: its old self is counted no more (two windows of stale)
+		}
+		procTick(t, l, 3*time.Second)
+		key := fmt.Sprint("held-", k)
+		var heavy, light procRun
+		for i := range 60 {
+			heavy.send(ls[i%3], key)
+			time.Sleep(2 * time.Millisecond)
+		}
+		held := heavy.admitted
+		time.Sleep(300 * time.Millisecond) // a few rounds: its tag is in the index
+		ls[k].Close()
+		c := fc
+		c.ID = fmt.Sprint("r", k, "-again")
+		ls[k] = procReplica(t, l, c, "")
+		for i := range 10 {
+			heavy.send(ls[k], key)
+			if i%2 == 0 {
+				light.send(ls[k], fmt.Sprint("fresh-", k))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("key %d: the fleet admitted %d of 60 (a burst of %g); the restarted replica admitted %d more of 10; a client under its limit got %d of %d", k, held, l.burst, heavy.admitted-held, light.admitted, light.sent)
+		if held >= 60 {
+			t.Fatalf("the fleet admitted all 60 before the restart: the limit never ran")
+		}
+		if heavy.admitted > int(l.burst) {
+			t.Errorf("key %d: the fleet admitted %d in all, past the burst of %g: a restart added %d requests of a key held at its limit", k, heavy.admitted, l.burst, heavy.admitted-held)
+		}
+		if light.admitted != light.sent {
+			t.Errorf("key %d: a client under its limit got %d of %d requests through on the restarted replica", k, light.admitted, light.sent)
+		}
+	}
+}
+
 // One of 2 replicas restarted 3 times without a state_file, a client at
 // 40 requests a second round robin. Each new process has counted nothing
 // of the key the fleet holds at its limit: before, it admitted up to the
 // promotion point of it unseen (p/2 + 1 requests: 5 of a burst of 40
-// here) at each restart; now, in its warm-up, a key joins the hot set at
-// its third request.
+// here) at each restart; then, in its warm-up, a key joined the hot set
+// at its third request (46); now at its first where the index of heavy
+// keys holds it (40: the burst).
 func TestFleetProcessReplicaRestarts(t *testing.T) {
 	l := procLimit{requests: 200, per: time.Minute, burst: 40} // a 6 s tick
 	addr := testkit.RedisServer(t)
@@ -488,6 +541,66 @@ func TestFleetProcessBurstPastYoung(t *testing.T) {
 		skipIfLate(t, ls)
 		heavy.check(t, l, light, 1)
 	}
+}
+
+// A limit whose fair share θ/N holds no whole request (1 a second, a
+// burst of 1, over 3 replicas): every key is shared from its first
+// request, and past its first two intervals each replica's requests past
+// what Redis holds for it claim, as a larger limit's past its guarantee
+// do, and no replica holds a guarantee (the pool is the whole limit).
+// Before, they were decided from the view and published after, and
+// requests at once on each replica passed the limit by a request per
+// replica where the room came back (6 where 4 were allowed in a review's
+// test: 3 requests at once, one on each replica, every 100 ms). Here 9
+// at once, 3 on each replica, every 20 ms for 2 s, for 12 keys together,
+// each from another moment of the tick.
+func TestFleetProcessSmallLimitAtOnce(t *testing.T) {
+	l := procLimit{requests: 1, per: time.Second, burst: 1}
+	addr := testkit.RedisServer(t)
+	ls := procReplicas(t, 3, l, FleetConfig{Redis: addr})
+	waitMembers(t, ls, 3)
+	time.Sleep(1500 * time.Millisecond) // past each replica's warm-up
+	cmds, claims := fleetCost(ls)
+	var heavy, light [12]procRun
+	var wg sync.WaitGroup
+	for k := range heavy {
+		wg.Go(func() {
+			// Each from another moment of the tick (0.5 s).
+			time.Sleep(time.Duration(k) * l.tick() / time.Duration(len(heavy)))
+			key := fmt.Sprint("small-at-once-", k)
+			r := &heavy[k]
+			for i := range 100 {
+				now := time.Now()
+				if r.sent == 0 {
+					r.first = now
+				}
+				r.last = now
+				r.admitted += int(allAtOnce(ls, key, 9))
+				r.sent += 9
+				if i%60 == 0 { // a client under its limit: one every 1.2 s
+					light[k].send(ls[(k+i/60)%3], fmt.Sprint("small-calm-", k))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	skipIfLate(t, ls)
+	c1, c2 := fleetCost(ls)
+	t.Logf("%d Redis commands, %d claims published", c1-cmds, c2-claims)
+	for k := range heavy {
+		heavy[k].check(t, l, light[k], 0)
+	}
+}
+
+// fleetCost is what ls's fleets sent Redis so far: commands, and claims
+// published.
+func fleetCost(ls []*Limiter) (cmds, claims uint64) {
+	for _, l := range ls {
+		st := l.mw.fleet.Stats()
+		cmds, claims = cmds+st.Commands, claims+st.Claims
+	}
+	return cmds, claims
 }
 
 // skipIfLate skips a burst test whose replicas had claims that Redis did

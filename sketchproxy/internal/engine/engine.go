@@ -130,9 +130,12 @@ type Answer struct {
 	Ceiling uint32
 }
 
-// Local is one of this replica's sketches, as a Fleet reads it.
+// Local is one of this replica's sketches, as a Fleet reads it:
+// EstimateBytes at the sketch's own tick, EstimateBytesAt at t's (or
+// the sketch's, if later).
 type Local interface {
 	EstimateBytes(k []byte) uint32
+	EstimateBytesAt(t time.Time, k []byte) uint32
 }
 
 // Engine decides requests against the Set a door gives it. It holds what

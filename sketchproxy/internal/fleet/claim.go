@@ -48,7 +48,9 @@ import (
 // queries that may not wait (engine.Query.NoWait) do not claim. Keys
 // whose fair share θ/N holds no whole request are shared from their
 // first request, which claims: each replica admitted one alone before
-// (3 of a burst of 1 over 3 replicas).
+// (3 of a burst of 1 over 3 replicas). Past their first two intervals
+// they hold no guarantee, and every request past what Redis holds
+// claims (pastQuiet).
 
 // claim decides q for e, young or not yet answered, with n replicas. ok is
 // false where, once the request's turn came, the key was no longer young

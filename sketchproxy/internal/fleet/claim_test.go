@@ -90,6 +90,8 @@ func (l *gateLocal) EstimateBytes([]byte) uint32 {
 	return v
 }
 
+func (l *gateLocal) EstimateBytesAt(_ time.Time, k []byte) uint32 { return l.EstimateBytes(k) }
+
 // A request counted and settled while another sizes its claim is counted
 // once at least, never missed: the holds are read before the count.
 func TestFleetClaimNeedSeesSettled(t *testing.T) {
@@ -367,6 +369,8 @@ func (s *ctxStore) sync(ctx context.Context, r *shareRound, calls []shareCall, b
 type atomicLocal struct{ c atomic.Uint32 }
 
 func (l *atomicLocal) EstimateBytes([]byte) uint32 { return l.c.Load() }
+
+func (l *atomicLocal) EstimateBytesAt(time.Time, []byte) uint32 { return l.c.Load() }
 
 // A batch goes out until the latest of its waiters' deadlines: a waiter
 // with little time left that happens to send it does not fail the others

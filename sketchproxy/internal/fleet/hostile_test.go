@@ -22,6 +22,8 @@ type fixedLocal uint32
 
 func (c fixedLocal) EstimateBytes([]byte) uint32 { return uint32(c) }
 
+func (c fixedLocal) EstimateBytesAt(time.Time, []byte) uint32 { return uint32(c) }
+
 func hostileFleet(t testing.TB, store fleetStore, now func() time.Time, replicas int) *Fleet {
 	t.Helper()
 	cfg := &config.FleetConfig{Replicas: replicas, ID: "r0", Interval: config.Duration(500 * time.Millisecond),

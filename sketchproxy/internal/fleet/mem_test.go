@@ -38,6 +38,17 @@ type memStore struct {
 	// quiet: heartbeats are not published (a fleet of replicas before
 	// they were, or an ACL without PUBLISH on the members' channel).
 	quiet bool
+	// hot is the index of heavy keys (hotScript): each generation's
+	// hash, its tags and when it expires; noIndex fails it, as an ACL
+	// without its commands does.
+	hot     map[string]*memHot
+	noIndex bool
+}
+
+// memHot is one generation's hash of the index of heavy keys.
+type memHot struct {
+	tags    map[string]bool
+	expires time.Time
 }
 
 // memListener is a listen: its channel and where it delivers.
@@ -55,7 +66,7 @@ type memKey struct {
 }
 
 func newMemStore(now func() time.Time) *memStore {
-	return &memStore{now: now, keys: map[string]*memKey{}, markers: map[string]string{}, members: map[string]memberEntry{}}
+	return &memStore{now: now, keys: map[string]*memKey{}, markers: map[string]string{}, members: map[string]memberEntry{}, hot: map[string]*memHot{}}
 }
 
 var errMemDown = errors.New("memStore: down")
@@ -96,11 +107,13 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 			}
 			x := k.recs[id]
 			cc, dd := halve(x.c, tick-x.at), halve(x.d, tick-x.at-1)
+			ca := halve(x.c, min(tick, c.at)-x.at) // at the claim's tick (shareScript)
 			if x.ts < us-r.stale.Microseconds() {
 				dd = 0 // gone quiet: its count stays, halving
 			}
 			if cc == 0 && dd == 0 {
 				delete(k.recs, id)
+				others += uint64(ca)
 				continue
 			}
 			rp.recs = append(rp.recs, x)
@@ -108,10 +121,10 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 			if x.ts < us-r.stale.Microseconds() {
 				gg = 0
 			}
-			others += uint64(max(cc, gg))
+			others += uint64(max(ca, gg))
 		}
 		me := signedRec{id: r.id, c: c.c, d: c.d, g: c.g, at: c.at, ts: c.ts, mac: c.mac}
-		if c.c1 > 0 && others+uint64(halve(c.c1, tick-c.at)) <= uint64(c.limit) {
+		if c.c1 > 0 && others+uint64(c.c1) <= uint64(c.limit) {
 			me.c, me.mac = c.c1, c.mac1 // shareScript's conditional claim
 		}
 		k.recs[r.id] = me
@@ -129,6 +142,9 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 			}
 			m.queued = append(m.queued, published{r.channel, b.String()})
 		}
+	}
+	if x := r.index; x != nil && !m.noIndex {
+		m.index(x, now)
 	}
 	var br *beatReply
 	if beat != nil {
@@ -152,6 +168,34 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 	return replies, br, len(calls), nil
 }
 
+// index runs x as hotScript does, at now (m.mu held).
+func (m *memStore) index(x *hotIndex, now time.Time) {
+	for k, h := range m.hot {
+		if !now.Before(h.expires) {
+			delete(m.hot, k)
+		}
+	}
+	if len(x.add) > 0 {
+		h := m.hot[x.keys[0]]
+		if h == nil {
+			h = &memHot{tags: map[string]bool{}}
+			m.hot[x.keys[0]] = h
+		}
+		for _, t := range x.add {
+			h.tags[t] = true
+		}
+		h.expires = now.Add(x.ttl)
+	}
+	x.tags, x.ok = nil, true
+	if x.read {
+		for _, k := range x.keys {
+			if h := m.hot[k]; h != nil {
+				x.tags = append(x.tags, slices.Sorted(maps.Keys(h.tags))...)
+			}
+		}
+	}
+}
+
 // deliver hands every queued claim to every listener.
 func (m *memStore) deliver() {
 	m.mu.Lock()
@@ -170,7 +214,7 @@ func (m *memStore) deliver() {
 // flush loses everything, as a Redis restarted empty.
 func (m *memStore) flush() {
 	m.mu.Lock()
-	m.keys, m.markers, m.members = map[string]*memKey{}, map[string]string{}, map[string]memberEntry{}
+	m.keys, m.markers, m.members, m.hot = map[string]*memKey{}, map[string]string{}, map[string]memberEntry{}, map[string]*memHot{}
 	m.mu.Unlock()
 }
 

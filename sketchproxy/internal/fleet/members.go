@@ -129,7 +129,10 @@ func SizeWarning(cfg *config.Config) string {
 // add that much of it unseen at each restart (p/2 + 1 requests: 5 of a
 // burst of 40 for one of 2 replicas). One-off keys stay mice, and cost
 // Redis nothing, even where refused requests count (the engine then asks
-// with the request already in the local count: 2 + 2 counts).
+// with the request already in the local count: 2 + 2 counts). A key whose
+// tag is in the index of heavy keys (index.go) joins at its first request:
+// the two before its third added two requests of a key held at its limit
+// at each restart.
 const fleetWarmPoint = 2 * shareUnit
 
 // othersKnown is the count of key skey (of a limit of tick and theta) that

@@ -85,6 +85,13 @@ local function slow(v, from)
   return halve(v, from + 1)
 end
 local id, stale = ARGV[2], now - tonumber(ARGV[8])
+local at = math.min(tick, tonumber(ARGV[6]))
+local function halveAt(v, from)
+  local age = at - from
+  if age <= 0 then return v end
+  if age >= 32 then return 0 end
+  return math.floor(v / 2 ^ age)
+end
 local h = redis.call('HGETALL', KEYS[1])
 local born, old, signed, who = nil, {}, {}, {}
 for i = 1, #h, 2 do
@@ -105,24 +112,27 @@ for _, r in ipairs(who) do
     s = ''
     c, d, g, w, tk = string.match(old[r] or '', '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
   end
+  local ca
   if c then
+    ca = halveAt(tonumber(c), tonumber(tk))
     c, d, g = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk)), tonumber(g)
     if tonumber(w) < stale then d, g = 0, 0 end
   end
   if not c or (c == 0 and d == 0) then
     gone[#gone + 1] = 'r:' .. r
     gone[#gone + 1] = 's:' .. r
+    others = others + (ca or 0)
   else
     out[#out + 1] = r
     out[#out + 1] = s
-    others = others + math.max(c, g)
+    others = others + math.max(ca, g)
   end
 end
 for i = 1, #gone, 1000 do
   redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
 end
 local cw, mac = ARGV[3], ARGV[12]
-if ARGV[13] and ARGV[13] ~= '' and others + halve(tonumber(ARGV[13]), tonumber(ARGV[6])) <= tonumber(ARGV[15]) then
+if ARGV[13] and ARGV[13] ~= '' and others + tonumber(ARGV[13]) <= tonumber(ARGV[15]) then
   cw, mac = ARGV[13], ARGV[14]
 end
 local c = halve(tonumber(cw), tonumber(ARGV[6]))
@@ -205,6 +215,7 @@ type shareRound struct {
 	channel   string        // where claims are published
 	stale     time.Duration // a record unwritten this long is a replica gone
 	ttl       time.Duration // at least: a key's records outlive a few rounds
+	index     *hotIndex     // the index of heavy keys' part in a round, or nil (index.go)
 }
 
 // shareCall is one hot key's record, for one round.
@@ -370,8 +381,8 @@ func parseBeatReply(v []any) (br beatReply, ok bool) {
 // redisStore is the fleet's Redis: one script call per hot key, pipelined
 // (one pipeline per node on a Cluster), and a subscription to the claims.
 type redisStore struct {
-	rdb          redis.UniversalClient
-	script, beat *redis.Script
+	rdb               redis.UniversalClient
+	script, beat, hot *redis.Script
 
 	mu     sync.Mutex
 	ps     []*redis.PubSub // one a listen
@@ -379,7 +390,7 @@ type redisStore struct {
 }
 
 func newRedisStore(o *redis.UniversalOptions) *redisStore {
-	return &redisStore{rdb: redis.NewUniversalClient(o), script: redis.NewScript(shareScript), beat: redis.NewScript(beatScript)}
+	return &redisStore{rdb: redis.NewUniversalClient(o), script: redis.NewScript(shareScript), beat: redis.NewScript(beatScript), hot: redis.NewScript(hotScript)}
 }
 
 func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall, beat *heartbeat) ([]shareReply, *beatReply, int, error) {
@@ -387,6 +398,7 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 	var all []redis.Cmder // every command of the last pipeline
 	// exec sends the round; with eval, as EVAL (which also caches the
 	// scripts), not EVALSHA.
+	var idx *redis.Cmd // the index's part (index.go), or nil
 	exec := func(eval bool) ([]*redis.Cmd, *redis.Cmd, error) {
 		run := func(sc *redis.Script, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
 			if eval {
@@ -414,6 +426,18 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		if beat != nil {
 			card = run(s.beat, pipe, []string{beat.key, beat.signedKey}, beat.id, beat.window.Milliseconds(), beat.entry(), beat.channel)
 		}
+		if x := r.index; x != nil {
+			args := make([]any, 0, 2+len(x.add))
+			read := "0"
+			if x.read {
+				read = "1"
+			}
+			args = append(args, x.ttl.Milliseconds(), read)
+			for _, t := range x.add {
+				args = append(args, t)
+			}
+			idx = run(s.hot, pipe, x.keys[:], args...)
+		}
 		sent += pipe.Len()
 		var err error
 		all, err = pipe.Exec(ctx)
@@ -428,11 +452,18 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		// round's timeout on a busy machine.
 		cmds, card, err = exec(true)
 	}
-	if err != nil && keysOnly(all) {
+	if err != nil && keysOnly(all, idx) {
 		// Redis answered; only some keys' records could not be read (a key
-		// of another type under the prefix): those keys are not synced,
-		// and the round is good for the others.
+		// of another type under the prefix), or the index of heavy keys
+		// failed (an ACL without its commands, a key of another type):
+		// those keys are not synced, a replica in its warm-up reads no
+		// index, and the round is good for the others.
 		err = nil
+	}
+	if x := r.index; x != nil && idx != nil && err == nil {
+		if v, ierr := idx.StringSlice(); ierr == nil {
+			x.tags, x.ok = v, true
+		}
 	}
 	replies := make([]shareReply, len(calls))
 	for i := range calls {
@@ -454,15 +485,16 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 
 // keysOnly reports whether every command that failed, failed because of
 // its key alone: Redis answered WRONGTYPE (something else wrote a key of
-// another type under the fleet's prefix). Other errors (a connection, a
+// another type under the fleet's prefix), or it is idx, the index of
+// heavy keys, which a round does without. Other errors (a connection, a
 // timeout, LOADING, READONLY, a Cluster node down) fail the round, as the
 // first failed command's error does a pipeline.
-func keysOnly(all []redis.Cmder) bool {
+func keysOnly(all []redis.Cmder, idx *redis.Cmd) bool {
 	if len(all) == 0 {
 		return false
 	}
 	for _, c := range all {
-		if c.Err() == nil {
+		if c.Err() == nil || idx != nil && c == redis.Cmder(idx) {
 			continue
 		}
 		var re redis.Error

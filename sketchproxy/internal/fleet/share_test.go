@@ -138,7 +138,8 @@ func TestGuaranteeOnlyWhereFilled(t *testing.T) {
 		want  uint32
 	}{
 		{2, 5, 2, 0},      // 1 a second over 5 replicas at 2x: pool
-		{2, 2, 10, 2},     // 1 a second over 2 at 10x: 2.5 requests a tick fill it
+		{2, 2, 10, 0},     // 1 a second over 2 at 10x: θ/N holds no whole request, so none (pool)
+		{4, 2, 10, 2},     // 2 a second over 2 at 10x: 2.5 requests a tick fill one
 		{2, 5, 4, 0},      // 1 a tick is not enough for a one-request guarantee
 		{20, 3, 8, 6},     // 10 a second over 3 at 1.2x: 3 requests each, the remainder pooled
 		{20, 3, 14, 8},    // at 2x: the remainder too (4 requests need 8.8 counts of demand)

@@ -105,6 +105,9 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	if beat && f.cfg.Replicas == 0 {
 		hb = f.heartbeat(now, f.beatWindow())
 	}
+	if beat {
+		r.index = f.indexOp(es, now)
+	}
 	sentAt, reckoned := f.redisClock(), f.redisAt.Load() != 0
 	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
@@ -146,6 +149,7 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 		}
 		return false
 	}
+	f.noteIndex(r.index)
 	f.warmUntil.CompareAndSwap(0, f.now().UnixNano()+int64(f.stale()))
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
@@ -217,8 +221,12 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 		e.cmu.Lock()
 		e.rebase(at)
 		// The requests in flight that hold room count too (read
-		// before the count, as need does).
-		c := uint32(min(max(uint64(e.granted), uint64(e.handed)+uint64(e.sk.EstimateBytes(e.skey))), math.MaxUint32))
+		// before the count, as need does). The count is read at now's
+		// tick, the one the record is dated at: the sketch's own
+		// follows the wall clock late at a tick's end, and a count read
+		// there and dated at the next tick halved a tick late in every
+		// reader's view (a client under its limit refused).
+		c := uint32(min(max(uint64(e.granted), uint64(e.handed)+uint64(e.sk.EstimateBytesAt(now, e.skey))), math.MaxUint32))
 		at = max(at, e.claimTk) // a claim dated a moment later
 		var c1 uint32
 		if e.claim > c {
