@@ -11,8 +11,8 @@ import (
 // hold at its limit, and below its promotion point it would decide the
 // key alone. During its warm-up (fleetWarmPoint) a key joined its hot set
 // at its third request, so a restart added two requests of each key held
-// at its limit (22 of 20 over 3 replicas, TestFleetSimRestartAddsTwo at
-// 1f21b64). Listing the hot keys with SCAN at start was tried and taken
+// at its limit (22 of 20 over 3 replicas on a real redis-server,
+// TestFleetProcessRestartHeldKey at d54c15b). Listing the hot keys with SCAN at start was tried and taken
 // out (it lets the fleet's Redis user list every key name in the
 // database, and on a Redis with a million other keys it took the whole
 // start's bound and still missed keys).
