@@ -83,6 +83,17 @@ func procReplicas(t *testing.T, n int, l procLimit, fc FleetConfig) []*Limiter {
 	return ls
 }
 
+// warmReplicas starts n replicas of limit l on fc's Redis (as
+// procReplicas), waits until each counts them all, and then until each
+// is past its warm-up (fleetWarmPoint: four intervals plus a second).
+func warmReplicas(t *testing.T, n int, l procLimit, fc FleetConfig) []*Limiter {
+	t.Helper()
+	ls := procReplicas(t, n, l, fc)
+	waitMembers(t, ls, int64(n))
+	time.Sleep(1500 * time.Millisecond)
+	return ls
+}
+
 // deadRedis is an address nothing listens on.
 func deadRedis(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -367,9 +378,7 @@ func TestFleetProcessRestartHeldKey(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
 	addr := testkit.RedisServer(t)
 	fc := FleetConfig{Redis: addr}
-	ls := procReplicas(t, 3, l, fc)
-	waitMembers(t, ls, 3)
-	time.Sleep(1500 * time.Millisecond) // past each replica's warm-up
+	ls := warmReplicas(t, 3, l, fc)
 	for k := range 3 {
 		if k > 0 {
 			time.Sleep(3 * time.Second) // past the last restart: its old self is counted no more (two windows of stale)
@@ -519,9 +528,7 @@ func TestFleetProcessBurstBornForged(t *testing.T) {
 func TestFleetProcessBurstPastYoung(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
 	addr := testkit.RedisServer(t)
-	ls := procReplicas(t, 3, l, FleetConfig{Redis: addr})
-	waitMembers(t, ls, 3)
-	time.Sleep(1500 * time.Millisecond) // past each replica's warm-up
+	ls := warmReplicas(t, 3, l, FleetConfig{Redis: addr})
 	for k := range 4 {
 		procTick(t, l, 3*time.Second)
 		key := fmt.Sprint("past-young-", k)
@@ -557,9 +564,7 @@ func TestFleetProcessBurstPastYoung(t *testing.T) {
 func TestFleetProcessSmallLimitAtOnce(t *testing.T) {
 	l := procLimit{requests: 1, per: time.Second, burst: 1}
 	addr := testkit.RedisServer(t)
-	ls := procReplicas(t, 3, l, FleetConfig{Redis: addr})
-	waitMembers(t, ls, 3)
-	time.Sleep(1500 * time.Millisecond) // past each replica's warm-up
+	ls := warmReplicas(t, 3, l, FleetConfig{Redis: addr})
 	cmds, claims := fleetCost(ls)
 	var heavy, light [12]procRun
 	var wg sync.WaitGroup

@@ -75,23 +75,20 @@ const shareScript = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tick = math.floor(now / tonumber(ARGV[1]))
-local function halve(v, from)
-  local age = tick - from
+local function halveTo(v, from, to)
+  local age = to - from
   if age <= 0 then return v end
   if age >= 32 then return 0 end
   return math.floor(v / 2 ^ age)
+end
+local function halve(v, from)
+  return halveTo(v, from, tick)
 end
 local function slow(v, from)
   return halve(v, from + 1)
 end
 local id, stale = ARGV[2], now - tonumber(ARGV[8])
-local at = math.min(tick, tonumber(ARGV[6]))
-local function halveAt(v, from)
-  local age = at - from
-  if age <= 0 then return v end
-  if age >= 32 then return 0 end
-  return math.floor(v / 2 ^ age)
-end
+local at = math.min(tick, tonumber(ARGV[6])) -- the claim's tick, where earlier
 local h = redis.call('HGETALL', KEYS[1])
 local born, old, signed, who = nil, {}, {}, {}
 for i = 1, #h, 2 do
@@ -114,7 +111,7 @@ for _, r in ipairs(who) do
   end
   local ca
   if c then
-    ca = halveAt(tonumber(c), tonumber(tk))
+    ca = halveTo(tonumber(c), tonumber(tk), at)
     c, d, g = halve(tonumber(c), tonumber(tk)), slow(tonumber(d), tonumber(tk)), tonumber(g)
     if tonumber(w) < stale then d, g = 0, 0 end
   end
