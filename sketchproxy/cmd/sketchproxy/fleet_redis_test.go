@@ -62,8 +62,9 @@ func writeCerts(t *testing.T, dir string) {
 
 // fleetACL is the least a fleet needs: its own keys and claims channel,
 // and the commands its rounds send (the script's HGETALL, HSET, HDEL,
-// PEXPIRE, TIME and PUBLISH included).
-const fleetACL = "on >%s ~sketchproxy:* resetchannels &sketchproxy:* -@all +evalsha +eval +script|load +set +get +zadd +zremrangebyscore +zcard +pexpire +ping +hgetall +hset +hdel +time +publish +subscribe"
+// PEXPIRE, TIME and PUBLISH included, and the index of heavy keys' SETBIT
+// and GETRANGE).
+const fleetACL = "on >%s ~sketchproxy:* resetchannels &sketchproxy:* -@all +evalsha +eval +script|load +set +get +zadd +zremrangebyscore +zcard +pexpire +ping +hgetall +hset +hdel +setbit +getrange +time +publish +subscribe"
 
 // TestFleetRedisTLSAndACL runs a replica against a TLS-only redis-server
 // that requires client certificates and an ACL user whose password is read

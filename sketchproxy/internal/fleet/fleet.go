@@ -62,11 +62,11 @@ type Fleet struct {
 	beats atomic.Int64
 	// warmUntil ends the warm-up that follows this replica's first answer
 	// from Redis (f.now ns): until then a key joins the hot set at its
-	// third request (fleetWarmPoint), and at its first where its tag is
-	// in heavyTags, the index of heavy keys read at the warm-up's rounds
-	// (index.go).
+	// third request (fleetWarmPoint), and at its first where its bit is
+	// set in heavyBits, the index of heavy keys read at the warm-up's
+	// rounds (index.go).
 	warmUntil atomic.Int64
-	heavyTags atomic.Pointer[map[string]struct{}]
+	heavyBits atomic.Pointer[[]byte]
 	// outageAt is when this replica last saw Redis not answer (f.now
 	// ns): a round that failed, a claim's send that waited half the
 	// timeout or more and failed, or a send Redis ran half the timeout or
@@ -157,7 +157,7 @@ type hotShard struct {
 type hotEntry struct {
 	rkey   string // prefix + {tag} + HMAC(secret, sketch key)
 	marker string // prefix + {tag} + run: the tag's run marker, in the same slot
-	tag    string // its tag in the index of heavy keys (index.go)
+	bit    uint32 // its bit in the index of heavy keys (index.go)
 	skey   []byte // the local sketch key
 	sk     engine.Local
 	tick   time.Duration
@@ -584,7 +584,7 @@ func (f *Fleet) newEntry(s *hotShard, q *engine.Query) *hotEntry {
 	}
 	sum := f.keySum(q.Key, q.Tick, q.Theta)
 	e.rkey, e.marker = f.keyNames(sum)
-	e.tag = indexTag(sum)
+	e.bit = indexBit(sum)
 	e.demand.start(uint32(min(uint64(q.Count)+uint64(q.Add), math.MaxUint32)), q.Now.UnixNano()/int64(q.Tick))
 	s.m[string(e.skey)] = e
 	f.count.Add(1)

@@ -1,7 +1,8 @@
 package fleet
 
 import (
-	"encoding/hex"
+	"encoding/binary"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -17,76 +18,82 @@ import (
 // database, and on a Redis with a million other keys it took the whole
 // start's bound and still missed keys).
 //
-// So each replica's round also writes the tags of its heavy keys (hot
-// here, their fleet-wide count at least half of θ in its view) to a hash
-// under the prefix, one per generation of stale() (Redis's time, as this
-// replica reckons it), each tag once a generation; and a replica in its
-// warm-up reads this generation's hash and the one before at each round.
-// A key whose tag is there joins the hot set at its first request here,
-// which claims (claim.go) and so is decided from the others' records: a
-// restart adds nothing of a key held at its limit. A tag is the first 8
-// bytes of the key's name in Redis (HMAC-SHA256 of the secret, the sketch
-// key and its limit), in hex: the index names nothing the records' own
-// names do not. Nothing is signed: a writer without the secret can add
-// tags (mice then claim during a warm-up, which costs a round trip and
-// refuses nothing a claim would not) or delete them (the warm-up then
-// adds two requests of a key at its limit, as before the index), never
-// make a key lighter. The hash holds at most the keys heavy in two
-// generations, max_hot a replica; a replica keeps at most indexReadMax
-// tags of it.
+// So each replica's round also marks its heavy keys (hot here, their
+// fleet-wide count at least half of θ in its view) in a bitmap under the
+// prefix, one per generation of stale() (Redis's time, as this replica
+// reckons it), each key once a generation; and a replica in its warm-up
+// reads this generation's bitmap and the one before at each round. A key
+// whose bit is set joins the hot set at its first request here, which
+// claims (claim.go) and so is decided from the others' records: a restart
+// adds nothing of a key held at its limit. A key's bit is given by the
+// first 8 bytes of its name in Redis (HMAC-SHA256 of the secret, the
+// sketch key and its limit): the index names nothing the records' own
+// names do not. The bitmap is indexBits long, whatever anyone writes
+// there: a round reads at most indexBits/8 bytes of each (GETRANGE) and
+// sets single bits (SETBIT), so no value under the key (a string of
+// 512 MB, a hash of a million fields) makes a round slower. A first
+// build kept the tags in a hash, read whole with HGETALL: a writer
+// without the secret that filled it with a million fields made every
+// replica's round pass the timeout, for good (a review). Nothing is
+// signed: a writer without the secret can set bits (mice then claim
+// during a warm-up, a round trip each, refused only as any claim is) or
+// clear them (the warm-up then adds two requests of a key at its limit,
+// as before the index), never make a key lighter. Bits of other keys
+// share a bit now and then (a key heavy nowhere read as heavy: 1 in 50 at
+// 20,000 heavy keys), which costs that key a claim in a warm-up.
 
-// hotScript writes tags to this generation's hash (KEYS[1]) and, where
-// ARGV[2] is '1', returns the tags of both generations' hashes (KEYS[2],
-// the generation before). Both are in one slot (their hash tag). ARGV:
-// the hash's TTL in ms, '1' to read, then the tags. HSET's arguments go a
-// thousand tags at a time: Lua unpacks at most 8,000 values.
+// hotScript sets bits in this generation's bitmap (KEYS[1]) and, where
+// ARGV[2] is '1', returns the first ARGV[3] bytes of both generations'
+// bitmaps (KEYS[2], the generation before): GETRANGE, whatever is
+// there. Both are in one slot (their hash tag). ARGV: the bitmap's TTL in
+// ms, '1' to read, the bytes to read, then the bits to set.
 const hotScript = `
-for i = 3, #ARGV, 1000 do
-  local t = {}
-  for j = i, math.min(i + 999, #ARGV) do
-    t[#t + 1] = ARGV[j]
-    t[#t + 1] = '1'
-  end
-  redis.call('HSET', KEYS[1], unpack(t))
+for i = 4, #ARGV do
+  redis.call('SETBIT', KEYS[1], ARGV[i], 1)
 end
-if #ARGV > 2 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+if #ARGV > 3 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 if ARGV[2] ~= '1' then return {} end
-local out = {}
-for _, k in ipairs(KEYS) do
-  local all = redis.call('HGETALL', k)
-  for i = 1, #all, 2 do out[#out + 1] = all[i] end
-end
-return out
+local last = tonumber(ARGV[3]) - 1
+return {redis.call('GETRANGE', KEYS[1], 0, last), redis.call('GETRANGE', KEYS[2], 0, last)}
 `
 
-// hotIndex is a round's part in the index: the tags it adds to this
-// generation's hash, and whether it reads both generations' back. The
-// store fills tags and ok (Redis answered it).
+// hotIndex is a round's part in the index: the bits it sets in this
+// generation's bitmap, and whether it reads both generations' back. The
+// store fills bits (both bitmaps ORed, indexBits long) and ok (Redis
+// answered it).
 type hotIndex struct {
-	keys [2]string // this generation's hash, and the one before
+	keys [2]string // this generation's bitmap, and the one before
 	ttl  time.Duration
-	add  []string
+	add  []uint32
 	read bool
 	gen  int64       // this generation
-	es   []*hotEntry // whose tags add holds
+	es   []*hotEntry // whose bits add holds
 
-	tags []string
+	bits []byte
 	ok   bool
 }
 
-// indexReadMax is the most tags a replica keeps from the index: twice
-// max_hot's bound for each of 16 replicas would be more than it needs; a
-// hash made long by a writer without the secret costs no more than this.
-const indexReadMax = 1 << 18
+// indexBits is the bitmap's length: 128 KiB a generation, read whole in a
+// warm-up's rounds; at 20,000 heavy keys 2% of the others share a bit
+// with one.
+const indexBits = 1 << 20
 
-// indexTagSize is a tag's bytes of the key's HMAC (16 hex digits).
-const indexTagSize = 8
+// indexBit is the index's bit of a key whose HMAC is sum (keySum).
+func indexBit(sum []byte) uint32 {
+	return uint32(binary.BigEndian.Uint64(sum[:8]) & (indexBits - 1))
+}
 
-// indexTag is the index's tag of a key whose HMAC is sum (redisKeys).
-func indexTag(sum []byte) string { return hex.EncodeToString(sum[:indexTagSize]) }
+// orBits ORs b, a bitmap as Redis holds it (bit 0 the high bit of byte
+// 0), into into (indexBits/8 long); a longer b is cut, a shorter one is
+// zeros past its end (GETRANGE).
+func orBits(into []byte, b string) {
+	for i := range min(len(into), len(b)) {
+		into[i] |= b[i]
+	}
+}
 
-// indexOp is the index's part in a round that sends es at now: the tags of
-// the heavy keys not yet written in this generation, and a read while this
+// indexOp is the index's part in a round that sends es at now: the bits of
+// the heavy keys not yet set in this generation, and a read while this
 // replica is in its warm-up (or has had no answer yet). nil where there is
 // nothing to do.
 func (f *Fleet) indexOp(es []*hotEntry, now time.Time) *hotIndex {
@@ -98,12 +105,12 @@ func (f *Fleet) indexOp(es []*hotEntry, now time.Time) *hotIndex {
 		read: warm == 0 || now.UnixNano() < warm,
 		gen:  gen,
 	}
-	if !op.read && f.heavyTags.Load() != nil {
-		f.heavyTags.Store(nil) // the warm-up is over
+	if !op.read && f.heavyBits.Load() != nil {
+		f.heavyBits.Store(nil) // the warm-up is over
 	}
 	for _, e := range es {
 		if e.indexGen.Load() != gen && e.heavy(now) {
-			op.add = append(op.add, e.tag)
+			op.add = append(op.add, e.bit)
 			op.es = append(op.es, e)
 		}
 	}
@@ -113,15 +120,15 @@ func (f *Fleet) indexOp(es []*hotEntry, now time.Time) *hotIndex {
 	return op
 }
 
-// indexKey is the name of generation gen's hash: under the prefix (an
+// indexKey is the name of generation gen's bitmap: under the prefix (an
 // ACL's key pattern), every generation in one slot.
 func (f *Fleet) indexKey(gen int64) string {
 	return f.cfg.Prefix + "{" + f.cfg.Prefix + "hot}:" + strconv.FormatInt(gen, 10)
 }
 
-// noteIndex takes what Redis answered of op: the tags written are not
-// sent again this generation, and the tags read are the heavy keys of the
-// warm-up.
+// noteIndex takes what Redis answered of op: the bits set are not sent
+// again this generation, and the bitmaps read mark the heavy keys of the
+// warm-up (nil where no bit is set: no HMAC for a request then).
 func (f *Fleet) noteIndex(op *hotIndex) {
 	if op == nil || !op.ok {
 		return
@@ -130,29 +137,24 @@ func (f *Fleet) noteIndex(op *hotIndex) {
 		e.indexGen.Store(op.gen)
 	}
 	if op.read {
-		set := make(map[string]struct{}, min(len(op.tags), indexReadMax))
-		for _, t := range op.tags {
-			if len(set) >= indexReadMax {
-				break
-			}
-			if len(t) == 2*indexTagSize {
-				set[t] = struct{}{}
-			}
+		if len(op.bits) == indexBits/8 && slices.ContainsFunc(op.bits, func(b byte) bool { return b != 0 }) {
+			f.heavyBits.Store(&op.bits)
+		} else {
+			f.heavyBits.Store(nil)
 		}
-		f.heavyTags.Store(&set)
 	}
 }
 
-// indexed reports whether the key skey of a limit of tick and theta is in
-// the index this replica read in its warm-up: one HMAC, only while the
-// index read holds any tag.
+// indexed reports whether the key skey of a limit of tick and theta is
+// marked in the index this replica read in its warm-up: one HMAC, only
+// while the index read has any bit set.
 func (f *Fleet) indexed(skey []byte, tick time.Duration, theta uint32) bool {
-	set := f.heavyTags.Load()
-	if set == nil || len(*set) == 0 {
+	bm := f.heavyBits.Load()
+	if bm == nil {
 		return false
 	}
-	_, ok := (*set)[indexTag(f.keySum(skey, tick, theta))]
-	return ok
+	b := indexBit(f.keySum(skey, tick, theta))
+	return (*bm)[b>>3]&(0x80>>(b&7)) != 0
 }
 
 // heavy reports whether e's fleet-wide count, in its view at now, is at

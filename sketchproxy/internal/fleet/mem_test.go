@@ -39,15 +39,15 @@ type memStore struct {
 	// they were, or an ACL without PUBLISH on the members' channel).
 	quiet bool
 	// hot is the index of heavy keys (hotScript): each generation's
-	// hash, its tags and when it expires; noIndex fails it, as an ACL
-	// without its commands does.
+	// bitmap and when it expires; noIndex fails it, as an ACL without
+	// its commands does.
 	hot     map[string]*memHot
 	noIndex bool
 }
 
-// memHot is one generation's hash of the index of heavy keys.
+// memHot is one generation's bitmap of the index of heavy keys.
 type memHot struct {
-	tags    map[string]bool
+	bits    []byte
 	expires time.Time
 }
 
@@ -178,19 +178,23 @@ func (m *memStore) index(x *hotIndex, now time.Time) {
 	if len(x.add) > 0 {
 		h := m.hot[x.keys[0]]
 		if h == nil {
-			h = &memHot{tags: map[string]bool{}}
+			h = &memHot{}
 			m.hot[x.keys[0]] = h
 		}
-		for _, t := range x.add {
-			h.tags[t] = true
+		for _, b := range x.add {
+			if need := int(b>>3) + 1; len(h.bits) < need {
+				h.bits = append(h.bits, make([]byte, need-len(h.bits))...) // SETBIT grows the string
+			}
+			h.bits[b>>3] |= 0x80 >> (b & 7)
 		}
 		h.expires = now.Add(x.ttl)
 	}
-	x.tags, x.ok = nil, true
+	x.bits, x.ok = nil, true
 	if x.read {
+		x.bits = make([]byte, indexBits/8)
 		for _, k := range x.keys {
 			if h := m.hot[k]; h != nil {
-				x.tags = append(x.tags, slices.Sorted(maps.Keys(h.tags))...)
+				orBits(x.bits, string(h.bits))
 			}
 		}
 	}

@@ -424,14 +424,14 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 			card = run(s.beat, pipe, []string{beat.key, beat.signedKey}, beat.id, beat.window.Milliseconds(), beat.entry(), beat.channel)
 		}
 		if x := r.index; x != nil {
-			args := make([]any, 0, 2+len(x.add))
+			args := make([]any, 0, 3+len(x.add))
 			read := "0"
 			if x.read {
 				read = "1"
 			}
-			args = append(args, x.ttl.Milliseconds(), read)
-			for _, t := range x.add {
-				args = append(args, t)
+			args = append(args, x.ttl.Milliseconds(), read, indexBits/8)
+			for _, b := range x.add {
+				args = append(args, b)
 			}
 			idx = run(s.hot, pipe, x.keys[:], args...)
 		}
@@ -457,9 +457,14 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		// index, and the round is good for the others.
 		err = nil
 	}
-	if x := r.index; x != nil && idx != nil && err == nil {
-		if v, ierr := idx.StringSlice(); ierr == nil {
-			x.tags, x.ok = v, true
+	if x := r.index; x != nil && idx != nil && err == nil && idx.Err() == nil {
+		x.ok = true
+		if x.read {
+			x.bits = make([]byte, indexBits/8)
+			v, _ := idx.StringSlice()
+			for _, b := range v {
+				orBits(x.bits, b)
+			}
 		}
 	}
 	replies := make([]shareReply, len(calls))

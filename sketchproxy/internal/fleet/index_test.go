@@ -1,0 +1,120 @@
+package fleet
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
+	"github.com/redis/go-redis/v9"
+)
+
+// The index of heavy keys on a real redis-server: bits set by one round
+// are read back by a replica in its warm-up, as memStore answers; and
+// whatever sits under its keys (a string of 16 MB, a hash of 200,000
+// fields, an ACL without SETBIT and GETRANGE), a round with the fleet's
+// timeout still syncs its hot keys, and reads at most indexBits/8 bytes
+// of each bitmap. A first build kept the tags in a hash read whole: a
+// million fields under it made every round pass the timeout (a review).
+func TestHotIndexOnRedis(t *testing.T) {
+	addr := testkit.RedisServer(t)
+	opts := &redis.UniversalOptions{Addrs: []string{addr}, DialTimeout: 250 * time.Millisecond, ReadTimeout: 250 * time.Millisecond, WriteTimeout: 250 * time.Millisecond, MaxRetries: -1}
+	rs := newRedisStore(opts)
+	defer rs.close()
+	mem := newMemStore(time.Now)
+	ctx := context.Background()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	const stale = 1400 * time.Millisecond
+	call := shareCall{rkey: "sketchproxy:{t1}k:abc", marker: "sketchproxy:{t1}run", tick: time.Second, c: 2, d: 2, at: time.Now().Unix()}
+	index := func(cur, prev string, read bool, add ...uint32) *hotIndex {
+		return &hotIndex{keys: [2]string{cur, prev}, ttl: 3 * stale, read: read, add: add}
+	}
+	// round sends one hot key's call and x within the fleet's timeout.
+	round := func(st fleetStore, x *hotIndex) (answered bool, err error) {
+		tctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+		defer cancel()
+		r := &shareRound{id: "r0", candidate: "run", stale: stale, ttl: time.Minute, index: x}
+		rp, _, _, err := st.sync(tctx, r, []shareCall{call}, nil)
+		return len(rp) == 1 && rp[0].ok, err
+	}
+	isSet := func(bits []byte, b uint32) bool { return len(bits) > int(b>>3) && bits[b>>3]&(0x80>>(b&7)) != 0 }
+
+	// Set by one round, read by the next, as in memory.
+	const cur, prev = "sketchproxy:{sketchproxy:hot}:11", "sketchproxy:{sketchproxy:hot}:10"
+	marks := []uint32{0, 7, 8, 4242, indexBits - 1}
+	for _, st := range []fleetStore{rs, mem} {
+		if _, err := round(st, index(prev, "sketchproxy:{sketchproxy:hot}:9", false, marks[:2]...)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := round(st, index(cur, prev, false, marks[2:]...)); err != nil {
+			t.Fatal(err)
+		}
+		x := index(cur, prev, true)
+		if ok, err := round(st, x); err != nil || !ok || !x.ok {
+			t.Fatalf("%T: the index read: round answered %v, err %v, index ok %v", st, ok, err, x.ok)
+		}
+		set := 0
+		for b := range uint32(indexBits) {
+			if isSet(x.bits, b) {
+				set++
+			}
+		}
+		for _, b := range marks {
+			if !isSet(x.bits, b) {
+				t.Errorf("%T: bit %d set by a round, not read back", st, b)
+			}
+		}
+		if set != len(marks) || len(x.bits) != indexBits/8 {
+			t.Errorf("%T: %d bits set in %d bytes read, want %d in %d", st, set, len(x.bits), len(marks), indexBits/8)
+		}
+	}
+
+	// A string of 16 MB under this generation's bitmap: one read of
+	// indexBits/8 bytes, the round on time.
+	const stuffed, other = "sketchproxy:{sketchproxy:hot}:21", "sketchproxy:{sketchproxy:hot}:20"
+	if err := admin.Set(ctx, stuffed, strings.Repeat("\xff", 16<<20), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	x := index(stuffed, other, true, 99)
+	if ok, err := round(rs, x); err != nil || !ok || !x.ok || len(x.bits) != indexBits/8 {
+		t.Fatalf("a 16 MB string under the index: round answered %v, err %v, index ok %v, %d bytes read", ok, err, x.ok, len(x.bits))
+	}
+	// A hash of 200,000 fields under the generation before: the index
+	// fails (WRONGTYPE), the round does not.
+	for i := 0; i < 200_000; i += 10_000 {
+		args := make([]any, 0, 20_000)
+		for j := i; j < i+10_000; j++ {
+			args = append(args, j, "1")
+		}
+		if err := admin.HSet(ctx, other, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x = index(stuffed, other, true)
+	if ok, err := round(rs, x); err != nil || !ok || x.ok {
+		t.Fatalf("a hash of 200,000 fields under the index: round answered %v, err %v, index ok %v (want the round good and the index not)", ok, err, x.ok)
+	}
+
+	// An ACL without SETBIT and GETRANGE (the one documented before the
+	// index): the index is refused, the round is not.
+	acl := strings.Fields("on >index-pw-0123 ~sketchproxy:* resetchannels &sketchproxy:* -@all +evalsha +eval +script|load +set +get +zadd +zremrangebyscore +zcard +pexpire +ping +hgetall +hset +hdel +time +publish +subscribe")
+	if err := admin.Do(ctx, append([]any{"ACL", "SETUSER", "fleet"}, anySlice(acl)...)...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	old := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}, Username: "fleet", Password: "index-pw-0123", DialTimeout: 250 * time.Millisecond, ReadTimeout: 250 * time.Millisecond, WriteTimeout: 250 * time.Millisecond, MaxRetries: -1})
+	defer old.close()
+	x = index(cur, prev, true, 5)
+	if ok, err := round(old, x); err != nil || !ok || x.ok {
+		t.Fatalf("an ACL without SETBIT and GETRANGE: round answered %v, err %v, index ok %v (want the round good and the index not)", ok, err, x.ok)
+	}
+}
+
+func anySlice(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
