@@ -67,6 +67,10 @@ type Fleet struct {
 	// rounds (index.go).
 	warmUntil atomic.Int64
 	heavyBits atomic.Pointer[[]byte]
+	// indexRefused is the generation of the index Redis last refused,
+	// plus one (0: none), indexWarned whether that was warned (index.go).
+	indexRefused atomic.Int64
+	indexWarned  atomic.Bool
 	// outageAt is when this replica last saw Redis not answer (f.now
 	// ns): a round that failed, a claim's send that waited half the
 	// timeout or more and failed, or a send Redis ran half the timeout or
@@ -199,8 +203,8 @@ type hotEntry struct {
 	handed             uint32
 	claim              uint32
 
-	// indexGen is the generation of the index of heavy keys its tag was
-	// last written to (index.go).
+	// indexGen is the generation of the index of heavy keys its bit was
+	// last set in, plus one (0: none; index.go).
 	indexGen atomic.Int64
 }
 

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -20,9 +21,9 @@ import (
 //
 // So each replica's round also marks its heavy keys (hot here, their
 // fleet-wide count at least half of θ in its view) in a bitmap under the
-// prefix, one per generation of stale() (Redis's time, as this replica
-// reckons it), each key once a generation; and a replica in its warm-up
-// reads this generation's bitmap and the one before at each round. A key
+// prefix, one per indexGeneration, each key once a generation; and a
+// replica in its warm-up reads this generation's bitmap and the one
+// before at each round. A key
 // whose bit is set joins the hot set at its first request here, which
 // claims (claim.go) and so is decided from the others' records: a restart
 // adds nothing of a key held at its limit. A key's bit is given by the
@@ -38,9 +39,10 @@ import (
 // signed: a writer without the secret can set bits (mice then claim
 // during a warm-up, a round trip each, refused only as any claim is) or
 // clear them (the warm-up then adds two requests of a key at its limit,
-// as before the index), never make a key lighter. Bits of other keys
-// share a bit now and then (a key heavy nowhere read as heavy: 1 in 50 at
-// 20,000 heavy keys), which costs that key a claim in a warm-up.
+// as before the index), never make a key lighter. Keys share a bit now
+// and then (a key heavy nowhere read as heavy: 2% to 4% at 20,000 keys
+// marked in each of the two generations read), which costs that key a
+// claim in a warm-up.
 
 // hotScript sets bits in this generation's bitmap (KEYS[1]) and, where
 // ARGV[2] is '1', returns the first ARGV[3] bytes of both generations'
@@ -71,7 +73,18 @@ type hotIndex struct {
 
 	bits []byte
 	ok   bool
+	err  error // why Redis refused it, where it answered the round
 }
+
+// indexGeneration is how long a generation of the index lasts, on Redis's
+// clock as each replica reckons it (its own until Redis first answers
+// it): fixed, not the replicas' interval, so that replicas whose
+// intervals differ (a rolling change of it) read and write the same
+// bitmaps (a review), and no shorter than the longest interval (a
+// minute), so that every replica marks its heavy keys in each. A replica
+// reads the two newest, so a key heavy in the last one to two minutes is
+// marked.
+const indexGeneration = time.Minute
 
 // indexBits is the bitmap's length: 128 KiB a generation, read whole in a
 // warm-up's rounds; at 20,000 heavy keys 2% of the others share a bit
@@ -97,11 +110,11 @@ func orBits(into []byte, b string) {
 // replica is in its warm-up (or has had no answer yet). nil where there is
 // nothing to do.
 func (f *Fleet) indexOp(es []*hotEntry, now time.Time) *hotIndex {
-	gen := f.redisClock() / f.stale().Microseconds()
+	gen := f.redisClock() / indexGeneration.Microseconds()
 	warm := f.warmUntil.Load()
 	op := &hotIndex{
 		keys: [2]string{f.indexKey(gen), f.indexKey(gen - 1)},
-		ttl:  3 * f.stale(),
+		ttl:  3 * indexGeneration,
 		read: warm == 0 || now.UnixNano() < warm,
 		gen:  gen,
 	}
@@ -109,7 +122,10 @@ func (f *Fleet) indexOp(es []*hotEntry, now time.Time) *hotIndex {
 		f.heavyBits.Store(nil) // the warm-up is over
 	}
 	for _, e := range es {
-		if e.indexGen.Load() != gen && e.heavy(now) {
+		if f.indexRefused.Load() == gen+1 {
+			break // refused in this generation: not sent again until the next
+		}
+		if e.indexGen.Load() != gen+1 && e.heavy(now) {
 			op.add = append(op.add, e.bit)
 			op.es = append(op.es, e)
 		}
@@ -126,15 +142,24 @@ func (f *Fleet) indexKey(gen int64) string {
 	return f.cfg.Prefix + "{" + f.cfg.Prefix + "hot}:" + strconv.FormatInt(gen, 10)
 }
 
-// noteIndex takes what Redis answered of op: the bits set are not sent
-// again this generation, and the bitmaps read mark the heavy keys of the
-// warm-up (nil where no bit is set: no HMAC for a request then).
+// noteIndex takes what Redis answered of op, in a round Redis answered:
+// the bits set are not sent again this generation, and the bitmaps read
+// mark the heavy keys of the warm-up (nil where no bit is set: no HMAC
+// for a request then). An index Redis refused is warned once, and not
+// sent again in its generation.
 func (f *Fleet) noteIndex(op *hotIndex) {
-	if op == nil || !op.ok {
+	if op == nil {
+		return
+	}
+	if !op.ok {
+		f.indexRefused.Store(op.gen + 1)
+		if !f.indexWarned.Swap(true) {
+			f.log.Warn("fleet: Redis refused the index of heavy keys (an ACL without +setbit and +getrange, or a key of another type under its name): a replica restarted without a state_file may admit 2 requests of each key the fleet holds at its limit", "index", op.keys[0], "err", fmt.Sprint(op.err))
+		}
 		return
 	}
 	for _, e := range op.es {
-		e.indexGen.Store(op.gen)
+		e.indexGen.Store(op.gen + 1)
 	}
 	if op.read {
 		if len(op.bits) == indexBits/8 && slices.ContainsFunc(op.bits, func(b byte) bool { return b != 0 }) {

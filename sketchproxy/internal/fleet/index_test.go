@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -117,4 +118,33 @@ func anySlice(s []string) []any {
 		out[i] = v
 	}
 	return out
+}
+
+// An index Redis refuses (here as an ACL without its commands would) is
+// warned once, with what it costs, and not sent again in its generation;
+// the round is good.
+func TestHotIndexRefusedWarned(t *testing.T) {
+	var logs strings.Builder
+	clk := time.Unix(1_700_000_000, 0)
+	mem := newMemStore(func() time.Time { return clk })
+	mem.noIndex = true
+	f := hostileFleet(t, mem, func() time.Time { return clk }, 0)
+	f.log = slog.New(slog.NewTextHandler(&logs, nil))
+	e := hostileEntry(f, "heavy", 40, 30)
+	e.view.Store(&shareView{tick: clk.Unix()}) // its view: 30 of 40 here, heavy
+	for range 3 {
+		if !f.round() {
+			t.Fatal("a round whose index Redis refused failed")
+		}
+		clk = clk.Add(500 * time.Millisecond)
+	}
+	if n := strings.Count(logs.String(), "refused the index of heavy keys"); n != 1 {
+		t.Errorf("the refused index warned %d times, want once:\n%s", n, logs.String())
+	}
+	if got := f.indexRefused.Load(); got == 0 {
+		t.Error("the refused generation is not kept: every round sends the index again")
+	}
+	if op := f.indexOp([]*hotEntry{e}, clk); op != nil && len(op.add) > 0 {
+		t.Errorf("after the index was refused, the next round sends %d bits again in its generation", len(op.add))
+	}
 }

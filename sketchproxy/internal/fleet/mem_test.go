@@ -143,8 +143,12 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 			m.queued = append(m.queued, published{r.channel, b.String()})
 		}
 	}
-	if x := r.index; x != nil && !m.noIndex {
-		m.index(x, now)
+	if x := r.index; x != nil {
+		if m.noIndex {
+			x.err = errors.New("NOPERM memStore: the index refused")
+		} else {
+			m.index(x, now)
+		}
 	}
 	var br *beatReply
 	if beat != nil {

@@ -457,6 +457,9 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		// index, and the round is good for the others.
 		err = nil
 	}
+	if x := r.index; x != nil && idx != nil && err == nil && idx.Err() != nil {
+		x.err = idx.Err()
+	}
 	if x := r.index; x != nil && idx != nil && err == nil && idx.Err() == nil {
 		x.ok = true
 		if x.read {
