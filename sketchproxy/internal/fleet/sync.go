@@ -224,8 +224,8 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 		// before the count, as need does). The count is read at now's
 		// tick, the one the record is dated at: the sketch's own
 		// follows the wall clock late at a tick's end, and a count read
-		// there and dated at the next tick halved a tick late in every
-		// reader's view (a client under its limit refused).
+		// there and dated at the next tick halves a tick late in every
+		// reader's view (too many refused).
 		c := uint32(min(max(uint64(e.granted), uint64(e.handed)+uint64(e.sk.EstimateBytesAt(now, e.skey))), math.MaxUint32))
 		at = max(at, e.claimTk) // a claim dated a moment later
 		var c1 uint32
