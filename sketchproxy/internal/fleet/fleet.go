@@ -67,6 +67,7 @@ type Fleet struct {
 	// rounds (index.go).
 	warmUntil atomic.Int64
 	heavyBits atomic.Pointer[[]byte]
+	keyMacs   sync.Pool // of *macScratch (index.go, indexed)
 	// indexRefused is the generation of the index Redis last refused,
 	// plus one (0: none), indexWarned whether that was warned (index.go).
 	indexRefused atomic.Int64
@@ -238,6 +239,7 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 		first:   make(chan struct{}),
 		sending: make(chan struct{}, 1),
 	}
+	f.keyMacs.New = func() any { return &macScratch{h: hmac.New(sha256.New, secret)} }
 	for i := range f.shards {
 		f.shards[i].m = map[string]*hotEntry{}
 	}

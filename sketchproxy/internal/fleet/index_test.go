@@ -148,3 +148,27 @@ func TestHotIndexRefusedWarned(t *testing.T) {
 		t.Errorf("after the index was refused, the next round sends %d bits again in its generation", len(op.add))
 	}
 }
+
+// A request of a replica's warm-up asks the index at the cost of one
+// HMAC and no allocation, and finds the bit keySum gives the key.
+func TestIndexedNoAlloc(t *testing.T) {
+	clk := time.Unix(1_700_000_000, 0)
+	f := hostileFleet(t, newMemStore(func() time.Time { return clk }), func() time.Time { return clk }, 0)
+	bm := make([]byte, indexBits/8)
+	skey := []byte("api\x00rate\x00192.0.2.1")
+	b := indexBit(f.keySum(skey, time.Second, 40))
+	bm[b>>3] |= 0x80 >> (b & 7)
+	f.heavyBits.Store(&bm)
+	if !f.indexed(skey, time.Second, 40) {
+		t.Fatal("a key whose bit is set reads as not marked")
+	}
+	if f.indexed(skey, time.Second, 42) || f.indexed([]byte("api\x00rate\x00192.0.2.2"), time.Second, 40) {
+		t.Error("another key (or the same key under another limit) reads as marked")
+	}
+	if raceOn {
+		return // the race detector drops pooled items at random
+	}
+	if a := testing.AllocsPerRun(100, func() { f.indexed(skey, time.Second, 40) }); a != 0 {
+		t.Errorf("indexed allocates %v times a call, want 0", a)
+	}
+}
