@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"hash"
 	"log/slog"
 	"math"
 	"strconv"
@@ -67,7 +68,7 @@ type Fleet struct {
 	// rounds (index.go).
 	warmUntil atomic.Int64
 	heavyBits atomic.Pointer[[]byte]
-	keyMacs   sync.Pool // of *macScratch (index.go, indexed)
+	keyMacs   sync.Pool // of *macScratch (keySum)
 	// indexRefused is the generation of the index Redis last refused,
 	// plus one (0: none), indexWarned whether that was warned (index.go).
 	indexRefused atomic.Int64
@@ -589,8 +590,8 @@ func (f *Fleet) newEntry(s *hotShard, q *engine.Query) *hotEntry {
 		e.id = f.ids.Add(1) // 0 is no hold
 	}
 	sum := f.keySum(q.Key, q.Tick, q.Theta)
-	e.rkey, e.marker = f.keyNames(sum)
-	e.bit = indexBit(sum)
+	e.rkey, e.marker = f.keyNames(sum[:])
+	e.bit = indexBit(sum[:])
 	e.demand.start(uint32(min(uint64(q.Count)+uint64(q.Add), math.MaxUint32)), q.Now.UnixNano()/int64(q.Tick))
 	s.m[string(e.skey)] = e
 	f.count.Add(1)
@@ -731,7 +732,8 @@ const fleetTags = 16
 // or an API key, and a limit changed at a reload counts apart from the
 // old one's record), and the run marker of its hash tag.
 func (f *Fleet) redisKeys(skey []byte, tick time.Duration, theta uint32) (key, marker string) {
-	return f.keyNames(f.keySum(skey, tick, theta))
+	sum := f.keySum(skey, tick, theta)
+	return f.keyNames(sum[:])
 }
 
 // keyNames are redisKeys' names of a key whose HMAC is sum (keySum).
@@ -741,14 +743,29 @@ func (f *Fleet) keyNames(sum []byte) (key, marker string) {
 }
 
 // keySum is HMAC-SHA256(secret, sketch key, its limit's tick and
-// threshold): the key's name in Redis (redisKeys) and its tag in the index
-// of heavy keys (index.go).
-func (f *Fleet) keySum(skey []byte, tick time.Duration, theta uint32) []byte {
-	m := hmac.New(sha256.New, f.secret)
-	m.Write(skey)
-	var lim [12]byte
-	binary.LittleEndian.PutUint64(lim[:8], uint64(tick))
-	binary.LittleEndian.PutUint32(lim[8:], theta)
-	m.Write(lim[:])
-	return m.Sum(nil)
+// threshold): the key's name in Redis (redisKeys) and its bit in the
+// index of heavy keys (index.go), which requests of a warm-up ask: a
+// pooled HMAC and its scratch, so that it allocates nothing.
+func (f *Fleet) keySum(skey []byte, tick time.Duration, theta uint32) (sum [sha256.Size]byte) {
+	m, _ := f.keyMacs.Get().(*macScratch)
+	if m == nil {
+		m = &macScratch{h: hmac.New(sha256.New, f.secret)} // a Fleet made without newFleetOn
+	}
+	m.h.Reset()
+	m.h.Write(skey)
+	binary.LittleEndian.PutUint64(m.lim[:8], uint64(tick))
+	binary.LittleEndian.PutUint32(m.lim[8:], theta)
+	m.h.Write(m.lim[:])
+	m.h.Sum(m.sum[:0])
+	sum = m.sum
+	f.keyMacs.Put(m)
+	return sum
+}
+
+// macScratch is a pooled HMAC with the secret (keySum's) and its
+// scratch.
+type macScratch struct {
+	h   hash.Hash
+	lim [12]byte
+	sum [sha256.Size]byte
 }

@@ -1,10 +1,8 @@
 package fleet
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
-	"hash"
 	"slices"
 	"strconv"
 	"time"
@@ -123,13 +121,12 @@ func (f *Fleet) indexOp(es []*hotEntry, now time.Time) *hotIndex {
 	if !op.read && f.heavyBits.Load() != nil {
 		f.heavyBits.Store(nil) // the warm-up is over
 	}
-	for _, e := range es {
-		if f.indexRefused.Load() == gen+1 {
-			break // refused in this generation: not sent again until the next
-		}
-		if e.indexGen.Load() != gen+1 && e.heavy(now) {
-			op.add = append(op.add, e.bit)
-			op.es = append(op.es, e)
+	if f.indexRefused.Load() != gen+1 { // refused in this generation: not sent again until the next
+		for _, e := range es {
+			if e.indexGen.Load() != gen+1 && e.heavy(now) {
+				op.add = append(op.add, e.bit)
+				op.es = append(op.es, e)
+			}
 		}
 	}
 	if !op.read && len(op.add) == 0 {
@@ -173,35 +170,16 @@ func (f *Fleet) noteIndex(op *hotIndex) {
 }
 
 // indexed reports whether the key skey of a limit of tick and theta is
-// marked in the index this replica read in its warm-up: one HMAC, only
-// while the index read has any bit set, with no allocation (a pooled
-// HMAC and its scratch: requests of the warm-up take this path).
+// marked in the index this replica read in its warm-up: one HMAC (keySum,
+// no allocation), only while the index read has any bit set.
 func (f *Fleet) indexed(skey []byte, tick time.Duration, theta uint32) bool {
 	bm := f.heavyBits.Load()
 	if bm == nil {
 		return false
 	}
-	var b uint32
-	if m, _ := f.keyMacs.Get().(*macScratch); m != nil {
-		m.h.Reset()
-		m.h.Write(skey)
-		binary.LittleEndian.PutUint64(m.lim[:8], uint64(tick))
-		binary.LittleEndian.PutUint32(m.lim[8:], theta)
-		m.h.Write(m.lim[:])
-		b = indexBit(m.h.Sum(m.sum[:0]))
-		f.keyMacs.Put(m)
-	} else {
-		b = indexBit(f.keySum(skey, tick, theta)) // a Fleet made without newFleetOn
-	}
+	sum := f.keySum(skey, tick, theta)
+	b := indexBit(sum[:])
 	return (*bm)[b>>3]&(0x80>>(b&7)) != 0
-}
-
-// macScratch is a pooled HMAC with the secret (keySum's) and its
-// scratch, for indexed.
-type macScratch struct {
-	h   hash.Hash
-	lim [12]byte
-	sum [sha256.Size]byte
 }
 
 // heavy reports whether e's fleet-wide count, in its view at now, is at

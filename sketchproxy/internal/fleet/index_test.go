@@ -156,7 +156,8 @@ func TestIndexedNoAlloc(t *testing.T) {
 	f := hostileFleet(t, newMemStore(func() time.Time { return clk }), func() time.Time { return clk }, 0)
 	bm := make([]byte, indexBits/8)
 	skey := []byte("api\x00rate\x00192.0.2.1")
-	b := indexBit(f.keySum(skey, time.Second, 40))
+	sum := f.keySum(skey, time.Second, 40)
+	b := indexBit(sum[:])
 	bm[b>>3] |= 0x80 >> (b & 7)
 	f.heavyBits.Store(&bm)
 	if !f.indexed(skey, time.Second, 40) {

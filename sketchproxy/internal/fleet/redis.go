@@ -457,12 +457,10 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 		// index, and the round is good for the others.
 		err = nil
 	}
-	if x := r.index; x != nil && idx != nil && err == nil && idx.Err() != nil {
+	if x := r.index; x != nil && idx != nil && err == nil {
 		x.err = idx.Err()
-	}
-	if x := r.index; x != nil && idx != nil && err == nil && idx.Err() == nil {
-		x.ok = true
-		if x.read {
+		x.ok = x.err == nil
+		if x.ok && x.read {
 			x.bits = make([]byte, indexBits/8)
 			v, _ := idx.StringSlice()
 			for _, b := range v {
