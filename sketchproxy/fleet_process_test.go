@@ -420,6 +420,52 @@ func TestFleetProcessRestartHeldKey(t *testing.T) {
 	}
 }
 
+// A replica restarted without a state_file whose traffic comes after
+// its first answer from Redis's warm-up would have ended (a readiness
+// delay, a balancer's slow start): its warm-up runs from its first
+// request, so the index of heavy keys still holds a key the fleet holds
+// at its limit there. Before, the warm-up ran from its first answer from
+// Redis, and 3 s later the replica decided the key alone up to its
+// promotion point: 23 of 20 (a review).
+func TestFleetProcessRestartTrafficLate(t *testing.T) {
+	l := procLimit{requests: 20, per: time.Minute, burst: 20}
+	addr := testkit.RedisServer(t)
+	fc := FleetConfig{Redis: addr}
+	ls := warmReplicas(t, 3, l, fc)
+	procTick(t, l, 8*time.Second)
+	var heavy, light procRun
+	for i := range 60 {
+		heavy.send(ls[i%3], "held")
+		time.Sleep(2 * time.Millisecond)
+	}
+	held := heavy.admitted
+	waitIndexed(t, addr, 0)
+	ls[0].Close()
+	c := fc
+	c.ID = "r0-again"
+	ls[0] = procReplica(t, l, c, "")
+	time.Sleep(3 * time.Second) // twice the warm-up its first answer began (4 intervals and a second)
+	for i := range 10 {
+		heavy.send(ls[0], "held")
+		if i%2 == 0 {
+			light.send(ls[0], "fresh")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	skipIfLate(t, ls)
+	t.Logf("the fleet admitted %d of 60 (a burst of %g); the restarted replica, its first request 3 s after its start, admitted %d more of 10; a client under its limit got %d of %d",
+		held, l.burst, heavy.admitted-held, light.admitted, light.sent)
+	if held >= 60 {
+		t.Fatalf("the fleet admitted all 60 before the restart: the limit never ran")
+	}
+	if heavy.admitted > int(l.burst) {
+		t.Errorf("the fleet admitted %d in all, past the burst of %g: the restarted replica added %d requests of a key held at its limit", heavy.admitted, l.burst, heavy.admitted-held)
+	}
+	if light.admitted != light.sent {
+		t.Errorf("a client under its limit got %d of %d requests through on the restarted replica", light.admitted, light.sent)
+	}
+}
+
 // waitIndexed waits until the index of heavy keys on the redis-server at
 // addr has more than n bits set in its newest generation (the rounds
 // after a key turned heavy mark it; a starved machine runs them late).

@@ -61,13 +61,17 @@ type Fleet struct {
 	// beats counts the heartbeats Redis answered: until the second, N is
 	// at least min_replicas and UnknownReplicas (replicas).
 	beats atomic.Int64
-	// warmUntil ends the warm-up that follows this replica's first answer
-	// from Redis (f.now ns): until then a key joins the hot set at its
+	// warmUntil ends the warm-up (f.now ns): from this replica's first
+	// answer from Redis (idleWarm until then) to stale() past its first
+	// request decided while Redis answers, so that a replica whose
+	// traffic comes late (a readiness delay, a balancer's slow start)
+	// is in it when it does. Until then a key joins the hot set at its
 	// third request (fleetWarmPoint), and at its first where its bit is
 	// set in heavyBits, the index of heavy keys read at the warm-up's
-	// rounds (index.go).
-	warmUntil atomic.Int64
-	heavyBits atomic.Pointer[[]byte]
+	// rounds (index.go; every stale() while idle), indexReadAt when.
+	warmUntil   atomic.Int64
+	heavyBits   atomic.Pointer[[]byte]
+	indexReadAt atomic.Int64
 	keyMacs   sync.Pool // of *macScratch (keySum)
 	// indexRefused is the generation of the index Redis last refused,
 	// plus one (0: none), indexWarned whether that was warned (index.go).
@@ -441,7 +445,11 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		return engine.Answer{Est: max(alone(local, theta, n), f.othersKnown(skey, sk, tick, theta, local, now))}
 	}
 	p := sharePoint(theta, n, f.cfg.PromoteFraction)
-	if now.UnixNano() < f.warmUntil.Load() {
+	if w := f.warmUntil.Load(); now.UnixNano() < w {
+		if w == idleWarm && add > 0 {
+			// The first request: the warm-up runs stale() from now.
+			f.warmUntil.CompareAndSwap(idleWarm, now.UnixNano()+int64(f.stale()))
+		}
 		p = min(p, fleetWarmPoint)
 		if add > 0 && uint64(local)+uint64(add) <= uint64(p) && f.indexed(skey, tick, theta) {
 			// Heavy in the fleet lately (the index, index.go): shared

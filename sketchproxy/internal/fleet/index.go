@@ -121,6 +121,11 @@ func (f *Fleet) indexOp(es []*hotEntry, now time.Time) *hotIndex {
 	if !op.read && f.heavyBits.Load() != nil {
 		f.heavyBits.Store(nil) // the warm-up is over
 	}
+	if op.read && warm == idleWarm && now.UnixNano()-f.indexReadAt.Load() < int64(f.stale()) {
+		// No request yet: the bitmaps are read every stale(), not every
+		// round (256 KiB each time), and kept.
+		op.read = false
+	}
 	if f.indexRefused.Load() != gen+1 { // refused in this generation: not sent again until the next
 		for _, e := range es {
 			if e.indexGen.Load() != gen+1 && e.heavy(now) {
@@ -161,6 +166,7 @@ func (f *Fleet) noteIndex(op *hotIndex) {
 		e.indexGen.Store(op.gen + 1)
 	}
 	if op.read {
+		f.indexReadAt.Store(f.now().UnixNano())
 		if len(op.bits) == indexBits/8 && slices.ContainsFunc(op.bits, func(b byte) bool { return b != 0 }) {
 			f.heavyBits.Store(&op.bits)
 		} else {

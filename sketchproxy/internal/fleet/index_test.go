@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 	"github.com/redis/go-redis/v9"
 )
@@ -171,5 +172,51 @@ func TestIndexedNoAlloc(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(100, func() { f.indexed(skey, time.Second, 40) }); a != 0 {
 		t.Errorf("indexed allocates %v times a call, want 0", a)
+	}
+}
+
+// The warm-up runs from a replica's first answer from Redis to stale()
+// past its first request, however late that comes (a readiness delay, a
+// balancer's slow start): the index of heavy keys then still holds a key
+// the fleet holds at its limit. Idle, a replica reads the bitmaps every
+// stale(), not every round; in its warm-up, every round; after it, never.
+func TestFleetSimWarmUpFromFirstRequest(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
+	const tick = 30 * time.Second // the limit's: the run below keeps to one
+	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
+	s.run(s.clk.Now().Add(2 * time.Second))
+	for i := range 60 {
+		s.decide(i%3, "held")
+	}
+	s.run(s.clk.Now().Add(s.fleets[0].stale())) // the rounds mark it heavy; the others' warm-ups end
+	s.restart(0, "r0.1")
+	reads := s.store.indexReads
+	idle := 20 * time.Second
+	s.run(s.clk.Now().Add(idle))
+	idleReads := s.store.indexReads - reads
+	stale := s.fleets[0].stale()
+	if most := int(idle/stale) + 2; idleReads > most || idleReads == 0 {
+		t.Errorf("idle for %v, the restarted replica read the index %d times, want 1 to %d (every %v)", idle, idleReads, most, stale)
+	}
+	admitted := 0
+	for range 10 {
+		if s.decide(0, "held") {
+			admitted++
+		}
+	}
+	if admitted > 0 {
+		t.Errorf("the restarted replica, its first request %v after its start, admitted %d of a key the fleet holds at its limit", idle, admitted)
+	}
+	reads = s.store.indexReads
+	s.run(s.clk.Now().Add(stale))
+	warm := s.store.indexReads - reads
+	reads = s.store.indexReads
+	s.run(s.clk.Now().Add(10 * time.Second))
+	t.Logf("index reads: %d idle in %v, %d in the warm-up's %v, %d in 10 s after it; %d of 10 admitted", idleReads, idle, warm, stale, s.store.indexReads-reads, admitted)
+	if want := int(stale / (500 * time.Millisecond)); warm < want-1 {
+		t.Errorf("%d index reads in the warm-up's %v, want about %d (every round)", warm, stale, want)
+	}
+	if n := s.store.indexReads - reads; n > 0 {
+		t.Errorf("%d index reads after the warm-up", n)
 	}
 }

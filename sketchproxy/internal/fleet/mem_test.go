@@ -43,6 +43,8 @@ type memStore struct {
 	// its commands does.
 	hot     map[string]*memHot
 	noIndex bool
+	// indexReads counts the index's reads (GETRANGE of both bitmaps).
+	indexReads int
 }
 
 // memHot is one generation's bitmap of the index of heavy keys.
@@ -195,6 +197,7 @@ func (m *memStore) index(x *hotIndex, now time.Time) {
 	}
 	x.bits, x.ok = nil, true
 	if x.read {
+		m.indexReads++
 		x.bits = make([]byte, indexBits/8)
 		for _, k := range x.keys {
 			if h := m.hot[k]; h != nil {

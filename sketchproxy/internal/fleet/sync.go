@@ -150,7 +150,7 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 		return false
 	}
 	f.noteIndex(r.index)
-	f.warmUntil.CompareAndSwap(0, f.now().UnixNano()+int64(f.stale()))
+	f.warmUntil.CompareAndSwap(0, idleWarm)
 	f.rttNs.Store(int64(time.Since(start)))
 	f.lastOK.Store(f.now().UnixNano())
 	switch {
@@ -397,6 +397,10 @@ func (f *Fleet) beatWindow() time.Duration { return 3*time.Duration(f.cfg.Interv
 // stale is how long a replica's record outlives its last write: a
 // replica gone (or one whose key cooled) gives its guarantee back then.
 func (f *Fleet) stale() time.Duration { return 4*time.Duration(f.cfg.Interval) + time.Second }
+
+// idleWarm is warmUntil from this replica's first answer from Redis to its
+// first request: in its warm-up, however long it waits for traffic.
+const idleWarm = math.MaxInt64
 
 // viewOf builds e's view from a reply to this replica's send (own: gSent
 // is the guarantee it stored) or from a claim heard (cur is the view it
