@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -460,6 +461,70 @@ func TestFleetProcessRestartTrafficLate(t *testing.T) {
 	}
 	if heavy.admitted > int(l.burst) {
 		t.Errorf("the fleet admitted %d in all, past the burst of %g: the restarted replica added %d requests of a key held at its limit", heavy.admitted, l.burst, heavy.admitted-held)
+	}
+	if light.admitted != light.sent {
+		t.Errorf("a client under its limit got %d of %d requests through on the restarted replica", light.admitted, light.sent)
+	}
+}
+
+// A writer without the secret sets every bit of the index of heavy keys
+// (it is unsigned), and a replica restarts without a state_file: in its
+// warm-up every mouse's first request then joined the hot set, and once
+// the set was full (max_hot) every key past its promotion point was
+// decided alone at θ/N: 26 of 20 for a key the others held at its limit
+// (a review; at the default max_hot, 10,200 one-off keys in a second did
+// it). The index promotes only while the set is under half full: a key
+// held at its limit then adds 2 at most, as where Redis refuses the index.
+func TestFleetProcessForgedIndex(t *testing.T) {
+	l := procLimit{requests: 20, per: time.Minute, burst: 20}
+	addr := testkit.RedisServer(t)
+	fc := FleetConfig{Redis: addr, MaxHot: 50}
+	ls := warmReplicas(t, 3, l, fc)
+	procTick(t, l, 8*time.Second)
+	var heavy, light procRun
+	for i := range 60 {
+		heavy.send(ls[i%3], "held")
+		time.Sleep(2 * time.Millisecond)
+	}
+	held := heavy.admitted
+	waitIndexed(t, addr, 0)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	gen := time.Now().UnixMicro() / time.Minute.Microseconds()
+	ones := strings.Repeat("\xff", 1<<17)
+	for g := gen - 1; g <= gen+1; g++ {
+		if err := rdb.Set(ctx, fmt.Sprint("sketchproxy:{sketchproxy:hot}:", g), ones, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls[0].Close()
+	c := fc
+	c.ID = "r0-again"
+	ls[0] = procReplica(t, l, c, "")
+	for i := range 60 {
+		ls[0].Allow(fmt.Sprint("mouse-", i))
+	}
+	hot := ls[0].mw.fleet.Stats().HotKeys
+	for i := range 10 {
+		heavy.send(ls[0], "held")
+		light.send(ls[0], "fresh")
+		if i < 2 {
+			light.send(ls[0], "fresh")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	skipIfLate(t, ls)
+	t.Logf("every bit of the index set: 60 one-off keys made %d hot of max_hot 50; the fleet held the key at %d of a burst of %g, the restarted replica admitted %d more of 10; a client under its limit got %d of %d there",
+		hot, held, l.burst, heavy.admitted-held, light.admitted, light.sent)
+	if held >= 60 {
+		t.Fatalf("the fleet admitted all 60 before the restart: the limit never ran")
+	}
+	if hot > 25 {
+		t.Errorf("a forged index made %d one-off keys hot, past half of max_hot (25)", hot)
+	}
+	if heavy.admitted > int(l.burst)+2 {
+		t.Errorf("the fleet admitted %d in all: a restart with the index forged added %d requests of a key held at its limit, want 2 at most", heavy.admitted, heavy.admitted-held)
 	}
 	if light.admitted != light.sent {
 		t.Errorf("a client under its limit got %d of %d requests through on the restarted replica", light.admitted, light.sent)

@@ -84,7 +84,8 @@ type Fleet struct {
 	Timeout  caddy.Duration `json:"timeout,omitempty"`
 	// PromoteFraction of θ/N past which a key is shared (default 0.5).
 	PromoteFraction float64 `json:"promote_fraction,omitempty"`
-	// MaxHot bounds the keys shared at once (default 10000).
+	// MaxHot bounds the keys shared at once (default 10000); past it a key
+	// is decided alone at θ/N, warned once.
 	MaxHot int `json:"max_hot,omitempty"`
 	// Prefix of the Redis keys and the claims channel (default
 	// "epochsketch:").

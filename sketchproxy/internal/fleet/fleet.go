@@ -72,7 +72,7 @@ type Fleet struct {
 	warmUntil   atomic.Int64
 	heavyBits   atomic.Pointer[[]byte]
 	indexReadAt atomic.Int64
-	keyMacs   sync.Pool // of *macScratch (keySum)
+	keyMacs     sync.Pool // of *macScratch (keySum)
 	// indexRefused is the generation of the index Redis last refused,
 	// plus one (0: none), indexWarned whether that was warned (index.go).
 	indexRefused atomic.Int64
@@ -451,9 +451,14 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 			f.warmUntil.CompareAndSwap(idleWarm, now.UnixNano()+int64(f.stale()))
 		}
 		p = min(p, fleetWarmPoint)
-		if add > 0 && uint64(local)+uint64(add) <= uint64(p) && f.indexed(skey, tick, theta) {
+		if add > 0 && uint64(local)+uint64(add) <= uint64(p) && f.count.Load() < int64(f.cfg.MaxHot)/2 && f.indexed(skey, tick, theta) {
 			// Heavy in the fleet lately (the index, index.go): shared
-			// from its first request here, which claims.
+			// from its first request here, which claims. Not past half
+			// of max_hot: the index is unsigned, and a writer without
+			// the secret who set every bit would otherwise have the
+			// warm-up's mice fill the hot set, and every key past it
+			// decided alone (26 of 20 for a key the others held, in a
+			// review).
 			p = 0
 		}
 	}
@@ -487,7 +492,9 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		}
 		if f.count.Load() >= int64(f.cfg.MaxHot) {
 			s.mu.Unlock()
-			f.hotFull.Add(1)
+			if f.hotFull.Add(1) == 1 {
+				f.log.Warn("fleet: the hot set is full (fleet.max_hot keys shared at once): a key past its promotion point is decided alone at 1/N of its limit until keys cool, so a key the other replicas share may pass the limit by that much here; raise fleet.max_hot above the heavy keys one replica sees at once (sketchproxy_fleet_hot_set_full_total counts these requests)", "max_hot", f.cfg.MaxHot)
+			}
 			return engine.Answer{Est: alone(local, theta, n)}
 		}
 		e = f.newEntry(s, &q)

@@ -1,7 +1,9 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -218,5 +220,75 @@ func TestFleetSimWarmUpFromFirstRequest(t *testing.T) {
 	}
 	if n := s.store.indexReads - reads; n > 0 {
 		t.Errorf("%d index reads after the warm-up", n)
+	}
+}
+
+// The index is unsigned: a writer without the secret may set every bit.
+// In a restarted replica's warm-up each mouse's first request then joins
+// the hot set (and claims), and once the set was full every key past its
+// promotion point was decided alone at θ/N: a key the others held at its
+// limit got θ/N more there, and a sticky client under its limit was held
+// to θ/N (26 of 20, and 6 of 10, in a review through Redis). The index
+// promotes only while the set is under half of max_hot: the mice take
+// half at most, and a key held at its limit then joins at the warm-up's
+// third request, as where the index is refused (2 more at most).
+func TestFleetSimForgedIndexLeavesRoom(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
+	const tick = 30 * time.Second
+	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
+	s.run(s.clk.Now().Add(2 * time.Second))
+	held := 0
+	for i := range 60 {
+		if s.decide(i%3, "held") {
+			held++
+		}
+	}
+	s.run(s.clk.Now().Add(s.fleets[0].stale()))
+	gen := s.clk.Now().UnixMicro() / indexGeneration.Microseconds()
+	for g := gen - 1; g <= gen+1; g++ {
+		s.store.hot[s.fleets[0].indexKey(g)] = &memHot{bits: bytes.Repeat([]byte{0xff}, indexBits/8), expires: s.clk.Now().Add(time.Hour)}
+	}
+	const maxHot = 20
+	s.fleets[0].cfg.MaxHot = maxHot
+	s.restart(0, "r0.1")
+	for i := range 3 * maxHot {
+		s.decide(0, fmt.Sprint("mouse-", i))
+	}
+	f := s.fleets[0]
+	hot := f.count.Load()
+	more, light := 0, 0
+	for range 10 {
+		if s.decide(0, "held") {
+			more++
+		}
+	}
+	for range 8 {
+		if s.decide(0, "fresh") {
+			light++
+		}
+	}
+	t.Logf("every bit of the index set: %d one-off keys made %d hot of max_hot %d; the fleet held the key at %d of a burst of 20, the restarted replica admitted %d more of 10; a client under its limit got %d of 8 there", 3*maxHot, hot, maxHot, held, more, light)
+	if held != 20 {
+		t.Fatalf("the fleet admitted %d of 60 before the restart, want the burst of 20", held)
+	}
+	if hot > maxHot/2 {
+		t.Errorf("a forged index made %d one-off keys hot, past half of max_hot (%d)", hot, maxHot/2)
+	}
+	if more > 2 {
+		t.Errorf("with a forged index the restarted replica admitted %d more of a key held at its limit, want 2 at most (as with the index refused)", more)
+	}
+	if light != 8 {
+		t.Errorf("a client under its limit got %d of 8 requests through on the restarted replica", light)
+	}
+	// Keys past the promotion point fill the set: warned once.
+	var logs strings.Builder
+	f.log = slog.New(slog.NewTextHandler(&logs, nil))
+	for i := range maxHot {
+		for range 4 {
+			s.decide(0, fmt.Sprint("busy-", i))
+		}
+	}
+	if full := f.hotFull.Load(); full == 0 || strings.Count(logs.String(), "the hot set is full") != 1 {
+		t.Errorf("%d requests found the hot set full; warned %d times, want once:\n%s", full, strings.Count(logs.String(), "the hot set is full"), logs.String())
 	}
 }
