@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 	"github.com/redis/go-redis/v9"
 )
@@ -54,6 +55,12 @@ func (l procLimit) bound(w time.Duration) int {
 // here) and state file stateFile ("": none).
 func procReplica(t *testing.T, l procLimit, fc FleetConfig, stateFile string) *Limiter {
 	t.Helper()
+	return procReplicaOn(t, l, fc, stateFile, nil)
+}
+
+// procReplicaOn is procReplica on clock (nil: the wall clock).
+func procReplicaOn(t *testing.T, l procLimit, fc FleetConfig, stateFile string, clock epochsketch.Clock) *Limiter {
+	t.Helper()
 	fc.Secret = "a-secret-of-16-bytes-at-least"
 	if fc.Interval == 0 {
 		fc.Interval = Duration(100 * time.Millisecond)
@@ -65,7 +72,7 @@ func procReplica(t *testing.T, l procLimit, fc FleetConfig, stateFile string) *L
 		Fleet:   &fc,
 		Rules:   []Rule{{Name: "limit", Limits: []Limit{{Name: "rate", Requests: l.requests, Per: Duration(l.per), Burst: l.burst}}}},
 	}
-	mw, err := New(c, http.NotFoundHandler(), Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	mw, err := New(c, http.NotFoundHandler(), Options{Clock: clock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,6 +536,64 @@ func TestFleetProcessForgedIndex(t *testing.T) {
 	if light.admitted != light.sent {
 		t.Errorf("a client under its limit got %d of %d requests through on the restarted replica", light.admitted, light.sent)
 	}
+}
+
+// skewed is the wall clock off by d.
+type skewed time.Duration
+
+func (d skewed) Now() time.Time { return time.Now().Add(time.Duration(d)) }
+
+// One of 3 replicas runs its clock a second ahead of Redis's (NTP off, a
+// VM resumed). Its own tick ended a second before the others' and
+// Redis's, and it halved every count it read then: the fleet's half burst
+// came back a second early there, 30 in a window inside one tick where
+// 21 were allowed (a review). Each replica now counts on Redis's clock
+// where a reply shows its own off by more than the round trip (the
+// engine's clock is the fleet's): nothing more inside the tick, and the
+// half burst at the tick's end, as one replica alone.
+func TestFleetProcessClockAhead(t *testing.T) {
+	l := procLimit{requests: 20, per: 10 * time.Second, burst: 20} // a 5 s tick
+	addr := testkit.RedisServer(t)
+	var ls []*Limiter
+	for i := range 3 {
+		var clock epochsketch.Clock
+		if i == 2 {
+			clock = skewed(time.Second)
+		}
+		ls = append(ls, procReplicaOn(t, l, FleetConfig{Redis: addr, ID: fmt.Sprint("r", i), MinReplicas: 3}, "", clock))
+	}
+	waitMembers(t, ls, 3)
+	time.Sleep(1500 * time.Millisecond) // past every replica's warm-up
+	tick := l.tick()
+	at := func(pos time.Duration) { // sleep until pos into the wall clock's tick
+		if d := (pos - time.Duration(time.Now().UnixNano()%int64(tick)) + tick) % tick; d > 0 {
+			time.Sleep(d)
+		}
+	}
+	at(tick / 5)
+	var heavy, light procRun
+	for i := range 60 {
+		heavy.send(ls[i%3], "held")
+		time.Sleep(2 * time.Millisecond)
+	}
+	held := heavy.admitted
+	at(tick - 600*time.Millisecond) // the skewed replica's tick ended 400 ms ago
+	var more [3]int
+	for i := range 60 {
+		before := heavy.admitted
+		heavy.send(ls[i%3], "held")
+		more[i%3] += heavy.admitted - before
+		if i%20 == 0 {
+			light.send(ls[i/20], "light")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	w := heavy.last.Sub(heavy.first)
+	if heavy.last.UnixNano()/int64(tick) != heavy.first.UnixNano()/int64(tick) {
+		t.Skipf("the run took %v and passed the tick's end (a starved machine): not the case measured", w.Round(time.Millisecond))
+	}
+	t.Logf("one of 3 replicas a second ahead of Redis: the fleet held the key at %d, then admitted %d more %v (the skewed one last) in the second before the tick's end", held, heavy.admitted-held, more)
+	heavy.check(t, l, light, 0)
 }
 
 // waitIndexed waits until the index of heavy keys on the redis-server at

@@ -31,7 +31,14 @@ type Fleet struct {
 	secret []byte // keys are HMACed with it before they reach Redis
 	store  fleetStore
 	log    *slog.Logger
-	now    func() time.Time
+	// base is the clock the fleet was given; now is base moved onto
+	// Redis's clock by skew (ns), as far as replies have shown this
+	// replica's clock off Redis's (noteSkew): the engine's clock too
+	// (Now), so that replicas whose clocks disagree still halve their
+	// counts at the same moments, Redis's ticks.
+	base func() time.Time
+	now  func() time.Time
+	skew atomic.Int64
 
 	n       atomic.Int64 // replicas, at least 1
 	up      atomic.Bool
@@ -132,7 +139,7 @@ type Fleet struct {
 	claims, claimsHeard, rejected, lates    atomic.Uint64
 	rttNs, lastOK, rejectLogged             atomic.Int64
 	// redisAt is the latest Redis time (µs) a reply to this replica
-	// carried; redisSeen, f.now (ns) when it came.
+	// carried; redisSeen, f.base (ns) when it came.
 	redisAt, redisSeen atomic.Int64
 	roundTime          prometheus.Histogram
 
@@ -227,7 +234,7 @@ func New(cfg *config.FleetConfig, fb *config.FleetBuilt, log *slog.Logger, now f
 // tests of the arithmetic drive its rounds themselves (sim_test.go).
 func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *slog.Logger, now func() time.Time) *Fleet {
 	f := &Fleet{
-		cfg: cfg, log: log, now: now, store: store, secret: secret,
+		cfg: cfg, log: log, base: now, store: store, secret: secret,
 		runID: cfg.ID, self: cfg.ID,
 		run:        map[string]string{},
 		rkeys:      map[string]*hotEntry{},
@@ -244,6 +251,7 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 		first:   make(chan struct{}),
 		sending: make(chan struct{}, 1),
 	}
+	f.now = func() time.Time { return f.base().Add(time.Duration(f.skew.Load())) }
 	f.keyMacs.New = func() any { return &macScratch{h: hmac.New(sha256.New, secret)} }
 	for i := range f.shards {
 		f.shards[i].m = map[string]*hotEntry{}

@@ -109,8 +109,14 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 		r.index = f.indexOp(es, now)
 	}
 	sentAt, reckoned := f.redisClock(), f.redisAt.Load() != 0
+	sentBase := f.base().UnixNano()
 	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
+	if err == nil {
+		if at := replyTime(replies, members); at != 0 {
+			f.noteSkew(at, sentBase, f.base().UnixNano())
+		}
+	}
 	half := time.Duration(f.cfg.Timeout) / 2
 	switch now, at := f.now().UnixNano(), f.outageAt.Load(); {
 	case err != nil && (!claim || timeout >= half && time.Since(start) >= half):
@@ -377,17 +383,22 @@ func (f *Fleet) recovering() bool {
 // µs), by the time the first reply carries: how long Redis held the send
 // before running it, not how long a round of many hot keys takes to run.
 func stalled(sentAt int64, replies []shareReply, members *beatReply, d time.Duration) bool {
-	ran := int64(0)
+	ran := replyTime(replies, members)
+	return ran > 0 && ran-sentAt >= d.Microseconds()
+}
+
+// replyTime is Redis's time (µs) when it ran a send's first command that
+// answered: its first key's reply, or else the heartbeat's; 0 for none.
+func replyTime(replies []shareReply, members *beatReply) int64 {
 	for i := range replies {
 		if replies[i].ok && replies[i].now > 0 {
-			ran = replies[i].now
-			break
+			return replies[i].now
 		}
 	}
-	if ran == 0 && members != nil {
-		ran = members.now
+	if members != nil {
+		return members.now
 	}
-	return ran > 0 && ran-sentAt >= d.Microseconds()
+	return 0
 }
 
 // beatWindow is how long a heartbeat counts its replica: three
