@@ -395,13 +395,8 @@ func TestFleetProcessRestartHeldKey(t *testing.T) {
 		}
 		procTick(t, l, 3*time.Second)
 		key := fmt.Sprint("held-", k)
-		var heavy, light procRun
-		for i := range 60 {
-			heavy.send(ls[i%3], key)
-			time.Sleep(2 * time.Millisecond)
-		}
+		heavy, light := holdIndexed(t, ls, addr, key, marked), procRun{}
 		held := heavy.admitted
-		waitIndexed(t, addr, marked)
 		marked++
 		ls[k].Close()
 		c := fc
@@ -441,13 +436,8 @@ func TestFleetProcessRestartTrafficLate(t *testing.T) {
 	fc := FleetConfig{Redis: addr}
 	ls := warmReplicas(t, 3, l, fc)
 	procTick(t, l, 8*time.Second)
-	var heavy, light procRun
-	for i := range 60 {
-		heavy.send(ls[i%3], "held")
-		time.Sleep(2 * time.Millisecond)
-	}
+	heavy, light := holdIndexed(t, ls, addr, "held", 0), procRun{}
 	held := heavy.admitted
-	waitIndexed(t, addr, 0)
 	ls[0].Close()
 	c := fc
 	c.ID = "r0-again"
@@ -488,13 +478,8 @@ func TestFleetProcessForgedIndex(t *testing.T) {
 	fc := FleetConfig{Redis: addr, MaxHot: 50}
 	ls := warmReplicas(t, 3, l, fc)
 	procTick(t, l, 8*time.Second)
-	var heavy, light procRun
-	for i := range 60 {
-		heavy.send(ls[i%3], "held")
-		time.Sleep(2 * time.Millisecond)
-	}
+	heavy, light := holdIndexed(t, ls, addr, "held", 0), procRun{}
 	held := heavy.admitted
-	waitIndexed(t, addr, 0)
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	ctx := context.Background()
@@ -594,6 +579,20 @@ func TestFleetProcessClockAhead(t *testing.T) {
 	}
 	t.Logf("one of 3 replicas a second ahead of Redis: the fleet held the key at %d, then admitted %d more %v (the skewed one last) in the second before the tick's end", held, heavy.admitted-held, more)
 	heavy.check(t, l, light, 0)
+}
+
+// holdIndexed holds key at its limit with 60 calls round robin over ls,
+// and waits until the index of heavy keys on the redis-server at addr
+// has more than n bits set (the key marked).
+func holdIndexed(t *testing.T, ls []*Limiter, addr, key string, n int64) procRun {
+	t.Helper()
+	var r procRun
+	for i := range 60 {
+		r.send(ls[i%len(ls)], key)
+		time.Sleep(2 * time.Millisecond)
+	}
+	waitIndexed(t, addr, n)
+	return r
 }
 
 // waitIndexed waits until the index of heavy keys on the redis-server at

@@ -51,16 +51,7 @@ func TestFleetClaimFailedNotTaken(t *testing.T) {
 			}
 			s.store.down = false
 		}
-		for range 20 {
-			if s.decide(1, "k") {
-				admitted++
-			}
-		}
-		for range 5 {
-			if s.decide(0, "k") {
-				admitted++
-			}
-		}
+		admitted += s.admits(1, "k", 20) + s.admits(0, "k", 5)
 		alone := 0
 		for range 40 {
 			if s.decide(-1, "k") {

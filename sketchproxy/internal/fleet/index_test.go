@@ -200,12 +200,7 @@ func TestFleetSimWarmUpFromFirstRequest(t *testing.T) {
 	if most := int(idle/stale) + 2; idleReads > most || idleReads == 0 {
 		t.Errorf("idle for %v, the restarted replica read the index %d times, want 1 to %d (every %v)", idle, idleReads, most, stale)
 	}
-	admitted := 0
-	for range 10 {
-		if s.decide(0, "held") {
-			admitted++
-		}
-	}
+	admitted := s.admits(0, "held", 10)
 	if admitted > 0 {
 		t.Errorf("the restarted replica, its first request %v after its start, admitted %d of a key the fleet holds at its limit", idle, admitted)
 	}
@@ -256,17 +251,7 @@ func TestFleetSimForgedIndexLeavesRoom(t *testing.T) {
 	}
 	f := s.fleets[0]
 	hot := f.count.Load()
-	more, light := 0, 0
-	for range 10 {
-		if s.decide(0, "held") {
-			more++
-		}
-	}
-	for range 8 {
-		if s.decide(0, "fresh") {
-			light++
-		}
-	}
+	more, light := s.admits(0, "held", 10), s.admits(0, "fresh", 8)
 	t.Logf("every bit of the index set: %d one-off keys made %d hot of max_hot %d; the fleet held the key at %d of a burst of 20, the restarted replica admitted %d more of 10; a client under its limit got %d of 8 there", 3*maxHot, hot, maxHot, held, more, light)
 	if held != 20 {
 		t.Fatalf("the fleet admitted %d of 60 before the restart, want the burst of 20", held)

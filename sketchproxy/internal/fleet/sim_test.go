@@ -153,6 +153,18 @@ func (s *fleetSim) run(end time.Time) {
 	s.clk.Set(end)
 }
 
+// admits decides n requests of key on replica i (as decide) and returns
+// how many were admitted.
+func (s *fleetSim) admits(i int, key string, n int) int {
+	a := 0
+	for range n {
+		if s.decide(i, key) {
+			a++
+		}
+	}
+	return a
+}
+
 // decide decides one request of key on replica i (-1: the replica alone).
 func (s *fleetSim) decide(i int, key string) bool {
 	e, set := s.alone, s.one
