@@ -23,9 +23,7 @@ import (
 // Options are what a program supplies beside the Config.
 type Options struct {
 	// Clock drives the sketches and Retry-After (nil: the wall clock). Tests
-	// and replays pass an epochsketch.ManualClock. With a fleet, it is
-	// moved onto Redis's clock where Redis's replies show it off by more
-	// than a round trip (docs/fleets.md, One record per replica).
+	// and replays pass an epochsketch.ManualClock.
 	Clock epochsketch.Clock
 	// Logger receives decisions and reloads (nil: slog.Default()).
 	Logger *slog.Logger
@@ -114,7 +112,7 @@ func New(cfg *Config, next http.Handler, opts Options) (*Middleware, error) {
 		// The fleet is built before the engine, which asks it, and
 		// starts once the state file has given it the last membership
 		// seen; its settings take a restart.
-		m.fleet = fleet.New(f, b.Fleet(), m.log, m.baseNow)
+		m.fleet = fleet.New(f, b.Fleet(), m.log, m.now)
 		eo.Fleet = m.fleet
 	}
 	m.eng = engine.New(eo)

@@ -245,17 +245,7 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// now is the engine's clock: with a fleet, Options.Clock moved onto
-// Redis's (the fleet's Now), so that the replicas' counts halve together.
 func (m *Middleware) now() time.Time {
-	if m.fleet != nil {
-		return m.fleet.Now()
-	}
-	return m.baseNow()
-}
-
-// baseNow reads Options.Clock (nil: the wall clock).
-func (m *Middleware) baseNow() time.Time {
 	if m.opts.Clock != nil {
 		return m.opts.Clock.Now()
 	}

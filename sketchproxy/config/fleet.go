@@ -69,7 +69,8 @@ type FleetConfig struct {
 	// is shared from its first request.
 	PromoteFraction float64 `yaml:"promote_fraction" example:"0.5"`
 	// MaxHot bounds the hot set (default 10000): the keys one replica
-	// shares at once. Past it, a key is decided alone at θ/N, warned once
+	// shares at once; set it above twice the heavy keys one replica sees
+	// at once. Past it, a key is decided alone at θ/N, warned once
 	// (docs/fleets.md, Worst cases).
 	MaxHot int `yaml:"max_hot" example:"10000"`
 	// Prefix of the Redis keys (default "sketchproxy:").

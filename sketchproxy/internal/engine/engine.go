@@ -34,8 +34,7 @@ import (
 
 // Options are what an Engine needs besides its rule sets.
 type Options struct {
-	// Clock drives the sketches and the waits (nil: the wall clock). A
-	// Fleet that is an epochsketch.Clock too is the clock instead.
+	// Clock drives the sketches and the waits (nil: the wall clock).
 	Clock epochsketch.Clock
 	// Seed makes the sketches' hashes and lotteries repeatable (0: random).
 	Seed uint64
@@ -164,11 +163,6 @@ type Engine struct {
 func New(opts Options) *Engine {
 	if opts.Sleep == nil {
 		opts.Sleep = Sleep
-	}
-	if c, ok := opts.Fleet.(epochsketch.Clock); ok {
-		// The fleet's clock (its replica's, moved onto Redis's): the
-		// replicas' counts halve at the ticks of one clock.
-		opts.Clock = c
 	}
 	e := &Engine{opts: opts, counts: map[string]*Counts{}, clients: NewTally(), heldKeys: NewTally()}
 	e.started = e.Now()

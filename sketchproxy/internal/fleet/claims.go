@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"hash"
 	"math"
 	"slices"
@@ -209,7 +210,7 @@ func (f *Fleet) sign(calls []shareCall) {
 // a reply carried, plus the time since; before any, its own clock.
 func (f *Fleet) redisClock() int64 {
 	if at := f.redisAt.Load(); at != 0 {
-		return at + max(0, f.base().UnixNano()-f.redisSeen.Load())/int64(time.Microsecond)
+		return at + max(0, f.now().UnixNano()-f.redisSeen.Load())/int64(time.Microsecond)
 	}
 	return f.now().UnixMicro()
 }
@@ -220,33 +221,44 @@ func (f *Fleet) redisClock() int64 {
 // one would read as from the future, and be dropped by the others'.
 func (f *Fleet) noteRedisTime(now int64) {
 	if at := f.redisAt.Load(); now > at || now < f.redisClock()-redisClockBack.Microseconds() {
-		f.redisSeen.Store(f.base().UnixNano())
+		f.redisSeen.Store(f.now().UnixNano())
 		f.redisAt.Store(now)
 	}
 }
 
-// Now is the fleet's clock, the engine's: the one it was given, moved
-// onto Redis's where a reply showed it off by more than the reply's round
-// trip (noteSkew).
-func (f *Fleet) Now() time.Time { return f.now() }
-
 // noteSkew takes Redis's time at (µs) from a reply to a send this replica
-// made at sent and had back at got (f.base, ns): Redis ran it between
+// made at sent and had back at got (f.now, ns): Redis ran it between
 // them, so this replica's clock is off Redis's by between at-got and
-// at-sent. Where the skew it runs on lies outside that (a millisecond
-// aside for TIME's rounding), it moves to the middle of it: once, for a
-// clock off by more than a round trip; never, for one that agrees with
-// Redis's (the interval holds 0), however slow a reply was.
+// at-sent. Where the skew last reckoned lies outside that (a millisecond
+// aside for TIME's rounding), it moves to the middle of it: a clock that
+// agrees with Redis's reads 0 however slow a reply. Replicas count on
+// their own clocks, and Redis dates the records on its own: a skew moves
+// the moments a replica's counts halve off the others' (docs/fleets.md,
+// Clocks), so one past clockSkewWarn is warned once.
 func (f *Fleet) noteSkew(at, sent, got int64) {
 	lo, hi := at*int64(time.Microsecond)-got, at*int64(time.Microsecond)-sent
 	if lo > hi {
-		return // the base clock went back during the send
+		return // the clock went back during the send
 	}
 	const slack = int64(time.Millisecond)
-	if c := f.skew.Load(); c < lo-slack || c > hi+slack {
-		f.skew.Store(lo + (hi-lo)/2)
+	c := f.skew.Load()
+	if c >= lo-slack && c <= hi+slack {
+		return
+	}
+	c = lo + (hi-lo)/2
+	f.skew.Store(c)
+	if d := time.Duration(c); (d > clockSkewWarn || d < -clockSkewWarn) && !f.skewWarned.Swap(true) {
+		way := "behind"
+		if d < 0 {
+			way, d = "ahead of", -d
+		}
+		f.log.Warn(fmt.Sprintf("fleet: this replica's clock is %v %s Redis's: its counts halve at other moments than the other replicas' and Redis's, and the fleet may admit more than its limit (docs/fleets.md, Clocks); keep the replicas' and Redis's clocks in sync (NTP)", d.Round(time.Millisecond), way),
+			"skew_seconds", time.Duration(c).Seconds())
 	}
 }
+
+// clockSkewWarn is the skew past which a replica warns of its clock.
+const clockSkewWarn = 100 * time.Millisecond
 
 // redisClockBack is how far Redis's time may read behind this replica's
 // reckoning of it before the reckoning follows it back: more than a
@@ -465,7 +477,7 @@ func (f *Fleet) plausible(rp shareReply) bool {
 	if at == 0 {
 		return true
 	}
-	since := max(0, f.base().UnixNano()-seen) / int64(time.Microsecond)
+	since := max(0, f.now().UnixNano()-seen) / int64(time.Microsecond)
 	return rp.now <= at+since+int64(time.Duration(f.cfg.Timeout)/time.Microsecond)
 }
 

@@ -31,14 +31,12 @@ type Fleet struct {
 	secret []byte // keys are HMACed with it before they reach Redis
 	store  fleetStore
 	log    *slog.Logger
-	// base is the clock the fleet was given; now is base moved onto
-	// Redis's clock by skew (ns), as far as replies have shown this
-	// replica's clock off Redis's (noteSkew): the engine's clock too
-	// (Now), so that replicas whose clocks disagree still halve their
-	// counts at the same moments, Redis's ticks.
-	base func() time.Time
-	now  func() time.Time
-	skew atomic.Int64
+	now    func() time.Time
+	// skew is how far this replica's clock is off Redis's (ns, Redis's
+	// less its own), as far as replies have shown it (noteSkew); warned
+	// once past clockSkewWarn.
+	skew       atomic.Int64
+	skewWarned atomic.Bool
 
 	n       atomic.Int64 // replicas, at least 1
 	up      atomic.Bool
@@ -139,7 +137,7 @@ type Fleet struct {
 	claims, claimsHeard, rejected, lates    atomic.Uint64
 	rttNs, lastOK, rejectLogged             atomic.Int64
 	// redisAt is the latest Redis time (µs) a reply to this replica
-	// carried; redisSeen, f.base (ns) when it came.
+	// carried; redisSeen, f.now (ns) when it came.
 	redisAt, redisSeen atomic.Int64
 	roundTime          prometheus.Histogram
 
@@ -234,7 +232,7 @@ func New(cfg *config.FleetConfig, fb *config.FleetBuilt, log *slog.Logger, now f
 // tests of the arithmetic drive its rounds themselves (sim_test.go).
 func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *slog.Logger, now func() time.Time) *Fleet {
 	f := &Fleet{
-		cfg: cfg, log: log, base: now, store: store, secret: secret,
+		cfg: cfg, log: log, now: now, store: store, secret: secret,
 		runID: cfg.ID, self: cfg.ID,
 		run:        map[string]string{},
 		rkeys:      map[string]*hotEntry{},
@@ -251,7 +249,6 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 		first:   make(chan struct{}),
 		sending: make(chan struct{}, 1),
 	}
-	f.now = func() time.Time { return f.base().Add(time.Duration(f.skew.Load())) }
 	f.keyMacs.New = func() any { return &macScratch{h: hmac.New(sha256.New, secret)} }
 	for i := range f.shards {
 		f.shards[i].m = map[string]*hotEntry{}
@@ -459,9 +456,12 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 			f.warmUntil.CompareAndSwap(idleWarm, now.UnixNano()+int64(f.stale()))
 		}
 		p = min(p, fleetWarmPoint)
-		if add > 0 && uint64(local)+uint64(add) <= uint64(p) && f.count.Load() < int64(f.cfg.MaxHot)/2 && f.indexed(skey, tick, theta) {
+		if add > 0 && uint64(local)+uint64(add) <= uint64(p) && f.indexed(skey, tick, theta) && (f.count.Load() < int64(f.cfg.MaxHot)/2 || f.isHot(skey)) {
 			// Heavy in the fleet lately (the index, index.go): shared
-			// from its first request here, which claims. Not past half
+			// from its first request here, which claims, and so are
+			// its next (else one below a quarter of the warm-up's
+			// point would be decided as a mouse: its first refused,
+			// the second got in, in a review). Not made hot past half
 			// of max_hot: the index is unsigned, and a writer without
 			// the secret who set every bit would otherwise have the
 			// warm-up's mice fill the hot set, and every key past it
@@ -569,6 +569,15 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		a.Ceiling = quiet
 	}
 	return a
+}
+
+// isHot reports whether skey is in the hot set.
+func (f *Fleet) isHot(skey []byte) bool {
+	s := f.shard(skey)
+	s.mu.Lock()
+	_, ok := s.m[string(skey)]
+	s.mu.Unlock()
+	return ok
 }
 
 // promoteDown makes q's key hot while Redis is down, past its promotion

@@ -277,3 +277,47 @@ func TestFleetSimForgedIndexLeavesRoom(t *testing.T) {
 		t.Errorf("%d requests found the hot set full; warned %d times, want once:\n%s", full, strings.Count(logs.String(), "the hot set is full"), logs.String())
 	}
 }
+
+// Past half of max_hot the index makes no key hot, but a key it made hot
+// stays shared from every request: before, its second request, its first
+// refused (a count below a quarter of the warm-up's point), was decided
+// as a mouse and got in, one more of each key held at its limit (a
+// review, max_hot 7 and 3 keys). Keys past the half join at the warm-up's
+// third request, as where the index is refused: 2 more at most.
+func TestFleetSimIndexPastHalfHot(t *testing.T) {
+	for _, c := range []struct{ maxHot, keys int }{{7, 3}, {6, 5}, {8, 5}} {
+		s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
+		const tick = 30 * time.Second
+		s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
+		s.run(s.clk.Now().Add(2 * time.Second))
+		for k := range c.keys {
+			held := 0
+			for i := range 3 {
+				held += s.admits(i, fmt.Sprint("held", k), 20)
+			}
+			if held != 20 {
+				t.Fatalf("key %d: the fleet admitted %d of 60, want the burst of 20", k, held)
+			}
+		}
+		s.run(s.clk.Now().Add(s.fleets[0].stale()))
+		s.fleets[0].cfg.MaxHot = c.maxHot
+		s.restart(0, "r0.1")
+		more := make([]int, c.keys)
+		for range 10 {
+			for k := range c.keys {
+				more[k] += s.admits(0, fmt.Sprint("held", k), 1)
+			}
+		}
+		t.Logf("max_hot %d, %d keys held at their limit: the restarted replica admitted %v more", c.maxHot, c.keys, more)
+		for k, m := range more {
+			if want := 0; k >= c.maxHot/2 {
+				want = 2
+				if m > want {
+					t.Errorf("max_hot %d: key %d, past half of it, got %d more, want %d at most", c.maxHot, k, m, want)
+				}
+			} else if m != want {
+				t.Errorf("max_hot %d: key %d, made hot by the index, got %d more, want 0", c.maxHot, k, m)
+			}
+		}
+	}
+}

@@ -109,12 +109,12 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 		r.index = f.indexOp(es, now)
 	}
 	sentAt, reckoned := f.redisClock(), f.redisAt.Load() != 0
-	sentBase := f.base().UnixNano()
+	sentLocal := f.now().UnixNano()
 	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
 	if err == nil {
 		if at := replyTime(replies, members); at != 0 {
-			f.noteSkew(at, sentBase, f.base().UnixNano())
+			f.noteSkew(at, sentLocal, f.now().UnixNano())
 		}
 	}
 	half := time.Duration(f.cfg.Timeout) / 2
