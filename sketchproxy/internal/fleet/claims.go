@@ -229,12 +229,15 @@ func (f *Fleet) noteRedisTime(now int64) {
 // noteSkew takes Redis's time at (µs) from a reply to a send this replica
 // made at sent and had back at got (f.now, ns): Redis ran it between
 // them, so this replica's clock is off Redis's by between at-got and
-// at-sent. Where the skew last reckoned lies outside that (a millisecond
-// aside for TIME's rounding), it moves to the middle of it: a clock that
-// agrees with Redis's reads 0 however slow a reply. Replicas count on
-// their own clocks, and Redis dates the records on its own: a skew moves
-// the moments a replica's counts halve off the others' (docs/fleets.md,
-// Clocks), so one past clockSkewWarn is warned once.
+// at-sent. Where the skew reckoned lies outside that (a millisecond aside
+// for TIME's rounding), it moves to the nearer end: the least skew the
+// reply shows, never more. A clock that agrees with Redis's reads 0
+// however slow a reply (a first one that waited on its dial, 400 ms,
+// read as a skew of 200 ms where it was 5, in a review). Replicas count
+// on their own clocks, and Redis dates the records on its own: a skew
+// moves the moments a replica's counts halve off the others'
+// (docs/fleets.md, Clocks), so one past clockSkewWarn is warned, once
+// until it falls under half that.
 func (f *Fleet) noteSkew(at, sent, got int64) {
 	lo, hi := at*int64(time.Microsecond)-got, at*int64(time.Microsecond)-sent
 	if lo > hi {
@@ -242,15 +245,24 @@ func (f *Fleet) noteSkew(at, sent, got int64) {
 	}
 	const slack = int64(time.Millisecond)
 	c := f.skew.Load()
-	if c >= lo-slack && c <= hi+slack {
+	switch {
+	case c < lo-slack:
+		c = lo
+	case c > hi+slack:
+		c = hi
+	default:
 		return
 	}
-	c = lo + (hi-lo)/2
 	f.skew.Store(c)
-	if d := time.Duration(c); (d > clockSkewWarn || d < -clockSkewWarn) && !f.skewWarned.Swap(true) {
+	d := time.Duration(c).Abs()
+	if d <= clockSkewWarn/2 {
+		f.skewWarned.Store(false)
+		return
+	}
+	if d > clockSkewWarn && !f.skewWarned.Swap(true) {
 		way := "behind"
-		if d < 0 {
-			way, d = "ahead of", -d
+		if c < 0 {
+			way = "ahead of"
 		}
 		f.log.Warn(fmt.Sprintf("fleet: this replica's clock is %v %s Redis's: its counts halve at other moments than the other replicas' and Redis's, and the fleet may admit more than its limit (docs/fleets.md, Clocks); keep the replicas' and Redis's clocks in sync (NTP)", d.Round(time.Millisecond), way),
 			"skew_seconds", time.Duration(c).Seconds())

@@ -321,3 +321,43 @@ func TestFleetSimIndexPastHalfHot(t *testing.T) {
 		}
 	}
 }
+
+// Redis restarted empty (or flushed) loses the index of heavy keys with
+// the records. Each key was marked once a generation, so the index
+// stayed empty for up to a minute, and a replica restarted meanwhile
+// added 2 of a key held at its limit (22 of 20 in a review, and through
+// Caddy). The replicas that find Redis empty mark their heavy keys again
+// at their next round: the restart adds nothing.
+func TestFleetSimIndexAfterRedisEmpty(t *testing.T) {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
+	const tick = 30 * time.Second
+	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
+	s.run(s.clk.Now().Add(2 * time.Second))
+	held := 0
+	for i := range 3 {
+		held += s.admits(i, "held", 20)
+	}
+	s.run(s.clk.Now().Add(s.fleets[0].stale()))
+	s.store.flush()
+	s.run(s.clk.Now().Add(1500 * time.Millisecond)) // the others' rounds find it empty
+	marked := 0
+	for _, h := range s.store.hot {
+		for _, b := range h.bits {
+			for ; b != 0; b &= b - 1 {
+				marked++
+			}
+		}
+	}
+	s.restart(0, "r0.1")
+	more := s.admits(0, "held", 10)
+	t.Logf("the fleet held the key at %d of a burst of 20; Redis emptied, %d bits marked again 1.5 s later; a replica restarted then admitted %d more of 10", held, marked, more)
+	if held != 20 {
+		t.Fatalf("the fleet admitted %d of 60 before, want the burst of 20", held)
+	}
+	if marked == 0 {
+		t.Error("the index of heavy keys is empty 1.5 s after Redis lost it: no replica marked its heavy keys again")
+	}
+	if more > 0 {
+		t.Errorf("a replica restarted after Redis lost its data admitted %d more of a key held at its limit", more)
+	}
+}

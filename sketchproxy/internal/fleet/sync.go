@@ -302,6 +302,18 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 	if lost > 0 {
 		f.resends.Add(1)
 		f.log.Warn("fleet: Redis lost the shared counts (restarted empty): every replica writes its own again", "keys", lost)
+		// The index of heavy keys went with them: mark every hot key
+		// again at the next round, not a generation (a minute) later,
+		// which left a replica restarted meanwhile without it (2 more
+		// of a key held at its limit, in a review).
+		for i := range f.shards {
+			sh := &f.shards[i]
+			sh.mu.Lock()
+			for _, e := range sh.m {
+				e.indexGen.Store(0)
+			}
+			sh.mu.Unlock()
+		}
 	}
 	f.keySyncs.Add(uint64(synced))
 	return peers
