@@ -138,6 +138,8 @@ func (f *Fleet) peersOf(rkey string, rp *shareReply, prev *shareView) (_ []peerS
 	stale := int64(f.stale() / time.Microsecond)
 	out := make([]peerShare, 0, len(rp.recs)+1)
 	rejected := 0
+	kept := rp.recs[:0] // rp.recs keeps only the records believed
+	defer func() { rp.recs = kept }()
 	for _, r := range rp.recs {
 		own := r.id == f.self && !rp.claim
 		if !own && !rp.verified && !f.verify(rkey, &r) {
@@ -157,6 +159,7 @@ func (f *Fleet) peersOf(rkey string, rp *shareReply, prev *shareView) (_ []peerS
 			}
 			p = k
 		}
+		kept = append(kept, r)
 		if own || r.id == f.self || p.c > 0 || p.d > 0 {
 			out = append(out, p)
 		}

@@ -217,6 +217,12 @@ type hotEntry struct {
 	// indexGen is the generation of the index of heavy keys its bit was
 	// last set in, plus one (0: none; index.go).
 	indexGen atomic.Int64
+
+	// peerRecs are the other replicas' records as the last reply to this
+	// replica's own send held them, their MACs verified; restore, those
+	// to write back where Redis lost them (restored). Both only under
+	// f.sending.
+	peerRecs, restore []signedRec
 }
 
 // New returns a fleet on Redis for cfg as config.BuildFleet (or

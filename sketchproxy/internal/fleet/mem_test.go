@@ -96,6 +96,11 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 		if m.oldBorn {
 			k.born = 0
 		}
+		for _, g := range c.restore[:min(len(c.restore), 64)] { // shareScript's HSETNX
+			if _, ok := k.recs[g.id]; !ok && g.id != r.id {
+				k.recs[g.id] = g
+			}
+		}
 		rp := shareReply{ok: true, tick: tick, born: k.born, now: us}
 		var ids []string
 		for id := range k.recs {

@@ -65,7 +65,10 @@ import (
 // the replica's id, its count, demand and guarantee, the tick they are at,
 // the TTL in ms, stale in µs, the candidate marker, the channel or "",
 // the replica's time and the MAC; then the claim's count, its MAC and the
-// limit, or "", "", "".
+// limit, or "", "", ""; then, where Redis lost the records
+// (Fleet.restoreLost), how many other replicas' records to write back
+// where it holds none of theirs (64 at most), and each one's id and
+// record as it signed it.
 // No unpack of a list that fields written by someone else could make
 // long: Lua unpacks at most 8,000 values, and a key past that would fail
 // at every round.
@@ -89,6 +92,10 @@ local function slow(v, from)
 end
 local id, stale = ARGV[2], now - tonumber(ARGV[8])
 local at = math.min(tick, tonumber(ARGV[6])) -- the claim's tick, where earlier
+for i = 1, math.min(tonumber(ARGV[16] or '0') or 0, 64) do
+  local gid, gs = ARGV[15 + 2 * i], ARGV[16 + 2 * i]
+  if gid and gs and gid ~= id then redis.call('HSETNX', KEYS[1], 's:' .. gid, gs) end
+end
 local h = redis.call('HGETALL', KEYS[1])
 local born, old, signed, who = nil, {}, {}, {}
 for i = 1, #h, 2 do
@@ -229,6 +236,9 @@ type shareCall struct {
 	// c.
 	c1, limit uint32
 	mac1      string
+	// restore: other replicas' records to write back first where Redis
+	// holds none of theirs (Fleet.restoreLost).
+	restore []signedRec
 }
 
 // wrote reports whether reply rp shows replica id's record holding c:
@@ -411,10 +421,16 @@ func (s *redisStore) sync(ctx context.Context, r *shareRound, calls []shareCall,
 				channel = r.channel
 			}
 			c1, mac1, limit := c.claimArgs()
-			cmds[i] = run(s.script, pipe, []string{c.rkey, c.marker},
-				strconv.FormatFloat(float64(c.tick)/float64(time.Microsecond), 'f', -1, 64),
+			args := []any{strconv.FormatFloat(float64(c.tick)/float64(time.Microsecond), 'f', -1, 64),
 				r.id, c.c, c.d, c.g, c.at, max(4*c.tick, r.ttl).Milliseconds(), r.stale.Microseconds(), r.candidate, channel, c.ts, c.mac,
-				c1, mac1, limit)
+				c1, mac1, limit}
+			if len(c.restore) > 0 {
+				args = append(args, len(c.restore))
+				for _, g := range c.restore {
+					args = append(args, g.id, g.String())
+				}
+			}
+			cmds[i] = run(s.script, pipe, []string{c.rkey, c.marker}, args...)
 		}
 		if len(calls) == 0 {
 			pipe.Ping(ctx) // no hot keys: still learn whether Redis answers

@@ -180,3 +180,70 @@ func TestSyncWithoutScriptsCached(t *testing.T) {
 		}
 	}
 }
+
+// Records written back where Redis lost them (Fleet.restoreLost): the
+// script writes each only where Redis holds none of its replica's, never
+// the sender's own, and memStore answers alike. A writer's own record
+// written since is kept, and a record written back verifies.
+func TestShareScriptRestores(t *testing.T) {
+	addr := testkit.RedisServer(t)
+	rs := newRedisStore(&redis.UniversalOptions{Addrs: []string{addr}})
+	defer rs.close()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	mem := newMemStore(time.Now)
+	const tick = time.Hour
+	tk := time.Now().UnixNano() / int64(tick)
+	f := hostileFleet(t, mem, time.Now, 0)
+	f.redisAt.Store(time.Now().UnixMicro())
+	f.redisSeen.Store(time.Now().UnixNano())
+	round := func(id string) *shareRound {
+		return &shareRound{id: id, candidate: "run-1", stale: time.Hour, ttl: time.Minute}
+	}
+	send := func(id string, c uint32, restore []signedRec) shareReply {
+		t.Helper()
+		f.self = id
+		calls := []shareCall{{rkey: "sketchproxy:{t1}k:abc", marker: "sketchproxy:{t1}run", tick: tick, c: c, d: c, at: tk, restore: restore}}
+		f.sign(calls)
+		got, _, _, err := rs.sync(context.Background(), round(id), calls, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _, _, _ := mem.sync(context.Background(), round(id), calls, nil)
+		if g, w := describe(got[0]), describe(want[0]); g != w {
+			t.Errorf("%s writes %d: Redis answered %s, memory %s", id, c, g, w)
+		}
+		for _, r := range got[0].recs {
+			if !f.verify(calls[0].rkey, &r) {
+				t.Errorf("%s writes %d: %s's record %s does not verify", id, c, r.id, r.String())
+			}
+		}
+		return got[0]
+	}
+	count := func(rp shareReply, id string) int {
+		for _, r := range rp.recs {
+			if r.id == id {
+				return int(r.c)
+			}
+		}
+		return -1
+	}
+	r0 := send("r0", 40, nil).recs[0]
+	send("r1", 10, nil)
+	if err := admin.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mem.flush()
+	mine := signedRec{id: "r1", c: 99, d: 99, at: tk, ts: 1, mac: r0.mac} // its own: never written back
+	rp := send("r1", 10, []signedRec{r0, mine})
+	if c := count(rp, "r0"); c != 40 {
+		t.Errorf("after a flush, r1 wrote r0's record back: r0 reads %d, want 40", c)
+	}
+	if c := count(rp, "r1"); c != 10 {
+		t.Errorf("r1's own record reads %d, want the 10 it wrote, not one written back", c)
+	}
+	send("r0", 42, nil)
+	if c := count(send("r2", 1, []signedRec{r0}), "r0"); c != 42 {
+		t.Errorf("r0 wrote 42 since; a record written back over it reads %d, want 42 kept", c)
+	}
+}

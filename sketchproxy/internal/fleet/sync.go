@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -242,7 +243,7 @@ func (f *Fleet) callsOf(es []*hotEntry, now time.Time) []shareCall {
 		e.cmu.Unlock()
 		calls[i] = shareCall{rkey: e.rkey, marker: e.marker, tick: e.tick,
 			c: c, d: e.demandAt(now), g: e.gWant,
-			at: at, publish: e.loud.Swap(false), c1: c1}
+			at: at, publish: e.loud.Swap(false), c1: c1, restore: e.restore}
 		if c1 > 0 {
 			calls[i].limit = f.claimLimit(e, at)
 		}
@@ -279,14 +280,24 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 			// claim again at the next, and counts it then.
 			f.claims.Add(1)
 		}
+		if calls[i].restore != nil {
+			e.restore = nil // written back, where still missing
+		}
 		if old, seen := f.run[e.marker]; seen && old != rp.run {
 			lost++
+			f.restoreLost(e.marker)
 		}
 		f.run[e.marker] = rp.run
 		synced++
 		f.noteRedisTime(rp.now)
 		e.gSent = calls[i].g
 		v, g := f.viewOf(e, rp, e.gSent, nil)
+		e.peerRecs = e.peerRecs[:0]
+		for _, r := range rp.recs { // believed (peersOf)
+			if r.id != f.self {
+				e.peerRecs = append(e.peerRecs, r)
+			}
+		}
 		peers = max(peers, livePeers(rp.peers, rp.now, f.stale()))
 		e.own = v
 		e.answered.Store(true)
@@ -302,18 +313,6 @@ func (f *Fleet) apply(es []*hotEntry, calls []shareCall, replies []shareReply, a
 	if lost > 0 {
 		f.resends.Add(1)
 		f.log.Warn("fleet: Redis lost the shared counts (restarted empty): every replica writes its own again", "keys", lost)
-		// The index of heavy keys went with them: mark every hot key
-		// again at the next round, not a generation (a minute) later,
-		// which left a replica restarted meanwhile without it (2 more
-		// of a key held at its limit, in a review).
-		for i := range f.shards {
-			sh := &f.shards[i]
-			sh.mu.Lock()
-			for _, e := range sh.m {
-				e.indexGen.Store(0)
-			}
-			sh.mu.Unlock()
-		}
 	}
 	f.keySyncs.Add(uint64(synced))
 	return peers
@@ -397,6 +396,33 @@ func (f *Fleet) recovering() bool {
 func stalled(sentAt int64, replies []shareReply, members *beatReply, d time.Duration) bool {
 	ran := replyTime(replies, members)
 	return ran > 0 && ran-sentAt >= d.Microseconds()
+}
+
+// restoreLost is told that Redis lost the records of the hot keys under
+// marker's hash tag (restarted empty, flushed). Each such key writes back
+// at its next send, sent at once, the other replicas' records it last
+// read, where Redis still has none of theirs (a record is its writer's
+// count, signed, dated at its tick: it halves as it would have, and a
+// replica's own write replaces it): a replica restarted without a
+// state_file just before had counted nothing of what its previous self
+// admitted, which only Redis held, and took it again (27 of 20 in a
+// review). And the index of heavy keys went with the records: every hot
+// key is marked again at the next round, not a generation (a minute)
+// later, which left a replica restarted meanwhile without it (2 more of a
+// key held at its limit, in a review). Under f.sending.
+func (f *Fleet) restoreLost(marker string) {
+	for i := range f.shards {
+		sh := &f.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			e.indexGen.Store(0)
+			if e.marker == marker && len(e.peerRecs) > 0 {
+				e.restore = slices.Clone(e.peerRecs)
+				f.sendSoon(e, false)
+			}
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // replyTime is Redis's time (µs) when it ran a send's first command that
