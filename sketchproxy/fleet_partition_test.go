@@ -124,7 +124,7 @@ func TestFleetProcessReplicaCutOff(t *testing.T) {
 				ls = append(ls, procReplica(t, l, FleetConfig{Redis: addr, ID: fmt.Sprint("r", i)}, ""))
 			}
 			waitMembers(t, ls, 3)
-			time.Sleep(1500 * time.Millisecond) // past every replica's warm-up
+			pastWarmUp(ls)
 			if c.tick {
 				procTick(t, l, 8*time.Second)
 			}

@@ -98,13 +98,24 @@ func procReplicas(t *testing.T, n int, l procLimit, fc FleetConfig) []*Limiter {
 
 // warmReplicas starts n replicas of limit l on fc's Redis (as
 // procReplicas), waits until each counts them all, and then until each
-// is past its warm-up (fleetWarmPoint: four intervals plus a second).
+// is past its warm-up (four intervals plus a second from its first
+// request: one of a key of its own here).
 func warmReplicas(t *testing.T, n int, l procLimit, fc FleetConfig) []*Limiter {
 	t.Helper()
 	ls := procReplicas(t, n, l, fc)
 	waitMembers(t, ls, int64(n))
-	time.Sleep(1500 * time.Millisecond)
+	pastWarmUp(ls)
 	return ls
+}
+
+// pastWarmUp waits until every replica of ls is past its warm-up: four
+// intervals plus a second from its first request (one of a key of its
+// own here), at the tests' interval of 100 ms.
+func pastWarmUp(ls []*Limiter) {
+	for i, r := range ls {
+		r.Allow(fmt.Sprint("warm-up-", i))
+	}
+	time.Sleep(1500 * time.Millisecond)
 }
 
 // deadRedis is an address nothing listens on.
@@ -567,7 +578,7 @@ func TestFleetProcessClockSkew(t *testing.T) {
 				ls = append(ls, procReplicaOn(t, l, fc, "", skewed(c.skew), slog.New(slog.NewTextHandler(&logs, nil))))
 			}
 			waitMembers(t, ls, 3)
-			time.Sleep(1500 * time.Millisecond) // past every replica's warm-up
+			pastWarmUp(ls)
 			if got := ls[2].mw.fleet.Stats().ClockSkew; (got + c.skew).Abs() > 50*time.Millisecond {
 				t.Errorf("the skewed replica reckons its clock %v behind Redis's, want %v", got, -c.skew)
 			}
@@ -636,7 +647,7 @@ func TestFleetProcessRestartWhileRedisDown(t *testing.T) {
 				ls = append(ls, procReplica(t, l, c, state(c.ID)))
 			}
 			waitMembers(t, ls, 3)
-			time.Sleep(1500 * time.Millisecond) // past every replica's warm-up
+			pastWarmUp(ls)
 			procTick(t, l, 10*time.Second)
 			heavy, light := holdIndexed(t, ls, addr, "held", 0), procRun{}
 			held := heavy.admitted
