@@ -417,13 +417,7 @@ func TestFleetProcessRestartHeldKey(t *testing.T) {
 		c := fc
 		c.ID = fmt.Sprint("r", k, "-again")
 		ls[k] = procReplica(t, l, c, "")
-		for i := range 10 {
-			heavy.send(ls[k], key)
-			if i%2 == 0 {
-				light.send(ls[k], fmt.Sprint("fresh-", k))
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		sendWithLight(ls[k], &heavy, &light, key, fmt.Sprint("fresh-", k), 10)
 		skipIfLate(t, ls)
 		t.Logf("key %d: the fleet admitted %d of 60 (a burst of %g); the restarted replica admitted %d more of 10; a client under its limit got %d of %d", k, held, l.burst, heavy.admitted-held, light.admitted, light.sent)
 		if held >= 60 {
@@ -447,24 +441,10 @@ func TestFleetProcessRestartHeldKey(t *testing.T) {
 // promotion point: 23 of 20 (a review).
 func TestFleetProcessRestartTrafficLate(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
-	addr := testkit.RedisServer(t)
-	fc := FleetConfig{Redis: addr}
-	ls := warmReplicas(t, 3, l, fc)
-	procTick(t, l, 8*time.Second)
-	heavy, light := holdIndexed(t, ls, addr, "held", 0), procRun{}
-	held := heavy.admitted
-	ls[0].Close()
-	c := fc
-	c.ID = "r0-again"
-	ls[0] = procReplica(t, l, c, "")
+	ls, _, heavy := restartHolding(t, l, FleetConfig{})
+	held, light := heavy.admitted, procRun{}
 	time.Sleep(3 * time.Second) // twice the warm-up its first answer began (4 intervals and a second)
-	for i := range 10 {
-		heavy.send(ls[0], "held")
-		if i%2 == 0 {
-			light.send(ls[0], "fresh")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	sendWithLight(ls[0], &heavy, &light, "held", "fresh", 10)
 	skipIfLate(t, ls)
 	t.Logf("the fleet admitted %d of 60 (a burst of %g); the restarted replica, its first request 3 s after its start, admitted %d more of 10; a client under its limit got %d of %d",
 		held, l.burst, heavy.admitted-held, light.admitted, light.sent)
@@ -686,16 +666,8 @@ func TestFleetProcessRestartWhileRedisDown(t *testing.T) {
 // their writers (Fleet.restoreLost): the burst.
 func TestFleetProcessRestartThenFlush(t *testing.T) {
 	l := procLimit{requests: 20, per: time.Minute, burst: 20}
-	addr := testkit.RedisServer(t)
-	fc := FleetConfig{Redis: addr, MinReplicas: 3}
-	ls := warmReplicas(t, 3, l, fc)
-	procTick(t, l, 8*time.Second)
-	heavy, light := holdIndexed(t, ls, addr, "held", 0), procRun{}
-	held := heavy.admitted
-	ls[0].Close()
-	c := fc
-	c.ID = "r0-again"
-	ls[0] = procReplica(t, l, c, "")
+	ls, addr, heavy := restartHolding(t, l, FleetConfig{MinReplicas: 3})
+	held, light := heavy.admitted, procRun{}
 	time.Sleep(200 * time.Millisecond)
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
@@ -703,16 +675,39 @@ func TestFleetProcessRestartThenFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond) // the others' rounds find Redis empty
-	for i := range 10 {
-		heavy.send(ls[0], "held")
-		if i%2 == 0 {
-			light.send(ls[0], "fresh")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	sendWithLight(ls[0], &heavy, &light, "held", "fresh", 10)
 	skipIfLate(t, ls)
 	t.Logf("the fleet held the key at %d; replica 0 restarted, then Redis flushed: %d more of 10 there; a client under its limit got %d of %d", held, heavy.admitted-held, light.admitted, light.sent)
 	heavy.check(t, l, light, 0)
+}
+
+// restartHolding starts 3 replicas of l (fc on a redis-server of its
+// own) past their warm-ups, holds the key "held" at its limit within a
+// tick with 8 s left, and restarts replica 0 without a state_file under
+// another name: the replicas, Redis's address and the key's requests.
+func restartHolding(t *testing.T, l procLimit, fc FleetConfig) ([]*Limiter, string, procRun) {
+	t.Helper()
+	fc.Redis = testkit.RedisServer(t)
+	ls := warmReplicas(t, 3, l, fc)
+	procTick(t, l, 8*time.Second)
+	heavy := holdIndexed(t, ls, fc.Redis, "held", 0)
+	ls[0].Close()
+	fc.ID = "r0-again"
+	ls[0] = procReplica(t, l, fc, "")
+	return ls, fc.Redis, heavy
+}
+
+// sendWithLight sends n requests of key to l, 10 ms apart, counted in
+// heavy, and with every second one a request of lightKey (a client under
+// its limit), counted in light.
+func sendWithLight(l *Limiter, heavy, light *procRun, key, lightKey string, n int) {
+	for i := range n {
+		heavy.send(l, key)
+		if i%2 == 0 {
+			light.send(l, lightKey)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // holdIndexed holds key at its limit with 60 calls round robin over ls,

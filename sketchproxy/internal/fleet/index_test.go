@@ -183,10 +183,7 @@ func TestIndexedNoAlloc(t *testing.T) {
 // the fleet holds at its limit. Idle, a replica reads the bitmaps every
 // stale(), not every round; in its warm-up, every round; after it, never.
 func TestFleetSimWarmUpFromFirstRequest(t *testing.T) {
-	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
-	const tick = 30 * time.Second // the limit's: the run below keeps to one
-	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
-	s.run(s.clk.Now().Add(2 * time.Second))
+	s := newTickSim(t) // the run below keeps to the tick
 	for i := range 60 {
 		s.decide(i%3, "held")
 	}
@@ -228,10 +225,7 @@ func TestFleetSimWarmUpFromFirstRequest(t *testing.T) {
 // half at most, and a key held at its limit then joins at the warm-up's
 // third request, as where the index is refused (2 more at most).
 func TestFleetSimForgedIndexLeavesRoom(t *testing.T) {
-	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
-	const tick = 30 * time.Second
-	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
-	s.run(s.clk.Now().Add(2 * time.Second))
+	s := newTickSim(t)
 	held := 0
 	for i := range 60 {
 		if s.decide(i%3, "held") {
@@ -286,10 +280,7 @@ func TestFleetSimForgedIndexLeavesRoom(t *testing.T) {
 // third request, as where the index is refused: 2 more at most.
 func TestFleetSimIndexPastHalfHot(t *testing.T) {
 	for _, c := range []struct{ maxHot, keys int }{{7, 3}, {6, 5}, {8, 5}} {
-		s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
-		const tick = 30 * time.Second
-		s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
-		s.run(s.clk.Now().Add(2 * time.Second))
+		s := newTickSim(t)
 		for k := range c.keys {
 			held := 0
 			for i := range 3 {
@@ -329,10 +320,7 @@ func TestFleetSimIndexPastHalfHot(t *testing.T) {
 // Caddy). The replicas that find Redis empty mark their heavy keys again
 // at their next round: the restart adds nothing.
 func TestFleetSimIndexAfterRedisEmpty(t *testing.T) {
-	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
-	const tick = 30 * time.Second
-	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
-	s.run(s.clk.Now().Add(2 * time.Second))
+	s := newTickSim(t)
 	held := 0
 	for i := range 3 {
 		held += s.admits(i, "held", 20)
@@ -369,10 +357,7 @@ func TestFleetSimIndexAfterRedisEmpty(t *testing.T) {
 // find Redis empty write back the others' records they last read (signed
 // by their writers, dated at their ticks): the restart adds nothing.
 func TestFleetSimRestoredAfterRedisEmpty(t *testing.T) {
-	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
-	const tick = 30 * time.Second
-	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
-	s.run(s.clk.Now().Add(2 * time.Second))
+	s := newTickSim(t)
 	held, first := 0, 0
 	for i := range 60 {
 		a := s.admits(i%3, "held", 1)
@@ -394,4 +379,14 @@ func TestFleetSimRestoredAfterRedisEmpty(t *testing.T) {
 	if more > 0 {
 		t.Errorf("replica 0, restarted without a state_file before Redis lost its data, admitted %d more of a key held at its limit", more)
 	}
+}
+
+// newTickSim is a fleet sim of 3 replicas at 20 a minute (a 30 s tick),
+// 2.1 s into a tick of the limit.
+func newTickSim(t *testing.T) *fleetSim {
+	s := newFleetSim(t, 3, rate.Rate{Requests: 20, Per: time.Minute}, 3)
+	const tick = 30 * time.Second
+	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
+	s.run(s.clk.Now().Add(2 * time.Second))
+	return s
 }
