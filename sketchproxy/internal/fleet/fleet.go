@@ -141,8 +141,11 @@ type Fleet struct {
 	redisAt, redisSeen atomic.Int64
 	roundTime          prometheus.Histogram
 
-	run   map[string]string // each hash tag's run marker as last seen, by marker key (sending)
-	runID string            // this replica's candidate marker
+	run map[string]string // each hash tag's run marker as last seen, by marker key (sending)
+	// restoredAt is when each tag's records were last written back after
+	// Redis lost them (restoreLost; f.now ns, sending).
+	restoredAt map[string]int64
+	runID      string // this replica's candidate marker
 
 	// recKey keys the records' MACs (sign), derived from the secret
 	// apart from the keys' hashes; macs pools its HMACs. lastTS is the
@@ -241,6 +244,7 @@ func newFleetOn(cfg *config.FleetConfig, secret []byte, store fleetStore, log *s
 		cfg: cfg, log: log, now: now, store: store, secret: secret,
 		runID: cfg.ID, self: cfg.ID,
 		run:        map[string]string{},
+		restoredAt: map[string]int64{},
 		rkeys:      map[string]*hotEntry{},
 		heard:      map[string]shareReply{},
 		beatsHeard: map[string]heardBeat{},

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/epochsketch/epochsketch"
 	"github.com/epochsketch/epochsketch/rate"
 	"github.com/epochsketch/epochsketch/sketchproxy/internal/testkit"
 	"github.com/redis/go-redis/v9"
@@ -389,4 +390,43 @@ func newTickSim(t *testing.T) *fleetSim {
 	s.run(s.clk.Now().Truncate(tick).Add(tick + 100*time.Millisecond))
 	s.run(s.clk.Now().Add(2 * time.Second))
 	return s
+}
+
+// Anyone who may write under the prefix can change a tag's run marker
+// (SET <prefix>{tN}run x), which a replica reads as Redis having lost the
+// tag's records: each change had it send every hot key of the tag again
+// at once, with the others' records to write back (20 sends for 20
+// changes in a review). Now once an interval per tag at most.
+func TestFleetRestoreOnceAnInterval(t *testing.T) {
+	clk := epochsketch.NewManualClock(time.Unix(1_700_000_000, 0))
+	store := newMemStore(clk.Now)
+	var fs []*Fleet
+	var es []*hotEntry
+	for i := range 3 {
+		f := hostileFleet(t, store, clk.Now, 3)
+		f.self = fmt.Sprint("r", i)
+		fs, es = append(fs, f), append(es, hostileEntry(f, "client", 20, 4))
+	}
+	for range 2 {
+		for i, f := range fs {
+			f.send(es[i:i+1], false)
+			clk.Advance(10 * time.Millisecond)
+		}
+	}
+	extra := 0
+	for n := range 20 { // 20 changes in 200 ms
+		store.mu.Lock()
+		store.markers[es[0].marker] = fmt.Sprint("attacker-", n)
+		store.mu.Unlock()
+		fs[0].send(es[:1], false)
+		if es[0].pending.Load() {
+			extra++
+			fs[0].sendPending()
+		}
+		clk.Advance(10 * time.Millisecond)
+	}
+	t.Logf("20 changes of the run marker in 200 ms: %d sends at once (the interval: 500 ms)", extra)
+	if extra != 1 {
+		t.Errorf("20 changes of the run marker in 200 ms made %d sends at once, want 1", extra)
+	}
 }

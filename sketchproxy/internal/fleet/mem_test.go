@@ -96,7 +96,7 @@ func (m *memStore) sync(_ context.Context, r *shareRound, calls []shareCall, bea
 		if m.oldBorn {
 			k.born = 0
 		}
-		for _, g := range c.restore[:min(len(c.restore), 64)] { // shareScript's HSETNX
+		for _, g := range c.restore[:min(len(c.restore), maxRestore)] { // shareScript's HSETNX
 			if _, ok := k.recs[g.id]; !ok && g.id != r.id {
 				k.recs[g.id] = g
 			}

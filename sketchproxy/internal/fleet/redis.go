@@ -92,7 +92,7 @@ local function slow(v, from)
 end
 local id, stale = ARGV[2], now - tonumber(ARGV[8])
 local at = math.min(tick, tonumber(ARGV[6])) -- the claim's tick, where earlier
-for i = 1, math.min(tonumber(ARGV[16] or '0') or 0, 64) do
+for i = 1, math.min(tonumber(ARGV[16] or '0') or 0, 64) do -- maxRestore
   local gid, gs = ARGV[15 + 2 * i], ARGV[16 + 2 * i]
   if gid and gs and gid ~= id then redis.call('HSETNX', KEYS[1], 's:' .. gid, gs) end
 end

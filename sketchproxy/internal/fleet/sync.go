@@ -410,20 +410,34 @@ func stalled(sentAt int64, replies []shareReply, members *beatReply, d time.Dura
 // key is marked again at the next round, not a generation (a minute)
 // later, which left a replica restarted meanwhile without it (2 more of a
 // key held at its limit, in a review). Under f.sending.
+//
+// Once an interval per tag at most: anyone who may write under the prefix
+// can change a marker, and each change had every replica send every hot
+// key of its tag again at once, as fast as the changes came (a review);
+// now at most one send more a key an interval.
 func (f *Fleet) restoreLost(marker string) {
+	now := f.now().UnixNano()
+	if at, ok := f.restoredAt[marker]; ok && now-at < int64(time.Duration(f.cfg.Interval)) && now >= at {
+		return
+	}
+	f.restoredAt[marker] = now
 	for i := range f.shards {
 		sh := &f.shards[i]
 		sh.mu.Lock()
 		for _, e := range sh.m {
 			e.indexGen.Store(0)
 			if e.marker == marker && len(e.peerRecs) > 0 {
-				e.restore = slices.Clone(e.peerRecs)
+				e.restore = slices.Clone(e.peerRecs[:min(len(e.peerRecs), maxRestore)])
 				f.sendSoon(e, false)
 			}
 		}
 		sh.mu.Unlock()
 	}
 }
+
+// maxRestore is how many other replicas' records a send writes back at
+// most (shareScript takes no more).
+const maxRestore = 64
 
 // replyTime is Redis's time (µs) when it ran a send's first command that
 // answered: its first key's reply, or else the heartbeat's; 0 for none.
