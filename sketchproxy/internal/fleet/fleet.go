@@ -34,7 +34,7 @@ type Fleet struct {
 	now    func() time.Time
 	// skew is how far this replica's clock is off Redis's (ns, Redis's
 	// less its own), as far as replies have shown it (noteSkew); warned
-	// once past clockSkewWarn.
+	// past clockSkewWarn, again only once it fell under half that.
 	skew       atomic.Int64
 	skewWarned atomic.Bool
 
@@ -495,7 +495,7 @@ func (f *Fleet) Estimate(q engine.Query) engine.Answer {
 		// A reload changed the limit (another tick, threshold or sketch)
 		// under the same rule and limit names: the entry shares another
 		// limit's count, so it goes, and the key is shared anew under a
-		// record of its own (redisKeys hashes the tick and threshold).
+		// record of its own (keySum hashes the tick and threshold).
 		f.drop(s, e)
 		e = nil
 	}
@@ -769,23 +769,17 @@ func (e *hotEntry) demandAt(now time.Time) uint32 {
 // Cluster's nodes; each tag's keys and run marker share a slot.
 const fleetTags = 16
 
-// redisKeys are the key's name in Redis, the keyed hash of the sketch key
-// and of its limit's tick and threshold (Redis never sees a client address
-// or an API key, and a limit changed at a reload counts apart from the
-// old one's record), and the run marker of its hash tag.
-func (f *Fleet) redisKeys(skey []byte, tick time.Duration, theta uint32) (key, marker string) {
-	sum := f.keySum(skey, tick, theta)
-	return f.keyNames(sum[:])
-}
-
-// keyNames are redisKeys' names of a key whose HMAC is sum (keySum).
+// keyNames are a key's name in Redis, the keyed hash of the sketch key
+// and of its limit's tick and threshold (sum, keySum: Redis never sees a
+// client address or an API key, and a limit changed at a reload counts
+// apart from the old one's record), and the run marker of its hash tag.
 func (f *Fleet) keyNames(sum []byte) (key, marker string) {
 	tag := f.cfg.Prefix + "{t" + strconv.Itoa(int(sum[16])%fleetTags) + "}"
 	return tag + "k:" + hex.EncodeToString(sum[:16]), tag + "run"
 }
 
 // keySum is HMAC-SHA256(secret, sketch key, its limit's tick and
-// threshold): the key's name in Redis (redisKeys) and its bit in the
+// threshold): the key's name in Redis (keyNames) and its bit in the
 // index of heavy keys (index.go), which requests of a warm-up ask: a
 // pooled HMAC and its scratch, so that it allocates nothing.
 func (f *Fleet) keySum(skey []byte, tick time.Duration, theta uint32) (sum [sha256.Size]byte) {

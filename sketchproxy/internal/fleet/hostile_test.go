@@ -31,6 +31,13 @@ func hostileFleet(t testing.TB, store fleetStore, now func() time.Time, replicas
 	return newFleetOn(cfg, []byte("0123456789abcdef"), store, slog.New(slog.NewTextHandler(io.Discard, nil)), now)
 }
 
+// redisKeys are the names in Redis of the sketch key skey of a limit of
+// tick and theta (keySum, keyNames), as a hot entry has them.
+func (f *Fleet) redisKeys(skey []byte, tick time.Duration, theta uint32) (key, marker string) {
+	sum := f.keySum(skey, tick, theta)
+	return f.keyNames(sum[:])
+}
+
 // hostileEntry puts key k (threshold theta, tick 1 s, local count c) in
 // f's hot set, as a promotion does.
 func hostileEntry(f *Fleet, k string, theta, c uint32) *hotEntry {

@@ -67,7 +67,7 @@ var (
 	dHot      = newDesc("fleet_hot_keys", prometheus.GaugeValue, "Keys in the hot set, synced through Redis.")
 	dRTT      = newDesc("fleet_redis_rtt_seconds", prometheus.GaugeValue, "The last successful round's time.")
 	dLag      = newDesc("fleet_sync_lag_seconds", prometheus.GaugeValue, "Time since the last successful round.")
-	dSkew     = newDesc("fleet_clock_skew_seconds", prometheus.GaugeValue, "How far this replica's clock is behind Redis's (negative: ahead), as Redis's replies show it; 0 within a round trip. Past 0.1 s it is warned once: counts halve at other moments than the other replicas'.")
+	dSkew     = newDesc("fleet_clock_skew_seconds", prometheus.GaugeValue, "How far this replica's clock is behind Redis's (negative: ahead), as Redis's replies show it; 0 within a round trip. Past 0.1 s it is warned, again only after it fell under half that: counts halve at other moments than the other replicas'.")
 	dHearing  = newDesc("fleet_claims_subscribed", prometheus.GaugeValue, "1 while this replica hears the other replicas' claims (subscribed to the claims channel); the members channel, where heartbeats are heard, is subscribed apart and a refusal of it is logged.")
 	counters  = []struct {
 		d   desc

@@ -11,7 +11,8 @@ import (
 // Redis ran a send between the replica's sending it and having the reply
 // back, so a clock that agrees with Redis's reads 0 however slow a reply,
 // and one off by a second reads that, to within the round trip, and is
-// warned once (docs/fleets.md, Clocks).
+// warned, again only after it fell under half that (docs/fleets.md,
+// Clocks).
 func TestFleetClockSkew(t *testing.T) {
 	base := time.Unix(1_700_000_000, 0)
 	var logs strings.Builder

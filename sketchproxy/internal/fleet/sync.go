@@ -113,10 +113,9 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 	sentLocal := f.now().UnixNano()
 	replies, members, sent, err := f.store.sync(ctx, r, calls, hb)
 	f.commands.Add(uint64(sent))
-	if err == nil {
-		if at := replyTime(replies, members); at != 0 {
-			f.noteSkew(at, sentLocal, f.now().UnixNano())
-		}
+	ran := replyTime(replies, members)
+	if err == nil && ran != 0 {
+		f.noteSkew(ran, sentLocal, f.now().UnixNano())
 	}
 	half := time.Duration(f.cfg.Timeout) / 2
 	switch now, at := f.now().UnixNano(), f.outageAt.Load(); {
@@ -125,7 +124,7 @@ func (f *Fleet) sendHeld(es []*hotEntry, beat bool, timeout time.Duration, claim
 		// the fleet's timeout of its request's wait left (it queued
 		// behind other sends), which says nothing of Redis.
 		f.outageAt.Store(now)
-	case err == nil && reckoned && stalled(sentAt, replies, members, half):
+	case err == nil && reckoned && stalled(sentAt, ran, half):
 		// Answered, but Redis ran the send's first command half the
 		// timeout or more after it was sent (paused, or a slow command
 		// ahead of it): the others' sends in that time may have failed,
@@ -391,10 +390,10 @@ func (f *Fleet) recovering() bool {
 
 // stalled reports whether Redis ran a send's first command d or more
 // after sentAt (this replica's reckoning of Redis's time when it sent it,
-// µs), by the time the first reply carries: how long Redis held the send
-// before running it, not how long a round of many hot keys takes to run.
-func stalled(sentAt int64, replies []shareReply, members *beatReply, d time.Duration) bool {
-	ran := replyTime(replies, members)
+// µs), by ran, the time the first reply carries (replyTime; 0: none): how
+// long Redis held the send before running it, not how long a round of
+// many hot keys takes to run.
+func stalled(sentAt, ran int64, d time.Duration) bool {
 	return ran > 0 && ran-sentAt >= d.Microseconds()
 }
 
